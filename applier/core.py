@@ -1,0 +1,99 @@
+"""The applier's decisions, separate from its I/O: which errors are worth retrying, whether a policy lets
+a message touch the live object, and what to call the outcome.
+
+Errors are types, as in kopf (TemporaryError / PermanentError) and controller-runtime (TerminalError):
+a transient failure is retried in process and then handed back to JetStream with a delay; a permanent one
+is dead-lettered at once, because sending the same bytes again cannot change the answer.
+Outcomes use fluxcd ssa's words: created, configured, unchanged, plus skipped and failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import msgspec
+
+from contracts.messages import ApplyAction, ApplyMessage
+
+
+class TransientError(Exception):
+    def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class PermanentError(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+TRANSIENT_STATUSES = frozenset({0, 408, 409, 425, 429, 500, 502, 503, 504})
+PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 410, 413, 415, 422})
+
+
+def classify(status: int, reason: str, message: str, *, retry_after: float | None = None) -> Exception:
+    """Map an API answer to TransientError or PermanentError. Status 0 means no answer (connection)."""
+    text = f"{status} {reason}: {message}" if status else message
+    if status in TRANSIENT_STATUSES or status >= 500:
+        return TransientError(text, retry_after=retry_after)
+    if status == 404 and "the server could not find the requested resource" in message:
+        return PermanentError(f"{text} (is the CRD installed?)")
+    return PermanentError(text)
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What the applier needs to know about the live target to honour a policy."""
+
+    exists: bool
+    suspended: bool = False
+    resource_version: str = ""
+
+
+class _LiveSpec(msgspec.Struct, kw_only=True):
+    suspend: bool | None = None
+
+
+class _LiveMeta(msgspec.Struct, kw_only=True):
+    resourceVersion: str = ""  # noqa: N815 - wire name
+
+
+class _Live(msgspec.Struct, kw_only=True):
+    metadata: _LiveMeta = msgspec.field(default_factory=_LiveMeta)
+    spec: _LiveSpec = msgspec.field(default_factory=_LiveSpec)
+
+
+_live_decoder = msgspec.json.Decoder(_Live)
+
+
+def live_state(raw: bytes | None) -> LiveState:
+    if raw is None:
+        return LiveState(exists=False)
+    live = _live_decoder.decode(raw)
+    suspended = live.spec.suspend is True
+    return LiveState(exists=True, suspended=suspended, resource_version=live.metadata.resourceVersion)
+
+
+def desired_suspend(message: ApplyMessage) -> bool:
+    spec = getattr(message.object, "spec", msgspec.UNSET)
+    return spec is not msgspec.UNSET and getattr(spec, "suspend", None) is True
+
+
+def policy_allows(message: ApplyMessage, live: LiveState) -> tuple[bool, str]:
+    """Whether the message may be applied to this live state, and why not when it may not."""
+    if message.policy == "always" or not live.exists:
+        return True, ""
+    if message.policy == "if-absent":
+        return False, "exists already; created once and never changed"
+    if live.suspended or desired_suspend(message):
+        return True, ""
+    return False, "running and not suspended; left as it is"
+
+
+def outcome(http_status: int, *, before: str, after: str) -> ApplyAction:
+    if http_status == 201:
+        return "created"
+    if before and before == after:
+        return "unchanged"
+    return "configured"

@@ -1,0 +1,307 @@
+"""The applier process: one durable pull consumer, each message turned into one Server-Side Apply.
+
+A message is acknowledged only after its apply succeeded (or was decided to be unnecessary) and its result
+was recorded; the ack waits for the server's confirmation, so a crash anywhere before that point means
+redelivery, never loss. Retrying happens in two tiers: a few quick attempts in process, with JetStream
+kept informed by in-progress heartbeats, and then a delayed nak that frees this replica for other work.
+
+Messages for the same target are handled one at a time, in arrival order; different targets run in
+parallel up to a bound, sharing one connection pool to the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+
+from applier import core
+from contracts import resources, streams, subjects
+from contracts.messages import (
+    ApplyAction,
+    ApplyMessage,
+    ApplyResult,
+    DeadLetter,
+    Target,
+    component_of,
+    decode_apply,
+    encode,
+)
+from plumbing import bus
+from plumbing.kube import KubeApiError, KubeClient, KubeConfig
+
+log = logging.getLogger("applier")
+
+
+@dataclass
+class ApplierSettings:
+    nats_url: str
+    kubeconfig: str | None = None
+    batch: int = 32
+    concurrency: int = 16
+    attempts: int = 5
+    """In-process attempts for transient errors before the message goes back to JetStream."""
+    max_backoff_seconds: float = 8.0
+
+
+@dataclass
+class ApplierStats:
+    actions: dict[str, int] = field(default_factory=dict)
+    retries: int = 0
+    dead_letters: int = 0
+    naks: int = 0
+
+    def count(self, action: str) -> None:
+        self.actions[action] = self.actions.get(action, 0) + 1
+
+
+def _wait(settings: ApplierSettings) -> Any:
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        backoff = min(settings.max_backoff_seconds, 0.1 * 2 ** (state.attempt_number - 1))
+        backoff *= 0.5 + random.random()
+        retry_after = getattr(exc, "retry_after", None)
+        return max(backoff, float(retry_after or 0.0))
+
+    return wait
+
+
+class Applier:
+    def __init__(self, settings: ApplierSettings, kube: KubeClient, js: JetStreamContext) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.js = js
+        self.stats = ApplierStats()
+        self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
+        self._fence: dict[tuple[str, str, str, str], int] = {}
+        self._last_rv: dict[tuple[str, str, str, str], str] = {}
+        self._slots = asyncio.Semaphore(settings.concurrency)
+
+    @staticmethod
+    def _key(target: Target) -> tuple[str, str, str, str]:
+        return (target.api_version + "/" + target.kind, target.namespace, target.name, target.subresource or "")
+
+    # ------------------------------------------------------------------------------------------ the work
+
+    async def handle(self, msg: Msg) -> None:
+        try:
+            message = decode_apply(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await self._dead_letter(msg, reason="undecodable", error=str(exc), key=None)
+            await msg.term()
+            return
+        key = self._key(message.target)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with self._slots, lock, self._heartbeat(msg):
+            await self._handle_decoded(msg, message, key)
+
+    async def _handle_decoded(self, msg: Msg, message: ApplyMessage, key: tuple[str, str, str, str]) -> None:
+        started = time.perf_counter()
+        attempts = 0
+        if self._fence.get(key, -1) > message.source_seq:
+            await self._finish(msg, message, "skipped", attempts, started, reason="stale plan: a newer one was applied")
+            return
+        body = msgspec.json.encode(message.object)
+        resource = resources.resource_for(message.target.api_version, message.target.kind)
+        action: ApplyAction = "configured"
+        resource_version = ""
+        reason = ""
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(core.TransientError),
+                stop=stop_after_attempt(self.settings.attempts),
+                wait=_wait(self.settings),
+                reraise=True,
+            ):
+                with attempt:
+                    attempts += 1
+                    if attempts > 1:
+                        self.stats.retries += 1
+                    action, resource_version, reason = await self._apply_once(message, resource, body, key)
+        except core.TransientError as exc:
+            delay = min(60.0, 2.0 ** min(msg.metadata.num_delivered or 1, 6))
+            self.stats.naks += 1
+            log.warning(
+                "%s: %s; handing back to JetStream for %.0fs", message.target, exc.reason, delay,
+                extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
+            )
+            await msg.nak(delay=delay)
+            return
+        except core.PermanentError as exc:
+            await self._dead_letter(msg, reason="permanent", error=exc.reason, key=message)
+            await self._finish(msg, message, "failed", attempts, started, reason=exc.reason, ack=False)
+            await msg.term()
+            return
+        self._fence[key] = max(self._fence.get(key, -1), message.source_seq)
+        await self._finish(msg, message, action, attempts, started, resource_version=resource_version, reason=reason)
+
+    async def _apply_once(
+        self, message: ApplyMessage, resource: resources.Resource, body: bytes, key: tuple[str, str, str, str]
+    ) -> tuple[ApplyAction, str, str]:
+        target = message.target
+        try:
+            before = self._last_rv.get(key, "")
+            if message.policy != "always":
+                live = core.live_state(await self.kube.get(resource, namespace=target.namespace, name=target.name))
+                allowed, why = core.policy_allows(message, live)
+                if not allowed:
+                    return "skipped", live.resource_version, why
+                before = live.resource_version or before
+            resp = await self.kube.apply(
+                resource,
+                namespace=target.namespace,
+                name=target.name,
+                body=body,
+                field_manager=message.field_manager,
+                force=message.force,
+                subresource=target.subresource,
+            )
+        except KubeApiError as exc:
+            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+        after = _resource_version(resp.body)
+        self._last_rv[key] = after
+        return core.outcome(resp.status, before=before, after=after), after, ""
+
+    # ------------------------------------------------------------------------------------- bookkeeping
+
+    @contextlib.asynccontextmanager
+    async def _heartbeat(self, msg: Msg) -> AsyncIterator[None]:
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(streams.APPLIER.ack_wait_seconds / 3)
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    async def _finish(
+        self,
+        msg: Msg,
+        message: ApplyMessage,
+        action: ApplyAction,
+        attempts: int,
+        started: float,
+        *,
+        resource_version: str = "",
+        reason: str = "",
+        ack: bool = True,
+    ) -> None:
+        component = component_of(message)
+        duration_ms = (time.perf_counter() - started) * 1000
+        result = ApplyResult(
+            trainjob=message.trainjob,
+            target=message.target,
+            component=component,
+            source_seq=message.source_seq,
+            action=action,
+            attempts=attempts,
+            duration_ms=round(duration_ms, 3),
+            resource_version=resource_version,
+            reason=reason,
+            finished_at=time.time(),
+            trace_id=message.trace_id,
+        )
+        self.stats.count(action)
+        subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
+        await self.js.publish(subject, encode(result), headers={bus.TRACE_ID: message.trace_id})
+        log.info(
+            "%s %s (%d attempt%s, %.1f ms)%s", action, message.target, attempts, "" if attempts == 1 else "s",
+            duration_ms, f": {reason}" if reason else "",
+            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id, "action": action},
+        )
+        if ack:
+            await msg.ack_sync()
+
+    async def _dead_letter(self, msg: Msg, *, reason: str, error: str, key: ApplyMessage | None) -> None:
+        namespace, name = (key.trainjob.namespace, key.trainjob.name) if key else ("_", "_")
+        letter = DeadLetter(
+            stage="applier",
+            reason=reason,
+            error=error,
+            subject=msg.subject,
+            payload=msg.data,
+            headers=dict(msg.headers or {}),
+            stream_seq=msg.metadata.sequence.stream,
+            deliveries=msg.metadata.num_delivered or 1,
+            dead_at=time.time(),
+        )
+        self.stats.dead_letters += 1
+        log.error("dead-lettered %s: %s: %s", msg.subject, reason, error)
+        await self.js.publish(subjects.dlq_subject("applier", namespace, name), encode(letter))
+
+    # ----------------------------------------------------------------------------------------------- run
+
+    async def run(self, stop: asyncio.Event) -> None:
+        sub = await self.js.pull_subscribe_bind(durable=streams.APPLIER.durable, stream=streams.APPLIER.stream)
+        log.info("applier running")
+        pending: set[asyncio.Task[None]] = set()
+        while not stop.is_set():
+            try:
+                batch = await sub.fetch(self.settings.batch, timeout=1.0)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue
+            except Exception as exc:  # the bus went away; the client reconnects on its own
+                log.warning("fetch failed: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in batch:
+                task = asyncio.create_task(self._guarded(msg))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            # Bound the in-flight work to one fetch's worth ahead of the semaphore.
+            while len(pending) >= self.settings.batch * 2:
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+
+    async def _guarded(self, msg: Msg) -> None:
+        try:
+            await self.handle(msg)
+        except Exception:
+            # Not acked: JetStream redelivers after ack_wait. Nothing is lost.
+            log.exception("unexpected failure handling %s", msg.subject)
+
+
+class _Meta(msgspec.Struct):
+    resourceVersion: str = ""  # noqa: N815 - wire name
+
+
+class _Head(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+_head = msgspec.json.Decoder(_Head)
+
+
+def _resource_version(body: bytes) -> str:
+    try:
+        return _head.decode(body).metadata.resourceVersion
+    except msgspec.DecodeError:
+        return ""
+
+
+async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
+    nc = await bus.connect(settings.nats_url, name="tjpipe-applier")
+    js = nc.jetstream()
+    await bus.ensure_streams(js, streams.ALL_STREAMS)
+    await bus.ensure_consumer(js, streams.APPLIER)
+    async with KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency) as kube:
+        try:
+            await Applier(settings, kube, js).run(stop)
+        finally:
+            await nc.drain()

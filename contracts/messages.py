@@ -1,0 +1,213 @@
+"""Messages between the services: what was observed, what to apply, and what happened.
+
+Each message kind is a member of a tagged union, so a consumer decodes any payload on its subject into
+exactly one typed value or rejects it as undecodable; there is no "maybe this dict has a kind field".
+
+Events are *level* snapshots, not deltas: a ``TrainJobObserved`` carries the TrainJob, the runtime it
+resolved to and the JobSet it owns, all as the watcher saw them at one moment. That is what lets the
+planner stay a pure function of one event and what makes replaying a single event meaningful on its own.
+
+Apply messages carry a complete apply configuration for one component. Fields the planner does not mean
+to own stay ``msgspec.UNSET`` and are never encoded, so Server-Side Apply attributes to our field manager
+exactly the fields we set. The target (GVK, namespace, name) and the status-subresource flag are spelled
+out next to the object so the applier can route and fence a message without interpreting its body.
+
+Schema evolution follows msgspec's rules: a field added later gets a default, and no type changes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, Secret
+from contracts.trainer import TrainingRuntime, TrainJob
+
+FIELD_MANAGER = "trainer"
+
+
+class ObjectKey(msgspec.Struct, frozen=True, kw_only=True):
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> ObjectKey:
+        namespace, sep, name = text.partition("/")
+        if not sep or not namespace or not name or "/" in name:
+            raise ValueError(f"expected NAMESPACE/NAME, got {text!r}")
+        return cls(namespace=namespace, name=name)
+
+
+# --------------------------------------------------------------------------------------------- events
+
+
+class TrainJobObserved(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.observed"):
+    """The state of one TrainJob and everything its plan depends on, at one moment."""
+
+    trainjob: TrainJob
+    runtime: TrainingRuntime | None = None
+    """The runtime ``spec.runtimeRef`` resolved to; ``None`` when it does not exist (yet)."""
+    jobset: JobSet | None = None
+    """The JobSet this TrainJob controls, if any; only its status and suspend flag matter to plans."""
+    observed_at: float
+    """Unix seconds when the watcher took the snapshot; the planner's only notion of "now"."""
+    cause: str = ""
+    """What made the watcher publish, e.g. ``TrainJob MODIFIED`` or ``JobSet MODIFIED`` or ``resync``."""
+    trace_id: str = ""
+
+
+class TrainJobDeleted(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.deleted"):
+    key: ObjectKey
+    uid: str
+    observed_at: float
+    trace_id: str = ""
+
+
+Event = TrainJobObserved | TrainJobDeleted
+
+
+# ---------------------------------------------------------------------------------------------- applies
+
+ApplyPolicy = Literal["always", "if-absent", "while-suspended"]
+"""How the applier treats a live object that already exists.
+
+``always``: apply. ``if-absent``: create only, never touch an existing object (e.g. immutable Secrets).
+``while-suspended``: create if absent; otherwise apply only while the live object or the desired one is
+suspended, which is Trainer's rule for JobSets and PodGroups of running jobs.
+"""
+
+
+class Target(msgspec.Struct, frozen=True, kw_only=True):
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    subresource: Literal["status"] | None = None
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    def __str__(self) -> str:
+        sub = f"/{self.subresource}" if self.subresource else ""
+        return f"{self.kind}{sub} {self.namespace}/{self.name}"
+
+
+class _Apply(msgspec.Struct, frozen=True, kw_only=True, tag_field="component"):
+    trainjob: ObjectKey
+    trainjob_uid: str
+    target: Target
+    source_seq: int
+    """Sequence of the event this plan came from, in the events stream; the ordering fence."""
+    field_manager: str = FIELD_MANAGER
+    force: bool = True
+    policy: ApplyPolicy = "always"
+    trace_id: str = ""
+
+
+class ApplyJobSet(_Apply, frozen=True, kw_only=True, tag="jobset"):
+    object: JobSet
+
+
+class ApplyTrainJobStatus(_Apply, frozen=True, kw_only=True, tag="trainjob-status"):
+    object: TrainJob
+
+
+class ApplyConfigMap(_Apply, frozen=True, kw_only=True, tag="configmap"):
+    object: ConfigMap
+
+
+class ApplySecret(_Apply, frozen=True, kw_only=True, tag="secret"):
+    object: Secret
+
+
+ApplyMessage = ApplyJobSet | ApplyTrainJobStatus | ApplyConfigMap | ApplySecret
+
+
+def component_of(message: ApplyMessage) -> str:
+    """The stable component name of a message: its kind tag plus the target name where one kind repeats."""
+    tag = type(message).__struct_config__.tag
+    if isinstance(message, ApplyConfigMap | ApplySecret):
+        return f"{tag}.{message.target.name}"
+    return str(tag)
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the planner decided for one event."""
+
+    trainjob: ObjectKey
+    trainjob_uid: str
+    source_seq: int
+    applies: tuple[ApplyMessage, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """Human-readable reasons the plan is smaller than usual (e.g. the runtime is missing)."""
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+ApplyAction = Literal["created", "configured", "unchanged", "skipped", "failed"]
+
+
+class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
+    trainjob: ObjectKey
+    target: Target
+    component: str
+    source_seq: int
+    action: ApplyAction
+    attempts: int
+    duration_ms: float
+    resource_version: str = ""
+    reason: str = ""
+    finished_at: float = 0.0
+    trace_id: str = ""
+
+
+class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
+    stage: str
+    """The service that gave up: ``planner`` or ``applier``."""
+    reason: str
+    error: str
+    subject: str
+    payload: bytes
+    headers: dict[str, str] = {}
+    stream_seq: int = 0
+    deliveries: int = 0
+    dead_at: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------- codecs
+
+_json_encoder = msgspec.json.Encoder()
+_event_decoder = msgspec.json.Decoder(Event)
+_apply_decoder = msgspec.json.Decoder(ApplyMessage)
+_result_decoder = msgspec.json.Decoder(ApplyResult)
+_dead_letter_decoder = msgspec.json.Decoder(DeadLetter)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _json_encoder.encode(message)
+
+
+def decode_event(data: bytes) -> Event:
+    return _event_decoder.decode(data)
+
+
+def decode_apply(data: bytes) -> ApplyMessage:
+    return _apply_decoder.decode(data)
+
+
+def decode_result(data: bytes) -> ApplyResult:
+    return _result_decoder.decode(data)
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    return _dead_letter_decoder.decode(data)

@@ -1,0 +1,79 @@
+"""Streams and durable consumers, as data every service agrees on.
+
+The definitions are plain msgspec Structs rather than nats-py config objects so that this package stays
+free of any client library: services translate them at start and create or update them idempotently,
+which makes the first service to start bring the bus into shape and later ones confirm it.
+
+All streams use limits retention. It is the only retention that keeps what was consumed, and the event
+history is a product feature here (``tjpipe history`` and ``tjpipe replay`` read it), not just a queue.
+Each stream's duplicate window is what turns publisher-side message ids into effectively-once delivery.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from contracts import subjects
+
+DAY = 24 * 3600.0
+
+
+class StreamSpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    subjects: tuple[str, ...]
+    description: str
+    max_age_seconds: float
+    max_bytes: int = -1
+    duplicate_window_seconds: float = 600.0
+    replicas: int = 1
+
+
+class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    stream: str
+    durable: str
+    filter_subject: str
+    ack_wait_seconds: float = 60.0
+    max_deliver: int = 10
+    max_ack_pending: int = 1000
+
+
+EVENTS = StreamSpec(
+    name="TJ_EVENTS",
+    subjects=(f"{subjects.EVENTS_PREFIX}.>",),
+    description="TrainJob change events as observed by the watcher",
+    max_age_seconds=7 * DAY,
+)
+APPLY = StreamSpec(
+    name="TJ_APPLY",
+    subjects=(f"{subjects.APPLY_PREFIX}.>",),
+    description="Per-component apply configurations planned for each TrainJob",
+    max_age_seconds=3 * DAY,
+)
+RESULTS = StreamSpec(
+    name="TJ_RESULTS",
+    subjects=(f"{subjects.RESULTS_PREFIX}.>",),
+    description="The outcome of every apply: created, configured, unchanged, skipped or failed",
+    max_age_seconds=3 * DAY,
+)
+DLQ = StreamSpec(
+    name="TJ_DLQ",
+    subjects=(f"{subjects.DLQ_PREFIX}.>",),
+    description="Messages that can never succeed as sent, with the reason and the original payload",
+    max_age_seconds=30 * DAY,
+)
+
+ALL_STREAMS: tuple[StreamSpec, ...] = (EVENTS, APPLY, RESULTS, DLQ)
+
+PLANNER = ConsumerSpec(stream=EVENTS.name, durable="planner", filter_subject=subjects.events_filter())
+APPLIER = ConsumerSpec(stream=APPLY.name, durable="applier", filter_subject=subjects.apply_filter())
+
+
+def with_retention(spec: StreamSpec, *, max_age_seconds: float | None, max_bytes: int | None) -> StreamSpec:
+    """The same stream with operator-chosen retention; ``None`` keeps the default."""
+    changes: dict[str, float | int] = {}
+    if max_age_seconds is not None:
+        changes["max_age_seconds"] = max_age_seconds
+        changes["duplicate_window_seconds"] = min(spec.duplicate_window_seconds, max_age_seconds)
+    if max_bytes is not None:
+        changes["max_bytes"] = max_bytes
+    return msgspec.structs.replace(spec, **changes)

@@ -1,0 +1,107 @@
+"""Extension points and their fixed phase order, after Trainer's runtime framework.
+
+Each extension point is one Protocol with one method. A plugin implements the ones it needs; the
+framework finds them once, when it is built, and runs every phase in a fixed order:
+
+    validate → ML policy → pod-group policy → pod network → parallel count → build
+
+Trainer collects plugins by ranging over a Go map, so the order inside a phase changes from process to
+process. Here the registry is an ordered tuple, which makes plans reproducible byte for byte — a
+precondition for golden tests and for replaying history against a new planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from contracts.trainer import TrainJob
+from planner.info import Component, RuntimeInfo
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """A validation failure, in the shape of Kubernetes' field.Error."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class BuildError(Exception):
+    """The runtime and TrainJob cannot be turned into components; reported on the TrainJob."""
+
+
+class Plugin(Protocol):
+    name: str
+
+
+@runtime_checkable
+class CustomValidation(Plugin, Protocol):
+    def validate(self, info: RuntimeInfo, job: TrainJob) -> list[FieldError]: ...
+
+
+@runtime_checkable
+class EnforceMLPolicy(Plugin, Protocol):
+    def enforce_ml_policy(self, info: RuntimeInfo, job: TrainJob) -> None: ...
+
+
+@runtime_checkable
+class EnforcePodGroupPolicy(Plugin, Protocol):
+    def enforce_pod_group_policy(self, info: RuntimeInfo, job: TrainJob) -> None: ...
+
+
+@runtime_checkable
+class PodNetwork(Plugin, Protocol):
+    def identify_pod_network(self, info: RuntimeInfo, job: TrainJob) -> None: ...
+
+
+@runtime_checkable
+class ComponentBuilder(Plugin, Protocol):
+    def sync_parallel_count(self, info: RuntimeInfo) -> None: ...
+
+    def build(self, info: RuntimeInfo, job: TrainJob) -> list[Component]: ...
+
+
+PluginFactory = Callable[[], Plugin]
+
+
+class Framework:
+    """The plugins of one registry, sorted into phases once."""
+
+    def __init__(self, registry: Sequence[tuple[str, PluginFactory]]) -> None:
+        plugins = [factory() for _, factory in registry]
+        names = [p.name for p in plugins]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate plugin names in registry: {names}")
+        self.plugins = plugins
+        self.validators = [p for p in plugins if isinstance(p, CustomValidation)]
+        self.ml_policies = [p for p in plugins if isinstance(p, EnforceMLPolicy)]
+        self.pod_group_policies = [p for p in plugins if isinstance(p, EnforcePodGroupPolicy)]
+        self.pod_networks = [p for p in plugins if isinstance(p, PodNetwork)]
+        self.builders = [p for p in plugins if isinstance(p, ComponentBuilder)]
+
+    def validate(self, info: RuntimeInfo, job: TrainJob) -> list[FieldError]:
+        errors: list[FieldError] = []
+        for plugin in self.validators:
+            errors.extend(plugin.validate(info, job))
+        return errors
+
+    def shape(self, info: RuntimeInfo, job: TrainJob) -> None:
+        for ml in self.ml_policies:
+            ml.enforce_ml_policy(info, job)
+        for pg in self.pod_group_policies:
+            pg.enforce_pod_group_policy(info, job)
+        for net in self.pod_networks:
+            net.identify_pod_network(info, job)
+
+    def build(self, info: RuntimeInfo, job: TrainJob) -> list[Component]:
+        for builder in self.builders:
+            builder.sync_parallel_count(info)
+        components: list[Component] = []
+        for builder in self.builders:
+            components.extend(builder.build(info, job))
+        return components

@@ -1,0 +1,103 @@
+"""The intermediate representation every plugin shapes: Trainer's ``runtime.Info`` and ``PodSet``.
+
+Plugins never build Kubernetes objects; they adjust pod sets (counts, containers, env, ports, volumes),
+scheduler labels and the JobSet spec held here, and the component builders turn the result into apply
+configurations at the end. That split is what lets a new ML policy touch the JobSet without knowing how a
+JobSet is assembled, and what keeps the phase order meaningful.
+
+The JobSet spec and the pieces plugins add are plain builtins (see ``planner.merge``): plugins mutate
+them freely during one plan, and nothing here outlives that plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from contracts.messages import ApplyPolicy
+from contracts.trainer import MLPolicy, PodGroupPolicy, TrainingRuntime, TrainJob
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class Container:
+    name: str
+    image: str = ""
+    command: list[str] | None = None
+    env: list[Obj] = field(default_factory=list)
+    ports: list[Obj] = field(default_factory=list)
+    volume_mounts: list[Obj] = field(default_factory=list)
+
+
+@dataclass
+class PodSet:
+    """One replicated job of the JobSet template, index-aligned with ``replicatedJobs``."""
+
+    name: str
+    ancestor: str | None
+    count: int
+    containers: list[Container]
+    init_containers: list[Container]
+    volumes: list[Obj] = field(default_factory=list)
+    single_pod_requests: dict[str, Decimal] = field(default_factory=dict)
+    endpoints: Callable[[], Iterator[str]] | None = None
+
+    def container(self, name: str) -> Container | None:
+        """Regular containers first, then init containers, as Trainer looks them up."""
+        for c in self.containers:
+            if c.name == name:
+                return c
+        for c in self.init_containers:
+            if c.name == name:
+                return c
+        return None
+
+
+@dataclass
+class RuntimeInfo:
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    ml_policy: MLPolicy | None
+    pod_group_policy: PodGroupPolicy | None
+    jobset_spec: Obj
+    """The runtime template's JobSet spec after runtime patches and resourcesPerNode, as builtins."""
+    pod_sets: list[PodSet]
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    trainer_command: list[str] | None = None
+    """``spec.trainer.command`` as plugins rewrite it (torchtune, flux); the TrainJob itself stays frozen."""
+    trainer_args: list[str] | None = None
+    mpi_slots: int | None = None
+    """OpenMPI slots per node, once the MPI plugin has resolved them."""
+
+    def pod_set_by_ancestor(self, ancestor: str) -> PodSet | None:
+        return next((ps for ps in self.pod_sets if ps.ancestor == ancestor), None)
+
+    def pod_set_by_name(self, name: str) -> PodSet | None:
+        return next((ps for ps in self.pod_sets if ps.name == name), None)
+
+    def trainer_container(self, name: str) -> Container | None:
+        ps = self.pod_set_by_ancestor("trainer")
+        if ps is None:
+            return None
+        return next((c for c in ps.containers if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class Component:
+    """What a builder returns: one object to apply and the policy the applier must honour."""
+
+    object: Any
+    policy: ApplyPolicy = "always"
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """Everything a plan depends on; there is nothing else to read."""
+
+    trainjob: TrainJob
+    runtime: TrainingRuntime
+    now: float

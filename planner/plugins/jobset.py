@@ -1,0 +1,180 @@
+"""JobSet: pod network endpoints, parallelism from pod-set counts, and the JobSet apply configuration.
+
+The JobSet is the component users look at, so its builder follows Trainer's order of overrides exactly:
+first what plugins put into the pod sets (volumes, images, commands, env, ports, mounts, extra init
+containers), then the initializer overrides, then the trainer overrides, then scheduler labels and
+annotations, then ``suspend``. Each later step wins over an earlier one.
+
+Whether an existing, running JobSet may be touched is not decided here: the planner never reads the
+cluster. The message carries the ``while-suspended`` policy and the applier checks it against the live
+object.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from contracts import trainer as t
+from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
+from contracts.trainer import TrainJob
+from planner.framework import BuildError
+from planner.info import Component, RuntimeInfo
+from planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
+from planner.runtime_info import builtins, is_set
+
+
+def owner_reference(job: TrainJob) -> Obj:
+    return {
+        "apiVersion": t.API_VERSION,
+        "kind": t.TRAINJOB_KIND,
+        "name": job.metadata.name,
+        "uid": job.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _pod_spec(rjob: Obj) -> Obj:
+    pod_spec: Obj = rjob["template"]["spec"]["template"].setdefault("spec", {})
+    return pod_spec
+
+
+def _ancestor(rjob: Obj) -> str | None:
+    labels = ((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    value = labels.get(t.LABEL_TRAINJOB_ANCESTOR)
+    return str(value) if value is not None else None
+
+
+class JobSetPlugin:
+    name = "jobset"
+
+    def identify_pod_network(self, info: RuntimeInfo, job: TrainJob) -> None:
+        network = info.jobset_spec.get("network") or {}
+        subdomain = network.get("subdomain") or job.metadata.name
+        for index, rjob in enumerate(info.jobset_spec.get("replicatedJobs") or []):
+            ps = info.pod_sets[index]
+            replicas = int(rjob.get("replicas", 1))
+            rname = rjob.get("name")
+
+            def endpoints(replicas: int = replicas, rname: str = str(rname), count: int = ps.count) -> Any:
+                for r in range(replicas):
+                    for p in range(count):
+                        yield f"{job.metadata.name}-{rname}-{r}-{p}.{subdomain}"
+
+            ps.endpoints = endpoints
+
+    def sync_parallel_count(self, info: RuntimeInfo) -> None:
+        jobs = info.jobset_spec.get("replicatedJobs") or []
+        for ps in info.pod_sets:
+            for rjob in jobs:
+                if rjob.get("name") == ps.name:
+                    rjob["template"]["spec"]["parallelism"] = ps.count
+                    rjob["template"]["spec"]["completions"] = ps.count
+                    break
+
+    def build(self, info: RuntimeInfo, job: TrainJob) -> list[Component]:
+        spec = info.jobset_spec
+        jobs: list[Obj] = spec.get("replicatedJobs") or []
+        if len(jobs) < len(info.pod_sets):
+            raise BuildError(
+                f"runtime template has {len(jobs)} replicatedJobs but runtime info has {len(info.pod_sets)} podSets"
+            )
+        for ps, rjob in zip(info.pod_sets, jobs, strict=False):
+            pod_spec = _pod_spec(rjob)
+            if ps.volumes:
+                upsert_volumes(pod_spec.setdefault("volumes", []), ps.volumes)
+            for kind, containers in (("containers", ps.containers), ("initContainers", ps.init_containers)):
+                slots: list[Obj] = pod_spec.setdefault(kind, [])
+                for i, container in enumerate(containers):
+                    if i >= len(slots):
+                        slots.append({"name": container.name})
+                    slot = slots[i]
+                    if container.command:
+                        slot["command"] = list(container.command)
+                    if container.image:
+                        slot["image"] = container.image
+                    if container.env:
+                        upsert_env(slot.setdefault("env", []), container.env)
+                    if container.ports:
+                        upsert_ports(slot.setdefault("ports", []), container.ports)
+                    if container.volume_mounts:
+                        upsert_volume_mounts(slot.setdefault("volumeMounts", []), container.volume_mounts)
+                if not slots:
+                    pod_spec.pop(kind)
+
+        self._initializers(jobs, job)
+        self._trainer(info, jobs, job)
+        for rjob in jobs:
+            pod_template = rjob["template"]["spec"]["template"]
+            if info.pod_labels:
+                pod_template.setdefault("metadata", {}).setdefault("labels", {}).update(info.pod_labels)
+            if info.pod_annotations:
+                pod_template.setdefault("metadata", {}).setdefault("annotations", {}).update(info.pod_annotations)
+        suspend = job.spec.suspend if is_set(job.spec.suspend) else None
+        if suspend is not None:
+            spec["suspend"] = suspend
+        metadata: Obj = {
+            "name": job.metadata.name,
+            "namespace": job.metadata.namespace,
+            "ownerReferences": [owner_reference(job)],
+        }
+        if info.labels:
+            metadata["labels"] = dict(info.labels)
+        if info.annotations:
+            metadata["annotations"] = dict(info.annotations)
+        body = {"apiVersion": JOBSET_API_VERSION, "kind": JOBSET_KIND, "metadata": metadata, "spec": spec}
+        try:
+            jobset = msgspec.convert(body, JobSet)
+        except msgspec.ValidationError as exc:
+            raise BuildError(f"the JobSet built from the runtime is not valid: {exc}") from exc
+        return [Component(object=jobset, policy="while-suspended")]
+
+    @staticmethod
+    def _initializers(jobs: list[Obj], job: TrainJob) -> None:
+        init = job.spec.initializer if is_set(job.spec.initializer) else None
+        for rjob in jobs:
+            ancestor = _ancestor(rjob)
+            if ancestor not in (t.DATASET_INITIALIZER, t.MODEL_INITIALIZER):
+                continue
+            rjob["replicas"] = 1
+            source = None
+            if init is not None:
+                source = init.dataset if ancestor == t.DATASET_INITIALIZER else init.model
+            if not is_set(source) or source is None:
+                continue
+            for container in _pod_spec(rjob).get("containers") or []:
+                if container.get("name") != ancestor:
+                    continue
+                env = container.setdefault("env", [])
+                if is_set(source.storage_uri):
+                    upsert_env(env, [env_value(t.ENV_STORAGE_URI, source.storage_uri)])
+                if is_set(source.env):
+                    upsert_env(env, builtins(source.env))
+                if not env:
+                    container.pop("env")
+                if is_set(source.secret_ref):
+                    container.setdefault("envFrom", []).append({"secretRef": {"name": source.secret_ref.name}})
+
+    @staticmethod
+    def _trainer(info: RuntimeInfo, jobs: list[Obj], job: TrainJob) -> None:
+        trainer = job.spec.trainer if is_set(job.spec.trainer) else None
+        policy = info.ml_policy
+        launcher_as_node = policy is not None and is_set(policy.mpi) and policy.mpi.run_launcher_as_node is True
+        for rjob in jobs:
+            ancestor = _ancestor(rjob)
+            containers = _pod_spec(rjob).get("containers") or []
+            if ancestor == t.ANCESTOR_TRAINER:
+                rjob["replicas"] = 1
+                for container in containers:
+                    if container.get("name") != t.NODE or trainer is None:
+                        continue
+                    if is_set(trainer.image):
+                        container["image"] = trainer.image
+                    if info.trainer_command is not None:
+                        container["command"] = list(info.trainer_command)
+                    if info.trainer_args is not None:
+                        container["args"] = list(info.trainer_args)
+            if ancestor == t.ANCESTOR_TRAINER or (launcher_as_node and rjob.get("name") == t.NODE):
+                for container in containers:
+                    if container.get("name") == t.NODE and trainer is not None and is_set(trainer.env):
+                        upsert_env(container.setdefault("env", []), builtins(trainer.env))

@@ -1,0 +1,112 @@
+"""TrainJob status as the planner wants it: conditions and ``jobsStatus``, written by Server-Side Apply.
+
+Trainer v2.3.0 writes status with a JSON merge patch computed against a snapshot (upstream #3362); here it
+is an apply configuration on the status subresource, owned by field manager ``trainer``. Because SSA
+removes list entries a manager stops sending, the planner always sends the complete set of conditions it
+wants, starting from the current ones, and keeps a condition's ``lastTransitionTime`` unless its status
+flips — the rule of apimachinery's ``meta.SetStatusCondition``. The only clock is the event's
+observation time, so the same event always yields the same status.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from contracts import trainer as t
+from contracts.jobset import JobSet
+from contracts.trainer import TrainJob
+from planner.runtime_info import builtins, is_set
+
+Obj = dict[str, Any]
+
+
+def rfc3339(ts: float) -> str:
+    return dt.datetime.fromtimestamp(int(ts), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def find_condition(conditions: list[Obj], kind: str) -> Obj | None:
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+def set_condition(conditions: list[Obj], new: Obj, now: float) -> None:
+    existing = find_condition(conditions, new["type"])
+    if existing is None:
+        cond = dict(new)
+        cond.setdefault("lastTransitionTime", rfc3339(now))
+        conditions.append(cond)
+        return
+    if existing.get("status") != new["status"]:
+        existing["status"] = new["status"]
+        existing["lastTransitionTime"] = new.get("lastTransitionTime") or rfc3339(now)
+    existing["reason"] = new.get("reason", "")
+    existing["message"] = new.get("message", "")
+    if "observedGeneration" in new:
+        existing["observedGeneration"] = new["observedGeneration"]
+    else:
+        existing.pop("observedGeneration", None)
+
+
+def is_true(conditions: list[Obj], kind: str) -> bool:
+    cond = find_condition(conditions, kind)
+    return cond is not None and cond.get("status") == "True"
+
+
+def current_status(job: TrainJob) -> Obj:
+    status: Obj = builtins(job.status) if is_set(job.status) else {}
+    return status
+
+
+def is_finished(job: TrainJob) -> bool:
+    conditions = current_status(job).get("conditions") or []
+    return is_true(conditions, t.CONDITION_COMPLETE) or is_true(conditions, t.CONDITION_FAILED)
+
+
+def desired_status(job: TrainJob, jobset: JobSet | None, *, now: float) -> Obj:
+    """The status fields this planner owns: ``conditions`` and, once a JobSet exists, ``jobsStatus``."""
+    current = current_status(job)
+    conditions: list[Obj] = [dict(c) for c in current.get("conditions") or []]
+    if is_set(job.spec.suspend) and job.spec.suspend is True:
+        set_condition(
+            conditions,
+            {"type": t.CONDITION_SUSPENDED, "status": "True", "reason": t.REASON_SUSPENDED,
+             "message": t.MESSAGE_SUSPENDED},
+            now,
+        )
+    elif is_true(conditions, t.CONDITION_SUSPENDED):
+        set_condition(
+            conditions,
+            {"type": t.CONDITION_SUSPENDED, "status": "False", "reason": t.REASON_RESUMED,
+             "message": t.MESSAGE_RESUMED},
+            now,
+        )
+
+    status: Obj = {}
+    if jobset is not None and is_set(jobset.status):
+        js_status = builtins(jobset.status)
+        js_conditions: list[Obj] = js_status.get("conditions") or []
+        for source, target in (("Completed", t.CONDITION_COMPLETE), ("Failed", t.CONDITION_FAILED)):
+            cond = find_condition(js_conditions, source)
+            if cond is not None and cond.get("status") == "True":
+                set_condition(conditions, {**cond, "type": target}, now)
+        jobs_status = [
+            {
+                "name": rj.get("name", ""),
+                "ready": rj.get("ready", 0),
+                "succeeded": rj.get("succeeded", 0),
+                "failed": rj.get("failed", 0),
+                "active": rj.get("active", 0),
+                "suspended": rj.get("suspended", 0),
+            }
+            for rj in js_status.get("replicatedJobsStatus") or []
+        ]
+        if jobs_status:
+            status["jobsStatus"] = jobs_status
+    if conditions:
+        status["conditions"] = conditions
+    return status
+
+
+def status_changed(job: TrainJob, desired: Obj) -> bool:
+    current = current_status(job)
+    return any(current.get(key) != value for key, value in desired.items())

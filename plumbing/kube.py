@@ -1,0 +1,289 @@
+"""A thin asynchronous client for the few Kubernetes API calls the services make.
+
+The official client's generated layer turns every response into model objects and retries some calls on
+its own. Here every byte that arrives is decoded once, by msgspec, straight into the project's wire types,
+one pooled HTTPS connection set is reused for the life of a process, and retrying is left entirely to the
+caller, which knows whether an error is transient. The official package still does what it does best:
+reading kubeconfig files and in-cluster credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from contracts.resources import Resource
+
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeApiError(Exception):
+    """A non-success answer from the API server (or no answer at all: ``status`` 0)."""
+
+    def __init__(self, status: int, reason: str, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class KubeConfig:
+    server: str
+    token: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+
+    @classmethod
+    def load(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeConfig:
+        """From a kubeconfig file (argument, then ``$KUBECONFIG``, then ``~/.kube/config``) or in-cluster."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        path = kubeconfig or os.environ.get("KUBECONFIG")
+        default = Path.home() / ".kube" / "config"
+        if path or default.exists():
+            config.load_kube_config(config_file=path or str(default), context=context, client_configuration=cfg)
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            raise RuntimeError("no Kubernetes configuration: set KUBECONFIG, or run inside a cluster")
+        token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+        if token and token.lower().startswith("bearer "):
+            token = token[7:]
+        return cls(
+            server=str(cfg.host).rstrip("/"),
+            token=token,
+            ca_file=cfg.ssl_ca_cert,
+            cert_file=cfg.cert_file,
+            key_file=cfg.key_file,
+            verify=bool(cfg.verify_ssl),
+        )
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if not self.server.startswith("https"):
+            return False
+        ctx = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else ssl.create_default_context()
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+
+class Status(msgspec.Struct, kw_only=True):
+    reason: str = ""
+    message: str = ""
+
+
+class ListMeta(msgspec.Struct, kw_only=True):
+    resourceVersion: str = ""  # noqa: N815 - wire name
+    # continue is a keyword; paging is not needed for the object counts this pipeline lists at once.
+
+
+class RawList(msgspec.Struct, kw_only=True):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[msgspec.Raw] = []
+
+
+class RawWatchEvent(msgspec.Struct, kw_only=True):
+    type: str
+    object: msgspec.Raw
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+
+
+_status_decoder = msgspec.json.Decoder(Status)
+_list_decoder = msgspec.json.Decoder(RawList)
+_watch_decoder = msgspec.json.Decoder(RawWatchEvent)
+
+
+class KubeClient:
+    """One connection pool to one API server. Use as an async context manager."""
+
+    def __init__(self, config: KubeConfig, *, max_connections: int = 32, timeout: float = 30.0) -> None:
+        self.config = config
+        self._max_connections = max_connections
+        self._timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> KubeClient:
+        self._ensure_session()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=self.config.ssl_context())
+            headers = {"Accept": "application/json", "User-Agent": "trainjob-pipeline"}
+            if self.config.token:
+                headers["Authorization"] = f"Bearer {self.config.token}"
+            self._session = aiohttp.ClientSession(
+                base_url=self.config.server, connector=connector, headers=headers
+            )
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Response:
+        session = self._ensure_session()
+        headers = {"Content-Type": content_type} if content_type else None
+        try:
+            async with session.request(
+                method,
+                path,
+                params=params,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+            ) as resp:
+                data = await resp.read()
+                if resp.status >= 400:
+                    raise _error_from(resp.status, data, resp.headers.get("Retry-After"))
+                return Response(status=resp.status, body=data)
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ClientPayloadError) as exc:
+            raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
+
+    async def apply(
+        self,
+        resource: Resource,
+        *,
+        namespace: str,
+        name: str,
+        body: bytes,
+        field_manager: str,
+        force: bool = True,
+        subresource: str | None = None,
+        dry_run: bool = False,
+    ) -> Response:
+        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
+        if dry_run:
+            params["dryRun"] = "All"
+        path = resource.path(namespace=namespace, name=name, subresource=subresource)
+        return await self.request("PATCH", path, params=params, body=body, content_type=APPLY_PATCH)
+
+    async def get(self, resource: Resource, *, namespace: str | None, name: str) -> bytes | None:
+        """The object's JSON, or ``None`` when it does not exist."""
+        try:
+            return (await self.request("GET", resource.path(namespace=namespace, name=name))).body
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def delete(self, resource: Resource, *, namespace: str | None, name: str) -> bool:
+        body = json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
+        try:
+            await self.request(
+                "DELETE",
+                resource.path(namespace=namespace, name=name),
+                body=body.encode(),
+                content_type="application/json",
+            )
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def create(self, resource: Resource, *, namespace: str | None, body: bytes) -> Response:
+        return await self.request(
+            "POST", resource.path(namespace=namespace), body=body, content_type="application/json"
+        )
+
+    async def list(
+        self, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None
+    ) -> tuple[list[msgspec.Raw], str]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        resp = await self.request("GET", resource.path(namespace=namespace), params=params, timeout=120)
+        parsed = _list_decoder.decode(resp.body)
+        return parsed.items, parsed.metadata.resourceVersion
+
+    async def watch(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        resource_version: str,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[RawWatchEvent]:
+        """Stream watch events, bookmarks included; a 410 surfaces as ``KubeApiError(410)``."""
+        session = self._ensure_session()
+        params = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        try:
+            async with session.get(
+                resource.path(namespace=namespace),
+                params=params,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30),
+            ) as resp:
+                if resp.status >= 400:
+                    raise _error_from(resp.status, await resp.read(), resp.headers.get("Retry-After"))
+                while True:
+                    line = await resp.content.readline()
+                    if not line:
+                        return
+                    if not line.strip():
+                        continue
+                    event = _watch_decoder.decode(line)
+                    if event.type == "ERROR":
+                        status = msgspec.json.decode(event.object, type=dict[str, Any])
+                        raise KubeApiError(
+                            int(status.get("code", 500)),
+                            str(status.get("reason", "")),
+                            str(status.get("message", "")),
+                        )
+                    yield event
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ClientPayloadError) as exc:
+            raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _error_from(status: int, data: bytes, retry_after: str | None) -> KubeApiError:
+    try:
+        parsed = _status_decoder.decode(data)
+        reason, message = parsed.reason, parsed.message
+    except msgspec.DecodeError:
+        reason, message = "", data[:500].decode(errors="replace")
+    delay: float | None = None
+    if retry_after:
+        try:
+            delay = float(retry_after)
+        except ValueError:
+            delay = None
+    return KubeApiError(status, reason or str(status), message, retry_after=delay)

@@ -1,0 +1,5 @@
+import sys
+
+from tjpipe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,251 @@
+"""``tjpipe``: run one service, or the whole local stack.
+
+Every setting is a flag with an environment variable behind it (NATS_URL, KUBECONFIG, TJPIPE_NAMESPACES,
+TJPIPE_LOG_LEVEL), so the same names work on a command line, in docker-compose and in a Deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True, highlight=False)
+
+
+def _env_list(name: str) -> list[str]:
+    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", default=os.environ.get("TJPIPE_LOG_LEVEL", "info"))
+    parser.add_argument(
+        "--log-format", choices=("json", "text", "auto"), default=os.environ.get("TJPIPE_LOG_FORMAT", "auto")
+    )
+
+
+def _nats(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"), help="env: NATS_URL"
+    )
+
+
+def _kube(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="env: KUBECONFIG; unset inside a cluster means in-cluster credentials",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tjpipe", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    watcher = sub.add_parser("watcher", help="list and watch TrainJobs, runtimes and JobSets; publish events")
+    _common(watcher)
+    _nats(watcher)
+    _kube(watcher)
+    watcher.add_argument(
+        "--namespace",
+        action="append",
+        default=_env_list("TJPIPE_NAMESPACES"),
+        help="namespace to watch (repeatable; env TJPIPE_NAMESPACES, comma-separated); default: all",
+    )
+    watcher.add_argument("--resync-seconds", type=float, default=300.0)
+
+    planner = sub.add_parser("planner", help="turn events into per-component apply configurations")
+    _common(planner)
+    _nats(planner)
+
+    applier = sub.add_parser("applier", help="server-side apply each planned component")
+    _common(applier)
+    _nats(applier)
+    _kube(applier)
+    applier.add_argument("--concurrency", type=int, default=int(os.environ.get("TJPIPE_APPLY_CONCURRENCY", "16")))
+
+    up = sub.add_parser("up", help="run the embedded local stack (NATS, kube-apiserver, the three services)")
+    up.add_argument("--demo", action="store_true", help="install torch-distributed and create a sample TrainJob")
+    up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
+    up.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
+
+    down = sub.add_parser("down", help="stop a stack started with 'tjpipe up --detach'")
+    down.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command: str = args.command
+    if command in ("watcher", "planner", "applier"):
+        return _run_service(command, args)
+    if command == "up":
+        return _up(args)
+    if command == "down":
+        return _down(args)
+    raise AssertionError(command)
+
+
+# ------------------------------------------------------------------------------------------- services
+
+
+def _run_service(command: str, args: argparse.Namespace) -> int:
+    from plumbing.runner import configure_logging, run_service
+
+    fmt = {"json": True, "text": False, "auto": None}[args.log_format]
+    configure_logging(args.log_level, json_logs=fmt)
+    if command == "watcher":
+        from watcher.service import WatcherSettings, run_watcher
+
+        ws = WatcherSettings(
+            nats_url=args.nats_url,
+            kubeconfig=args.kubeconfig,
+            namespaces=tuple(dict.fromkeys(args.namespace)),
+            resync_seconds=args.resync_seconds,
+        )
+        return run_service(lambda stop: run_watcher(ws, stop))
+    if command == "planner":
+        from planner.service import PlannerSettings, run_planner
+
+        ps = PlannerSettings(nats_url=args.nats_url)
+        return run_service(lambda stop: run_planner(ps, stop))
+    from applier.service import ApplierSettings, run_applier
+
+    aps = ApplierSettings(nats_url=args.nats_url, kubeconfig=args.kubeconfig, concurrency=args.concurrency)
+    return run_service(lambda stop: run_applier(aps, stop))
+
+
+# ------------------------------------------------------------------------------------------- up / down
+
+
+def _up(args: argparse.Namespace) -> int:
+    from tjpipe.local.toolchain import ToolchainMissing
+    from tjpipe.stack import StatePaths, Stack
+
+    paths = StatePaths(args.state_dir.resolve())
+    if any(paths.logs.glob("*.pid")):
+        console.print(f"[yellow]a stack seems to be running already ({paths.logs}); run 'tjpipe down' first[/]")
+        return 1
+    stack = Stack(paths=paths, progress=lambda line: console.print(f"[dim]·[/] {line}"))
+    try:
+        stack.start_infrastructure()
+        stack.start_services()
+        demo = stack.create_demo() if args.demo else None
+        _where(stack)
+        if args.detach:
+            console.print("[green]stack running in the background[/]; stop it with [bold]tjpipe down[/]")
+            stack.services.clear()  # detached: leave every process to 'tjpipe down'
+            stack.local_kube = None
+            stack.local_nats = None
+            return 0
+        console.print("[green]stack running[/]; press [bold]Ctrl-C[/] to stop everything")
+        asyncio.run(_follow(stack, demo))
+    except ToolchainMissing as exc:
+        console.print(f"[red]{exc}[/]")
+        return 2
+    except KeyboardInterrupt:
+        console.print("\nstopping…")
+    finally:
+        stack.stop()
+    console.print("stopped; no process left running")
+    return 0
+
+
+def _where(stack: Any) -> None:
+    paths = stack.paths
+    console.print(f"state folder: {paths.root}")
+    if stack.local_kube is not None:
+        console.print(f"  kubeconfig: {paths.kubeconfig}")
+    console.print(f"  env:        {paths.env_file}   (source it: . {paths.env_file})")
+    console.print(f"  logs, pids: {paths.logs}")
+
+
+def _down(args: argparse.Namespace) -> int:
+    from tjpipe.stack import StatePaths, stop_detached
+
+    stopped = stop_detached(StatePaths(args.state_dir.resolve()))
+    if stopped:
+        console.print(f"stopped: {', '.join(stopped)}")
+    else:
+        console.print("nothing was running")
+    return 0
+
+
+async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
+    """Print every apply result as it happens, and the demo JobSet's shape once it exists."""
+    import msgspec
+
+    from contracts import streams, subjects
+    from contracts.messages import decode_result
+    from plumbing import bus
+
+    nc = await bus.connect(stack.nats_url, name="tjpipe-up")
+    js = nc.jetstream()
+    await bus.ensure_streams(js, streams.ALL_STREAMS)
+    sub = await js.subscribe(f"{subjects.RESULTS_PREFIX}.>", ordered_consumer=True)
+    shown = False
+    try:
+        while True:
+            for process in stack.services:
+                if not process.is_running():
+                    console.print(f"[red]{process.name} exited[/]; last log lines:\n{process.log_tail()}")
+                    return
+            try:
+                msg = await sub.next_msg(timeout=1.0)
+            except Exception:
+                continue
+            try:
+                result = decode_result(msg.data)
+            except msgspec.DecodeError:
+                continue
+            colour = {"created": "green", "configured": "cyan", "unchanged": "dim", "failed": "red"}.get(
+                result.action, "yellow"
+            )
+            console.print(
+                f"[{colour}]{result.action:>10}[/] {result.target}  "
+                f"({result.attempts} attempt{'s' if result.attempts != 1 else ''}, {result.duration_ms:.0f} ms)"
+                + (f" — {result.reason}" if result.reason else "")
+            )
+            if demo and not shown and result.component == "jobset" and result.action in ("created", "configured"):
+                shown = True
+                _show_jobset(stack, *demo)
+    finally:
+        await nc.close()
+
+
+def _show_jobset(stack: Any, namespace: str, name: str) -> None:
+    from kubernetes import dynamic
+
+    from tjpipe.local.kubeapi import new_api_client
+
+    client = dynamic.DynamicClient(new_api_client(stack.kubeconfig))
+    jobsets = client.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
+    js = jobsets.get(namespace=namespace, name=name).to_dict()
+    table = Table(title=f"JobSet {namespace}/{name} (suspend={js['spec'].get('suspend', False)})")
+    for column in ("replicatedJob", "replicas", "parallelism", "container", "image", "command / args", "env"):
+        table.add_column(column)
+    for rj in js["spec"]["replicatedJobs"]:
+        jspec = rj["template"]["spec"]
+        for c in jspec["template"]["spec"]["containers"]:
+            env = ", ".join(f"{e['name']}={e.get('value', '<ref>')}" for e in c.get("env", []))
+            table.add_row(
+                rj["name"], str(rj.get("replicas", 1)), str(jspec.get("parallelism", 1)), c["name"],
+                c.get("image", ""), " ".join(c.get("command", []) + c.get("args", [])), env,
+            )
+    owner = js["metadata"]["ownerReferences"][0]
+    console.print(table)
+    console.print(
+        f"owner: {owner['kind']}/{owner['name']} controller={owner.get('controller')}; "
+        f"applied at {time.strftime('%H:%M:%S')}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""The embedded local stack: NATS, a Kubernetes API, the three services, and an optional demo TrainJob.
+
+One object serves ``tjpipe up`` and the end-to-end tests, so the tests exercise exactly what a user runs.
+Backends are chosen in the order a user would expect: ``NATS_URL``/``KUBECONFIG`` point at servers that
+already exist; otherwise, where a Docker engine answers, testcontainers can supply them; otherwise the
+project's own binaries run on loopback. Everything the stack starts is a process group with a pid file in
+the state folder, so ``tjpipe down`` from another shell finds and ends exactly those processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tjpipe.local import crds
+from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
+from tjpipe.local.natsd import LocalNats, start_nats
+from tjpipe.local.procs import ManagedProcess, spawn, stop_from_pid_files
+
+SERVICES = ("watcher", "planner", "applier")
+DEMO_NAMESPACE = "tjpipe-demo"
+DEMO_TRAINJOB = "mnist"
+DEMO_RUNTIME = "torch-distributed"
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    root: Path
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def env_file(self) -> Path:
+        return self.root / "env"
+
+    @property
+    def nats_store(self) -> Path:
+        return self.root / "nats"
+
+    @property
+    def kube_work(self) -> Path:
+        return self.root / "kube"
+
+
+def docker_available() -> bool:
+    """Whether a Docker engine answers (not just a client binary being installed)."""
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=2).ping()
+    except Exception:
+        return False
+    return True
+
+
+@dataclass
+class Stack:
+    paths: StatePaths
+    progress: Callable[[str], None]
+    service_args: Sequence[str] = ()
+    nats_url: str = ""
+    kubeconfig: Path | None = None
+    local_nats: LocalNats | None = None
+    local_kube: LocalKube | None = None
+    services: list[ManagedProcess] = field(default_factory=list)
+    _containers: list[Any] = field(default_factory=list)
+
+    # ---------------------------------------------------------------------------------- infrastructure
+
+    def start_infrastructure(self, *, install_crds: bool | None = None) -> None:
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        existing_nats = os.environ.get("NATS_URL")
+        existing_kube = os.environ.get("KUBECONFIG")
+        use_containers = (not existing_nats or not existing_kube) and os.environ.get(
+            "TJPIPE_BACKEND"
+        ) == "testcontainers"
+        if use_containers and not docker_available():
+            raise RuntimeError("TJPIPE_BACKEND=testcontainers needs a running Docker engine; none answered")
+
+        if existing_nats:
+            self.nats_url = existing_nats
+            self.progress(f"NATS: using NATS_URL={existing_nats}")
+        elif use_containers:
+            self.nats_url = self._nats_container()
+        else:
+            self.progress("NATS: starting nats-server with JetStream on 127.0.0.1")
+            self.local_nats = start_nats(store_dir=self.paths.nats_store, log_dir=self.paths.logs)
+            self.nats_url = self.local_nats.url
+            self.progress(f"NATS: ready at {self.nats_url}")
+
+        if existing_kube:
+            self.kubeconfig = Path(existing_kube)
+            self.progress(f"Kubernetes: using KUBECONFIG={existing_kube}")
+        elif use_containers:
+            self.kubeconfig = self._k3s_container()
+        else:
+            self.progress("Kubernetes: starting etcd and kube-apiserver on 127.0.0.1")
+            self.local_kube = start_kube(
+                work_dir=self.paths.kube_work,
+                log_dir=self.paths.logs,
+                kubeconfig_path=self.paths.kubeconfig,
+                progress=self.progress,
+            )
+            self.kubeconfig = self.local_kube.kubeconfig
+            self.progress(f"Kubernetes: ready at {self.local_kube.server}")
+
+        if install_crds if install_crds is not None else not existing_kube:
+            started = time.monotonic()
+            manifests = crds.crd_manifests()
+            crds.install_crds(new_api_client(self.kubeconfig), manifests)
+            names = ", ".join(m["metadata"]["name"] for m in manifests)
+            self.progress(f"CRDs installed from the owning Go modules in {time.monotonic() - started:.1f}s: {names}")
+        self.write_env()
+
+    def _nats_container(self) -> str:
+        from testcontainers.nats import NatsContainer  # type: ignore[import-untyped]
+
+        container = NatsContainer(image="nats:2.11-alpine").with_command("-js")
+        container.start()
+        self._containers.append(container)
+        url = str(container.nats_uri())
+        self.progress(f"NATS: container ready at {url}")
+        return url
+
+    def _k3s_container(self) -> Path:
+        from testcontainers.k3s import K3SContainer  # type: ignore[import-untyped]
+
+        container = K3SContainer()
+        container.start()
+        self._containers.append(container)
+        self.paths.kubeconfig.write_text(container.config_yaml())
+        self.progress("Kubernetes: k3s container ready")
+        return self.paths.kubeconfig
+
+    def write_env(self) -> None:
+        lines = [f"export NATS_URL={shlex.quote(self.nats_url)}"]
+        if self.kubeconfig is not None:
+            lines.append(f"export KUBECONFIG={shlex.quote(str(self.kubeconfig.resolve()))}")
+        self.paths.env_file.write_text("\n".join(lines) + "\n")
+
+    # ----------------------------------------------------------------------------------------- services
+
+    def service_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["NATS_URL"] = self.nats_url
+        if self.kubeconfig is not None:
+            env["KUBECONFIG"] = str(self.kubeconfig.resolve())
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def start_service(self, service: str, *, name: str | None = None, extra: Sequence[str] = ()) -> ManagedProcess:
+        argv = [sys.executable, "-m", "tjpipe", service, "--log-format", "json", *self.service_args, *extra]
+        process = spawn(name=name or service, argv=argv, log_dir=self.paths.logs, env=self.service_env())
+        self.services.append(process)
+        return process
+
+    def start_services(self) -> None:
+        for service in SERVICES:
+            process = self.start_service(service)
+            self.progress(f"started {service} (pid {process.pid}, log {process.log_path})")
+
+    # --------------------------------------------------------------------------------------------- demo
+
+    def install_runtime(self, name: str) -> None:
+        runtime = crds.shipped_runtimes()[name]
+        crds.apply_objects(new_api_client(self._require_kubeconfig()), [runtime], field_manager="tjpipe-demo")
+
+    def create_demo(self) -> tuple[str, str]:
+        """Install ``torch-distributed`` and a TrainJob shaped like Trainer's MNIST example."""
+        self.install_runtime(DEMO_RUNTIME)
+        self.progress(f"installed ClusterTrainingRuntime {DEMO_RUNTIME} (Trainer v2.3.0 sample)")
+        client = new_api_client(self._require_kubeconfig())
+        crds.apply_objects(
+            client,
+            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}, demo_trainjob()],
+            field_manager="tjpipe-demo",
+        )
+        self.progress(f"created TrainJob {DEMO_NAMESPACE}/{DEMO_TRAINJOB}")
+        return DEMO_NAMESPACE, DEMO_TRAINJOB
+
+    def _require_kubeconfig(self) -> Path:
+        if self.kubeconfig is None:
+            raise RuntimeError("the Kubernetes backend is not started")
+        return self.kubeconfig
+
+    # --------------------------------------------------------------------------------------------- stop
+
+    def stop(self) -> None:
+        for process in reversed(self.services):
+            process.stop()
+        self.services.clear()
+        if self.local_kube is not None:
+            self.local_kube.stop()
+            self.local_kube = None
+        if self.local_nats is not None:
+            self.local_nats.stop()
+            self.local_nats = None
+        for container in self._containers:
+            container.stop()
+        self._containers.clear()
+
+
+def demo_trainjob() -> dict[str, Any]:
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": DEMO_TRAINJOB, "namespace": DEMO_NAMESPACE},
+        "spec": {
+            "runtimeRef": {"name": DEMO_RUNTIME},
+            "trainer": {
+                "numNodes": 4,
+                "resourcesPerNode": {
+                    "requests": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
+                    "limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
+                },
+                "command": ["torchrun"],
+                "args": ["/workspace/mnist.py", "--epochs", "1", "--backend", "nccl"],
+            },
+        },
+    }
+
+
+def stop_detached(paths: StatePaths) -> list[str]:
+    return stop_from_pid_files(paths.logs)

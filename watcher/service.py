@@ -1,0 +1,211 @@
+"""The watcher process: informers on TrainJobs, both runtime kinds and JobSets, publishing to JetStream.
+
+Runtimes and JobSets are listed before the first TrainJob event goes out, so that the first observation
+of every TrainJob already carries its runtime and JobSet; publishing earlier would send the planner half a
+picture. Publishing is awaited per event (the PubAck is what makes an event durable), and a publish that
+fails is retried until the bus takes it: an event is never dropped on the floor, because the next
+observation of a quiet TrainJob may be a long time coming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from nats.js import JetStreamContext
+
+from contracts import resources, streams, subjects, trainer
+from contracts.jobset import JobSet
+from contracts.messages import ObjectKey, TrainJobDeleted, encode
+from contracts.trainer import TrainingRuntime, TrainJob
+from plumbing import bus
+from plumbing.informer import Cached, Informer, Key
+from plumbing.kube import KubeClient, KubeConfig
+from watcher import core
+
+log = logging.getLogger("watcher")
+
+
+@dataclass
+class WatcherSettings:
+    nats_url: str
+    kubeconfig: str | None = None
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty means all."""
+    resync_seconds: float = 300.0
+
+
+@dataclass
+class WatcherStats:
+    published: int = 0
+    duplicates: int = 0
+    publish_retries: int = 0
+    by_cause: dict[str, int] = field(default_factory=dict)
+
+
+class Watcher:
+    def __init__(self, settings: WatcherSettings, kube: KubeClient, js: JetStreamContext) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.js = js
+        self.stats = WatcherStats()
+        namespaces: tuple[str | None, ...] = settings.namespaces or (None,)
+        self.trainjobs = [
+            Informer(kube, resources.TRAINJOB, TrainJob, self._on_trainjob, namespace=ns) for ns in namespaces
+        ]
+        self.jobsets = [
+            Informer(kube, resources.JOBSET, JobSet, self._on_jobset, namespace=ns) for ns in namespaces
+        ]
+        self.runtimes = [
+            Informer(kube, resources.TRAINING_RUNTIME, TrainingRuntime, self._on_runtime, namespace=ns)
+            for ns in namespaces
+        ]
+        self.cluster_runtimes = Informer(
+            kube, resources.CLUSTER_TRAINING_RUNTIME, TrainingRuntime, self._on_cluster_runtime
+        )
+
+    # ------------------------------------------------------------------------------------------ lookups
+
+    def _trainjob(self, key: Key) -> Cached[TrainJob] | None:
+        for inf in self.trainjobs:
+            if (hit := inf.cache.get(key)) is not None:
+                return hit
+        return None
+
+    def _jobset(self, key: Key) -> JobSet | None:
+        for inf in self.jobsets:
+            hit = inf.cache.get(key)
+            if hit is not None and core.controlling_trainjob(hit.obj) == key[1]:
+                return hit.obj
+        return None
+
+    def _runtime(self, job: TrainJob) -> tuple[TrainingRuntime | None, str]:
+        ref = core.runtime_key_of(job)
+        if ref is None:
+            return None, ""
+        kind, namespace, name = ref
+        if kind == trainer.CLUSTER_TRAINING_RUNTIME_KIND:
+            hit = self.cluster_runtimes.cache.get(("", name))
+        else:
+            hit = None
+            for inf in self.runtimes:
+                hit = hit or inf.cache.get((namespace, name))
+        return (hit.obj if hit else None), kind
+
+    # ----------------------------------------------------------------------------------------- handlers
+
+    async def _on_trainjob(self, kind: str, key: Key, cached: Cached[TrainJob] | None) -> None:
+        if cached is None:
+            return
+        if kind == "DELETED":
+            event = TrainJobDeleted(
+                key=ObjectKey(namespace=key[0], name=key[1]),
+                uid=cached.uid,
+                observed_at=time.time(),
+                trace_id=uuid.uuid4().hex,
+            )
+            await self._publish(key, encode(event), f"{cached.uid}/deleted", "TrainJob DELETED")
+            return
+        await self.publish_observation(cached.obj, cause=f"TrainJob {kind}")
+
+    async def _on_jobset(self, kind: str, key: Key, cached: Cached[JobSet] | None) -> None:
+        if cached is None:
+            return
+        owner = core.controlling_trainjob(cached.obj)
+        if owner is None:
+            return
+        job = self._trainjob((key[0], owner))
+        if job is not None:
+            await self.publish_observation(job.obj, cause=f"JobSet {kind}")
+
+    async def _on_runtime(self, kind: str, key: Key, cached: Cached[TrainingRuntime] | None) -> None:
+        await self._runtime_changed(trainer.TRAINING_RUNTIME_KIND, key, kind)
+
+    async def _on_cluster_runtime(self, kind: str, key: Key, cached: Cached[TrainingRuntime] | None) -> None:
+        await self._runtime_changed(trainer.CLUSTER_TRAINING_RUNTIME_KIND, key, kind)
+
+    async def _runtime_changed(self, runtime_kind: str, key: Key, kind: str) -> None:
+        """A runtime change matters to TrainJobs that have not started: suspended ones, or ones with no JobSet."""
+        if kind == "RESYNC" or not all(inf.synced.is_set() for inf in self.trainjobs):
+            return
+        wanted = (runtime_kind, key[0], key[1])
+        for inf in self.trainjobs:
+            for job_key, cached in list(inf.cache.items()):
+                if core.runtime_key_of(cached.obj) != wanted:
+                    continue
+                if core.is_suspended(cached.obj) or self._jobset(job_key) is None:
+                    await self.publish_observation(cached.obj, cause=f"{runtime_kind} {kind}")
+
+    # ---------------------------------------------------------------------------------------- publishing
+
+    async def publish_observation(self, job: TrainJob, *, cause: str) -> None:
+        key = (str(job.metadata.namespace), str(job.metadata.name))
+        runtime, runtime_kind = self._runtime(job)
+        jobset = self._jobset(key)
+        trace_id = uuid.uuid4().hex
+        event = core.observe(
+            job, runtime=runtime, jobset=jobset, now=time.time(), cause=cause, trace_id=trace_id
+        )
+        msg_id = core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind)
+        await self._publish(key, encode(event), msg_id, cause, trace_id=trace_id)
+
+    async def _publish(self, key: Key, payload: bytes, msg_id: str, cause: str, *, trace_id: str = "") -> None:
+        headers = {bus.MSG_ID: msg_id}
+        if trace_id:
+            headers[bus.TRACE_ID] = trace_id
+        subject = subjects.event_subject(key[0], key[1])
+        delay = 0.2
+        while True:
+            try:
+                ack = await self.js.publish(subject, payload, headers=headers, timeout=5)
+                break
+            except Exception as exc:  # the bus is down or slow: keep the event, try again
+                self.stats.publish_retries += 1
+                log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        if ack.duplicate:
+            self.stats.duplicates += 1
+        else:
+            self.stats.published += 1
+            self.stats.by_cause[cause.split()[0]] = self.stats.by_cause.get(cause.split()[0], 0) + 1
+        log.info(
+            "published %s/%s (%s)%s", key[0], key[1], cause, " [duplicate]" if ack.duplicate else "",
+            extra={"trainjob": f"{key[0]}/{key[1]}", "trace_id": trace_id, "seq": ack.seq},
+        )
+
+    # ----------------------------------------------------------------------------------------------- run
+
+    async def run(self, stop: asyncio.Event) -> None:
+        tasks = [asyncio.create_task(inf.run()) for inf in (*self.runtimes, self.cluster_runtimes, *self.jobsets)]
+        try:
+            for inf in (*self.runtimes, self.cluster_runtimes, *self.jobsets):
+                await inf.synced.wait()
+            tasks += [asyncio.create_task(inf.run()) for inf in self.trainjobs]
+            tasks.append(asyncio.create_task(self._resync_loop()))
+            log.info("watcher running", extra={"namespaces": list(self.settings.namespaces) or ["*"]})
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds)
+            for inf in self.trainjobs:
+                await inf.resync()
+
+
+async def run_watcher(settings: WatcherSettings, stop: asyncio.Event) -> None:
+    nc = await bus.connect(settings.nats_url, name="tjpipe-watcher")
+    js = nc.jetstream()
+    await bus.ensure_streams(js, streams.ALL_STREAMS)
+    async with KubeClient(KubeConfig.load(settings.kubeconfig)) as kube:
+        try:
+            await Watcher(settings, kube, js).run(stop)
+        finally:
+            await nc.drain()
