@@ -79,11 +79,18 @@ class Stack:
 
     # ---------------------------------------------------------------------------------- infrastructure
 
-    def start_infrastructure(self, *, install_crds: bool | None = None) -> None:
+    def start_infrastructure(
+        self,
+        *,
+        install_crds: bool | None = None,
+        nats_url: str | None = None,
+        kubeconfig: Path | None = None,
+    ) -> None:
+        """Start or adopt the backends; explicit arguments win over NATS_URL and KUBECONFIG."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
-        existing_nats = os.environ.get("NATS_URL")
-        existing_kube = os.environ.get("KUBECONFIG")
+        existing_nats = nats_url or os.environ.get("NATS_URL")
+        existing_kube = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
         use_containers = (not existing_nats or not existing_kube) and os.environ.get(
             "TJPIPE_BACKEND"
         ) == "testcontainers"
