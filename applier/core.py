@@ -10,6 +10,7 @@ Outcomes use fluxcd ssa's words: created, configured, unchanged, plus skipped an
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import msgspec
 
 from contracts.messages import ApplyAction, ApplyMessage
@@ -56,7 +57,7 @@ class _LiveSpec(msgspec.Struct, kw_only=True):
 
 
 class _LiveMeta(msgspec.Struct, kw_only=True):
-    resourceVersion: str = ""  # noqa: N815 - wire name
+    resourceVersion: str = ""
 
 
 class _Live(msgspec.Struct, kw_only=True):

@@ -69,10 +69,10 @@ class ApplierStats:
 def _wait(settings: ApplierSettings) -> Any:
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
-        backoff = min(settings.max_backoff_seconds, 0.1 * 2 ** (state.attempt_number - 1))
+        backoff: float = min(settings.max_backoff_seconds, 0.1 * 2.0 ** (state.attempt_number - 1))
         backoff *= 0.5 + random.random()
-        retry_after = getattr(exc, "retry_after", None)
-        return max(backoff, float(retry_after or 0.0))
+        retry_after = exc.retry_after if isinstance(exc, core.TransientError) else None
+        return max(backoff, retry_after or 0.0)
 
     return wait
 
@@ -133,7 +133,10 @@ class Applier:
             delay = min(60.0, 2.0 ** min(msg.metadata.num_delivered or 1, 6))
             self.stats.naks += 1
             log.warning(
-                "%s: %s; handing back to JetStream for %.0fs", message.target, exc.reason, delay,
+                "%s: %s; handing back to JetStream for %.0fs",
+                message.target,
+                exc.reason,
+                delay,
                 extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
             )
             await msg.nak(delay=delay)
@@ -220,8 +223,13 @@ class Applier:
         subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
         await self.js.publish(subject, encode(result), headers={bus.TRACE_ID: message.trace_id})
         log.info(
-            "%s %s (%d attempt%s, %.1f ms)%s", action, message.target, attempts, "" if attempts == 1 else "s",
-            duration_ms, f": {reason}" if reason else "",
+            "%s %s (%d attempt%s, %.1f ms)%s",
+            action,
+            message.target,
+            attempts,
+            "" if attempts == 1 else "s",
+            duration_ms,
+            f": {reason}" if reason else "",
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id, "action": action},
         )
         if ack:
@@ -253,7 +261,7 @@ class Applier:
         while not stop.is_set():
             try:
                 batch = await sub.fetch(self.settings.batch, timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 continue
             except Exception as exc:  # the bus went away; the client reconnects on its own
                 log.warning("fetch failed: %s", exc)
@@ -278,7 +286,7 @@ class Applier:
 
 
 class _Meta(msgspec.Struct):
-    resourceVersion: str = ""  # noqa: N815 - wire name
+    resourceVersion: str = ""
 
 
 class _Head(msgspec.Struct):

@@ -29,12 +29,13 @@ from contracts.messages import (
     TrainJobDeleted,
     TrainJobObserved,
 )
-from contracts.trainer import TrainJob
+from contracts.trainer import RuntimeRef, TrainJob
+from contracts.values import name_of, namespace_of, or_default, uid_of
 from planner import status as status_rules
 from planner.framework import BuildError, Framework
 from planner.info import Component
 from planner.plugins import REGISTRY
-from planner.runtime_info import is_set, new_runtime_info
+from planner.runtime_info import new_runtime_info, spec_of
 
 FRAMEWORK = Framework(REGISTRY)
 
@@ -48,12 +49,14 @@ def plan(event: Event, *, source_seq: int, framework: Framework = FRAMEWORK) -> 
 
 def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framework) -> Plan:
     job = event.trainjob
-    key = ObjectKey(namespace=str(job.metadata.namespace), name=str(job.metadata.name))
-    uid = str(job.metadata.uid)
-    managed_by = job.spec.managed_by if is_set(job.spec.managed_by) else t.MANAGED_BY_TRAINJOB_CONTROLLER
+    key = ObjectKey(namespace=str(namespace_of(job)), name=str(name_of(job)))
+    uid = str(uid_of(job))
+    managed_by = or_default(spec_of(job).managed_by, t.MANAGED_BY_TRAINJOB_CONTROLLER)
     if managed_by != t.MANAGED_BY_TRAINJOB_CONTROLLER:
         return Plan(
-            trainjob=key, trainjob_uid=uid, source_seq=source_seq,
+            trainjob=key,
+            trainjob_uid=uid,
+            source_seq=source_seq,
             warnings=(f"managed by {managed_by}; left alone",),
         )
 
@@ -75,21 +78,17 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
             except BuildError as exc:
                 warnings.append(f"build failed: {exc}")
 
-    applies: list[ApplyMessage] = [
-        _message(c, job, key, uid, source_seq, event.trace_id) for c in components
-    ]
+    applies: list[ApplyMessage] = [_message(c, job, key, uid, source_seq, event.trace_id) for c in components]
     desired = status_rules.desired_status(job, event.jobset, now=event.observed_at)
     if desired and status_rules.status_changed(job, desired):
         applies.append(_status_message(job, desired, key, uid, source_seq, event.trace_id))
-    return Plan(
-        trainjob=key, trainjob_uid=uid, source_seq=source_seq, applies=tuple(applies), warnings=tuple(warnings)
-    )
+    return Plan(trainjob=key, trainjob_uid=uid, source_seq=source_seq, applies=tuple(applies), warnings=tuple(warnings))
 
 
 def _runtime_ref(job: TrainJob) -> str:
-    ref = job.spec.runtime_ref
-    kind = ref.kind if is_set(ref.kind) else t.CLUSTER_TRAINING_RUNTIME_KIND
-    return f"{kind}/{ref.name}"
+    ref = or_default(spec_of(job).runtime_ref, RuntimeRef())
+    kind = or_default(ref.kind, t.CLUSTER_TRAINING_RUNTIME_KIND)
+    return f"{kind}/{or_default(ref.name, '')}"
 
 
 def _message(
@@ -135,7 +134,10 @@ def _status_message(
         source_seq=source_seq,
         trace_id=trace_id,
         target=Target(
-            api_version=t.API_VERSION, kind=t.TRAINJOB_KIND, namespace=key.namespace, name=key.name,
+            api_version=t.API_VERSION,
+            kind=t.TRAINJOB_KIND,
+            namespace=key.namespace,
+            name=key.name,
             subresource="status",
         ),
         object=obj,

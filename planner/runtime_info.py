@@ -13,7 +13,8 @@ from typing import Any
 import msgspec
 
 from contracts import trainer as t
-from contracts.trainer import TrainingRuntime, TrainJob
+from contracts.trainer import Trainer, TrainingRuntime, TrainingRuntimeSpec, TrainJob, TrainJobSpec
+from contracts.values import is_set, or_default
 from planner.info import Container, PodSet, RuntimeInfo
 from planner.merge import merge_resources, parse_quantity
 from planner.patches import apply_runtime_patches
@@ -21,23 +22,31 @@ from planner.patches import apply_runtime_patches
 Obj = dict[str, Any]
 
 
-def is_set(value: object) -> bool:
-    return value is not msgspec.UNSET and value is not None
-
-
 def builtins(value: object) -> Any:
     return msgspec.to_builtins(value)
 
 
+_EMPTY_SPEC = TrainJobSpec()
+_EMPTY_RUNTIME_SPEC = TrainingRuntimeSpec()
+
+
+def spec_of(job: TrainJob) -> TrainJobSpec:
+    return or_default(job.spec, _EMPTY_SPEC)
+
+
+def trainer_of(job: TrainJob) -> Trainer | None:
+    return or_default(spec_of(job).trainer, None)
+
+
 def new_runtime_info(job: TrainJob, runtime: TrainingRuntime) -> RuntimeInfo:
-    rspec = runtime.spec
-    template = rspec.template if is_set(rspec.template) else None
+    rspec = or_default(runtime.spec, _EMPTY_RUNTIME_SPEC)
+    template = or_default(rspec.template, None)
     meta = template.metadata if template is not None and is_set(template.metadata) else None
     labels = dict(meta.labels) if meta is not None and is_set(meta.labels) else {}
     annotations = dict(meta.annotations) if meta is not None and is_set(meta.annotations) else {}
 
     patches: list[Obj] = []
-    for patch in job.spec.runtime_patches if is_set(job.spec.runtime_patches) else []:
+    for patch in or_default(spec_of(job).runtime_patches, []):
         trs = patch.training_runtime_spec
         if not is_set(trs) or not is_set(trs.template):
             continue
@@ -54,19 +63,15 @@ def new_runtime_info(job: TrainJob, runtime: TrainingRuntime) -> RuntimeInfo:
     if patches:
         spec = apply_runtime_patches(spec, patches)
 
-    ml_policy = rspec.ml_policy if is_set(rspec.ml_policy) else None
-    pod_group_policy = rspec.pod_group_policy if is_set(rspec.pod_group_policy) else None
-    trainer_spec = job.spec.trainer if is_set(job.spec.trainer) else None
+    ml_policy = or_default(rspec.ml_policy, None)
+    pod_group_policy = or_default(rspec.pod_group_policy, None)
+    trainer_spec = or_default(spec_of(job).trainer, None)
     resources_per_node = (
         builtins(trainer_spec.resources_per_node)
         if trainer_spec is not None and is_set(trainer_spec.resources_per_node)
         else None
     )
-    launcher_as_node = (
-        ml_policy is not None
-        and is_set(ml_policy.mpi)
-        and ml_policy.mpi.run_launcher_as_node is True
-    )
+    launcher_as_node = ml_policy is not None and is_set(ml_policy.mpi) and ml_policy.mpi.run_launcher_as_node is True
 
     pod_sets: list[PodSet] = []
     for rjob in spec.get("replicatedJobs") or []:

@@ -110,7 +110,7 @@ class Planner:
         while not stop.is_set():
             try:
                 batch = await sub.fetch(self.settings.batch, timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 continue
             except Exception as exc:
                 log.warning("fetch failed: %s", exc)

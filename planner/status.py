@@ -16,7 +16,8 @@ from typing import Any
 from contracts import trainer as t
 from contracts.jobset import JobSet
 from contracts.trainer import TrainJob
-from planner.runtime_info import builtins, is_set
+from contracts.values import is_set
+from planner.runtime_info import builtins, spec_of
 
 Obj = dict[str, Any]
 
@@ -66,18 +67,26 @@ def desired_status(job: TrainJob, jobset: JobSet | None, *, now: float) -> Obj:
     """The status fields this planner owns: ``conditions`` and, once a JobSet exists, ``jobsStatus``."""
     current = current_status(job)
     conditions: list[Obj] = [dict(c) for c in current.get("conditions") or []]
-    if is_set(job.spec.suspend) and job.spec.suspend is True:
+    if is_set(spec_of(job).suspend) and spec_of(job).suspend is True:
         set_condition(
             conditions,
-            {"type": t.CONDITION_SUSPENDED, "status": "True", "reason": t.REASON_SUSPENDED,
-             "message": t.MESSAGE_SUSPENDED},
+            {
+                "type": t.CONDITION_SUSPENDED,
+                "status": "True",
+                "reason": t.REASON_SUSPENDED,
+                "message": t.MESSAGE_SUSPENDED,
+            },
             now,
         )
     elif is_true(conditions, t.CONDITION_SUSPENDED):
         set_condition(
             conditions,
-            {"type": t.CONDITION_SUSPENDED, "status": "False", "reason": t.REASON_RESUMED,
-             "message": t.MESSAGE_RESUMED},
+            {
+                "type": t.CONDITION_SUSPENDED,
+                "status": "False",
+                "reason": t.REASON_RESUMED,
+                "message": t.MESSAGE_RESUMED,
+            },
             now,
         )
 

@@ -30,7 +30,7 @@ T = TypeVar("T")
 class _Meta(msgspec.Struct, kw_only=True):
     name: str = ""
     namespace: str = ""
-    resourceVersion: str = ""  # noqa: N815 - wire name
+    resourceVersion: str = ""
     uid: str = ""
 
 
@@ -85,9 +85,7 @@ class Informer(Generic[T]):
         try:
             obj = self._decoder.decode(raw)
         except msgspec.ValidationError as exc:
-            log.error(
-                "skipping undecodable %s %s/%s: %s", self.resource.kind, head.namespace, head.name, exc
-            )
+            log.error("skipping undecodable %s %s/%s: %s", self.resource.kind, head.namespace, head.name, exc)
             return None
         return (head.namespace, head.name), Cached(obj, raw, head.resourceVersion, head.uid)
 
@@ -152,8 +150,7 @@ class Informer(Generic[T]):
                 failures += 1
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (0.5 + random.random())
                 log.warning("%s watch failed (%s); retrying in %.1fs", self.resource.kind, exc, delay)
-                if exc.status in (0, 500, 503, 504):
-                    rv = rv if failures < 5 else ""
-                else:
-                    rv = ""
+                # Resume from the last version after a blip; relist after a hard error or many blips.
+                resumable = exc.status in (0, 500, 503, 504) and failures < 5
+                rv = rv if resumable else ""
                 await asyncio.sleep(delay)

@@ -9,7 +9,6 @@ reading kubeconfig files and in-cluster credentials.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import ssl
@@ -56,9 +55,11 @@ class KubeConfig:
         path = kubeconfig or os.environ.get("KUBECONFIG")
         default = Path.home() / ".kube" / "config"
         if path or default.exists():
-            config.load_kube_config(config_file=path or str(default), context=context, client_configuration=cfg)
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path or str(default), context=context, client_configuration=cfg
+            )
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=cfg)
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         else:
             raise RuntimeError("no Kubernetes configuration: set KUBECONFIG, or run inside a cluster")
         token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
@@ -91,7 +92,7 @@ class Status(msgspec.Struct, kw_only=True):
 
 
 class ListMeta(msgspec.Struct, kw_only=True):
-    resourceVersion: str = ""  # noqa: N815 - wire name
+    resourceVersion: str = ""
     # continue is a keyword; paging is not needed for the object counts this pipeline lists at once.
 
 
@@ -143,9 +144,7 @@ class KubeClient:
             headers = {"Accept": "application/json", "User-Agent": "trainjob-pipeline"}
             if self.config.token:
                 headers["Authorization"] = f"Bearer {self.config.token}"
-            self._session = aiohttp.ClientSession(
-                base_url=self.config.server, connector=connector, headers=headers
-            )
+            self._session = aiohttp.ClientSession(base_url=self.config.server, connector=connector, headers=headers)
         return self._session
 
     async def request(
@@ -173,7 +172,7 @@ class KubeClient:
                 if resp.status >= 400:
                     raise _error_from(resp.status, data, resp.headers.get("Retry-After"))
                 return Response(status=resp.status, body=data)
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ClientPayloadError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
 
     async def apply(
@@ -270,7 +269,7 @@ class KubeClient:
                             str(status.get("message", "")),
                         )
                     yield event
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ClientPayloadError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
 
 

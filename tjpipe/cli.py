@@ -32,9 +32,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _nats(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"), help="env: NATS_URL"
-    )
+    parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"), help="env: NATS_URL")
 
 
 def _kube(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +125,7 @@ def _run_service(command: str, args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from tjpipe.local.toolchain import ToolchainMissing
-    from tjpipe.stack import StatePaths, Stack
+    from tjpipe.stack import Stack, StatePaths
 
     paths = StatePaths(args.state_dir.resolve())
     if any(paths.logs.glob("*.pid")):
@@ -225,7 +223,7 @@ def _show_jobset(stack: Any, namespace: str, name: str) -> None:
 
     from tjpipe.local.kubeapi import new_api_client
 
-    client = dynamic.DynamicClient(new_api_client(stack.kubeconfig))
+    client = dynamic.DynamicClient(new_api_client(stack.kubeconfig))  # type: ignore[no-untyped-call]
     jobsets = client.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
     js = jobsets.get(namespace=namespace, name=name).to_dict()
     table = Table(title=f"JobSet {namespace}/{name} (suspend={js['spec'].get('suspend', False)})")
@@ -236,8 +234,13 @@ def _show_jobset(stack: Any, namespace: str, name: str) -> None:
         for c in jspec["template"]["spec"]["containers"]:
             env = ", ".join(f"{e['name']}={e.get('value', '<ref>')}" for e in c.get("env", []))
             table.add_row(
-                rj["name"], str(rj.get("replicas", 1)), str(jspec.get("parallelism", 1)), c["name"],
-                c.get("image", ""), " ".join(c.get("command", []) + c.get("args", [])), env,
+                rj["name"],
+                str(rj.get("replicas", 1)),
+                str(jspec.get("parallelism", 1)),
+                c["name"],
+                c.get("image", ""),
+                " ".join(c.get("command", []) + c.get("args", [])),
+                env,
             )
     owner = js["metadata"]["ownerReferences"][0]
     console.print(table)

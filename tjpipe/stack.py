@@ -57,7 +57,7 @@ class StatePaths:
 def docker_available() -> bool:
     """Whether a Docker engine answers (not just a client binary being installed)."""
     try:
-        import docker  # type: ignore[import-untyped]
+        import docker
 
         docker.from_env(timeout=2).ping()
     except Exception:
@@ -133,7 +133,7 @@ class Stack:
         self.write_env()
 
     def _nats_container(self) -> str:
-        from testcontainers.nats import NatsContainer  # type: ignore[import-untyped]
+        from testcontainers.nats import NatsContainer
 
         container = NatsContainer(image="nats:2.11-alpine").with_command("-js")
         container.start()
@@ -143,7 +143,7 @@ class Stack:
         return url
 
     def _k3s_container(self) -> Path:
-        from testcontainers.k3s import K3SContainer  # type: ignore[import-untyped]
+        from testcontainers.k3s import K3SContainer
 
         container = K3SContainer()
         container.start()

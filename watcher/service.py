@@ -21,6 +21,7 @@ from contracts import resources, streams, subjects, trainer
 from contracts.jobset import JobSet
 from contracts.messages import ObjectKey, TrainJobDeleted, encode
 from contracts.trainer import TrainingRuntime, TrainJob
+from contracts.values import name_of, namespace_of
 from plumbing import bus
 from plumbing.informer import Cached, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
@@ -56,9 +57,7 @@ class Watcher:
         self.trainjobs = [
             Informer(kube, resources.TRAINJOB, TrainJob, self._on_trainjob, namespace=ns) for ns in namespaces
         ]
-        self.jobsets = [
-            Informer(kube, resources.JOBSET, JobSet, self._on_jobset, namespace=ns) for ns in namespaces
-        ]
+        self.jobsets = [Informer(kube, resources.JOBSET, JobSet, self._on_jobset, namespace=ns) for ns in namespaces]
         self.runtimes = [
             Informer(kube, resources.TRAINING_RUNTIME, TrainingRuntime, self._on_runtime, namespace=ns)
             for ns in namespaces
@@ -142,13 +141,11 @@ class Watcher:
     # ---------------------------------------------------------------------------------------- publishing
 
     async def publish_observation(self, job: TrainJob, *, cause: str) -> None:
-        key = (str(job.metadata.namespace), str(job.metadata.name))
+        key = (namespace_of(job), name_of(job))
         runtime, runtime_kind = self._runtime(job)
         jobset = self._jobset(key)
         trace_id = uuid.uuid4().hex
-        event = core.observe(
-            job, runtime=runtime, jobset=jobset, now=time.time(), cause=cause, trace_id=trace_id
-        )
+        event = core.observe(job, runtime=runtime, jobset=jobset, now=time.time(), cause=cause, trace_id=trace_id)
         msg_id = core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind)
         await self._publish(key, encode(event), msg_id, cause, trace_id=trace_id)
 
@@ -173,16 +170,25 @@ class Watcher:
             self.stats.published += 1
             self.stats.by_cause[cause.split()[0]] = self.stats.by_cause.get(cause.split()[0], 0) + 1
         log.info(
-            "published %s/%s (%s)%s", key[0], key[1], cause, " [duplicate]" if ack.duplicate else "",
+            "published %s/%s (%s)%s",
+            key[0],
+            key[1],
+            cause,
+            " [duplicate]" if ack.duplicate else "",
             extra={"trainjob": f"{key[0]}/{key[1]}", "trace_id": trace_id, "seq": ack.seq},
         )
 
     # ----------------------------------------------------------------------------------------------- run
 
     async def run(self, stop: asyncio.Event) -> None:
-        tasks = [asyncio.create_task(inf.run()) for inf in (*self.runtimes, self.cluster_runtimes, *self.jobsets)]
+        first: list[Informer[TrainingRuntime] | Informer[JobSet]] = [
+            *self.runtimes,
+            self.cluster_runtimes,
+            *self.jobsets,
+        ]
+        tasks = [asyncio.create_task(inf.run()) for inf in first]
         try:
-            for inf in (*self.runtimes, self.cluster_runtimes, *self.jobsets):
+            for inf in first:
                 await inf.synced.wait()
             tasks += [asyncio.create_task(inf.run()) for inf in self.trainjobs]
             tasks.append(asyncio.create_task(self._resync_loop()))

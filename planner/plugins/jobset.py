@@ -12,23 +12,26 @@ object.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import msgspec
 
 from contracts import trainer as t
 from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
 from contracts.trainer import TrainJob
+from contracts.values import is_set, name_of, namespace_of, or_default, uid_of
 from planner.framework import BuildError
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
-from planner.runtime_info import builtins, is_set
+from planner.runtime_info import builtins, spec_of
 
 
 def owner_reference(job: TrainJob) -> Obj:
     return {
         "apiVersion": t.API_VERSION,
         "kind": t.TRAINJOB_KIND,
-        "name": job.metadata.name,
-        "uid": job.metadata.uid,
+        "name": name_of(job),
+        "uid": uid_of(job),
         "controller": True,
         "blockOwnerDeletion": True,
     }
@@ -50,16 +53,16 @@ class JobSetPlugin:
 
     def identify_pod_network(self, info: RuntimeInfo, job: TrainJob) -> None:
         network = info.jobset_spec.get("network") or {}
-        subdomain = network.get("subdomain") or job.metadata.name
+        subdomain = network.get("subdomain") or name_of(job)
         for index, rjob in enumerate(info.jobset_spec.get("replicatedJobs") or []):
             ps = info.pod_sets[index]
             replicas = int(rjob.get("replicas", 1))
             rname = rjob.get("name")
 
-            def endpoints(replicas: int = replicas, rname: str = str(rname), count: int = ps.count) -> Any:
+            def endpoints(replicas: int = replicas, rname: str = str(rname), count: int = ps.count) -> Iterator[str]:
                 for r in range(replicas):
                     for p in range(count):
-                        yield f"{job.metadata.name}-{rname}-{r}-{p}.{subdomain}"
+                        yield f"{name_of(job)}-{rname}-{r}-{p}.{subdomain}"
 
             ps.endpoints = endpoints
 
@@ -110,12 +113,12 @@ class JobSetPlugin:
                 pod_template.setdefault("metadata", {}).setdefault("labels", {}).update(info.pod_labels)
             if info.pod_annotations:
                 pod_template.setdefault("metadata", {}).setdefault("annotations", {}).update(info.pod_annotations)
-        suspend = job.spec.suspend if is_set(job.spec.suspend) else None
+        suspend = or_default(spec_of(job).suspend, None)
         if suspend is not None:
             spec["suspend"] = suspend
         metadata: Obj = {
-            "name": job.metadata.name,
-            "namespace": job.metadata.namespace,
+            "name": name_of(job),
+            "namespace": namespace_of(job),
             "ownerReferences": [owner_reference(job)],
         }
         if info.labels:
@@ -131,7 +134,7 @@ class JobSetPlugin:
 
     @staticmethod
     def _initializers(jobs: list[Obj], job: TrainJob) -> None:
-        init = job.spec.initializer if is_set(job.spec.initializer) else None
+        init = or_default(spec_of(job).initializer, None)
         for rjob in jobs:
             ancestor = _ancestor(rjob)
             if ancestor not in (t.DATASET_INITIALIZER, t.MODEL_INITIALIZER):
@@ -157,7 +160,7 @@ class JobSetPlugin:
 
     @staticmethod
     def _trainer(info: RuntimeInfo, jobs: list[Obj], job: TrainJob) -> None:
-        trainer = job.spec.trainer if is_set(job.spec.trainer) else None
+        trainer = or_default(spec_of(job).trainer, None)
         policy = info.ml_policy
         launcher_as_node = policy is not None and is_set(policy.mpi) and policy.mpi.run_launcher_as_node is True
         for rjob in jobs:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from contracts import trainer as t
 from contracts.trainer import TrainJob
+from contracts.values import is_set, or_default
 from planner.info import RuntimeInfo
 from planner.merge import upsert_env
-from planner.runtime_info import builtins, is_set
+from planner.runtime_info import builtins, spec_of
 
 
 class PlainML:
@@ -20,7 +21,7 @@ class PlainML:
         policy = info.ml_policy
         if policy is not None and (is_set(policy.torch) or is_set(policy.mpi) or is_set(policy.jax)):
             return
-        trainer = job.spec.trainer if is_set(job.spec.trainer) else None
+        trainer = or_default(spec_of(job).trainer, None)
         if trainer is None:
             return
         trainer_ps = info.pod_set_by_ancestor(t.ANCESTOR_TRAINER)

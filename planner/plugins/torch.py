@@ -9,15 +9,24 @@ from __future__ import annotations
 
 from contracts import trainer as t
 from contracts.trainer import TrainJob
+from contracts.values import is_set, name_of, or_default
 from planner.framework import FieldError
 from planner.info import RuntimeInfo
-from planner.merge import Obj, cpus_per_node, env_field_ref, env_value, gpus_per_node, upsert_env, upsert_ports
-from planner.runtime_info import builtins, is_set
+from planner.merge import (
+    Obj,
+    cpus_per_node,
+    env_field_ref,
+    env_value,
+    gpus_per_node,
+    upsert_env,
+    upsert_ports,
+)
+from planner.runtime_info import builtins, spec_of
 
 
 def node_resources(info: RuntimeInfo, job: TrainJob) -> Obj | None:
     """resourcesPerNode of the TrainJob if set, else the runtime's trainer ``node`` container resources."""
-    trainer = job.spec.trainer if is_set(job.spec.trainer) else None
+    trainer = or_default(spec_of(job).trainer, None)
     if trainer is not None and is_set(trainer.resources_per_node):
         resources: Obj = builtins(trainer.resources_per_node)
         return resources
@@ -33,7 +42,7 @@ def node_resources(info: RuntimeInfo, job: TrainJob) -> Obj | None:
 
 
 def rendezvous_host(job: TrainJob) -> str:
-    name = job.metadata.name
+    name = name_of(job)
     return f"{name}-{t.NODE}-0-0.{name}"
 
 
@@ -49,7 +58,7 @@ class Torch:
         if is_set(injection) and is_set(injection.targets):
             for target in injection.targets:
                 for cname in target.container_names if is_set(target.container_names) else []:
-                    ps = info.pod_set_by_name(target.job_name)
+                    ps = info.pod_set_by_name(or_default(target.job_name, ""))
                     if ps is None or ps.container(cname) is None:
                         errors.append(
                             FieldError(
@@ -58,7 +67,7 @@ class Torch:
                                 "not found in runtime template",
                             )
                         )
-        trainer = job.spec.trainer if is_set(job.spec.trainer) else None
+        trainer = or_default(spec_of(job).trainer, None)
         if trainer is not None and is_set(trainer.env):
             reserved = sorted({e.name for e in trainer.env if e.name in t.TORCH_RESERVED_ENV_NAMES})
             if reserved:
@@ -71,7 +80,7 @@ class Torch:
         policy = info.ml_policy
         if policy is None or not is_set(policy.torch):
             return
-        trainer = job.spec.trainer if is_set(job.spec.trainer) else None
+        trainer = or_default(spec_of(job).trainer, None)
         trainer_ps = info.pod_set_by_ancestor(t.ANCESTOR_TRAINER)
         if trainer_ps is not None and trainer is not None and is_set(trainer.num_nodes):
             trainer_ps.count = trainer.num_nodes
@@ -109,7 +118,7 @@ class Torch:
         injection = policy.torch.env_injection
         if is_set(injection) and is_set(injection.targets):
             for target in injection.targets:
-                ps = info.pod_set_by_name(target.job_name)
+                ps = info.pod_set_by_name(or_default(target.job_name, ""))
                 for cname in target.container_names if is_set(target.container_names) else []:
                     found = ps.container(cname) if ps is not None else None
                     if found is not None:

@@ -78,9 +78,9 @@ def trainjob(name: str, namespace: str, *, suspend: bool = False) -> dict[str, A
 
 
 def _get(dyn: dynamic.DynamicClient, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = dyn.resources.get(api_version=api_version, kind=kind).get(
-        namespace=namespace, name=name
-    ).to_dict()
+    obj: dict[str, Any] = (
+        dyn.resources.get(api_version=api_version, kind=kind).get(namespace=namespace, name=name).to_dict()
+    )
     return obj
 
 
@@ -101,9 +101,7 @@ def test_trainjob_gets_the_jobset_trainer_would_build(
     pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
 ) -> None:
     created = _create(dyn, trainjob("mnist", namespace))
-    jobset = eventually(
-        lambda: _get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "mnist"), what="the JobSet"
-    )
+    jobset = eventually(lambda: _get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "mnist"), what="the JobSet")
 
     runtime = crds.shipped_runtimes()["torch-distributed"]
     runtime_job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]
@@ -173,9 +171,11 @@ def test_suspend_gives_a_suspended_jobset_and_condition_then_resume(
         what="the JobSet to resume",
     )
     cond = eventually(
-        lambda: (c := _condition(_get(dyn, TRAINER, "TrainJob", namespace, "paused"), "Suspended"))
-        and c["status"] == "False"
-        and c,
+        lambda: (
+            (c := _condition(_get(dyn, TRAINER, "TrainJob", namespace, "paused"), "Suspended"))
+            and c["status"] == "False"
+            and c
+        ),
         what="the Resumed condition",
     )
     assert (cond["reason"], cond["message"]) == ("Resumed", "TrainJob is resumed")
