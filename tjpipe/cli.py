@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 console = Console(stderr=True, highlight=False)
 
@@ -178,12 +177,15 @@ def _down(args: argparse.Namespace) -> int:
 
 async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
     """Print every apply result as it happens, and the demo JobSet's shape once it exists."""
+    import logging
+
     import msgspec
 
     from contracts import streams, subjects
     from contracts.messages import decode_result
     from plumbing import bus
 
+    logging.getLogger("plumbing.bus").setLevel(logging.ERROR)
     nc = await bus.connect(stack.nats_url, name="tjpipe-up")
     js = nc.jetstream()
     await bus.ensure_streams(js, streams.ALL_STREAMS)
@@ -226,28 +228,32 @@ def _show_jobset(stack: Any, namespace: str, name: str) -> None:
     client = dynamic.DynamicClient(new_api_client(stack.kubeconfig))  # type: ignore[no-untyped-call]
     jobsets = client.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
     js = jobsets.get(namespace=namespace, name=name).to_dict()
-    table = Table(title=f"JobSet {namespace}/{name} (suspend={js['spec'].get('suspend', False)})")
-    for column in ("replicatedJob", "replicas", "parallelism", "container", "image", "command / args", "env"):
-        table.add_column(column)
+    owner = js["metadata"]["ownerReferences"][0]
+    managers = sorted({f"{m['manager']}/{m['operation']}" for m in js["metadata"].get("managedFields", [])})
+    console.print(
+        f"[bold]JobSet {namespace}/{name}[/]  suspend={js['spec'].get('suspend', False)}  "
+        f"owner={owner['kind']}/{owner['name']} (controller={owner.get('controller')})  "
+        f"managers={', '.join(managers)}"
+    )
     for rj in js["spec"]["replicatedJobs"]:
         jspec = rj["template"]["spec"]
+        console.print(
+            f"  replicatedJob [bold]{rj['name']}[/]: replicas={rj.get('replicas', 1)} "
+            f"parallelism={jspec.get('parallelism', 1)} completions={jspec.get('completions', 1)}"
+        )
         for c in jspec["template"]["spec"]["containers"]:
-            env = ", ".join(f"{e['name']}={e.get('value', '<ref>')}" for e in c.get("env", []))
-            table.add_row(
-                rj["name"],
-                str(rj.get("replicas", 1)),
-                str(jspec.get("parallelism", 1)),
-                c["name"],
-                c.get("image", ""),
-                " ".join(c.get("command", []) + c.get("args", [])),
-                env,
+            console.print(f"    container {c['name']}  image={c.get('image', '')}")
+            console.print(f"      command: {' '.join(c.get('command', []) + c.get('args', []))}")
+            for kind, values in (c.get("resources") or {}).items():
+                console.print(f"      {kind}: " + " ".join(f"{k}={v}" for k, v in values.items()))
+            env = " ".join(
+                f"{e['name']}={e.get('value', '<from ' + next(iter(e.get('valueFrom', {})), '?') + '>')}"
+                for e in c.get("env", [])
             )
-    owner = js["metadata"]["ownerReferences"][0]
-    console.print(table)
-    console.print(
-        f"owner: {owner['kind']}/{owner['name']} controller={owner.get('controller')}; "
-        f"applied at {time.strftime('%H:%M:%S')}"
-    )
+            console.print(f"      env: {env}")
+            ports = ", ".join(str(p["containerPort"]) for p in c.get("ports", []))
+            console.print(f"      ports: {ports}")
+    console.print(f"[green]JobSet applied at {time.strftime('%H:%M:%S')}[/]; watching for further changes…")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install what is missing, then run every check and test: `bash scripts/test.sh [pytest args]`.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/bootstrap.sh" test
+cd "$root"
+venv="$root/.venv/bin"
+echo "· building or finding kube-apiserver and etcd (first build: a few minutes)"
+"$venv/python" -c 'from tjpipe.local.toolchain import ensure_kube_binaries as e; e(progress=print)'
+echo "· ruff";          "$venv/ruff" check .
+echo "· mypy --strict"; "$venv/mypy"
+echo "· import layers"; "$venv/lint-imports"
+echo "· pytest"
+exec "$venv/pytest" -q -ra "$@"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install what is missing, then run the local stack with the demo TrainJob: `bash scripts/up.sh [tjpipe up flags]`.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/bootstrap.sh" local
+cd "$root"
+exec "$root/.venv/bin/tjpipe" up --demo "$@"

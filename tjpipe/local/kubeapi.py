@@ -1,0 +1,355 @@
+"""A real kube-apiserver with etcd on loopback, the way controller-runtime's envtest runs one.
+
+Why a real apiserver and not a fake: the pipeline's correctness rests on server behaviour that fakes get
+wrong or skip: server-side apply field ownership, CRD structural-schema defaulting and validation,
+ValidatingAdmissionPolicy, resourceVersion semantics for watches. Without kube-controller-manager or a
+scheduler nothing runs, nothing is garbage-collected and namespaces never finish deleting, which is fine
+for a control-plane pipeline that only reads and writes API objects.
+
+Why our own CA and a token: the kubeconfig can then carry `certificate-authority` so every client
+verifies TLS exactly as it would against a real cluster, and a bearer token in `system:masters` keeps
+the kubeconfig a plain text file with no client-certificate plumbing. Keys are generated per start; the
+files under `work_dir` only have to outlive the processes.
+
+Why `--advertise-address` only sometimes: the apiserver picks the address it publishes in the
+`default/kubernetes` Endpoints from the interface of the IPv4 default route, and refuses to start
+("no default routes found") where there is none, e.g. in a sandbox with only loopback. Only then do we
+pass a non-loopback local address, or, if the machine has none, 127.0.0.1: the apiserver accepts that
+and serves normally; it merely logs that it cannot write loopback into the Endpoints object, which no
+one reads here.
+
+Why etcd runs with `--unsafe-no-fsync`: the data is throwaway, and fsync latency dominates etcd's write
+path on small cloud disks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import secrets
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient
+
+from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
+from tjpipe.local.toolchain import ensure_kube_binaries
+
+CONTEXT_NAME = "tjpipe-local"
+ADMIN_USER = "admin"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+
+_ETCD_READY_TIMEOUT_SECONDS = 30.0
+_APISERVER_READY_TIMEOUT_SECONDS = 90.0
+
+
+@dataclass(frozen=True)
+class LocalKube:
+    server: str  # https://127.0.0.1:PORT
+    token: str
+    ca_file: Path
+    kubeconfig: Path
+    processes: tuple[ManagedProcess, ...]
+
+    def api_client(self) -> ApiClient:
+        """A fresh `kubernetes.client.ApiClient` for this cluster."""
+        return new_api_client(self.kubeconfig)
+
+    def stop(self, timeout: float = 10) -> None:
+        """Stop the apiserver before etcd, so it does not spend its shutdown retrying a dead etcd."""
+        for process in reversed(self.processes):
+            process.stop(timeout=timeout)
+
+
+def new_api_client(kubeconfig: Path) -> ApiClient:
+    """A `kubernetes.client.ApiClient` built from a kubeconfig file, never from global client state."""
+    client: ApiClient = kube_config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig)
+    )
+    return client
+
+
+def start_kube(
+    *,
+    work_dir: Path,
+    log_dir: Path,
+    kubeconfig_path: Path,
+    progress: Callable[[str], None],
+    extra_apiserver_args: Sequence[str] = (),
+) -> LocalKube:
+    """Start etcd and kube-apiserver on 127.0.0.1 and write a kubeconfig for them."""
+    binaries = ensure_kube_binaries(progress=progress)
+    started = time.monotonic()
+    work_dir.mkdir(parents=True, exist_ok=True)
+
+    etcd_client_port, etcd_peer_port = free_port(), free_port()
+    etcd_url = f"http://127.0.0.1:{etcd_client_port}"
+    peer_url = f"http://127.0.0.1:{etcd_peer_port}"
+    etcd = spawn(
+        name="etcd",
+        argv=[
+            str(binaries.etcd),
+            "--name=default",
+            f"--data-dir={work_dir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}",
+            "--unsafe-no-fsync=true",
+        ],
+        log_dir=log_dir,
+    )
+    processes: list[ManagedProcess] = [etcd]
+    try:
+        # Key generation overlaps with etcd's startup.
+        pki = _write_pki(work_dir / "pki")
+        token = secrets.token_urlsafe(32)
+        tokens_file = work_dir / "tokens.csv"
+        _write_private_file(tokens_file, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        wait_until(
+            lambda: _http_status(f"{etcd_url}/health") == 200,
+            timeout=_ETCD_READY_TIMEOUT_SECONDS,
+            what=f"etcd health on {etcd_url}",
+            process=etcd,
+        )
+
+        port = free_port()
+        server = f"https://127.0.0.1:{port}"
+        argv = [
+            str(binaries.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--allow-privileged=true",
+            "--disable-admission-plugins=ServiceAccount",
+            "--authorization-mode=RBAC",
+            f"--token-auth-file={tokens_file}",
+            f"--service-account-issuer={server}/",
+            f"--service-account-key-file={pki.service_account_public_key}",
+            f"--service-account-signing-key-file={pki.service_account_private_key}",
+        ]
+        advertise_address = _advertise_address_if_needed()
+        if advertise_address is not None:
+            argv.append(f"--advertise-address={advertise_address}")
+        argv.extend(extra_apiserver_args)
+        apiserver = spawn(name="kube-apiserver", argv=argv, log_dir=log_dir)
+        processes.append(apiserver)
+
+        tls = ssl.create_default_context(cafile=str(pki.ca_cert))
+        wait_until(
+            lambda: _http_status(f"{server}/readyz", tls=tls, token=token) == 200,
+            timeout=_APISERVER_READY_TIMEOUT_SECONDS,
+            what=f"kube-apiserver /readyz on {server}",
+            process=apiserver,
+        )
+    except BaseException:
+        for process in reversed(processes):
+            process.stop()
+        raise
+
+    _write_kubeconfig(kubeconfig_path, server=server, ca_file=pki.ca_cert, token=token)
+    elapsed = time.monotonic() - started
+    progress(f"kube-apiserver ready at {server} in {elapsed:.1f}s (kubeconfig {kubeconfig_path})")
+    return LocalKube(
+        server=server,
+        token=token,
+        ca_file=pki.ca_cert,
+        kubeconfig=kubeconfig_path,
+        processes=tuple(processes),
+    )
+
+
+@dataclass(frozen=True)
+class _Pki:
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+    service_account_private_key: Path
+    service_account_public_key: Path
+
+
+def _write_pki(pki_dir: Path) -> _Pki:
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=365)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tjpipe-local-ca")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    serving_key = ec.generate_private_key(ec.SECP256R1())
+    alternative_names: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+        # The first address of the service range is the in-cluster `kubernetes` Service.
+        x509.IPAddress(next(ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE).hosts())),
+    ]
+    serving_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(serving_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(alternative_names), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    service_account_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    pki = _Pki(
+        ca_cert=pki_dir / "ca.crt",
+        serving_cert=pki_dir / "apiserver.crt",
+        serving_key=pki_dir / "apiserver.key",
+        service_account_private_key=pki_dir / "sa.key",
+        service_account_public_key=pki_dir / "sa.pub",
+    )
+    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    pki.serving_cert.write_bytes(serving_cert.public_bytes(serialization.Encoding.PEM))
+    _write_private_file(pki.serving_key, _private_pem(serving_key))
+    _write_private_file(pki.service_account_private_key, _private_pem(service_account_key))
+    pki.service_account_public_key.write_bytes(
+        service_account_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pki
+
+
+def _private_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _write_private_file(path: Path, content: str | bytes) -> None:
+    data = content.encode() if isinstance(content, str) else content
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+
+
+def _write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str) -> None:
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": CONTEXT_NAME,
+                "cluster": {"server": server, "certificate-authority": str(ca_file.resolve())},
+            }
+        ],
+        "users": [{"name": ADMIN_USER, "user": {"token": token}}],
+        "contexts": [{"name": CONTEXT_NAME, "context": {"cluster": CONTEXT_NAME, "user": ADMIN_USER}}],
+        "current-context": CONTEXT_NAME,
+        "preferences": {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_private_file(path, yaml.safe_dump(kubeconfig, sort_keys=False))
+
+
+# Loopback probes must never go through an HTTP proxy configured in the environment.
+_NO_PROXY = urllib.request.ProxyHandler({})
+
+
+def _http_status(url: str, *, tls: ssl.SSLContext | None = None, token: str | None = None) -> int | None:
+    handlers: list[urllib.request.BaseHandler] = [_NO_PROXY]
+    if tls is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=tls))
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.build_opener(*handlers).open(request, timeout=2) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
+        return None
+
+
+def _advertise_address_if_needed() -> str | None:
+    """None when the apiserver can derive its address from the IPv4 default route itself."""
+    if _has_ipv4_default_route():
+        return None
+    return next(iter(_local_ipv4_addresses()), "127.0.0.1")
+
+
+def _has_ipv4_default_route() -> bool:
+    route_up = 0x1
+    try:
+        lines = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        return True  # not Linux: let the apiserver decide, as it would anyway
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == "00000000" and int(fields[3], 16) & route_up:
+            return True
+    return False
+
+
+def _local_ipv4_addresses() -> list[str]:
+    """Non-loopback IPv4 addresses assigned to this host, read from the kernel's local routing table."""
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        return []
+    addresses: list[str] = []
+    previous = ""
+    for line in lines:
+        if line.strip() == "/32 host LOCAL" and previous.strip().startswith("|-- "):
+            candidate = previous.strip().removeprefix("|-- ")
+            if not ipaddress.ip_address(candidate).is_loopback and candidate not in addresses:
+                addresses.append(candidate)
+        previous = line
+    return addresses

@@ -1,0 +1,350 @@
+"""Build kube-apiserver and etcd from their Go modules, once per machine, into a user cache.
+
+Why build instead of download: the project must not depend on a third party's release tarballs or a
+container engine, and the Go module proxy plus a Go toolchain are the only things a developer machine is
+guaranteed to have for this. Building from the exact upstream tags gives binaries that behave like the
+official ones (same pinned dependencies, same GODEBUG defaults), and a `-X` version stamp makes
+`/version` report the real release.
+
+Why a wrapper module per binary: `k8s.io/kubernetes` requires its staging modules at v0.0.0 and resolves
+them with `replace` lines that Go ignores in a dependency, so we regenerate those replaces (pointing at
+the published `v0.<minor>.<patch>` tags) from the tag's own go.mod instead of hard-coding a list that
+changes every release. etcd gets its own module because sharing one would let minimal version selection
+raise dependencies that the two projects pin differently. We never run `go mod tidy` or `go get -u`: both
+move dependencies away from what upstream tested.
+
+Why a file lock: a test session and `tjpipe up` may start at the same time on a cold machine; the lock
+makes the second caller wait for the first build and then reuse its result instead of building twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import functools
+import json
+import os
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBERNETES_VERSION = "1.36.3"
+ETCD_VERSION = "3.6.8"
+
+_KUBERNETES_MODULE = "k8s.io/kubernetes"
+_KUBE_APISERVER_PACKAGE = "k8s.io/kubernetes/cmd/kube-apiserver"
+_ETCD_MODULE = "go.etcd.io/etcd/server/v3"
+
+# Seconds between two forwarded "go: downloading"/"compiled" lines, and of silence before a heartbeat.
+_PROGRESS_THROTTLE_SECONDS = 2.0
+_HEARTBEAT_SECONDS = 30.0
+_OUTPUT_TAIL_LINES = 40
+_INSTALL_GO = "install Go 1.26 or newer (https://go.dev/doc/install), or set KUBECONFIG to an existing cluster."
+
+
+class ToolchainMissing(RuntimeError):
+    """A binary has to be built but there is no `go` command on PATH."""
+
+
+@dataclass(frozen=True)
+class KubeBinaries:
+    kube_apiserver: Path
+    etcd: Path
+
+
+def cache_root() -> Path:
+    """Where built binaries and build scratch space live; survives between runs on purpose."""
+    configured = os.environ.get("TJPIPE_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "trainjob-pipeline"
+
+
+def kube_apiserver_path() -> Path:
+    return cache_root() / "bin" / f"kube-apiserver-v{KUBERNETES_VERSION}" / "kube-apiserver"
+
+
+def etcd_path() -> Path:
+    return cache_root() / "bin" / f"etcd-v{ETCD_VERSION}" / "etcd"
+
+
+def ensure_kube_binaries(*, progress: Callable[[str], None]) -> KubeBinaries:
+    """Return cached kube-apiserver and etcd binaries, building whichever is missing first."""
+    binaries = KubeBinaries(kube_apiserver=kube_apiserver_path(), etcd=etcd_path())
+    missing = _missing_binaries(binaries)
+    if not missing:
+        return binaries
+    verb = "are" if len(missing) > 1 else "is"
+    go = _go_command(missing=f"{' and '.join(missing)} {verb} not built yet")
+    lock_path = cache_root() / "bin" / ".build.lock"
+    with _exclusive_file_lock(lock_path, progress=progress):
+        # Another process may have finished the build while we waited for the lock.
+        if not _is_executable(binaries.kube_apiserver):
+            _build_kube_apiserver(go=go, output=binaries.kube_apiserver, progress=progress)
+        if not _is_executable(binaries.etcd):
+            _build_etcd(go=go, output=binaries.etcd, progress=progress)
+    return binaries
+
+
+@functools.cache
+def go_module_dir(path: str, version: str) -> Path:
+    """Directory of a module version in the Go module cache, downloading it if needed."""
+    go = _go_command(missing=f"reading {path}@{version} needs the Go module cache")
+    with tempfile.TemporaryDirectory(prefix="tjpipe-gomod-") as scratch:
+        completed = subprocess.run(
+            [go, "mod", "download", "-json", f"{path}@{version}"],
+            cwd=scratch,
+            env=_go_environment(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    try:
+        answer = json.loads(completed.stdout)
+    except json.JSONDecodeError:
+        answer = {}
+    if completed.returncode != 0 or "Dir" not in answer:
+        detail = answer.get("Error") or completed.stderr.strip() or completed.stdout.strip()
+        raise RuntimeError(f"go mod download {path}@{version} failed: {detail}")
+    return Path(answer["Dir"])
+
+
+def _missing_binaries(binaries: KubeBinaries) -> list[str]:
+    missing = []
+    if not _is_executable(binaries.kube_apiserver):
+        missing.append("kube-apiserver")
+    if not _is_executable(binaries.etcd):
+        missing.append("etcd")
+    return missing
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _go_command(*, missing: str) -> str:
+    """The `go` executable; `missing` is the sentence's subject when there is none."""
+    go = shutil.which("go")
+    if go is None:
+        raise ToolchainMissing(f"{missing} and no Go toolchain was found: {_INSTALL_GO}")
+    return go
+
+
+def _go_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    # A go.work or vendor directory around the caller must not leak into our wrapper modules.
+    env["GOWORK"] = "off"
+    env["GOFLAGS"] = " ".join(flag for flag in (env.get("GOFLAGS", ""), "-mod=mod") if flag)
+    if extra:
+        env.update(extra)
+    return env
+
+
+@contextmanager
+def _exclusive_file_lock(lock_path: Path, *, progress: Callable[[str], None]) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"another process is building the Kubernetes binaries; waiting for {lock_path}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fresh_build_dir(name: str) -> Path:
+    build_dir = cache_root() / "build" / name
+    shutil.rmtree(build_dir, ignore_errors=True)
+    build_dir.mkdir(parents=True)
+    return build_dir
+
+
+def _build_kube_apiserver(*, go: str, output: Path, progress: Callable[[str], None]) -> None:
+    version = f"v{KUBERNETES_VERSION}"
+    minor = KUBERNETES_VERSION.split(".")[1]
+    # Staging modules are published as v0.<minor>.<patch> alongside every v1.<minor>.<patch> tag.
+    staging_version = "v0." + KUBERNETES_VERSION.split(".", 1)[1]
+    started = time.monotonic()
+    progress(
+        f"building kube-apiserver {version} from Go modules (first time only; about 5 minutes on 2 cores, cached afterwards)…"
+    )
+    module_dir = _fresh_build_dir(f"kube-apiserver-{version}")
+    _run_go([go, "mod", "init", "local/tjpipe-kube-apiserver"], cwd=module_dir, progress=progress)
+
+    progress(f"reading {_KUBERNETES_MODULE}@{version}'s go.mod for its staging modules")
+    downloaded = _run_go(
+        [go, "mod", "download", "-json", f"{_KUBERNETES_MODULE}@{version}"], cwd=module_dir, progress=progress
+    )
+    upstream_go_mod = json.loads(downloaded)["GoMod"]
+    upstream_json = _run_go([go, "mod", "edit", "-json", upstream_go_mod], cwd=module_dir, progress=progress)
+    upstream = json.loads(upstream_json)
+    edits = [
+        f"-replace={requirement['Path']}={requirement['Path']}@{staging_version}"
+        for requirement in upstream.get("Require") or []
+        if requirement["Version"] == "v0.0.0" and requirement["Path"].startswith("k8s.io/")
+    ]
+    edits += [f"-godebug={entry['Key']}={entry['Value']}" for entry in upstream.get("Godebug") or []]
+    if edits:
+        _run_go([go, "mod", "edit", *edits], cwd=module_dir, progress=progress)
+
+    progress(f"resolving {_KUBE_APISERVER_PACKAGE}@{version} (downloads modules on a cold cache)")
+    _run_go([go, "get", f"{_KUBE_APISERVER_PACKAGE}@{version}"], cwd=module_dir, progress=progress)
+
+    progress("compiling kube-apiserver (the link step alone needs ~2-3 GB of RAM)")
+    ldflags = " ".join(
+        [
+            "-s -w",
+            f"-X k8s.io/component-base/version.gitVersion={version}",
+            "-X k8s.io/component-base/version.gitMajor=1",
+            f"-X k8s.io/component-base/version.gitMinor={minor}",
+        ]
+    )
+    _go_build(
+        go=go,
+        module_dir=module_dir,
+        package=_KUBE_APISERVER_PACKAGE,
+        ldflags=ldflags,
+        output=output,
+        progress=progress,
+    )
+    shutil.rmtree(module_dir, ignore_errors=True)  # kept only when a step fails, for inspection
+    progress(f"kube-apiserver {version} built in {time.monotonic() - started:.0f}s: {output}")
+
+
+def _build_etcd(*, go: str, output: Path, progress: Callable[[str], None]) -> None:
+    version = f"v{ETCD_VERSION}"
+    started = time.monotonic()
+    progress(f"building etcd {version} from Go modules (first time only, a few minutes)…")
+    module_dir = _fresh_build_dir(f"etcd-{version}")
+    _run_go([go, "mod", "init", "local/tjpipe-etcd"], cwd=module_dir, progress=progress)
+    _run_go([go, "get", f"{_ETCD_MODULE}@{version}"], cwd=module_dir, progress=progress)
+    _go_build(go=go, module_dir=module_dir, package=_ETCD_MODULE, ldflags="-s -w", output=output, progress=progress)
+    shutil.rmtree(module_dir, ignore_errors=True)  # kept only when a step fails, for inspection
+    progress(f"etcd {version} built in {time.monotonic() - started:.0f}s: {output}")
+
+
+def _go_build(
+    *, go: str, module_dir: Path, package: str, ldflags: str, output: Path, progress: Callable[[str], None]
+) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial_output = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    try:
+        _run_go(
+            [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(partial_output), package],
+            cwd=module_dir,
+            progress=progress,
+            extra_env={"CGO_ENABLED": "0"},
+        )
+        os.replace(partial_output, output)
+    finally:
+        partial_output.unlink(missing_ok=True)
+
+
+def _run_go(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    progress: Callable[[str], None],
+    extra_env: Mapping[str, str] | None = None,
+) -> str:
+    """Run one go command, forwarding its stderr to `progress`; return its stdout."""
+    process = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=_go_environment(extra_env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    stdout_stream, stderr_stream = process.stdout, process.stderr
+    stdout_chunks: list[str] = []
+    stderr_lines: queue.Queue[str | None] = queue.Queue()
+
+    def collect_stdout() -> None:
+        stdout_chunks.append(stdout_stream.read())
+
+    def pump_stderr() -> None:
+        for line in stderr_stream:
+            stderr_lines.put(line.rstrip("\n"))
+        stderr_lines.put(None)
+
+    stdout_reader = threading.Thread(target=collect_stdout, daemon=True)
+    stdout_reader.start()
+    threading.Thread(target=pump_stderr, daemon=True).start()
+    tail: collections.deque[str] = collections.deque(maxlen=_OUTPUT_TAIL_LINES)
+    forwarder = _ThrottledGoOutput(progress)
+    started = time.monotonic()
+    while True:
+        try:
+            line = stderr_lines.get(timeout=_HEARTBEAT_SECONDS)
+        except queue.Empty:
+            progress(f"  … still running {_describe(argv)} ({time.monotonic() - started:.0f}s so far)")
+            continue
+        if line is None:
+            break
+        tail.append(line)
+        forwarder.forward(line)
+    forwarder.flush()
+    returncode = process.wait()
+    stdout_reader.join()
+    stdout = "".join(stdout_chunks)
+    if returncode != 0:
+        output_tail = "\n".join(tail) or stdout[-4000:]
+        raise RuntimeError(f"`{' '.join(argv)}` failed with exit code {returncode} in {cwd}:\n{output_tail}")
+    return stdout
+
+
+def _describe(argv: Sequence[str]) -> str:
+    return " ".join(Path(argv[0]).name if index == 0 else part for index, part in enumerate(argv[:3]))
+
+
+class _ThrottledGoOutput:
+    """Forward go's chatter without flooding: downloads and compiled packages are summarised."""
+
+    def __init__(self, progress: Callable[[str], None]) -> None:
+        self._progress = progress
+        self._last_forwarded = 0.0
+        self._downloads = 0
+        self._compiled = 0
+        self._pending: str | None = None
+
+    def forward(self, line: str) -> None:
+        if line.startswith("go: downloading "):
+            self._downloads += 1
+            latest = line.removeprefix("go: downloading ")
+            summary = f"  go: downloaded {self._downloads} modules (latest: {latest})"
+        elif line.startswith(("go: added ", "go: upgraded ", "go: finding ")):
+            summary = f"  {line}"
+        elif line and not line.startswith(("go:", "#", " ", "\t")) and " " not in line:
+            # `go build -v` prints one import path per compiled package.
+            self._compiled += 1
+            summary = f"  compiled {self._compiled} packages (latest: {line})"
+        else:
+            self.flush()
+            self._progress(f"  {line}")
+            return
+        now = time.monotonic()
+        if now - self._last_forwarded >= _PROGRESS_THROTTLE_SECONDS:
+            self._progress(summary)
+            self._last_forwarded = now
+            self._pending = None
+        else:
+            self._pending = summary
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            self._progress(self._pending)
+            self._pending = None
+            self._last_forwarded = time.monotonic()
