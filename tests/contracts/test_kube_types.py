@@ -125,11 +125,7 @@ def _drop_nulls(value: Any) -> Any:
 def _struct_classes() -> Iterator[type[kube.KubeStruct]]:
     for module in WIRE_MODULES:
         for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, kube.KubeStruct)
-                and value.__module__ == module.__name__
-            ):
+            if isinstance(value, type) and issubclass(value, kube.KubeStruct) and value.__module__ == module.__name__:
                 yield value
 
 
@@ -251,9 +247,7 @@ def test_one_nested_field_encodes_exactly_that_path() -> None:
             ]
         }
     }
-    status = trainer.TrainJob(
-        status=trainer.TrainJobStatus(jobs_status=[trainer.JobStatus(name="node", active=0)])
-    )
+    status = trainer.TrainJob(status=trainer.TrainJobStatus(jobs_status=[trainer.JobStatus(name="node", active=0)]))
     assert msgspec.json.encode(status) == b'{"status":{"jobsStatus":[{"name":"node","active":0}]}}'
     meta = kube.ObjectMeta(labels={})
     assert msgspec.to_builtins(meta) == {"labels": {}}, "an explicitly empty value is set, not UNSET"
@@ -488,9 +482,7 @@ CRDS: list[tuple[tuple[str, str], str, str, type[msgspec.Struct]]] = [
 
 
 @pytest.mark.parametrize(("module", "crd", "version", "cls"), CRDS, ids=[c[3].__name__ for c in CRDS])
-def test_crd_schema_is_covered(
-    module: tuple[str, str], crd: str, version: str, cls: type[msgspec.Struct]
-) -> None:
+def test_crd_schema_is_covered(module: tuple[str, str], crd: str, version: str, cls: type[msgspec.Struct]) -> None:
     schema = _crd_schema(module_dir(module) / crd, version)
     problems: list[str] = []
     check_schema(schema, cls, cls.__name__, problems)

@@ -176,7 +176,7 @@ def _build_kube_apiserver(*, go: str, output: Path, progress: Callable[[str], No
     staging_version = "v0." + KUBERNETES_VERSION.split(".", 1)[1]
     started = time.monotonic()
     progress(
-        f"building kube-apiserver {version} from Go modules (first time only; about 5 minutes on 2 cores, cached afterwards)…"
+        f"building kube-apiserver {version} from Go modules (first time only; about 5 min on 2 cores)…"
     )
     module_dir = _fresh_build_dir(f"kube-apiserver-{version}")
     _run_go([go, "mod", "init", "local/tjpipe-kube-apiserver"], cwd=module_dir, progress=progress)
