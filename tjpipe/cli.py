@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _env_list(name: str) -> list[str]:

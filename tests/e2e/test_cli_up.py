@@ -1,0 +1,90 @@
+"""``tjpipe up --demo --detach`` and ``tjpipe down`` as a user runs them, in a fresh working directory.
+
+The stack brings up its own NATS and kube-apiserver here (NATS_URL and KUBECONFIG are removed from the
+environment), so this also checks the state folder a user is told about, and that ``down`` leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.cluster, pytest.mark.nats]
+
+
+def _tjpipe(*args: str, cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tjpipe", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ", 1)[1][0] != "Z"
+
+
+def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "KUBECONFIG")}
+    state = tmp_path / ".tjpipe"
+    pids: list[int] = []
+    try:
+        up = _tjpipe("up", "--demo", "--detach", cwd=tmp_path, env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        pid_files = sorted((state / "logs").glob("*.pid"))
+        pids = [int(p.read_text().split()[0]) for p in pid_files]
+        assert [p.stem for p in pid_files] == sorted(
+            ["applier", "etcd", "kube-apiserver", "nats", "planner", "watcher"]
+        )
+        assert f"state folder: {state}" in up.stderr
+        assert (state / "kubeconfig").is_file()
+        env_lines = (state / "env").read_text().splitlines()
+        assert any(line.startswith("export NATS_URL=nats://127.0.0.1:") for line in env_lines)
+        assert f"export KUBECONFIG={state / 'kubeconfig'}" in env_lines
+        _check_demo_jobset(state)
+    finally:
+        down = _tjpipe("down", cwd=tmp_path, env=env, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert "stopped:" in down.stderr
+    assert not list((state / "logs").glob("*.pid"))
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _check_demo_jobset(state: Path) -> None:
+    from kubernetes import dynamic
+
+    from tjpipe.local.kubeapi import new_api_client
+
+    client = dynamic.DynamicClient(new_api_client(state / "kubeconfig"))
+    jobsets = client.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
+    deadline = time.monotonic() + 60
+    jobset = None
+    while time.monotonic() < deadline and jobset is None:
+        try:
+            jobset = jobsets.get(namespace="tjpipe-demo", name="mnist").to_dict()
+        except Exception:
+            time.sleep(0.3)
+    assert jobset is not None, (state / "logs" / "applier.log").read_text()[-2000:]
+    node = jobset["spec"]["replicatedJobs"][0]
+    assert node["template"]["spec"]["parallelism"] == 4
+    container = node["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"name": "PET_NPROC_PER_NODE", "value": "auto"} in container["env"]
+    log_lines = (state / "logs" / "applier.log").read_text().splitlines()
+    records = [json.loads(line) for line in log_lines if line.startswith("{")]
+    assert any(r.get("action") == "created" and r.get("trainjob") == "tjpipe-demo/mnist" for r in records)
