@@ -1,0 +1,179 @@
+"""``applier.core``: error classes, apply policies against the live object, live state and outcome names."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from applier import core
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.kube import Secret
+from contracts.trainer import TrainJob
+
+KEY = m.ObjectKey(namespace="ns", name="tj")
+
+
+@pytest.mark.parametrize("status", [0, 408, 409, 425, 429, 500, 502, 503, 504, 599])
+def test_transient_statuses(status: int) -> None:
+    err = core.classify(status, "Reason", "try later", retry_after=2.5)
+    assert isinstance(err, core.TransientError)
+    assert err.retry_after == 2.5
+
+
+def test_transient_retry_after_defaults_to_none_and_text() -> None:
+    err = core.classify(429, "TooManyRequests", "slow down")
+    assert isinstance(err, core.TransientError)
+    assert err.retry_after is None
+    assert err.reason == "429 TooManyRequests: slow down"
+    conn = core.classify(0, "", "connection refused")
+    assert isinstance(conn, core.TransientError)
+    assert conn.reason == "connection refused"
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 406, 410, 413, 415, 422])
+def test_permanent_statuses(status: int) -> None:
+    err = core.classify(status, "Invalid", "spec.replicatedJobs: field is immutable", retry_after=3)
+    assert isinstance(err, core.PermanentError)
+    assert err.reason == f"{status} Invalid: spec.replicatedJobs: field is immutable"
+    assert "CRD" not in err.reason
+
+
+def test_404_missing_resource_type_mentions_the_crd() -> None:
+    err = core.classify(404, "NotFound", "the server could not find the requested resource")
+    assert isinstance(err, core.PermanentError)
+    assert "CRD" in err.reason
+    assert err.reason.startswith("404 NotFound: the server could not find the requested resource")
+
+
+def test_404_missing_object_does_not_mention_the_crd() -> None:
+    err = core.classify(404, "NotFound", 'jobsets.jobset.x-k8s.io "tj" not found')
+    assert isinstance(err, core.PermanentError)
+    assert "CRD" not in err.reason
+
+
+def jobset_message(policy: m.ApplyPolicy, *, suspend: bool | None) -> m.ApplyJobSet:
+    body: dict[str, object] = {"metadata": {"name": "tj", "namespace": "ns"}}
+    if suspend is not None:
+        body["spec"] = {"suspend": suspend}
+    return m.ApplyJobSet(
+        trainjob=KEY,
+        trainjob_uid="u",
+        source_seq=1,
+        policy=policy,
+        target=m.Target(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet", namespace="ns", name="tj"),
+        object=msgspec.convert(body, JobSet),
+    )
+
+
+ABSENT = core.LiveState(exists=False)
+RUNNING = core.LiveState(exists=True, suspended=False, resource_version="3")
+SUSPENDED = core.LiveState(exists=True, suspended=True, resource_version="3")
+
+
+@pytest.mark.parametrize(
+    ("policy", "desired_suspend", "live", "allowed"),
+    [
+        ("always", False, ABSENT, True),
+        ("always", False, RUNNING, True),
+        ("always", False, SUSPENDED, True),
+        ("always", True, RUNNING, True),
+        ("if-absent", False, ABSENT, True),
+        ("if-absent", False, RUNNING, False),
+        ("if-absent", False, SUSPENDED, False),
+        ("if-absent", True, RUNNING, False),
+        ("while-suspended", False, ABSENT, True),
+        ("while-suspended", False, RUNNING, False),
+        ("while-suspended", False, SUSPENDED, True),
+        ("while-suspended", True, RUNNING, True),
+        ("while-suspended", True, SUSPENDED, True),
+        ("while-suspended", None, RUNNING, False),
+    ],
+)
+def test_policy_allows(
+    policy: m.ApplyPolicy, desired_suspend: bool | None, live: core.LiveState, allowed: bool
+) -> None:
+    ok, why = core.policy_allows(jobset_message(policy, suspend=desired_suspend), live)
+    assert ok is allowed
+    assert (why == "") is allowed
+
+
+def test_policy_reasons() -> None:
+    _, why = core.policy_allows(jobset_message("if-absent", suspend=False), RUNNING)
+    assert "exists" in why
+    _, why = core.policy_allows(jobset_message("while-suspended", suspend=False), RUNNING)
+    assert "not suspended" in why
+
+
+def test_desired_suspend_for_objects_without_suspend() -> None:
+    status = m.ApplyTrainJobStatus(
+        trainjob=KEY,
+        trainjob_uid="u",
+        source_seq=1,
+        target=m.Target(
+            api_version="trainer.kubeflow.org/v1alpha1",
+            kind="TrainJob",
+            namespace="ns",
+            name="tj",
+            subresource="status",
+        ),
+        object=msgspec.convert({"status": {"conditions": []}}, TrainJob),
+    )
+    secret = m.ApplySecret(
+        trainjob=KEY,
+        trainjob_uid="u",
+        source_seq=1,
+        policy="if-absent",
+        target=m.Target(api_version="v1", kind="Secret", namespace="ns", name="s"),
+        object=msgspec.convert({"metadata": {"name": "s"}}, Secret),
+    )
+    assert core.desired_suspend(status) is False
+    assert core.desired_suspend(secret) is False
+    assert core.desired_suspend(jobset_message("while-suspended", suspend=True)) is True
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, core.LiveState(exists=False)),
+        (b"{}", core.LiveState(exists=True, suspended=False, resource_version="")),
+        (
+            b'{"metadata":{"resourceVersion":"12","name":"tj"},"spec":{"suspend":true,"replicatedJobs":[]}}',
+            core.LiveState(exists=True, suspended=True, resource_version="12"),
+        ),
+        (
+            b'{"metadata":{"resourceVersion":"13"},"spec":{"suspend":false}}',
+            core.LiveState(exists=True, suspended=False, resource_version="13"),
+        ),
+        (
+            b'{"metadata":{"resourceVersion":"14"},"spec":{"suspend":null}}',
+            core.LiveState(exists=True, suspended=False, resource_version="14"),
+        ),
+        (
+            b'{"kind":"ConfigMap","metadata":{"resourceVersion":"15"},"data":{"a":"b"}}',
+            core.LiveState(exists=True, suspended=False, resource_version="15"),
+        ),
+    ],
+)
+def test_live_state(raw: bytes | None, expected: core.LiveState) -> None:
+    assert core.live_state(raw) == expected
+
+
+def test_live_state_rejects_garbage() -> None:
+    with pytest.raises(msgspec.DecodeError):
+        core.live_state(b"not json")
+
+
+@pytest.mark.parametrize(
+    ("status", "before", "after", "expected"),
+    [
+        (201, "", "1", "created"),
+        (201, "5", "5", "created"),
+        (200, "5", "5", "unchanged"),
+        (200, "5", "6", "configured"),
+        (200, "", "6", "configured"),
+        (200, "", "", "configured"),
+    ],
+)
+def test_outcome(status: int, before: str, after: str, expected: m.ApplyAction) -> None:
+    assert core.outcome(status, before=before, after=after) == expected

@@ -1,0 +1,191 @@
+"""``watcher.core``: runtimeRef resolution, JobSet ownership and the de-duplication message id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from contracts.jobset import JobSet
+from contracts.trainer import TrainingRuntime, TrainJob
+from watcher import core
+
+Obj = dict[str, Any]
+
+
+def trainjob(runtime_ref: Obj | None, *, rv: str = "5", suspend: bool | None = None) -> TrainJob:
+    spec: Obj = {}
+    if runtime_ref is not None:
+        spec["runtimeRef"] = runtime_ref
+    if suspend is not None:
+        spec["suspend"] = suspend
+    return msgspec.convert(
+        {"metadata": {"name": "tj", "namespace": "ns", "uid": "u-1", "resourceVersion": rv}, "spec": spec},
+        TrainJob,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ({"name": "torch"}, ("ClusterTrainingRuntime", "", "torch")),
+        ({"name": "torch", "kind": "ClusterTrainingRuntime"}, ("ClusterTrainingRuntime", "", "torch")),
+        ({"name": "torch", "apiGroup": "trainer.kubeflow.org"}, ("ClusterTrainingRuntime", "", "torch")),
+        ({"name": "mine", "kind": "TrainingRuntime"}, ("TrainingRuntime", "ns", "mine")),
+        (
+            {"name": "mine", "kind": "TrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
+            ("TrainingRuntime", "ns", "mine"),
+        ),
+        ({"name": "x", "apiGroup": "example.com"}, None),
+        ({"name": "x", "apiGroup": "example.com", "kind": "TrainingRuntime"}, None),
+        ({"name": "x", "kind": "Deployment"}, None),
+        ({"name": ""}, None),
+        ({}, None),
+    ],
+)
+def test_runtime_key_of(ref: Obj, expected: core.RuntimeKey | None) -> None:
+    assert core.runtime_key_of(trainjob(ref)) == expected
+
+
+def test_runtime_key_of_without_ref() -> None:
+    assert core.runtime_key_of(trainjob(None)) is None
+    assert core.runtime_key_of(msgspec.convert({"metadata": {"name": "tj", "namespace": "ns"}}, TrainJob)) is None
+
+
+def runtime(kind: str, rv: str = "1") -> TrainingRuntime:
+    metadata: Obj = {"name": "rt", "resourceVersion": rv}
+    if kind == "TrainingRuntime":
+        metadata["namespace"] = "ns"
+    return msgspec.convert({"kind": kind, "metadata": metadata}, TrainingRuntime)
+
+
+def test_runtime_key_of_runtime_matches_runtime_key_of() -> None:
+    assert core.runtime_key_of_runtime(runtime("TrainingRuntime"), kind="TrainingRuntime") == (
+        "TrainingRuntime",
+        "ns",
+        "rt",
+    )
+    assert core.runtime_key_of_runtime(runtime("ClusterTrainingRuntime"), kind="ClusterTrainingRuntime") == (
+        "ClusterTrainingRuntime",
+        "",
+        "rt",
+    )
+    assert core.runtime_key_of_runtime(runtime("TrainingRuntime"), kind="TrainingRuntime") == core.runtime_key_of(
+        trainjob({"name": "rt", "kind": "TrainingRuntime"})
+    )
+
+
+OWNER = {
+    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+    "kind": "TrainJob",
+    "name": "tj",
+    "uid": "u-1",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+
+
+def jobset(owner_refs: list[Obj] | None, rv: str = "7") -> JobSet:
+    metadata: Obj = {"name": "tj", "namespace": "ns", "resourceVersion": rv}
+    if owner_refs is not None:
+        metadata["ownerReferences"] = owner_refs
+    return msgspec.convert({"metadata": metadata}, JobSet)
+
+
+@pytest.mark.parametrize(
+    ("refs", "expected"),
+    [
+        ([OWNER], "tj"),
+        (None, None),
+        ([], None),
+        ([{**OWNER, "controller": False}], None),
+        ([{k: v for k, v in OWNER.items() if k != "controller"}], None),
+        ([{**OWNER, "kind": "Deployment"}], None),
+        ([{**OWNER, "apiVersion": "trainer.kubeflow.org/v2"}], None),
+        ([{**OWNER, "apiVersion": "example.com/v1alpha1"}], None),
+        ([{**OWNER, "controller": False, "name": "not-me"}, {**OWNER, "name": "me"}], "me"),
+        ([{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "x", "controller": True}, OWNER], "tj"),
+    ],
+)
+def test_controlling_trainjob(refs: list[Obj] | None, expected: str | None) -> None:
+    assert core.controlling_trainjob(jobset(refs)) == expected
+
+
+def test_message_id_stable_for_same_versions() -> None:
+    job, rt, js = trainjob({"name": "rt"}), runtime("ClusterTrainingRuntime"), jobset([OWNER])
+    a = core.message_id(job, runtime=rt, jobset=js, runtime_kind="ClusterTrainingRuntime")
+    b = core.message_id(
+        trainjob({"name": "rt"}),
+        runtime=runtime("ClusterTrainingRuntime"),
+        jobset=jobset([OWNER]),
+        runtime_kind="ClusterTrainingRuntime",
+    )
+    assert a == b
+    assert "u-1/5" in a
+
+
+def test_message_id_changes_with_each_version() -> None:
+    base = core.message_id(
+        trainjob({"name": "rt"}),
+        runtime=runtime("ClusterTrainingRuntime"),
+        jobset=jobset([OWNER]),
+        runtime_kind="ClusterTrainingRuntime",
+    )
+    variants = {
+        "trainjob": core.message_id(
+            trainjob({"name": "rt"}, rv="6"),
+            runtime=runtime("ClusterTrainingRuntime"),
+            jobset=jobset([OWNER]),
+            runtime_kind="ClusterTrainingRuntime",
+        ),
+        "jobset": core.message_id(
+            trainjob({"name": "rt"}),
+            runtime=runtime("ClusterTrainingRuntime"),
+            jobset=jobset([OWNER], rv="8"),
+            runtime_kind="ClusterTrainingRuntime",
+        ),
+        "runtime": core.message_id(
+            trainjob({"name": "rt"}),
+            runtime=runtime("ClusterTrainingRuntime", rv="2"),
+            jobset=jobset([OWNER]),
+            runtime_kind="ClusterTrainingRuntime",
+        ),
+        "no-jobset": core.message_id(
+            trainjob({"name": "rt"}),
+            runtime=runtime("ClusterTrainingRuntime"),
+            jobset=None,
+            runtime_kind="ClusterTrainingRuntime",
+        ),
+        "no-runtime": core.message_id(trainjob({"name": "rt"}), runtime=None, jobset=jobset([OWNER])),
+        "runtime-kind": core.message_id(
+            trainjob({"name": "rt"}),
+            runtime=runtime("ClusterTrainingRuntime"),
+            jobset=jobset([OWNER]),
+            runtime_kind="TrainingRuntime",
+        ),
+    }
+    assert base not in variants.values()
+    assert len(set(variants.values())) == len(variants)
+
+
+def test_message_id_ignores_content_that_does_not_change_versions() -> None:
+    a = core.message_id(trainjob({"name": "rt"}, suspend=True), runtime=None, jobset=None)
+    b = core.message_id(trainjob({"name": "other"}, suspend=False), runtime=None, jobset=None)
+    assert a == b == "u-1/5"
+
+
+def test_observe_and_is_suspended() -> None:
+    job = trainjob({"name": "rt"}, suspend=True)
+    event = core.observe(job, runtime=None, jobset=None, now=12.5, cause="resync", trace_id="t")
+    assert (event.trainjob, event.runtime, event.jobset, event.observed_at, event.cause, event.trace_id) == (
+        job,
+        None,
+        None,
+        12.5,
+        "resync",
+        "t",
+    )
+    assert core.is_suspended(job) is True
+    assert core.is_suspended(trainjob({"name": "rt"}, suspend=False)) is False
+    assert core.is_suspended(trainjob({"name": "rt"})) is False
