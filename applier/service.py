@@ -32,7 +32,6 @@ from contracts.messages import (
     ApplyAction,
     ApplyMessage,
     ApplyResult,
-    DeadLetter,
     Target,
     component_of,
     decode_apply,
@@ -236,21 +235,12 @@ class Applier:
             await msg.ack_sync()
 
     async def _dead_letter(self, msg: Msg, *, reason: str, error: str, key: ApplyMessage | None) -> None:
-        namespace, name = (key.trainjob.namespace, key.trainjob.name) if key else ("_", "_")
-        letter = DeadLetter(
-            stage="applier",
-            reason=reason,
-            error=error,
-            subject=msg.subject,
-            payload=msg.data,
-            headers=dict(msg.headers or {}),
-            stream_seq=msg.metadata.sequence.stream,
-            deliveries=msg.metadata.num_delivered or 1,
-            dead_at=time.time(),
-        )
+        if key is not None:
+            namespace, name = key.trainjob.namespace, key.trainjob.name
+        else:
+            namespace, name = subjects.trainjob_of_subject(msg.subject)
         self.stats.dead_letters += 1
-        log.error("dead-lettered %s: %s: %s", msg.subject, reason, error)
-        await self.js.publish(subjects.dlq_subject("applier", namespace, name), encode(letter))
+        await bus.dead_letter(self.js, msg, stage="applier", reason=reason, error=error, namespace=namespace, name=name)
 
     # ----------------------------------------------------------------------------------------------- run
 

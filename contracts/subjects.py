@@ -77,3 +77,11 @@ def trainjob_apply_filter(namespace: str, name: str) -> str:
 
 def trainjob_results_filter(namespace: str, name: str) -> str:
     return f"{RESULTS_PREFIX}.*.{namespace}.{name}.>"
+
+
+def trainjob_of_subject(subject: str) -> tuple[str, str]:
+    """``(namespace, name)`` from an event, apply or result subject; ``("_", "_")`` when it has none."""
+    parts = subject.split(".")
+    if len(parts) >= 5 and parts[0] == "tj":
+        return parts[3], parts[4]
+    return "_", "_"

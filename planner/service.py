@@ -21,7 +21,6 @@ from nats.js import JetStreamContext
 from contracts import streams, subjects
 from contracts.messages import (
     ApplyMessage,
-    DeadLetter,
     component_of,
     decode_event,
     encode,
@@ -89,20 +88,10 @@ class Planner:
 
     async def _dead_letter(self, msg: Msg, error: str) -> None:
         self.stats.dead_letters += 1
-        letter = DeadLetter(
-            stage="planner",
-            reason="undecodable",
-            error=error,
-            subject=msg.subject,
-            payload=msg.data,
-            headers=dict(msg.headers or {}),
-            stream_seq=msg.metadata.sequence.stream,
-            deliveries=msg.metadata.num_delivered or 1,
+        namespace, name = subjects.trainjob_of_subject(msg.subject)
+        await bus.dead_letter(
+            self.js, msg, stage="planner", reason="undecodable", error=error, namespace=namespace, name=name
         )
-        parts = msg.subject.split(".")
-        namespace, name = (parts[3], parts[4]) if len(parts) >= 5 else ("_", "_")
-        log.error("dead-lettered event %s: %s", msg.subject, error)
-        await self.js.publish(subjects.dlq_subject("planner", namespace, name), encode(letter))
 
     async def run(self, stop: asyncio.Event) -> None:
         sub = await self.js.pull_subscribe_bind(durable=streams.PLANNER.durable, stream=streams.PLANNER.stream)

@@ -8,13 +8,17 @@ create-or-update on the server; streams need an explicit update when their setti
 from __future__ import annotations
 
 import logging
+import time
 
 import nats
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import BadRequestError
 
+from contracts import subjects
+from contracts.messages import DeadLetter, encode
 from contracts.streams import ConsumerSpec, StreamSpec
 
 log = logging.getLogger(__name__)
@@ -82,3 +86,22 @@ async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
             max_ack_pending=spec.max_ack_pending,
         ),
     )
+
+
+async def dead_letter(
+    js: JetStreamContext, msg: Msg, *, stage: str, reason: str, error: str, namespace: str, name: str
+) -> None:
+    """Keep a message that can never succeed, with why and its original bytes, on the DLQ stream."""
+    letter = DeadLetter(
+        stage=stage,
+        reason=reason,
+        error=error,
+        subject=msg.subject,
+        payload=msg.data,
+        headers=dict(msg.headers or {}),
+        stream_seq=msg.metadata.sequence.stream,
+        deliveries=msg.metadata.num_delivered or 1,
+        dead_at=time.time(),
+    )
+    log.error("dead-lettered %s (%s): %s", msg.subject, reason, error)
+    await js.publish(subjects.dlq_subject(stage, namespace, name), encode(letter))

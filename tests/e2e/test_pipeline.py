@@ -229,3 +229,33 @@ def test_completed_jobset_makes_the_trainjob_complete(
     assert status["jobsStatus"] == [
         {"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}
     ]
+
+
+async def test_undecodable_messages_are_dead_lettered_and_the_pipeline_goes_on(
+    pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
+) -> None:
+    import nats
+
+    from contracts import subjects
+    from contracts.messages import decode_dead_letter
+
+    nc = await nats.connect(pipeline.nats_url)
+    try:
+        js = nc.jetstream()
+        await js.publish(subjects.event_subject(namespace, "garbage"), b"{not json")
+        await js.publish(subjects.apply_subject(namespace, "garbage", "jobset"), b'{"component": "nope"}')
+        sub = await js.subscribe(f"{subjects.DLQ_PREFIX}.*.{namespace}.garbage", ordered_consumer=True)
+        letters = [decode_dead_letter((await sub.next_msg(timeout=20)).data) for _ in range(2)]
+        by_stage = {letter.stage: letter for letter in letters}
+        assert by_stage["planner"].payload == b"{not json"
+        assert by_stage["planner"].reason == "undecodable"
+        assert by_stage["applier"].payload == b'{"component": "nope"}'
+        assert by_stage["applier"].subject == subjects.apply_subject(namespace, "garbage", "jobset")
+    finally:
+        await nc.close()
+
+    _create(dyn, trainjob("after-garbage", namespace))
+    eventually(
+        lambda: _get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "after-garbage"),
+        what="a JobSet for a TrainJob created after the bad messages",
+    )
