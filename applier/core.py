@@ -52,6 +52,27 @@ class LiveState:
     resource_version: str = ""
 
 
+class _Owner(msgspec.Struct, kw_only=True):
+    uid: str = ""
+    controller: bool = False
+
+
+class _OwnedMeta(msgspec.Struct, kw_only=True):
+    ownerReferences: list[_Owner] = []
+
+
+class _Owned(msgspec.Struct, kw_only=True):
+    metadata: _OwnedMeta = msgspec.field(default_factory=_OwnedMeta)
+
+
+_owned_decoder = msgspec.json.Decoder(_Owned)
+
+
+def controlled_by(raw: bytes, uid: str) -> bool:
+    """Whether the object's controller owner reference names this UID."""
+    return any(o.controller and o.uid == uid for o in _owned_decoder.decode(raw).metadata.ownerReferences)
+
+
 class _LiveSpec(msgspec.Struct, kw_only=True):
     suspend: bool | None = None
 
@@ -76,18 +97,13 @@ def live_state(raw: bytes | None) -> LiveState:
     return LiveState(exists=True, suspended=suspended, resource_version=live.metadata.resourceVersion)
 
 
-def desired_suspend(message: ApplyMessage) -> bool:
-    spec = getattr(message.object, "spec", msgspec.UNSET)
-    return spec is not msgspec.UNSET and getattr(spec, "suspend", None) is True
-
-
 def policy_allows(message: ApplyMessage, live: LiveState) -> tuple[bool, str]:
     """Whether the message may be applied to this live state, and why not when it may not."""
     if message.policy == "always" or not live.exists:
         return True, ""
     if message.policy == "if-absent":
         return False, "exists already; created once and never changed"
-    if live.suspended or desired_suspend(message):
+    if live.suspended or message.trainjob_suspended:
         return True, ""
     return False, "running and not suspended; left as it is"
 

@@ -32,6 +32,8 @@ from contracts.messages import (
     ApplyAction,
     ApplyMessage,
     ApplyResult,
+    DeleteComponent,
+    ObjectApply,
     Target,
     component_of,
     decode_apply,
@@ -111,7 +113,6 @@ class Applier:
         if self._fence.get(key, -1) > message.source_seq:
             await self._finish(msg, message, "skipped", attempts, started, reason="stale plan: a newer one was applied")
             return
-        body = msgspec.json.encode(message.object)
         resource = resources.resource_for(message.target.api_version, message.target.kind)
         action: ApplyAction = "configured"
         resource_version = ""
@@ -127,7 +128,10 @@ class Applier:
                     attempts += 1
                     if attempts > 1:
                         self.stats.retries += 1
-                    action, resource_version, reason = await self._apply_once(message, resource, body, key)
+                    if isinstance(message, DeleteComponent):
+                        action, resource_version, reason = await self._delete_once(message, resource)
+                    else:
+                        action, resource_version, reason = await self._apply_once(message, resource, key)
         except core.TransientError as exc:
             delay = min(60.0, 2.0 ** min(msg.metadata.num_delivered or 1, 6))
             self.stats.naks += 1
@@ -148,10 +152,26 @@ class Applier:
         self._fence[key] = max(self._fence.get(key, -1), message.source_seq)
         await self._finish(msg, message, action, attempts, started, resource_version=resource_version, reason=reason)
 
-    async def _apply_once(
-        self, message: ApplyMessage, resource: resources.Resource, body: bytes, key: tuple[str, str, str, str]
+    async def _delete_once(
+        self, message: DeleteComponent, resource: resources.Resource
     ) -> tuple[ApplyAction, str, str]:
         target = message.target
+        try:
+            raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
+            if raw is None:
+                return "skipped", "", "already gone"
+            if not core.controlled_by(raw, message.trainjob_uid):
+                return "skipped", "", "not controlled by this TrainJob; left alone"
+            await self.kube.delete(resource, namespace=target.namespace, name=target.name)
+        except KubeApiError as exc:
+            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+        return "deleted", "", message.reason
+
+    async def _apply_once(
+        self, message: ObjectApply, resource: resources.Resource, key: tuple[str, str, str, str]
+    ) -> tuple[ApplyAction, str, str]:
+        target = message.target
+        body = msgspec.json.encode(message.object)
         try:
             before = self._last_rv.get(key, "")
             if message.policy != "always":

@@ -23,6 +23,7 @@ import msgspec
 
 from contracts.jobset import JobSet
 from contracts.kube import ConfigMap, Secret
+from contracts.scheduling import PodGroup, VolcanoPodGroup
 from contracts.trainer import TrainingRuntime, TrainJob
 
 FIELD_MANAGER = "trainer"
@@ -52,6 +53,10 @@ class TrainJobObserved(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.
     trainjob: TrainJob
     runtime: TrainingRuntime | None = None
     """The runtime ``spec.runtimeRef`` resolved to; ``None`` when it does not exist (yet)."""
+    runtime_source: Literal["snapshot", "live", "none"] = "live"
+    """Where ``runtime`` came from: the TrainJob's runtime snapshot ConfigMap, or the live runtime object."""
+    runtime_error: str = ""
+    """Why the runtime could not be used, e.g. a snapshot owned by another object; empty when it could."""
     jobset: JobSet | None = None
     """The JobSet this TrainJob controls, if any; only its status and suspend flag matter to plans."""
     observed_at: float
@@ -77,7 +82,7 @@ ApplyPolicy = Literal["always", "if-absent", "while-suspended"]
 """How the applier treats a live object that already exists.
 
 ``always``: apply. ``if-absent``: create only, never touch an existing object (e.g. immutable Secrets).
-``while-suspended``: create if absent; otherwise apply only while the live object or the desired one is
+``while-suspended``: create if absent; otherwise apply only while the TrainJob or the live object is
 suspended, which is Trainer's rule for JobSets and PodGroups of running jobs.
 """
 
@@ -111,6 +116,8 @@ class _Apply(msgspec.Struct, frozen=True, kw_only=True, tag_field="component"):
     field_manager: str = FIELD_MANAGER
     force: bool = True
     policy: ApplyPolicy = "always"
+    trainjob_suspended: bool = False
+    """``spec.suspend`` of the TrainJob when planned; a ``while-suspended`` component may then be updated."""
     trace_id: str = ""
 
 
@@ -126,11 +133,38 @@ class ApplyConfigMap(_Apply, frozen=True, kw_only=True, tag="configmap"):
     object: ConfigMap
 
 
+SecretGenerator = Literal["mpi-ssh-auth", "flux-curve"]
+"""Key material the applier makes itself when it writes the Secret, so no key is ever planned or published.
+
+``mpi-ssh-auth``: a fresh ECDSA P-521 key pair (``ssh-privatekey`` PEM, ``ssh-publickey`` authorized_keys
+line), only when the Secret does not exist. ``flux-curve``: the CURVE certificate Trainer derives from the
+TrainJob's UID, so every replica computes the same one.
+"""
+
+
 class ApplySecret(_Apply, frozen=True, kw_only=True, tag="secret"):
     object: Secret
+    generate: SecretGenerator | None = None
 
 
-ApplyMessage = ApplyJobSet | ApplyTrainJobStatus | ApplyConfigMap | ApplySecret
+class ApplyPodGroup(_Apply, frozen=True, kw_only=True, tag="podgroup"):
+    object: PodGroup
+
+
+class ApplyVolcanoPodGroup(_Apply, frozen=True, kw_only=True, tag="volcano-podgroup"):
+    object: VolcanoPodGroup
+
+
+class DeleteComponent(_Apply, frozen=True, kw_only=True, tag="delete"):
+    """Delete the target if it exists and is controlled by the TrainJob (e.g. a JobSet past its deadline)."""
+
+    reason: str = ""
+
+
+ObjectApply = ApplyJobSet | ApplyTrainJobStatus | ApplyConfigMap | ApplySecret | ApplyPodGroup | ApplyVolcanoPodGroup
+"""The messages that carry an object to server-side apply."""
+
+ApplyMessage = ObjectApply | DeleteComponent
 
 
 def component_of(message: ApplyMessage) -> str:
@@ -138,6 +172,8 @@ def component_of(message: ApplyMessage) -> str:
     tag = type(message).__struct_config__.tag
     if isinstance(message, ApplyConfigMap | ApplySecret):
         return f"{tag}.{message.target.name}"
+    if isinstance(message, DeleteComponent):
+        return f"{tag}.{message.target.kind.lower()}"
     return str(tag)
 
 
@@ -154,7 +190,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
 
 # ---------------------------------------------------------------------------------------------- results
 
-ApplyAction = Literal["created", "configured", "unchanged", "skipped", "failed"]
+ApplyAction = Literal["created", "configured", "unchanged", "deleted", "skipped", "failed"]
 
 
 class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):

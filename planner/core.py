@@ -20,8 +20,10 @@ from contracts.messages import (
     ApplyConfigMap,
     ApplyJobSet,
     ApplyMessage,
+    ApplyPodGroup,
     ApplySecret,
     ApplyTrainJobStatus,
+    ApplyVolcanoPodGroup,
     Event,
     ObjectKey,
     Plan,
@@ -29,6 +31,7 @@ from contracts.messages import (
     TrainJobDeleted,
     TrainJobObserved,
 )
+from contracts.scheduling import PodGroup, VolcanoPodGroup
 from contracts.trainer import RuntimeRef, TrainJob
 from contracts.values import name_of, namespace_of, or_default, uid_of
 from planner import status as status_rules
@@ -100,6 +103,7 @@ def _message(
         "trainjob_uid": uid,
         "source_seq": source_seq,
         "policy": component.policy,
+        "trainjob_suspended": spec_of(job).suspend is True,
         "trace_id": trace_id,
         "target": Target(
             api_version=obj.api_version, kind=obj.kind, namespace=key.namespace, name=str(obj.metadata.name)
@@ -110,7 +114,11 @@ def _message(
     if isinstance(obj, ConfigMap):
         return ApplyConfigMap(object=obj, **common)
     if isinstance(obj, Secret):
-        return ApplySecret(object=obj, **common)
+        return ApplySecret(object=obj, generate=component.generate, **common)
+    if isinstance(obj, PodGroup):
+        return ApplyPodGroup(object=obj, **common)
+    if isinstance(obj, VolcanoPodGroup):
+        return ApplyVolcanoPodGroup(object=obj, **common)
     raise TypeError(f"no apply message for {type(obj).__name__}")
 
 

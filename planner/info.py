@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from contracts.messages import ApplyPolicy
+from contracts.messages import ApplyPolicy, SecretGenerator
 from contracts.trainer import MLPolicy, PodGroupPolicy, TrainingRuntime, TrainJob
 
 Obj = dict[str, Any]
@@ -88,10 +88,25 @@ class RuntimeInfo:
 
 @dataclass(frozen=True)
 class Component:
-    """What a builder returns: one object to apply and the policy the applier must honour."""
+    """What a builder returns: one object to apply and the policy the applier must honour.
+
+    ``generate`` names key material the applier adds to a Secret when it writes it; the planner never
+    sees a key, so none can reach a plan, the bus or the event history.
+    """
 
     object: Any
     policy: ApplyPolicy = "always"
+    generate: SecretGenerator | None = None
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """A component to remove, e.g. the JobSet of a TrainJob past its active deadline."""
+
+    api_version: str
+    kind: str
+    name: str
+    reason: str
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,6 @@ import pytest
 from applier import core
 from contracts import messages as m
 from contracts.jobset import JobSet
-from contracts.kube import Secret
-from contracts.trainer import TrainJob
 
 KEY = m.ObjectKey(namespace="ns", name="tj")
 
@@ -61,6 +59,7 @@ def jobset_message(policy: m.ApplyPolicy, *, suspend: bool | None) -> m.ApplyJob
         trainjob_uid="u",
         source_seq=1,
         policy=policy,
+        trainjob_suspended=suspend is True,
         target=m.Target(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet", namespace="ns", name="tj"),
         object=msgspec.convert(body, JobSet),
     )
@@ -72,7 +71,7 @@ SUSPENDED = core.LiveState(exists=True, suspended=True, resource_version="3")
 
 
 @pytest.mark.parametrize(
-    ("policy", "desired_suspend", "live", "allowed"),
+    ("policy", "trainjob_suspended", "live", "allowed"),
     [
         ("always", False, ABSENT, True),
         ("always", False, RUNNING, True),
@@ -91,9 +90,9 @@ SUSPENDED = core.LiveState(exists=True, suspended=True, resource_version="3")
     ],
 )
 def test_policy_allows(
-    policy: m.ApplyPolicy, desired_suspend: bool | None, live: core.LiveState, allowed: bool
+    policy: m.ApplyPolicy, trainjob_suspended: bool | None, live: core.LiveState, allowed: bool
 ) -> None:
-    ok, why = core.policy_allows(jobset_message(policy, suspend=desired_suspend), live)
+    ok, why = core.policy_allows(jobset_message(policy, suspend=trainjob_suspended), live)
     assert ok is allowed
     assert (why == "") is allowed
 
@@ -103,33 +102,6 @@ def test_policy_reasons() -> None:
     assert "exists" in why
     _, why = core.policy_allows(jobset_message("while-suspended", suspend=False), RUNNING)
     assert "not suspended" in why
-
-
-def test_desired_suspend_for_objects_without_suspend() -> None:
-    status = m.ApplyTrainJobStatus(
-        trainjob=KEY,
-        trainjob_uid="u",
-        source_seq=1,
-        target=m.Target(
-            api_version="trainer.kubeflow.org/v1alpha1",
-            kind="TrainJob",
-            namespace="ns",
-            name="tj",
-            subresource="status",
-        ),
-        object=msgspec.convert({"status": {"conditions": []}}, TrainJob),
-    )
-    secret = m.ApplySecret(
-        trainjob=KEY,
-        trainjob_uid="u",
-        source_seq=1,
-        policy="if-absent",
-        target=m.Target(api_version="v1", kind="Secret", namespace="ns", name="s"),
-        object=msgspec.convert({"metadata": {"name": "s"}}, Secret),
-    )
-    assert core.desired_suspend(status) is False
-    assert core.desired_suspend(secret) is False
-    assert core.desired_suspend(jobset_message("while-suspended", suspend=True)) is True
 
 
 @pytest.mark.parametrize(

@@ -204,7 +204,7 @@ def test_unknown_event_tag_is_refused() -> None:
 
 def test_unknown_apply_tag_is_refused() -> None:
     payload = json.loads(m.encode(APPLIES[0]))
-    payload["component"] = "podgroup"
+    payload["component"] = "no-such-component"
     with pytest.raises(msgspec.ValidationError):
         m.decode_apply(json.dumps(payload).encode())
 
