@@ -57,6 +57,8 @@ class TrainJobObserved(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.
     """Where ``runtime`` came from: the TrainJob's runtime snapshot ConfigMap, or the live runtime object."""
     runtime_error: str = ""
     """Why the runtime could not be used, e.g. a snapshot owned by another object; empty when it could."""
+    priority_classes: tuple[str, ...] | None = None
+    """Names of the cluster's PriorityClasses, for the Volcano check; ``None`` when the watcher does not know."""
     jobset: JobSet | None = None
     """The JobSet this TrainJob controls, if any; only its status and suspend flag matter to plans."""
     observed_at: float

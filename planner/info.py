@@ -72,6 +72,8 @@ class RuntimeInfo:
     trainer_args: list[str] | None = None
     mpi_slots: int | None = None
     """OpenMPI slots per node, once the MPI plugin has resolved them."""
+    priority_classes: frozenset[str] | None = None
+    """The cluster's PriorityClass names as the watcher saw them; ``None`` when unknown (checks are skipped)."""
 
     def pod_set_by_ancestor(self, ancestor: str) -> PodSet | None:
         return next((ps for ps in self.pod_sets if ps.ancestor == ancestor), None)
