@@ -46,6 +46,9 @@ CONFIG_MAP = Resource(api_version="v1", kind="ConfigMap", plural="configmaps")
 SECRET = Resource(api_version="v1", kind="Secret", plural="secrets")
 EVENT = Resource(api_version="v1", kind="Event", plural="events")
 NAMESPACE = Resource(api_version="v1", kind="Namespace", plural="namespaces", namespaced=False)
+PRIORITY_CLASS = Resource(
+    api_version="scheduling.k8s.io/v1", kind="PriorityClass", plural="priorityclasses", namespaced=False
+)
 
 KNOWN: tuple[Resource, ...] = (
     TRAINJOB,
@@ -58,6 +61,7 @@ KNOWN: tuple[Resource, ...] = (
     SECRET,
     EVENT,
     NAMESPACE,
+    PRIORITY_CLASS,
 )
 _BY_GVK = {(r.api_version, r.kind): r for r in KNOWN}
 

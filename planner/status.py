@@ -11,9 +11,11 @@ observation time, so the same event always yields the same status.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 from contracts import trainer as t
+from contracts.deadlines import deadline_of
 from contracts.jobset import JobSet
 from contracts.trainer import TrainJob
 from contracts.values import is_set
@@ -63,7 +65,28 @@ def is_finished(job: TrainJob) -> bool:
     return is_true(conditions, t.CONDITION_COMPLETE) or is_true(conditions, t.CONDITION_FAILED)
 
 
-def desired_status(job: TrainJob, jobset: JobSet | None, *, now: float) -> Obj:
+@dataclass(frozen=True)
+class ConditionUpdate:
+    type: str
+    status: bool
+    reason: str
+    message: str
+    only_if_present: bool = False
+    """Only change the condition if the TrainJob already has it (e.g. to clear an earlier problem)."""
+
+
+def condition(type_: str, status: bool, reason: str, message: str, *, only_if_present: bool = False) -> ConditionUpdate:
+    return ConditionUpdate(type_, status, reason, message, only_if_present)
+
+
+def deadline_exceeded(job: TrainJob, *, now: float) -> bool:
+    deadline = deadline_of(job)
+    return deadline is not None and now >= deadline
+
+
+def desired_status(
+    job: TrainJob, jobset: JobSet | None, *, now: float, updates: list[ConditionUpdate] | None = None
+) -> Obj:
     """The status fields this planner owns: ``conditions`` and, once a JobSet exists, ``jobsStatus``."""
     current = current_status(job)
     conditions: list[Obj] = [dict(c) for c in current.get("conditions") or []]
@@ -111,6 +134,19 @@ def desired_status(job: TrainJob, jobset: JobSet | None, *, now: float) -> Obj:
         ]
         if jobs_status:
             status["jobsStatus"] = jobs_status
+    for update in updates or ():
+        if update.only_if_present and find_condition(conditions, update.type) is None:
+            continue
+        set_condition(
+            conditions,
+            {
+                "type": update.type,
+                "status": "True" if update.status else "False",
+                "reason": update.reason,
+                "message": update.message,
+            },
+            now,
+        )
     if conditions:
         status["conditions"] = conditions
     return status

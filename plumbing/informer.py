@@ -69,6 +69,7 @@ class Informer(Generic[T]):
         *,
         namespace: str | None = None,
         watch_timeout: int = 300,
+        keep: Callable[[T], bool] | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -79,6 +80,7 @@ class Informer(Generic[T]):
         self.relists = 0
         self._decoder = msgspec.json.Decoder(decode_as)
         self._watch_timeout = watch_timeout
+        self._keep = keep
 
     def _decode(self, raw: bytes) -> tuple[Key, Cached[T]] | None:
         head = _head_decoder.decode(raw).metadata
@@ -86,6 +88,8 @@ class Informer(Generic[T]):
             obj = self._decoder.decode(raw)
         except msgspec.ValidationError as exc:
             log.error("skipping undecodable %s %s/%s: %s", self.resource.kind, head.namespace, head.name, exc)
+            return None
+        if self._keep is not None and not self._keep(obj):
             return None
         return (head.namespace, head.name), Cached(obj, raw, head.resourceVersion, head.uid)
 

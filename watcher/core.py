@@ -7,11 +7,15 @@ id — the key of JetStream's de-duplication — is computed in exactly one plac
 
 from __future__ import annotations
 
+import msgspec
+import yaml
+
 from contracts import trainer
 from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, OwnerReference
 from contracts.messages import TrainJobObserved
 from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob, TrainJobSpec
-from contracts.values import meta, name_of, namespace_of, or_default, resource_version_of, uid_of
+from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
 
 RuntimeKey = tuple[str, str, str]
 """(kind, namespace, name); namespace is empty for a ClusterTrainingRuntime."""
@@ -42,13 +46,17 @@ def runtime_key_of_runtime(runtime: TrainingRuntime, *, kind: str) -> RuntimeKey
 
 def controlling_trainjob(jobset: JobSet) -> str | None:
     """The name of the TrainJob that controls this JobSet, if a TrainJob does."""
-    for ref in or_default(meta(jobset).owner_references, []):
-        if ref.controller is True and ref.kind == trainer.TRAINJOB_KIND and ref.api_version == trainer.API_VERSION:
-            return or_default(ref.name, None)
-    return None
+    return controlled_by_trainjob(meta(jobset).owner_references)
 
 
-def message_id(job: TrainJob, *, runtime: TrainingRuntime | None, jobset: JobSet | None, runtime_kind: str = "") -> str:
+def message_id(
+    job: TrainJob,
+    *,
+    runtime: TrainingRuntime | None,
+    jobset: JobSet | None,
+    runtime_kind: str = "",
+    snapshot: ConfigMap | None = None,
+) -> str:
     """``uid/resourceVersion`` of the TrainJob, extended by the versions of what the event also carries.
 
     Two observations with the same id carry the same content, so the stream may drop the second one; an
@@ -60,6 +68,8 @@ def message_id(job: TrainJob, *, runtime: TrainingRuntime | None, jobset: JobSet
         parts.append(f"js={resource_version_of(jobset)}")
     if runtime is not None:
         parts.append(f"rt={runtime_kind}:{resource_version_of(runtime)}")
+    if snapshot is not None:
+        parts.append(f"snap={resource_version_of(snapshot)}")
     return ";".join(parts)
 
 
@@ -79,3 +89,51 @@ def observe(
 
 def is_suspended(job: TrainJob) -> bool:
     return or_default(job.spec, _NO_SPEC).suspend is True
+
+
+def snapshot_name_of(job: TrainJob) -> str:
+    return name_of(job) + trainer.RUNTIME_SNAPSHOT_SUFFIX
+
+
+def controlled_by_trainjob(owner_refs: list[OwnerReference] | msgspec.UnsetType) -> str | None:
+    """The name of the TrainJob named as controller in these owner references, if any."""
+    for ref in or_default(owner_refs, []):
+        if ref.controller is True and ref.kind == trainer.TRAINJOB_KIND and ref.api_version == trainer.API_VERSION:
+            return or_default(ref.name, None)
+    return None
+
+
+def runtime_from_snapshot(job: TrainJob, snapshot: ConfigMap) -> tuple[TrainingRuntime | None, str]:
+    """The runtime recorded in a TrainJob's snapshot ConfigMap, or an error saying why it cannot be used.
+
+    The checks are Trainer's: the snapshot must be controlled by this TrainJob's UID, hold the ``runtime``
+    key, parse, and name the runtime the TrainJob refers to (kind and group only where the ref sets them).
+    """
+    owners = or_default(meta(snapshot).owner_references, [])
+    if not any(o.controller is True and o.uid == uid_of(job) for o in owners):
+        return None, "invalid runtime snapshot: a snapshot configmap exists but is owned by another object"
+    data = or_default(snapshot.data, {})
+    text = data.get(trainer.RUNTIME_SNAPSHOT_KEY)
+    if text is None:
+        return None, f"invalid runtime snapshot: snapshot ConfigMap missing {trainer.RUNTIME_SNAPSHOT_KEY!r} data key"
+    try:
+        loaded = yaml.safe_load(text)
+        runtime = msgspec.convert(loaded, TrainingRuntime)
+    except (yaml.YAMLError, msgspec.ValidationError) as exc:
+        return None, f"invalid runtime snapshot: unable to unmarshal the snapshot: {exc}"
+    ref = or_default(or_default(job.spec, _NO_SPEC).runtime_ref, _NO_REF)
+    api_version = or_default(runtime.api_version, "")
+    group = api_version.rpartition("/")[0]
+    kind = or_default(runtime.kind, "")
+    mismatch = (
+        (is_set(ref.kind) and kind != ref.kind)
+        or (is_set(ref.api_group) and group != ref.api_group)
+        or name_of(runtime) != or_default(ref.name, "")
+    )
+    if mismatch:
+        return None, (
+            "invalid runtime snapshot: the snapshot refers to the wrong runtime: expecting "
+            f"{or_default(ref.name, '')!r}, {or_default(ref.api_group, '<any>')!r}, {or_default(ref.kind, '<any>')!r} "
+            f"but found {name_of(runtime)!r}, {group!r}, {kind!r}"
+        )
+    return runtime, ""

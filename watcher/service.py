@@ -15,19 +15,27 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 from nats.js import JetStreamContext
 
 from contracts import resources, streams, subjects, trainer
 from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, ObjectMeta
 from contracts.messages import ObjectKey, TrainJobDeleted, encode
 from contracts.trainer import TrainingRuntime, TrainJob
-from contracts.values import name_of, namespace_of
+from contracts.values import meta, name_of, namespace_of
 from plumbing import bus
 from plumbing.informer import Cached, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
 from watcher import core
 
 log = logging.getLogger("watcher")
+
+
+class _Named(msgspec.Struct, frozen=True, kw_only=True):
+    """Objects only known by name here (PriorityClasses)."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
 @dataclass
@@ -65,6 +73,19 @@ class Watcher:
         self.cluster_runtimes = Informer(
             kube, resources.CLUSTER_TRAINING_RUNTIME, TrainingRuntime, self._on_cluster_runtime
         )
+        self.config_maps = [
+            Informer(
+                kube,
+                resources.CONFIG_MAP,
+                ConfigMap,
+                self._on_owned,
+                namespace=ns,
+                keep=lambda cm: core.controlled_by_trainjob(meta(cm).owner_references) is not None,
+            )
+            for ns in namespaces
+        ]
+        self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore)
+        self._deadline_timers: dict[Key, asyncio.TimerHandle] = {}
 
     # ------------------------------------------------------------------------------------------ lookups
 
@@ -80,6 +101,18 @@ class Watcher:
             if hit is not None and core.controlling_trainjob(hit.obj) == key[1]:
                 return hit.obj
         return None
+
+    def _snapshot(self, job: TrainJob) -> ConfigMap | None:
+        key = (namespace_of(job), core.snapshot_name_of(job))
+        for inf in self.config_maps:
+            if (hit := inf.cache.get(key)) is not None:
+                return hit.obj
+        return None
+
+    def _priority_class_names(self) -> tuple[str, ...] | None:
+        if not self.priority_classes.synced.is_set():
+            return None
+        return tuple(sorted(name for _, name in self.priority_classes.cache))
 
     def _runtime(self, job: TrainJob) -> tuple[TrainingRuntime | None, str]:
         ref = core.runtime_key_of(job)
@@ -119,6 +152,18 @@ class Watcher:
         job = self._trainjob((key[0], owner))
         if job is not None:
             await self.publish_observation(job.obj, cause=f"JobSet {kind}")
+
+    async def _on_owned(self, kind: str, key: Key, cached: Cached[ConfigMap] | None) -> None:
+        """A component a TrainJob controls changed or went away: plan its owner again."""
+        if cached is None or kind == "RESYNC":
+            return
+        owner = core.controlled_by_trainjob(meta(cached.obj).owner_references)
+        job = self._trainjob((key[0], owner)) if owner else None
+        if job is not None:
+            await self.publish_observation(job.obj, cause=f"ConfigMap {kind}")
+
+    async def _ignore(self, kind: str, key: Key, cached: Cached[_Named] | None) -> None:
+        return None
 
     async def _on_runtime(self, kind: str, key: Key, cached: Cached[TrainingRuntime] | None) -> None:
         await self._runtime_changed(trainer.TRAINING_RUNTIME_KIND, key, kind)
@@ -181,10 +226,12 @@ class Watcher:
     # ----------------------------------------------------------------------------------------------- run
 
     async def run(self, stop: asyncio.Event) -> None:
-        first: list[Informer[TrainingRuntime] | Informer[JobSet]] = [
+        first: list[Informer[TrainingRuntime] | Informer[JobSet] | Informer[ConfigMap] | Informer[_Named]] = [
             *self.runtimes,
             self.cluster_runtimes,
             *self.jobsets,
+            *self.config_maps,
+            self.priority_classes,
         ]
         tasks = [asyncio.create_task(inf.run()) for inf in first]
         try:

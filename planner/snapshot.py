@@ -1,0 +1,45 @@
+"""The runtime snapshot ConfigMap, as Trainer keeps it (``<trainjob>-runtime-snapshot``, key ``runtime``).
+
+The first plan of a TrainJob records the runtime it was built from; later plans use that record instead of
+the live runtime, so editing or deleting a runtime never changes a job that already exists. The ConfigMap
+holds the runtime as YAML with its apiVersion and kind, like Trainer's, so either controller can read the
+other's snapshot. It is created once (``if-absent``) and is controlled by the TrainJob, so it goes with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import yaml
+
+from contracts import trainer as t
+from contracts.kube import ConfigMap
+from contracts.trainer import TrainingRuntime, TrainJob
+from contracts.values import name_of, namespace_of
+from planner.info import Component
+from planner.plugins.jobset import owner_reference
+
+
+def snapshot_name(job_name: str) -> str:
+    return job_name + t.RUNTIME_SNAPSHOT_SUFFIX
+
+
+def runtime_yaml(runtime: TrainingRuntime) -> str:
+    obj: dict[str, Any] = msgspec.to_builtins(runtime)
+    obj.get("metadata", {}).pop("managedFields", None)
+    return str(yaml.safe_dump(obj, sort_keys=True, default_flow_style=False))
+
+
+def runtime_snapshot(job: TrainJob, runtime: TrainingRuntime) -> Component:
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": snapshot_name(name_of(job)),
+            "namespace": namespace_of(job),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "data": {t.RUNTIME_SNAPSHOT_KEY: runtime_yaml(runtime)},
+    }
+    return Component(object=msgspec.convert(body, ConfigMap), policy="if-absent")
