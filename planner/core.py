@@ -11,10 +11,12 @@ components; the status is planned in every case.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from contracts import conditions as t_ext
 from contracts import trainer as t
-from contracts.jobset import JobSet
+from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
 from contracts.kube import ConfigMap, Secret
 from contracts.messages import (
     ApplyConfigMap,
@@ -24,6 +26,7 @@ from contracts.messages import (
     ApplySecret,
     ApplyTrainJobStatus,
     ApplyVolcanoPodGroup,
+    DeleteComponent,
     Event,
     ObjectKey,
     Plan,
@@ -32,13 +35,16 @@ from contracts.messages import (
     TrainJobObserved,
 )
 from contracts.scheduling import PodGroup, VolcanoPodGroup
-from contracts.trainer import RuntimeRef, TrainJob
-from contracts.values import name_of, namespace_of, or_default, uid_of
+from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob
+from contracts.values import is_set, meta, name_of, namespace_of, or_default, uid_of
 from planner import status as status_rules
 from planner.framework import BuildError, Framework
-from planner.info import Component
+from planner.immutability import restrict_to_mutable
+from planner.info import Component, Deletion
 from planner.plugins import REGISTRY
 from planner.runtime_info import new_runtime_info, spec_of
+from planner.snapshot import runtime_snapshot
+from planner.validation import validate_runtime, validate_trainjob
 
 FRAMEWORK = Framework(REGISTRY)
 
@@ -63,29 +69,147 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
             warnings=(f"managed by {managed_by}; left alone",),
         )
 
-    warnings: list[str] = []
-    components: list[Component] = []
-    if status_rules.is_finished(job):
-        warnings.append("finished; components are not rebuilt")
-    elif event.runtime is None:
-        warnings.append(f"runtime {_runtime_ref(job)} not found")
-    else:
-        info = new_runtime_info(job, event.runtime)
-        errors = framework.validate(info, job)
-        if errors:
-            warnings.extend(str(e) for e in errors)
-        else:
-            try:
-                framework.shape(info, job)
-                components = framework.build(info, job)
-            except BuildError as exc:
-                warnings.append(f"build failed: {exc}")
-
-    applies: list[ApplyMessage] = [_message(c, job, key, uid, source_seq, event.trace_id) for c in components]
-    desired = status_rules.desired_status(job, event.jobset, now=event.observed_at)
+    decision = _decide(event, framework)
+    applies: list[ApplyMessage] = [_message(c, job, key, uid, source_seq, event.trace_id) for c in decision.components]
+    applies.extend(_deletion(d, job, key, uid, source_seq, event.trace_id) for d in decision.deletions)
+    desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=decision.conditions)
     if desired and status_rules.status_changed(job, desired):
         applies.append(_status_message(job, desired, key, uid, source_seq, event.trace_id))
-    return Plan(trainjob=key, trainjob_uid=uid, source_seq=source_seq, applies=tuple(applies), warnings=tuple(warnings))
+    return Plan(
+        trainjob=key,
+        trainjob_uid=uid,
+        source_seq=source_seq,
+        applies=tuple(applies),
+        warnings=tuple(decision.warnings),
+    )
+
+
+@dataclass
+class _Decision:
+    components: list[Component] = field(default_factory=list)
+    deletions: list[Deletion] = field(default_factory=list)
+    conditions: list[status_rules.ConditionUpdate] = field(default_factory=list)
+    """Condition updates, applied after Suspended and the JobSet's conditions."""
+    warnings: list[str] = field(default_factory=list)
+
+    def not_built(self, reason: str, message: str) -> _Decision:
+        self.conditions.append(status_rules.condition(t_ext.CONDITION_RESOURCES_CREATED, False, reason, message))
+        self.warnings.append(message)
+        return self
+
+    def failed(self, reason: str, message: str) -> _Decision:
+        self.conditions.append(status_rules.condition(t.CONDITION_FAILED, True, reason, message))
+        self.warnings.append(message)
+        return self
+
+
+def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
+    """What to build, delete and report, in Trainer's order of precedence."""
+    job = event.trainjob
+    decision = _Decision()
+    unsupported = _unsupported_runtime(job)
+    if unsupported:
+        # Upstream #4087: Trainer panics here and the condition is never written.
+        return decision.failed(t.REASON_RUNTIME_NOT_SUPPORTED, f"unsupported runtime: {unsupported}")
+    if status_rules.is_finished(job):
+        # Upstream #3737/#3779: a Failed job stays failed; its components are never rebuilt.
+        decision.warnings.append("finished; components are not rebuilt")
+        return decision
+    if status_rules.deadline_exceeded(job, now=event.observed_at):
+        decision.deletions.append(
+            Deletion(
+                api_version=JOBSET_API_VERSION,
+                kind=JOBSET_KIND,
+                name=name_of(job),
+                reason=t.MESSAGE_DEADLINE_EXCEEDED,
+            )
+        )
+        return decision.failed(t.REASON_DEADLINE_EXCEEDED, t.MESSAGE_DEADLINE_EXCEEDED)
+    if event.runtime_error:
+        return decision.not_built(t_ext.REASON_INVALID_RUNTIME_SNAPSHOT, event.runtime_error)
+    if event.runtime is None:
+        return decision.not_built(
+            t_ext.REASON_RUNTIME_NOT_FOUND,
+            f"{_runtime_ref(job)} not found: the runtime must exist before the TrainJob can be built",
+        )
+
+    runtime_errors = [] if _webhook_validation_disabled(event.runtime) else validate_runtime(event.runtime)
+    if runtime_errors:
+        return decision.not_built(
+            t_ext.REASON_INVALID_RUNTIME, f"{_runtime_ref(job)} is invalid: " + "; ".join(map(str, runtime_errors))
+        )
+    try:
+        info = new_runtime_info(job, event.runtime)
+    except (ValueError, TypeError) as exc:
+        return decision.not_built(t_ext.REASON_BUILD_FAILED, f"the runtime cannot be merged with the TrainJob: {exc}")
+    info.priority_classes = frozenset(event.priority_classes) if event.priority_classes is not None else None
+    errors = validate_trainjob(job, info, runtime=event.runtime) + framework.validate(info, job)
+    if errors:
+        # No webhook runs in front of this pipeline: an invalid TrainJob fails with the reasons, precisely.
+        return decision.failed(t_ext.REASON_VALIDATION_FAILED, "; ".join(str(e) for e in errors))
+    try:
+        framework.shape(info, job)
+        decision.components = framework.build(info, job)
+    except BuildError as exc:
+        # Upstream #3671: build errors were only events; here they are a condition on the TrainJob.
+        return decision.not_built(t_ext.REASON_BUILD_FAILED, str(exc))
+    if event.runtime_source == "live":
+        decision.components.insert(0, runtime_snapshot(job, event.runtime))
+    decision.conditions.append(
+        status_rules.condition(
+            t_ext.CONDITION_RESOURCES_CREATED,
+            True,
+            t_ext.REASON_RESOURCES_CREATED,
+            t_ext.MESSAGE_RESOURCES_CREATED,
+            only_if_present=True,
+        )
+    )
+    if event.jobset is not None:
+        if spec_of(job).suspend is True or _suspended(event.jobset):
+            _keep_immutable_fields(decision, event.jobset)
+        else:
+            # Trainer's rule: a running JobSet (and PodGroup) is left as it is. The applier would check the
+            # live object and skip; not sending the message at all saves it the read.
+            decision.components = [c for c in decision.components if c.policy != "while-suspended"]
+    return decision
+
+
+def _suspended(jobset: JobSet) -> bool:
+    spec = jobset.spec
+    return is_set(spec) and spec.suspend is True
+
+
+def _webhook_validation_disabled(runtime: TrainingRuntime) -> bool:
+    """Runtimes labelled so were never checked by Trainer's webhook; Trainer builds them as they are."""
+    labels = or_default(meta(runtime).labels, {})
+    return labels.get(t.LABEL_WEBHOOK_VALIDATION) == t.WEBHOOK_VALIDATION_DISABLED
+
+
+def _keep_immutable_fields(decision: _Decision, live: JobSet) -> None:
+    """Upstream #3008: an existing JobSet only takes the changes JobSet accepts."""
+    for index, component in enumerate(decision.components):
+        if not isinstance(component.object, JobSet):
+            continue
+        restricted, dropped = restrict_to_mutable(component.object, live)
+        decision.components[index] = replace(component, object=restricted)
+        if dropped:
+            message = "the JobSet exists; JobSet keeps these fields as created: " + ", ".join(dropped)
+            decision.warnings.append(message)
+            decision.conditions.append(
+                status_rules.condition(
+                    t_ext.CONDITION_RESOURCES_CREATED, True, t_ext.REASON_IMMUTABLE_FIELDS_KEPT, message
+                )
+            )
+
+
+def _unsupported_runtime(job: TrainJob) -> str:
+    """``Kind.group`` of a runtimeRef this planner cannot resolve, or empty when it is supported."""
+    ref = or_default(spec_of(job).runtime_ref, RuntimeRef())
+    kind = or_default(ref.kind, t.CLUSTER_TRAINING_RUNTIME_KIND)
+    group = or_default(ref.api_group, t.GROUP)
+    if group == t.GROUP and kind in (t.TRAINING_RUNTIME_KIND, t.CLUSTER_TRAINING_RUNTIME_KIND):
+        return ""
+    return f"{kind}.{group}"
 
 
 def _runtime_ref(job: TrainJob) -> str:
@@ -120,6 +244,22 @@ def _message(
     if isinstance(obj, VolcanoPodGroup):
         return ApplyVolcanoPodGroup(object=obj, **common)
     raise TypeError(f"no apply message for {type(obj).__name__}")
+
+
+def _deletion(
+    deletion: Deletion, job: TrainJob, key: ObjectKey, uid: str, source_seq: int, trace_id: str
+) -> DeleteComponent:
+    return DeleteComponent(
+        trainjob=key,
+        trainjob_uid=uid,
+        source_seq=source_seq,
+        trace_id=trace_id,
+        trainjob_suspended=spec_of(job).suspend is True,
+        target=Target(
+            api_version=deletion.api_version, kind=deletion.kind, namespace=key.namespace, name=deletion.name
+        ),
+        reason=deletion.reason,
+    )
 
 
 def _status_message(

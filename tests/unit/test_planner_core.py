@@ -82,7 +82,12 @@ def runtime(
     return {
         "apiVersion": TRAINER_API,
         "kind": kind,
-        "metadata": {"name": name, "resourceVersion": "11"},
+        # Like the shipped runtimes: Trainer's webhook never checked them, so their replicas are not refused.
+        "metadata": {
+            "name": name,
+            "resourceVersion": "11",
+            "labels": {"trainer.kubeflow.org/webhook-validation": "disabled"},
+        },
         "spec": body,
     }
 
@@ -116,6 +121,8 @@ def observed(job: Obj, rt: Obj | None = None, js: Obj | None = None, trace_id: s
     return m.TrainJobObserved(
         trainjob=msgspec.convert(job, TrainJob),
         runtime=msgspec.convert(rt, TrainingRuntime) if rt is not None else None,
+        # As if the runtime snapshot exists already; tests of the snapshot itself say "live".
+        runtime_source="snapshot" if rt is not None else "none",
         jobset=msgspec.convert(js, JobSet) if js is not None else None,
         observed_at=OBSERVED_AT,
         cause="TrainJob MODIFIED",
@@ -605,8 +612,11 @@ def test_reserved_env_blocks_the_jobset_with_a_warning(reserved: str) -> None:
     assert reserved in p.warnings[0]
     assert "OK" not in p.warnings[0]
     assert p.warnings[0].startswith("spec.trainer.env")
-    # The status is still planned.
-    assert [c["type"] for c in built_status(p)["status"]["conditions"]] == ["Suspended"]
+    # No webhook stands in front of the pipeline: the TrainJob fails, with the reason, instead.
+    conditions = built_status(p)["status"]["conditions"]
+    assert [c["type"] for c in conditions] == ["Suspended", "Failed"]
+    assert conditions[1]["reason"] == "ValidationFailed"
+    assert conditions[1]["message"] == p.warnings[0]
 
 
 def test_reserved_env_allowed_without_torch_policy() -> None:
@@ -726,6 +736,7 @@ def initializer_runtime() -> Obj:
                         "dataset-initializer",
                         image="d",
                         env=[{"name": "STORAGE_URI", "value": "hf://default"}, {"name": "KEEP", "value": "1"}],
+                        volumeMounts=[{"name": "initializer", "mountPath": "/workspace"}],
                     ),
                     container("helper", image="h"),
                 ],
@@ -734,7 +745,12 @@ def initializer_runtime() -> Obj:
             rjob(
                 "model-initializer",
                 [
-                    container("model-initializer", image="m", envFrom=[{"configMapRef": {"name": "defaults"}}]),
+                    container(
+                        "model-initializer",
+                        image="m",
+                        envFrom=[{"configMapRef": {"name": "defaults"}}],
+                        volumeMounts=[{"name": "initializer", "mountPath": "/workspace"}],
+                    ),
                 ],
                 ancestor="model-initializer",
             ),
@@ -774,6 +790,7 @@ def test_initializers_overrides() -> None:
             {"name": "NEW", "value": "n"},
         ],
         "envFrom": [{"secretRef": {"name": "hf-token"}}],
+        "volumeMounts": [{"name": "initializer", "mountPath": "/workspace"}],
     }
     assert node_container(js, "dataset-initializer", "helper") == {"name": "helper", "image": "h"}
     assert node_container(js, "model-initializer", "model-initializer") == {
@@ -781,6 +798,7 @@ def test_initializers_overrides() -> None:
         "image": "m",
         "env": [{"name": "STORAGE_URI", "value": "s3://bucket/model"}],
         "envFrom": [{"configMapRef": {"name": "defaults"}}, {"secretRef": {"name": "s3-creds"}}],
+        "volumeMounts": [{"name": "initializer", "mountPath": "/workspace"}],
     }
     # Initializer jobs get no trainer env.
     assert rjobs(js)["dataset-initializer"]["template"]["spec"]["parallelism"] == 1
@@ -972,15 +990,21 @@ def test_runtime_patch_metadata_only_on_runtime_without_metadata() -> None:
 def test_runtime_missing_plans_no_component_but_status() -> None:
     p = run(trainjob({"suspend": True, "trainer": {}}), None)
     assert jobset_messages(p) == []
-    assert p.warnings == ("runtime ClusterTrainingRuntime/torch-small not found",)
-    assert [c["reason"] for c in built_status(p)["status"]["conditions"]] == ["Suspended"]
+    message = "ClusterTrainingRuntime/torch-small not found: the runtime must exist before the TrainJob can be built"
+    assert p.warnings == (message,)
+    conditions = built_status(p)["status"]["conditions"]
+    assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
+        ("Suspended", "True", "Suspended"),
+        ("ResourcesCreated", "False", "RuntimeNotFound"),
+    ]
+    assert conditions[1]["message"] == message
 
 
 def test_runtime_missing_for_namespaced_runtime_names_the_kind() -> None:
     job = trainjob({"runtimeRef": {"name": "mine", "kind": "TrainingRuntime"}})
     p = run(job, None)
-    assert p.applies == ()
-    assert p.warnings == ("runtime TrainingRuntime/mine not found",)
+    assert jobset_messages(p) == []
+    assert p.warnings == ("TrainingRuntime/mine not found: the runtime must exist before the TrainJob can be built",)
 
 
 @pytest.mark.parametrize("suspend", [True, False])
@@ -1197,8 +1221,8 @@ def test_status_from_completed_jobset() -> None:
             {"name": "node", "ready": 0, "succeeded": 2, "failed": 1, "active": 0, "suspended": 0},
         ],
     }
-    # Not finished yet when planned, so the JobSet is still (re)planned in the same plan.
-    assert len(jobset_messages(p)) == 1
+    # The JobSet exists and runs, so it is left alone (Trainer's rule); no message is even sent.
+    assert jobset_messages(p) == []
 
     # Fed back: the job is now finished and the status is already what the planner wants.
     again = run(with_status(job, p), runtime(ml_policy=TORCH), jobset(JOBSET_COMPLETED))
@@ -1285,7 +1309,7 @@ def test_status_complete_keeps_transition_time_when_already_true() -> None:
 
 def test_status_planned_for_runtime_missing_with_jobset() -> None:
     p = run(trainjob({"trainer": {}}), None, jobset(JOBSET_COMPLETED))
-    assert [c["type"] for c in built_status(p)["status"]["conditions"]] == ["Complete"]
+    assert [c["type"] for c in built_status(p)["status"]["conditions"]] == ["Complete", "ResourcesCreated"]
 
 
 # --------------------------------------------------------------------------------- purity, determinism
@@ -1346,12 +1370,6 @@ def test_status_suspended_already_true_is_left_alone() -> None:
 # ------------------------------------------------------------------------------- known gaps (strict xfail)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torchtune is not implemented: Trainer v2.3.0 rewrites `tune run` (rdzv endpoint, recipe, --config, "
-    "immutable runtime overrides) and omits PET_MASTER_ADDR/PET_MASTER_PORT; planner/plugins/torch.py "
-    "treats `tune run` like any command",
-)
 def test_torchtune_command_rewritten_and_no_master_env() -> None:
     runtime_command = [
         "tune",

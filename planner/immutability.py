@@ -1,0 +1,98 @@
+"""Keeping an update of an existing JobSet inside what JobSet allows to change (upstream #3008).
+
+Trainer re-applies the whole JobSet when a suspended TrainJob is resumed. JobSet v0.12.0, however, treats
+``spec.replicatedJobs`` as immutable, except — while the old or the new JobSet is suspended — for five
+pod-template fields Kueue needs: labels, annotations, nodeSelector, tolerations and schedulingGates. Any
+other difference (a runtime patch that adds a volume or an affinity, a new node count) makes the API
+server reject the whole apply, so the TrainJob can never resume.
+
+Here an update of an existing JobSet takes everything in ``replicatedJobs`` from the live object and only
+the five mutable fields from the plan; what could not be carried over is reported, so the user learns
+that those edits need a new TrainJob instead of watching the resume fail.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import msgspec
+
+from contracts.jobset import JobSet
+
+Obj = dict[str, Any]
+
+MUTABLE_POD_METADATA = ("labels", "annotations")
+MUTABLE_POD_SPEC = ("nodeSelector", "tolerations", "schedulingGates")
+
+
+def _pod_template(rjob: Obj) -> Obj:
+    template: Obj = rjob.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+    return template
+
+
+def _without_mutable(rjob: Obj) -> Obj:
+    clone = copy.deepcopy(rjob)
+    template = _pod_template(clone)
+    metadata = template.get("metadata") or {}
+    for key in MUTABLE_POD_METADATA:
+        metadata.pop(key, None)
+    if not metadata:
+        template.pop("metadata", None)
+    spec = template.get("spec") or {}
+    for key in MUTABLE_POD_SPEC:
+        spec.pop(key, None)
+    return clone
+
+
+def _diff_paths(desired: Any, live: Any, path: str, out: list[str]) -> None:
+    if isinstance(desired, dict) and isinstance(live, dict):
+        for key in desired:
+            if key not in live:
+                out.append(f"{path}.{key}")
+            else:
+                _diff_paths(desired[key], live[key], f"{path}.{key}", out)
+        return
+    if desired != live:
+        out.append(path)
+
+
+def restrict_to_mutable(desired: JobSet, live: JobSet) -> tuple[JobSet, list[str]]:
+    """The JobSet to apply over ``live``, and the paths of planned changes JobSet would have refused.
+
+    Only differences the plan asks for count: fields the live object has and the plan leaves out (server
+    defaults, other managers' fields) are kept as they are and are not reported.
+    """
+    want: Obj = msgspec.to_builtins(desired)
+    have: Obj = msgspec.to_builtins(live)
+    live_jobs = {rj.get("name"): rj for rj in (have.get("spec") or {}).get("replicatedJobs") or []}
+    dropped: list[str] = []
+    result_jobs: list[Obj] = []
+    for index, rjob in enumerate((want.get("spec") or {}).get("replicatedJobs") or []):
+        name = rjob.get("name")
+        current = live_jobs.get(name)
+        path = f"spec.replicatedJobs[{index}]"
+        if current is None:
+            dropped.append(f"{path} ({name}: a new replicated job)")
+            continue
+        _diff_paths(_without_mutable(rjob), _without_mutable(current), path, dropped)
+        merged = copy.deepcopy(current)
+        source = _pod_template(rjob)
+        target = _pod_template(merged)
+        for key in MUTABLE_POD_METADATA:
+            value = (source.get("metadata") or {}).get(key)
+            if value is not None:
+                target.setdefault("metadata", {})[key] = value
+        for key in MUTABLE_POD_SPEC:
+            value = (source.get("spec") or {}).get(key)
+            if value is not None:
+                target.setdefault("spec", {})[key] = value
+        result_jobs.append(merged)
+    spec = dict(want.get("spec") or {})
+    spec["replicatedJobs"] = result_jobs
+    for key in ("managedBy",):
+        if key in spec and spec[key] != (have.get("spec") or {}).get(key):
+            dropped.append(f"spec.{key}")
+            spec.pop(key)
+    want["spec"] = spec
+    return msgspec.convert(want, JobSet), dropped

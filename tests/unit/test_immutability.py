@@ -1,0 +1,87 @@
+"""Upstream #3008: an update of an existing JobSet stays within JobSet v0.12.0's update rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from contracts.jobset import JobSet
+from planner.immutability import restrict_to_mutable
+
+
+def jobset(
+    *,
+    suspend: bool,
+    node_selector: dict[str, str] | None = None,
+    volumes: list[Any] | None = None,
+    parallelism: int = 2,
+    labels: dict[str, str] | None = None,
+) -> JobSet:
+    pod_spec: dict[str, Any] = {"containers": [{"name": "node", "image": "img"}]}
+    if node_selector is not None:
+        pod_spec["nodeSelector"] = node_selector
+    if volumes is not None:
+        pod_spec["volumes"] = volumes
+    template: dict[str, Any] = {"spec": pod_spec}
+    if labels is not None:
+        template["metadata"] = {"labels": labels}
+    return msgspec.convert(
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": "tj", "namespace": "ns"},
+            "spec": {
+                "suspend": suspend,
+                "replicatedJobs": [
+                    {
+                        "name": "node",
+                        "replicas": 1,
+                        "template": {
+                            "spec": {"parallelism": parallelism, "completions": parallelism, "template": template}
+                        },
+                    }
+                ],
+            },
+        },
+        JobSet,
+    )
+
+
+def pod_spec(js: JobSet) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(js)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return out
+
+
+def test_mutable_fields_are_carried_over() -> None:
+    live = jobset(suspend=True)
+    desired = jobset(suspend=False, node_selector={"pool": "a100"}, labels={"team": "x"})
+    result, dropped = restrict_to_mutable(desired, live)
+    assert dropped == []
+    assert pod_spec(result)["nodeSelector"] == {"pool": "a100"}
+    assert msgspec.to_builtins(result)["spec"]["suspend"] is False
+    template = msgspec.to_builtins(result)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert template["metadata"]["labels"] == {"team": "x"}
+
+
+def test_immutable_changes_are_kept_from_the_live_object_and_reported() -> None:
+    live = jobset(suspend=True)
+    desired = jobset(suspend=False, volumes=[{"name": "data", "emptyDir": {}}], parallelism=4)
+    result, dropped = restrict_to_mutable(desired, live)
+    assert "volumes" not in pod_spec(result)
+    job_spec = msgspec.to_builtins(result)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job_spec["parallelism"] == 2
+    assert sorted(dropped) == sorted(
+        [
+            "spec.replicatedJobs[0].template.spec.parallelism",
+            "spec.replicatedJobs[0].template.spec.completions",
+            "spec.replicatedJobs[0].template.spec.template.spec.volumes",
+        ]
+    )
+
+
+def test_identical_plan_changes_nothing() -> None:
+    live = jobset(suspend=True, node_selector={"a": "b"})
+    result, dropped = restrict_to_mutable(jobset(suspend=True, node_selector={"a": "b"}), live)
+    assert dropped == []
+    assert msgspec.to_builtins(result) == msgspec.to_builtins(live)
