@@ -26,12 +26,13 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from applier import core
+from applier import core, secrets
 from contracts import resources, streams, subjects
 from contracts.messages import (
     ApplyAction,
     ApplyMessage,
     ApplyResult,
+    ApplySecret,
     DeleteComponent,
     ObjectApply,
     Target,
@@ -39,6 +40,7 @@ from contracts.messages import (
     decode_apply,
     encode,
 )
+from contracts.values import or_default
 from plumbing import bus
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 
@@ -171,7 +173,6 @@ class Applier:
         self, message: ObjectApply, resource: resources.Resource, key: tuple[str, str, str, str]
     ) -> tuple[ApplyAction, str, str]:
         target = message.target
-        body = msgspec.json.encode(message.object)
         try:
             before = self._last_rv.get(key, "")
             if message.policy != "always":
@@ -180,6 +181,7 @@ class Applier:
                 if not allowed:
                     return "skipped", live.resource_version, why
                 before = live.resource_version or before
+            body = _body(message)
             resp = await self.kube.apply(
                 resource,
                 namespace=target.namespace,
@@ -190,6 +192,12 @@ class Applier:
                 subresource=target.subresource,
             )
         except KubeApiError as exc:
+            if message.policy == "if-absent" and exc.status in (409, 422):
+                # Another replica created it between our read and our write (an immutable Secret then
+                # refuses the second key): it exists, which is all "if-absent" asks for.
+                raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
+                if raw is not None:
+                    return "skipped", core.live_state(raw).resource_version, "created concurrently by another writer"
             raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
         after = _resource_version(resp.body)
         self._last_rv[key] = after
@@ -293,6 +301,19 @@ class Applier:
         except Exception:
             # Not acked: JetStream redelivers after ack_wait. Nothing is lost.
             log.exception("unexpected failure handling %s", msg.subject)
+
+
+def _body(message: ObjectApply) -> bytes:
+    """The apply body; for a generated Secret, with key material made here and now, never stored or logged."""
+    if isinstance(message, ApplySecret) and message.generate is not None:
+        data = dict(or_default(message.object.data, {}))
+        data.update(
+            secrets.generated_data(
+                message.generate, trainjob_uid=message.trainjob_uid, trainjob_name=message.trainjob.name
+            )
+        )
+        return msgspec.json.encode(msgspec.structs.replace(message.object, data=data))
+    return msgspec.json.encode(message.object)
 
 
 class _Meta(msgspec.Struct):
