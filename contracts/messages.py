@@ -47,13 +47,16 @@ class ObjectKey(msgspec.Struct, frozen=True, kw_only=True):
 # --------------------------------------------------------------------------------------------- events
 
 
+RuntimeSource = Literal["snapshot", "live", "none"]
+
+
 class TrainJobObserved(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.observed"):
     """The state of one TrainJob and everything its plan depends on, at one moment."""
 
     trainjob: TrainJob
     runtime: TrainingRuntime | None = None
     """The runtime ``spec.runtimeRef`` resolved to; ``None`` when it does not exist (yet)."""
-    runtime_source: Literal["snapshot", "live", "none"] = "live"
+    runtime_source: RuntimeSource = "live"
     """Where ``runtime`` came from: the TrainJob's runtime snapshot ConfigMap, or the live runtime object."""
     runtime_error: str = ""
     """Why the runtime could not be used, e.g. a snapshot owned by another object; empty when it could."""

@@ -126,7 +126,7 @@ class Stack:
 
         if install_crds if install_crds is not None else not existing_kube:
             started = time.monotonic()
-            manifests = crds.crd_manifests()
+            manifests = crds.crd_manifests(progress=self.progress)
             crds.install_crds(new_api_client(self.kubeconfig), manifests)
             names = ", ".join(m["metadata"]["name"] for m in manifests)
             self.progress(f"CRDs installed from the owning Go modules in {time.monotonic() - started:.1f}s: {names}")

@@ -13,7 +13,6 @@ import yaml
 from contracts import trainer
 from contracts.jobset import JobSet
 from contracts.kube import ConfigMap, OwnerReference
-from contracts.messages import TrainJobObserved
 from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob, TrainJobSpec
 from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
 
@@ -71,20 +70,6 @@ def message_id(
     if snapshot is not None:
         parts.append(f"snap={resource_version_of(snapshot)}")
     return ";".join(parts)
-
-
-def observe(
-    job: TrainJob,
-    *,
-    runtime: TrainingRuntime | None,
-    jobset: JobSet | None,
-    now: float,
-    cause: str,
-    trace_id: str = "",
-) -> TrainJobObserved:
-    return TrainJobObserved(
-        trainjob=job, runtime=runtime, jobset=jobset, observed_at=now, cause=cause, trace_id=trace_id
-    )
 
 
 def is_suspended(job: TrainJob) -> bool:

@@ -19,9 +19,10 @@ import msgspec
 from nats.js import JetStreamContext
 
 from contracts import resources, streams, subjects, trainer
+from contracts.deadlines import deadline_of
 from contracts.jobset import JobSet
 from contracts.kube import ConfigMap, ObjectMeta
-from contracts.messages import ObjectKey, TrainJobDeleted, encode
+from contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
 from contracts.trainer import TrainingRuntime, TrainJob
 from contracts.values import meta, name_of, namespace_of
 from plumbing import bus
@@ -86,6 +87,7 @@ class Watcher:
         ]
         self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore)
         self._deadline_timers: dict[Key, asyncio.TimerHandle] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------------------------------ lookups
 
@@ -188,11 +190,50 @@ class Watcher:
     async def publish_observation(self, job: TrainJob, *, cause: str) -> None:
         key = (namespace_of(job), name_of(job))
         runtime, runtime_kind = self._runtime(job)
+        snapshot = self._snapshot(job)
+        source: RuntimeSource = "live" if runtime is not None else "none"
+        error = ""
+        if snapshot is not None:
+            runtime, error = core.runtime_from_snapshot(job, snapshot)
+            source = "snapshot" if runtime is not None else "none"
         jobset = self._jobset(key)
         trace_id = uuid.uuid4().hex
-        event = core.observe(job, runtime=runtime, jobset=jobset, now=time.time(), cause=cause, trace_id=trace_id)
-        msg_id = core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind)
+        event = TrainJobObserved(
+            trainjob=job,
+            runtime=runtime,
+            runtime_source=source,
+            runtime_error=error,
+            jobset=jobset,
+            priority_classes=self._priority_class_names(),
+            observed_at=time.time(),
+            cause=cause,
+            trace_id=trace_id,
+        )
+        msg_id = core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind, snapshot=snapshot)
         await self._publish(key, encode(event), msg_id, cause, trace_id=trace_id)
+        self._schedule_deadline(job)
+
+    def _schedule_deadline(self, job: TrainJob) -> None:
+        """Look at the job again the moment its active deadline passes; nothing else would cause an event."""
+        key = (namespace_of(job), name_of(job))
+        old = self._deadline_timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        deadline = deadline_of(job)
+        if deadline is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, deadline - time.time()) + 0.5
+
+        def fire() -> None:
+            self._deadline_timers.pop(key, None)
+            current = self._trainjob(key)
+            if current is not None:
+                task = loop.create_task(self.publish_observation(current.obj, cause="deadline reached"))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+        self._deadline_timers[key] = loop.call_later(delay, fire)
 
     async def _publish(self, key: Key, payload: bytes, msg_id: str, cause: str, *, trace_id: str = "") -> None:
         headers = {bus.MSG_ID: msg_id}

@@ -6,55 +6,19 @@ session's nats-server and kube-apiserver (or the servers NATS_URL and KUBECONFIG
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import dynamic
-from kubernetes.client import ApiClient
 
 from tjpipe.local import crds
-from tjpipe.stack import Stack, StatePaths
+from tjpipe.stack import Stack
+
+from .support import TRAINER, condition_of, create, eventually, get
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
-TRAINER = "trainer.kubeflow.org/v1alpha1"
 RANK_REF = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-
-
-@pytest.fixture(scope="module")
-def pipeline(kube: Any, nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = Stack(paths=StatePaths(tmp_path_factory.mktemp("stack")), progress=lambda _: None)
-    stack.start_infrastructure(nats_url=nats_url, kubeconfig=Path(kube.kubeconfig), install_crds=False)
-    stack.install_runtime("torch-distributed")
-    stack.start_services()
-    yield stack
-    logs = {p.name: p.log_tail() for p in stack.services}
-    stack.stop()
-    for process_name, tail in logs.items():
-        print(f"--- {process_name} ---\n{tail}")
-
-
-@pytest.fixture(scope="module")
-def dyn(kube: Any) -> dynamic.DynamicClient:
-    client: ApiClient = kube.api_client()
-    return dynamic.DynamicClient(client)
-
-
-def eventually(check: Callable[[], Any], *, timeout: float = 30.0, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # not there yet
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}" + (f": {last}" if last else ""))
 
 
 def trainjob(name: str, namespace: str, *, suspend: bool = False) -> dict[str, Any]:
@@ -77,31 +41,11 @@ def trainjob(name: str, namespace: str, *, suspend: bool = False) -> dict[str, A
     }
 
 
-def _get(dyn: dynamic.DynamicClient, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = (
-        dyn.resources.get(api_version=api_version, kind=kind).get(namespace=namespace, name=name).to_dict()
-    )
-    return obj
-
-
-def _create(dyn: dynamic.DynamicClient, body: dict[str, Any]) -> dict[str, Any]:
-    res = dyn.resources.get(api_version=body["apiVersion"], kind=body["kind"])
-    created: dict[str, Any] = res.create(body=body, namespace=body["metadata"]["namespace"]).to_dict()
-    return created
-
-
-def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond["type"] == kind:
-            return dict(cond)
-    return None
-
-
 def test_trainjob_gets_the_jobset_trainer_would_build(
     pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
 ) -> None:
-    created = _create(dyn, trainjob("mnist", namespace))
-    jobset = eventually(lambda: _get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "mnist"), what="the JobSet")
+    created = create(dyn, trainjob("mnist", namespace))
+    jobset = eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "mnist"), what="the JobSet")
 
     runtime = crds.shipped_runtimes()["torch-distributed"]
     runtime_job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]
@@ -148,13 +92,13 @@ def test_trainjob_gets_the_jobset_trainer_would_build(
 def test_suspend_gives_a_suspended_jobset_and_condition_then_resume(
     pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
 ) -> None:
-    _create(dyn, trainjob("paused", namespace, suspend=True))
+    create(dyn, trainjob("paused", namespace, suspend=True))
     eventually(
-        lambda: _get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "paused")["spec"]["suspend"] is True,
+        lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "paused")["spec"]["suspend"] is True,
         what="a suspended JobSet",
     )
     cond = eventually(
-        lambda: _condition(_get(dyn, TRAINER, "TrainJob", namespace, "paused"), "Suspended"),
+        lambda: condition_of(get(dyn, TRAINER, "TrainJob", namespace, "paused"), "Suspended"),
         what="the Suspended condition",
     )
     assert (cond["status"], cond["reason"], cond["message"]) == ("True", "Suspended", "TrainJob is suspended")
@@ -167,19 +111,19 @@ def test_suspend_gives_a_suspended_jobset_and_condition_then_resume(
         content_type="application/merge-patch+json",
     )
     eventually(
-        lambda: _get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "paused")["spec"]["suspend"] is False,
+        lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "paused")["spec"]["suspend"] is False,
         what="the JobSet to resume",
     )
     cond = eventually(
         lambda: (
-            (c := _condition(_get(dyn, TRAINER, "TrainJob", namespace, "paused"), "Suspended"))
+            (c := condition_of(get(dyn, TRAINER, "TrainJob", namespace, "paused"), "Suspended"))
             and c["status"] == "False"
             and c
         ),
         what="the Resumed condition",
     )
     assert (cond["reason"], cond["message"]) == ("Resumed", "TrainJob is resumed")
-    tj = _get(dyn, TRAINER, "TrainJob", namespace, "paused")
+    tj = get(dyn, TRAINER, "TrainJob", namespace, "paused")
     status_managers = {
         (m["manager"], m["operation"], m.get("subresource"))
         for m in tj["metadata"]["managedFields"]
@@ -191,8 +135,8 @@ def test_suspend_gives_a_suspended_jobset_and_condition_then_resume(
 def test_completed_jobset_makes_the_trainjob_complete(
     pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
 ) -> None:
-    _create(dyn, trainjob("done", namespace))
-    eventually(lambda: _get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "done"), what="the JobSet")
+    create(dyn, trainjob("done", namespace))
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "done"), what="the JobSet")
     jobsets = dyn.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
     jobsets.status.patch(
         namespace=namespace,
@@ -216,7 +160,7 @@ def test_completed_jobset_makes_the_trainjob_complete(
         content_type="application/merge-patch+json",
     )
     cond = eventually(
-        lambda: _condition(_get(dyn, TRAINER, "TrainJob", namespace, "done"), "Complete"),
+        lambda: condition_of(get(dyn, TRAINER, "TrainJob", namespace, "done"), "Complete"),
         what="the Complete condition",
     )
     assert (cond["status"], cond["reason"], cond["message"]) == (
@@ -225,7 +169,7 @@ def test_completed_jobset_makes_the_trainjob_complete(
         "jobset completed successfully",
     )
     assert cond["lastTransitionTime"] == "2026-11-29T12:00:00Z"
-    status = _get(dyn, TRAINER, "TrainJob", namespace, "done")["status"]
+    status = get(dyn, TRAINER, "TrainJob", namespace, "done")["status"]
     assert status["jobsStatus"] == [
         {"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}
     ]
@@ -254,8 +198,8 @@ async def test_undecodable_messages_are_dead_lettered_and_the_pipeline_goes_on(
     finally:
         await nc.close()
 
-    _create(dyn, trainjob("after-garbage", namespace))
+    create(dyn, trainjob("after-garbage", namespace))
     eventually(
-        lambda: _get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "after-garbage"),
+        lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "after-garbage"),
         what="a JobSet for a TrainJob created after the bad messages",
     )

@@ -28,6 +28,7 @@ EXPECTED_CRDS = (
     "clustertrainingruntimes.trainer.kubeflow.org",
     "jobsets.jobset.x-k8s.io",
     "podgroups.scheduling.x-k8s.io",
+    "podgroups.scheduling.volcano.sh",
 )
 EXPECTED_RUNTIMES = (
     "torch-distributed",

@@ -175,17 +175,8 @@ def test_message_id_ignores_content_that_does_not_change_versions() -> None:
     assert a == b == "u-1/5"
 
 
-def test_observe_and_is_suspended() -> None:
+def test_is_suspended() -> None:
     job = trainjob({"name": "rt"}, suspend=True)
-    event = core.observe(job, runtime=None, jobset=None, now=12.5, cause="resync", trace_id="t")
-    assert (event.trainjob, event.runtime, event.jobset, event.observed_at, event.cause, event.trace_id) == (
-        job,
-        None,
-        None,
-        12.5,
-        "resync",
-        "t",
-    )
     assert core.is_suspended(job) is True
     assert core.is_suspended(trainjob({"name": "rt"}, suspend=False)) is False
     assert core.is_suspended(trainjob({"name": "rt"})) is False

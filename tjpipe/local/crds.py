@@ -25,7 +25,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,7 @@ from kubernetes.client import ApiClient
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
-from tjpipe.local.toolchain import go_module_dir
+from tjpipe.local.toolchain import generated_crds_dir, go_module_dir
 
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 TRAINER_VERSION = "v2.3.0"
@@ -66,8 +66,22 @@ class ManifestSource:
     only_names: tuple[str, ...] = ()
 
 
-# Extension point: add a source here (e.g. Volcano's PodGroup) and every caller of crd_manifests() gets it.
-CRD_SOURCES: tuple[ManifestSource, ...] = (
+@dataclass(frozen=True)
+class GeneratedSource:
+    """CRDs made by controller-gen from the API types in `package` of a module (see generated_crds_dir)."""
+
+    module: str
+    version: str
+    package: str
+    only_names: tuple[str, ...] = ()
+
+
+# The volcano.sh/apis revision Trainer v2.3.0 pins; Volcano's CRD YAML lives only outside the module proxy.
+VOLCANO_APIS_MODULE = "volcano.sh/apis"
+VOLCANO_APIS_VERSION = "v1.13.1-0.20251028070205-46d20c0699e7"
+
+# Extension point: add a source here and every caller of crd_manifests() gets it.
+CRD_SOURCES: tuple[ManifestSource | GeneratedSource, ...] = (
     *(
         ManifestSource(TRAINER_MODULE, TRAINER_VERSION, f"{_TRAINER_CRDS}/trainer.kubeflow.org_{plural}.yaml")
         for plural in ("trainjobs", "trainingruntimes", "clustertrainingruntimes")
@@ -79,22 +93,36 @@ CRD_SOURCES: tuple[ManifestSource, ...] = (
         "manifests/coscheduling/crd.yaml",
         only_names=("podgroups.scheduling.x-k8s.io",),
     ),
+    GeneratedSource(
+        VOLCANO_APIS_MODULE,
+        VOLCANO_APIS_VERSION,
+        "pkg/apis/scheduling/v1beta1",
+        only_names=("podgroups.scheduling.volcano.sh",),
+    ),
 )
 
 
-def crd_manifests(*, sources: Sequence[ManifestSource] = CRD_SOURCES) -> list[dict[str, Any]]:
+def crd_manifests(
+    *, sources: Sequence[ManifestSource | GeneratedSource] = CRD_SOURCES, progress: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
     """The CustomResourceDefinitions named by `sources`, as parsed YAML."""
     manifests: list[dict[str, Any]] = []
     for source in sources:
-        path = go_module_dir(source.module, source.version) / source.path
+        if isinstance(source, GeneratedSource):
+            folder = generated_crds_dir(source.module, source.version, source.package, progress=progress)
+            documents = [d for path in sorted(folder.glob("*.yaml")) for d in _load_yaml_documents(path)]
+            where = f"{source.module}@{source.version}/{source.package}"
+        else:
+            documents = _load_yaml_documents(go_module_dir(source.module, source.version) / source.path)
+            where = f"{source.module}@{source.version}/{source.path}"
         found = [
             document
-            for document in _load_yaml_documents(path)
+            for document in documents
             if document.get("kind") == "CustomResourceDefinition"
             and (not source.only_names or document["metadata"]["name"] in source.only_names)
         ]
         if not found:
-            raise RuntimeError(f"no CustomResourceDefinition found in {source.module}@{source.version}/{source.path}")
+            raise RuntimeError(f"no CustomResourceDefinition found in {where}")
         manifests.extend(found)
     return manifests
 

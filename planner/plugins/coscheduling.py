@@ -1,0 +1,243 @@
+"""CoScheduling: gang scheduling with the scheduler-plugins ``scheduling.x-k8s.io/v1alpha1`` PodGroup.
+
+Every pod of the TrainJob gets the label ``scheduling.x-k8s.io/pod-group: <tj>``, and one PodGroup named
+after the TrainJob asks the scheduler to start all of them or none:
+
+* ``minMember`` is the sum of the pod counts of **all** pod sets (initializers and launchers included);
+* ``minResources`` is the sum over pod sets of one pod's effective requests times its count;
+* ``scheduleTimeoutSeconds`` comes from the runtime's ``podGroupPolicy.coscheduling`` (the CRD defaults it
+  to 60; a runtime that reaches the planner without it gets 60 too, where Trainer would dereference nil).
+
+Trainer builds the PodGroup when it is absent and rewrites it only while the TrainJob is suspended; the
+planner cannot read the cluster, so the component carries the ``while-suspended`` policy and the applier
+makes that decision against the live object.
+
+The quantity helpers here are shared with the Volcano plugin, which sums the same way. Sums are exact
+decimals, rendered as Kubernetes' ``resource.Quantity.String()`` renders the sum Trainer computes: the
+canonical form in the number format (decimal SI, binary SI or decimal exponent) that Go's quantity
+arithmetic carries through ``PodRequests``, ``Mul`` and ``Add`` from the request strings of the runtime.
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, Literal
+
+import msgspec
+
+from contracts.scheduling import (
+    COSCHEDULING_API_VERSION,
+    COSCHEDULING_POD_GROUP_LABEL,
+    POD_GROUP_KIND,
+    PodGroup,
+)
+from contracts.trainer import TrainJob
+from contracts.values import is_set, name_of, namespace_of, or_default
+from planner.framework import BuildError
+from planner.info import Component, RuntimeInfo
+from planner.merge import Obj, parse_quantity
+from planner.plugins.jobset import owner_reference
+
+DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
+"""The runtime CRD's default for ``podGroupPolicy.coscheduling.scheduleTimeoutSeconds``."""
+
+# ------------------------------------------------------------------------------------------ quantities
+
+QuantityFormat = Literal["DecimalSI", "BinarySI", "DecimalExponent"]
+
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL_SUFFIXES: Mapping[int, str] = {
+    -9: "n",
+    -6: "u",
+    -3: "m",
+    0: "",
+    3: "k",
+    6: "M",
+    9: "G",
+    12: "T",
+    15: "P",
+    18: "E",
+}
+_NANO = Decimal("1e-9")
+_EXACT = decimal.Context(prec=200, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation])
+
+
+def quantity_format(text: str | int | float) -> QuantityFormat:
+    """The format Kubernetes' parser gives a quantity, from its suffix."""
+    if not isinstance(text, str):
+        return "DecimalSI"
+    body = text.strip().lstrip("+-")
+    suffix = body.lstrip("0123456789.")
+    if suffix in _BINARY_SUFFIXES[1:]:
+        return "BinarySI"
+    if len(suffix) > 1 and suffix[0] in "eE":
+        return "DecimalExponent"
+    return "DecimalSI"
+
+
+def format_quantity(value: Decimal, fmt: QuantityFormat) -> str:
+    """``resource.Quantity.String()`` of ``value`` held in format ``fmt``.
+
+    Values finer than a nano unit are rounded up to it, as Kubernetes does when it parses them. Where Go
+    would run out of suffixes (beyond ``E`` or ``Ei``) the mantissa grows instead, so the value is kept.
+    """
+    with decimal.localcontext(_EXACT):
+        if value == 0:
+            return "0"
+        value = value.quantize(_NANO, rounding=decimal.ROUND_UP)
+        if fmt == "BinarySI" and (-1024 < value < 1024 or value != value.to_integral_value()):
+            # Small or fractional values are shown in decimal SI rather than rounded.
+            fmt = "DecimalSI"
+        if fmt == "BinarySI":
+            mantissa, power = int(value), 0
+            while mantissa % 1024 == 0 and power < len(_BINARY_SUFFIXES) - 1:
+                mantissa //= 1024
+                power += 1
+            return f"{mantissa}{_BINARY_SUFFIXES[power]}"
+        sign, digits, exponent = value.as_tuple()
+        mantissa = int("".join(map(str, digits)))
+        exp = int(exponent)
+        while mantissa % 10 == 0:
+            mantissa //= 10
+            exp += 1
+        while exp % 3 != 0:
+            mantissa *= 10
+            exp -= 1
+        number = f"{'-' if sign else ''}{mantissa}"
+        if fmt == "DecimalExponent":
+            return number if exp == 0 else f"{number}e{exp}"
+        if exp > 18:
+            number = f"{'-' if sign else ''}{mantissa * 10 ** (exp - 18)}"
+            exp = 18
+        return f"{number}{_DECIMAL_SUFFIXES[exp]}"
+
+
+class _Q:
+    """A quantity as Go's arithmetic treats it: a value and the format it carries along."""
+
+    __slots__ = ("fmt", "value")
+
+    def __init__(self, value: Decimal, fmt: QuantityFormat) -> None:
+        self.value = value
+        self.fmt = fmt
+
+    def add(self, other: _Q) -> None:
+        # Quantity.Add: a zero left-hand side takes the other's format; otherwise its own is kept.
+        if self.value == 0:
+            self.fmt = other.fmt
+        with decimal.localcontext(_EXACT):
+            self.value = self.value + other.value
+
+
+def _requests(container: Obj) -> dict[str, _Q]:
+    raw: Mapping[str, Any] = (container.get("resources") or {}).get("requests") or {}
+    return {k: _Q(parse_quantity(v), quantity_format(v)) for k, v in raw.items()}
+
+
+def _add_list(into: dict[str, _Q], more: Mapping[str, _Q]) -> None:
+    for name, q in more.items():
+        if name in into:
+            into[name].add(q)
+        else:
+            into[name] = _Q(q.value, q.fmt)
+
+
+def _max_list(into: dict[str, _Q], more: Mapping[str, _Q]) -> None:
+    for name, q in more.items():
+        if name not in into or q.value > into[name].value:
+            into[name] = _Q(q.value, q.fmt)
+
+
+def pod_request_formats(pod_spec: Obj) -> dict[str, QuantityFormat]:
+    """The format each resource of a pod's effective requests ends up in, following ``PodRequests``."""
+    reqs: dict[str, _Q] = {}
+    for container in pod_spec.get("containers") or []:
+        _add_list(reqs, _requests(container))
+    sidecars: dict[str, _Q] = {}
+    init_peak: dict[str, _Q] = {}
+    for container in pod_spec.get("initContainers") or []:
+        step: dict[str, _Q]
+        if container.get("restartPolicy") == "Always":
+            _add_list(reqs, _requests(container))
+            _add_list(sidecars, _requests(container))
+            step = sidecars
+        else:
+            step = {}
+            _add_list(step, _requests(container))
+            _add_list(step, sidecars)
+        _max_list(init_peak, step)
+    _max_list(reqs, init_peak)
+    overhead = {k: _Q(parse_quantity(v), quantity_format(v)) for k, v in (pod_spec.get("overhead") or {}).items()}
+    _add_list(reqs, overhead)
+    return {name: q.fmt for name, q in reqs.items()}
+
+
+def _pod_specs(info: RuntimeInfo) -> list[Obj]:
+    specs: list[Obj] = []
+    for rjob in info.jobset_spec.get("replicatedJobs") or []:
+        template = ((rjob.get("template") or {}).get("spec") or {}).get("template") or {}
+        specs.append(template.get("spec") or {})
+    return specs
+
+
+def pod_group_totals(info: RuntimeInfo) -> tuple[int, dict[str, str]]:
+    """``(minMember, minResources)``: Σ count, and Σ single-pod requests times count as quantity strings."""
+    specs = _pod_specs(info)
+    members = 0
+    totals: dict[str, _Q] = {}
+    for index, ps in enumerate(info.pod_sets):
+        members += ps.count
+        formats = pod_request_formats(specs[index]) if index < len(specs) else {}
+        for name, value in ps.single_pod_requests.items():
+            with decimal.localcontext(_EXACT):
+                # Kubernetes rounds a parsed quantity up to a whole nano unit before any arithmetic.
+                single = value.quantize(_NANO, rounding=decimal.ROUND_UP)
+                scaled = _Q(single * ps.count, formats.get(name, "DecimalSI"))
+            current = totals.setdefault(name, _Q(Decimal(0), "DecimalSI"))
+            current.add(scaled)
+    return members, {name: format_quantity(q.value, q.fmt) for name, q in sorted(totals.items())}
+
+
+# ---------------------------------------------------------------------------------------------- plugin
+
+
+class CoScheduling:
+    name = "coscheduling"
+
+    def enforce_pod_group_policy(self, info: RuntimeInfo, job: TrainJob) -> None:
+        policy = info.pod_group_policy
+        if policy is None or not is_set(policy.coscheduling):
+            return
+        info.pod_labels[COSCHEDULING_POD_GROUP_LABEL] = name_of(job)
+
+    def sync_parallel_count(self, info: RuntimeInfo) -> None:
+        return None
+
+    def build(self, info: RuntimeInfo, job: TrainJob) -> list[Component]:
+        policy = info.pod_group_policy
+        if policy is None or not is_set(policy.coscheduling):
+            return []
+        members, resources = pod_group_totals(info)
+        body = {
+            "apiVersion": COSCHEDULING_API_VERSION,
+            "kind": POD_GROUP_KIND,
+            "metadata": {
+                "name": name_of(job),
+                "namespace": namespace_of(job),
+                "ownerReferences": [owner_reference(job)],
+            },
+            "spec": {
+                "minMember": members,
+                "minResources": resources,
+                "scheduleTimeoutSeconds": or_default(
+                    policy.coscheduling.schedule_timeout_seconds, DEFAULT_SCHEDULE_TIMEOUT_SECONDS
+                ),
+            },
+        }
+        try:
+            pod_group = msgspec.convert(body, PodGroup)
+        except msgspec.ValidationError as exc:
+            raise BuildError(f"the coscheduling PodGroup is not valid: {exc}") from exc
+        return [Component(object=pod_group, policy="while-suspended")]

@@ -1,0 +1,147 @@
+"""Components beyond the JobSet, on the real servers: MPI Secret and hostfile, snapshots, deadlines.
+
+These reuse the pipeline started in test_pipeline.py's module fixture style: one Stack per module.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import pytest
+from kubernetes import dynamic
+
+from contracts import streams
+from tjpipe.stack import Stack
+
+from .support import TRAINER, condition_of, create, eventually, get
+
+pytestmark = [pytest.mark.cluster, pytest.mark.nats]
+
+
+def job(name: str, namespace: str, runtime: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": TRAINER,
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"runtimeRef": {"name": runtime}, **spec},
+    }
+
+
+async def _stream_bytes(nats_url: str) -> bytes:
+    """Every message body and header in every pipeline stream, concatenated."""
+    import nats
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    collected = bytearray()
+    try:
+        for spec in streams.ALL_STREAMS:
+            info = await js.stream_info(spec.name)
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+                try:
+                    msg = await js.get_msg(spec.name, seq)
+                except Exception:
+                    continue
+                collected += msg.data or b""
+                collected += repr(msg.headers).encode()
+    finally:
+        await nc.close()
+    return bytes(collected)
+
+
+async def test_mpi_secret_is_generated_by_the_applier_and_never_on_the_bus(
+    pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
+) -> None:
+    create(dyn, job("ds", namespace, "deepspeed-distributed", trainer={"numNodes": 3}))
+    secret = eventually(lambda: get(dyn, "v1", "Secret", namespace, "ds-mpi-ssh-auth"), what="the SSH Secret")
+    assert secret["type"] == "kubernetes.io/ssh-auth"
+    assert secret["immutable"] is True
+    private = base64.b64decode(secret["data"]["ssh-privatekey"])
+    public = base64.b64decode(secret["data"]["ssh-publickey"])
+    assert private.startswith(b"-----BEGIN EC PRIVATE KEY-----")
+    assert public.startswith(b"ecdsa-sha2-nistp521 ")
+    hostfile = eventually(lambda: get(dyn, "v1", "ConfigMap", namespace, "ds-mpi-hostfile"), what="the hostfile")
+    assert hostfile["data"]["hostfile"].splitlines() == [
+        f"ds-{rj}-0-{i}.ds slots=1" for rj, i in (("launcher", 0), ("node", 0), ("node", 1))
+    ]
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "ds"), what="the JobSet")
+    # The key exists only in the Secret: no stream holds it, in any form.
+    recorded = await _stream_bytes(pipeline.nats_url)
+    assert b"PRIVATE KEY" not in recorded
+    assert secret["data"]["ssh-privatekey"].encode() not in recorded
+    assert private.split(b"\n")[1] not in recorded
+
+
+def test_runtime_snapshot_keeps_the_job_on_the_runtime_it_started_with(
+    pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
+) -> None:
+    create(dyn, job("snap", namespace, "torch-distributed", suspend=True))
+    snapshot = eventually(
+        lambda: get(dyn, "v1", "ConfigMap", namespace, "snap-runtime-snapshot"), what="the runtime snapshot"
+    )
+    assert "kind: ClusterTrainingRuntime" in snapshot["data"]["runtime"]
+    assert snapshot["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "snap"), what="the JobSet")
+
+
+def test_missing_runtime_is_reported_then_built_once_it_exists(
+    pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
+) -> None:
+    create(dyn, job("late", namespace, "late-runtime", trainer={"numNodes": 1}))
+    cond = eventually(
+        lambda: condition_of(get(dyn, TRAINER, "TrainJob", namespace, "late"), "ResourcesCreated"),
+        what="the ResourcesCreated condition",
+    )
+    assert (cond["status"], cond["reason"]) == ("False", "RuntimeNotFound")
+    runtime = dyn.resources.get(api_version=TRAINER, kind="ClusterTrainingRuntime").get(name="torch-distributed")
+    body = runtime.to_dict()
+    body["metadata"] = {"name": "late-runtime"}
+    dyn.resources.get(api_version=TRAINER, kind="ClusterTrainingRuntime").create(body=body)
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "late"), what="the JobSet")
+    cond = eventually(
+        lambda: (
+            (c := condition_of(get(dyn, TRAINER, "TrainJob", namespace, "late"), "ResourcesCreated"))
+            and c["status"] == "True"
+            and c
+        ),
+        what="ResourcesCreated=True",
+    )
+    assert cond["reason"] == "ResourcesCreated"
+
+
+def test_deadline_fails_the_job_and_deletes_its_jobset(
+    pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
+) -> None:
+    create(dyn, job("short", namespace, "torch-distributed", activeDeadlineSeconds=4))
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "short"), what="the JobSet")
+    cond = eventually(
+        lambda: condition_of(get(dyn, TRAINER, "TrainJob", namespace, "short"), "Failed"),
+        timeout=30,
+        what="the DeadlineExceeded condition",
+    )
+    assert (cond["status"], cond["reason"]) == ("True", "DeadlineExceeded")
+
+    def jobset_gone() -> bool:
+        try:
+            get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "short")
+        except Exception:
+            return True
+        return False
+
+    eventually(jobset_gone, what="the JobSet to be deleted")
+    time.sleep(2)
+    assert jobset_gone(), "a failed job must not be rebuilt"
+
+
+def test_invalid_trainjob_fails_with_the_reasons(pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str) -> None:
+    create(
+        dyn,
+        job("bad", namespace, "torch-distributed", trainer={"env": [{"name": "PET_NNODES", "value": "9"}]}),
+    )
+    cond = eventually(
+        lambda: condition_of(get(dyn, TRAINER, "TrainJob", namespace, "bad"), "Failed"), what="the Failed condition"
+    )
+    assert cond["reason"] == "ValidationFailed"
+    assert "PET_NNODES" in cond["message"]
