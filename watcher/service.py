@@ -32,6 +32,8 @@ from watcher import core
 
 log = logging.getLogger("watcher")
 
+DEADLINE_CAUSE = "deadline reached"
+
 
 class _Named(msgspec.Struct, frozen=True, kw_only=True):
     """Objects only known by name here (PriorityClasses)."""
@@ -88,6 +90,7 @@ class Watcher:
         self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore)
         self._deadline_timers: dict[Key, asyncio.TimerHandle] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._deadline_reported: dict[Key, float] = {}
 
     # ------------------------------------------------------------------------------------------ lookups
 
@@ -135,6 +138,10 @@ class Watcher:
         if cached is None:
             return
         if kind == "DELETED":
+            timer = self._deadline_timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+            self._deadline_reported.pop(key, None)
             event = TrainJobDeleted(
                 key=ObjectKey(namespace=key[0], name=key[1]),
                 uid=cached.uid,
@@ -210,6 +217,9 @@ class Watcher:
             trace_id=trace_id,
         )
         msg_id = core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind, snapshot=snapshot)
+        if cause == DEADLINE_CAUSE:
+            # Nothing about the objects changed, only the clock: without this the stream drops it as a repeat.
+            msg_id += f";deadline={deadline_of(job)}"
         await self._publish(key, encode(event), msg_id, cause, trace_id=trace_id)
         self._schedule_deadline(job)
 
@@ -220,16 +230,17 @@ class Watcher:
         if old is not None:
             old.cancel()
         deadline = deadline_of(job)
-        if deadline is None:
+        if deadline is None or self._deadline_reported.get(key) == deadline:
             return
         loop = asyncio.get_running_loop()
         delay = max(0.0, deadline - time.time()) + 0.5
 
         def fire() -> None:
             self._deadline_timers.pop(key, None)
+            self._deadline_reported[key] = deadline
             current = self._trainjob(key)
             if current is not None:
-                task = loop.create_task(self.publish_observation(current.obj, cause="deadline reached"))
+                task = loop.create_task(self.publish_observation(current.obj, cause=DEADLINE_CAUSE))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
 

@@ -64,7 +64,9 @@ async def test_mpi_secret_is_generated_by_the_applier_and_never_on_the_bus(
     assert public.startswith(b"ecdsa-sha2-nistp521 ")
     hostfile = eventually(lambda: get(dyn, "v1", "ConfigMap", namespace, "ds-mpi-hostfile"), what="the hostfile")
     assert hostfile["data"]["hostfile"].splitlines() == [
-        f"ds-{rj}-0-{i}.ds slots=1" for rj, i in (("launcher", 0), ("node", 0), ("node", 1))
+        # Replicated-job order of the runtime (node, then launcher); the launcher runs as a node here.
+        f"ds-{rj}-0-{i}.ds slots=1"
+        for rj, i in (("node", 0), ("node", 1), ("launcher", 0))
     ]
     eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "ds"), what="the JobSet")
     # The key exists only in the Secret: no stream holds it, in any form.
