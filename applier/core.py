@@ -9,11 +9,12 @@ Outcomes use fluxcd ssa's words: created, configured, unchanged, plus skipped an
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import msgspec
 
-from contracts.messages import ApplyAction, ApplyMessage
+from contracts.messages import AppliedRecord, ApplyAction, ApplyMessage
 
 
 class TransientError(Exception):
@@ -114,3 +115,45 @@ def outcome(http_status: int, *, before: str, after: str) -> ApplyAction:
     if before and before == after:
         return "unchanged"
     return "configured"
+
+
+def is_stale(record: AppliedRecord | None, message: ApplyMessage) -> bool:
+    """A plan made from an older observation than one already claimed or applied for the same target."""
+    if record is None or message.source_version == 0:
+        return False
+    return record.source_version > message.source_version
+
+
+def content_digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
+class _ManagedEntry(msgspec.Struct, kw_only=True):
+    manager: str = ""
+    operation: str = ""
+    subresource: str = ""
+    fieldsV1: msgspec.Raw = msgspec.Raw()
+
+
+class _ManagedMeta(msgspec.Struct, kw_only=True):
+    managedFields: list[_ManagedEntry] = []
+    resourceVersion: str = ""
+
+
+class _Managed(msgspec.Struct, kw_only=True):
+    metadata: _ManagedMeta = msgspec.field(default_factory=_ManagedMeta)
+
+
+_managed_decoder = msgspec.json.Decoder(_Managed)
+
+
+def managed_digest(raw: bytes, *, manager: str, subresource: str | None) -> str:
+    """Digest of the fields ``manager`` owns by Apply on this object (or its subresource).
+
+    It changes when anyone else takes over or removes a field we set, and not when others touch only
+    their own fields (a controller writing status, say); it is empty when we own nothing there.
+    """
+    for entry in _managed_decoder.decode(raw).metadata.managedFields:
+        if entry.manager == manager and entry.operation == "Apply" and entry.subresource == (subresource or ""):
+            return hashlib.sha256(bytes(entry.fieldsV1)).hexdigest()[:32]
+    return ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import time
@@ -27,8 +28,10 @@ from nats.js import JetStreamContext
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from applier import core, secrets
+from applier.ledger import Ledger, ledger_key
 from contracts import resources, streams, subjects
 from contracts.messages import (
+    AppliedRecord,
     ApplyAction,
     ApplyMessage,
     ApplyResult,
@@ -45,6 +48,9 @@ from plumbing import bus
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 
 log = logging.getLogger("applier")
+
+_CLAIM_ROUNDS = 5
+EVENT_REASON = "ComponentApplyFailed"
 
 
 @dataclass
@@ -81,14 +87,13 @@ def _wait(settings: ApplierSettings) -> Any:
 
 
 class Applier:
-    def __init__(self, settings: ApplierSettings, kube: KubeClient, js: JetStreamContext) -> None:
+    def __init__(self, settings: ApplierSettings, kube: KubeClient, js: JetStreamContext, ledger: Ledger) -> None:
         self.settings = settings
         self.kube = kube
         self.js = js
+        self.ledger = ledger
         self.stats = ApplierStats()
         self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
-        self._fence: dict[tuple[str, str, str, str], int] = {}
-        self._last_rv: dict[tuple[str, str, str, str], str] = {}
         self._slots = asyncio.Semaphore(settings.concurrency)
 
     @staticmethod
@@ -112,9 +117,6 @@ class Applier:
     async def _handle_decoded(self, msg: Msg, message: ApplyMessage, key: tuple[str, str, str, str]) -> None:
         started = time.perf_counter()
         attempts = 0
-        if self._fence.get(key, -1) > message.source_seq:
-            await self._finish(msg, message, "skipped", attempts, started, reason="stale plan: a newer one was applied")
-            return
         resource = resources.resource_for(message.target.api_version, message.target.kind)
         action: ApplyAction = "configured"
         resource_version = ""
@@ -148,16 +150,19 @@ class Applier:
             return
         except core.PermanentError as exc:
             await self._dead_letter(msg, reason="permanent", error=exc.reason, key=message)
+            await self._explain_on_trainjob(message, exc.reason)
             await self._finish(msg, message, "failed", attempts, started, reason=exc.reason, ack=False)
             await msg.term()
             return
-        self._fence[key] = max(self._fence.get(key, -1), message.source_seq)
         await self._finish(msg, message, action, attempts, started, resource_version=resource_version, reason=reason)
 
     async def _delete_once(
         self, message: DeleteComponent, resource: resources.Resource
     ) -> tuple[ApplyAction, str, str]:
         target = message.target
+        record, _ = await self.ledger.read(ledger_key(target))
+        if core.is_stale(record, message):
+            return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
         try:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
             if raw is None:
@@ -172,36 +177,117 @@ class Applier:
     async def _apply_once(
         self, message: ObjectApply, resource: resources.Resource, key: tuple[str, str, str, str]
     ) -> tuple[ApplyAction, str, str]:
+        """One fenced apply: claim the target in the ledger, then write conditionally, then record it.
+
+        Returns the action, the resulting resourceVersion and a reason. Raises TransientError or
+        PermanentError for the retry tiers around it.
+        """
         target = message.target
-        try:
-            before = self._last_rv.get(key, "")
+        lkey = ledger_key(target)
+        planned = msgspec.json.encode(message.object)  # generated key material is never part of the digest
+        digest = core.content_digest(planned)
+        for _ in range(_CLAIM_ROUNDS):
+            record, revision = await self.ledger.read(lkey)
+            if core.is_stale(record, message):
+                return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
+            live_raw: bytes | None = None
+            if record is not None:
+                live_raw = await self._get(resource, target)
+                if (
+                    live_raw is not None
+                    and record.state == "applied"
+                    and record.digest == digest
+                    and core.managed_digest(live_raw, manager=message.field_manager, subresource=target.subresource)
+                    == record.managed
+                ):
+                    live_rv = core.live_state(live_raw).resource_version
+                    await self.ledger.write(
+                        lkey,
+                        msgspec.structs.replace(
+                            record, source_version=message.source_version, source_seq=message.source_seq
+                        ),
+                        revision=revision,
+                    )
+                    return "unchanged", live_rv, "already applied; the live object still holds it"
             if message.policy != "always":
-                live = core.live_state(await self.kube.get(resource, namespace=target.namespace, name=target.name))
+                if live_raw is None:
+                    live_raw = await self._get(resource, target)
+                live = core.live_state(live_raw)
                 allowed, why = core.policy_allows(message, live)
                 if not allowed:
                     return "skipped", live.resource_version, why
-                before = live.resource_version or before
-            body = _body(message)
-            resp = await self.kube.apply(
-                resource,
-                namespace=target.namespace,
-                name=target.name,
-                body=body,
-                field_manager=message.field_manager,
-                force=message.force,
-                subresource=target.subresource,
+            claim = AppliedRecord(
+                source_version=message.source_version, source_seq=message.source_seq, digest=digest, state="claimed"
+            )
+            claimed = await self.ledger.write(lkey, claim, revision=revision)
+            if claimed is None:
+                continue  # someone else claimed first: look again
+            before = core.live_state(live_raw).resource_version if live_raw is not None else ""
+            try:
+                resp = await self.kube.apply(
+                    resource,
+                    namespace=target.namespace,
+                    name=target.name,
+                    body=_body(message, resource_version=before),
+                    field_manager=message.field_manager,
+                    force=message.force,
+                    subresource=target.subresource,
+                )
+            except KubeApiError as exc:
+                if exc.status == 409 and before:
+                    continue  # the object changed since we read it: look at the ledger again
+                if message.policy == "if-absent" and exc.status in (409, 422):
+                    # Another writer created it between our read and our write (an immutable Secret then
+                    # refuses the second key): it exists, which is all "if-absent" asks for.
+                    raw = await self._get(resource, target)
+                    if raw is not None:
+                        return "skipped", core.live_state(raw).resource_version, "created concurrently"
+                raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            after = _resource_version(resp.body)
+            done = msgspec.structs.replace(
+                claim,
+                state="applied",
+                resource_version=after,
+                managed=core.managed_digest(resp.body, manager=message.field_manager, subresource=target.subresource),
+            )
+            await self.ledger.write(lkey, done, revision=claimed)
+            return core.outcome(resp.status, before=before, after=after), after, ""
+        raise core.TransientError("the target kept changing under concurrent writers")
+
+    async def _explain_on_trainjob(self, message: ApplyMessage, error: str) -> None:
+        """A Warning Event on the TrainJob, so `kubectl describe` shows why a component is missing."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{message.trainjob.name}.", "namespace": message.trainjob.namespace},
+            "involvedObject": {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                "kind": "TrainJob",
+                "name": message.trainjob.name,
+                "namespace": message.trainjob.namespace,
+                "uid": message.trainjob_uid,
+            },
+            "reason": EVENT_REASON,
+            "message": f"{message.target}: {error}"[:1000],
+            "type": "Warning",
+            "source": {"component": "tjpipe-applier"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.kube.create(
+                resources.EVENT, namespace=message.trainjob.namespace, body=json.dumps(event).encode()
             )
         except KubeApiError as exc:
-            if message.policy == "if-absent" and exc.status in (409, 422):
-                # Another replica created it between our read and our write (an immutable Secret then
-                # refuses the second key): it exists, which is all "if-absent" asks for.
-                raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
-                if raw is not None:
-                    return "skipped", core.live_state(raw).resource_version, "created concurrently by another writer"
+            log.warning("could not record an Event on %s: %s", message.trainjob, exc)
+
+    async def _get(self, resource: resources.Resource, target: Target) -> bytes | None:
+        try:
+            return await self.kube.get(resource, namespace=target.namespace, name=target.name)
+        except KubeApiError as exc:
             raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
-        after = _resource_version(resp.body)
-        self._last_rv[key] = after
-        return core.outcome(resp.status, before=before, after=after), after, ""
 
     # ------------------------------------------------------------------------------------- bookkeeping
 
@@ -303,8 +389,13 @@ class Applier:
             log.exception("unexpected failure handling %s", msg.subject)
 
 
-def _body(message: ObjectApply) -> bytes:
-    """The apply body; for a generated Secret, with key material made here and now, never stored or logged."""
+def _body(message: ObjectApply, *, resource_version: str = "") -> bytes:
+    """The apply body: generated key material is made here, now; never stored, published or logged.
+
+    With ``resource_version`` the apply is conditional: the API server refuses it (409) if the object
+    changed since that version was read.
+    """
+    obj: Any = message.object
     if isinstance(message, ApplySecret) and message.generate is not None:
         data = dict(or_default(message.object.data, {}))
         data.update(
@@ -312,8 +403,11 @@ def _body(message: ObjectApply) -> bytes:
                 message.generate, trainjob_uid=message.trainjob_uid, trainjob_name=message.trainjob.name
             )
         )
-        return msgspec.json.encode(msgspec.structs.replace(message.object, data=data))
-    return msgspec.json.encode(message.object)
+        obj = msgspec.structs.replace(message.object, data=data)
+    if resource_version:
+        meta = msgspec.structs.replace(obj.metadata, resource_version=resource_version)
+        obj = msgspec.structs.replace(obj, metadata=meta)
+    return msgspec.json.encode(obj)
 
 
 class _Meta(msgspec.Struct):
@@ -341,6 +435,6 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
     await bus.ensure_consumer(js, streams.APPLIER)
     async with KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency) as kube:
         try:
-            await Applier(settings, kube, js).run(stop)
+            await Applier(settings, kube, js, await Ledger.open(js)).run(stop)
         finally:
             await nc.drain()

@@ -117,7 +117,12 @@ class _Apply(msgspec.Struct, frozen=True, kw_only=True, tag_field="component"):
     trainjob_uid: str
     target: Target
     source_seq: int
-    """Sequence of the event this plan came from, in the events stream; the ordering fence."""
+    """Sequence of the event this plan came from, in the events stream (for history and replay)."""
+    source_version: int = 0
+    """The newest resourceVersion among the objects the plan was made from: the ordering fence.
+
+    One etcd revision counter numbers every object, so a later observation of any input has a version at
+    least as high, whichever watcher replica made it and in whatever order the bus delivers it."""
     field_manager: str = FIELD_MANAGER
     force: bool = True
     policy: ApplyPolicy = "always"
@@ -210,6 +215,23 @@ class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
     reason: str = ""
     finished_at: float = 0.0
     trace_id: str = ""
+
+
+class AppliedRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What the appliers last did to one target; kept in the ``tj_applied`` key-value bucket.
+
+    A claim is written (compare-and-set) before the API call and completed after it, so an applier holding
+    an older plan sees the newer claim and stands down, and a repeat of the last apply is recognised by its
+    digest without writing anything.
+    """
+
+    source_version: int
+    source_seq: int
+    digest: str
+    state: Literal["claimed", "applied"]
+    resource_version: str = ""
+    managed: str = ""
+    """Digest of our managedFields entry on the live object after the apply; unchanged means untouched."""
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

@@ -64,6 +64,9 @@ DLQ = StreamSpec(
 
 ALL_STREAMS: tuple[StreamSpec, ...] = (EVENTS, APPLY, RESULTS, DLQ)
 
+APPLIED_BUCKET = "tj_applied"
+"""Key-value bucket of AppliedRecord, one key per target: ``<namespace>.<kind>.<name>[.status]``."""
+
 PLANNER = ConsumerSpec(stream=EVENTS.name, durable="planner", filter_subject=subjects.events_filter())
 APPLIER = ConsumerSpec(stream=APPLY.name, durable="applier", filter_subject=subjects.apply_filter())
 

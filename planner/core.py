@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
+
 from contracts import conditions as t_ext
 from contracts import trainer as t
 from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
@@ -36,7 +38,7 @@ from contracts.messages import (
 )
 from contracts.scheduling import PodGroup, VolcanoPodGroup
 from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob
-from contracts.values import is_set, meta, name_of, namespace_of, or_default, uid_of
+from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
 from planner import status as status_rules
 from planner.framework import BuildError, Framework
 from planner.immutability import restrict_to_mutable
@@ -70,11 +72,14 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
         )
 
     decision = _decide(event, framework)
+    version = observation_version(event)
     applies: list[ApplyMessage] = [_message(c, job, key, uid, source_seq, event.trace_id) for c in decision.components]
     applies.extend(_deletion(d, job, key, uid, source_seq, event.trace_id) for d in decision.deletions)
     desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=decision.conditions)
     if desired and status_rules.status_changed(job, desired):
         applies.append(_status_message(job, desired, key, uid, source_seq, event.trace_id))
+    if version:
+        applies = [msgspec.structs.replace(a, source_version=version) for a in applies]
     return Plan(
         trainjob=key,
         trainjob_uid=uid,
@@ -82,6 +87,17 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
         applies=tuple(applies),
         warnings=tuple(decision.warnings),
     )
+
+
+def observation_version(event: TrainJobObserved) -> int:
+    """The newest resourceVersion the event carries; 0 when one is not a number (then no fence applies)."""
+    versions = [resource_version_of(event.trainjob)]
+    if event.jobset is not None:
+        versions.append(resource_version_of(event.jobset))
+    try:
+        return max(int(v) for v in versions if v)
+    except ValueError:
+        return 0
 
 
 @dataclass
