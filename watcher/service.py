@@ -41,6 +41,10 @@ class _Named(msgspec.Struct, frozen=True, kw_only=True):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
+def _controlled_by_trainjob(obj: _Named | ConfigMap) -> bool:
+    return core.controlled_by_trainjob(meta(obj).owner_references) is not None
+
+
 @dataclass
 class WatcherSettings:
     nats_url: str
@@ -83,8 +87,15 @@ class Watcher:
                 ConfigMap,
                 self._on_owned,
                 namespace=ns,
-                keep=lambda cm: core.controlled_by_trainjob(meta(cm).owner_references) is not None,
+                keep=_controlled_by_trainjob,
             )
+            for ns in namespaces
+        ]
+        # Secrets and PodGroups matter only as "still there, still ours": metadata is all that is decoded,
+        # so no key material ever enters the watcher's memory.
+        self.owned = [
+            Informer(kube, resource, _Named, self._on_owned, namespace=ns, keep=_controlled_by_trainjob)
+            for resource in (resources.SECRET, resources.POD_GROUP, resources.VOLCANO_POD_GROUP)
             for ns in namespaces
         ]
         self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore)
@@ -162,14 +173,14 @@ class Watcher:
         if job is not None:
             await self.publish_observation(job.obj, cause=f"JobSet {kind}")
 
-    async def _on_owned(self, kind: str, key: Key, cached: Cached[ConfigMap] | None) -> None:
-        """A component a TrainJob controls changed or went away: plan its owner again."""
+    async def _on_owned(self, kind: str, key: Key, cached: Cached[ConfigMap] | Cached[_Named] | None) -> None:
+        """A component a TrainJob controls changed or went away: plan its owner again (drift repair)."""
         if cached is None or kind == "RESYNC":
             return
         owner = core.controlled_by_trainjob(meta(cached.obj).owner_references)
         job = self._trainjob((key[0], owner)) if owner else None
         if job is not None:
-            await self.publish_observation(job.obj, cause=f"ConfigMap {kind}")
+            await self.publish_observation(job.obj, cause=f"{type(cached.obj).__name__} {kind}")
 
     async def _ignore(self, kind: str, key: Key, cached: Cached[_Named] | None) -> None:
         return None
@@ -285,7 +296,8 @@ class Watcher:
             *self.config_maps,
             self.priority_classes,
         ]
-        tasks = [asyncio.create_task(inf.run()) for inf in first]
+        # Owned Secrets and PodGroups only trigger re-plans; a missing PodGroup CRD must not hold up start.
+        tasks = [asyncio.create_task(inf.run()) for inf in (*first, *self.owned)]
         try:
             for inf in first:
                 await inf.synced.wait()
