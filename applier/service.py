@@ -431,7 +431,7 @@ def _resource_version(body: bytes) -> str:
 async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
     nc = await bus.connect(settings.nats_url, name="tjpipe-applier")
     js = nc.jetstream()
-    await bus.ensure_streams(js, streams.ALL_STREAMS)
+    await bus.ensure_streams(js, streams.configured_streams())
     await bus.ensure_consumer(js, streams.APPLIER)
     async with KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency) as kube:
         try:

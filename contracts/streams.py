@@ -80,3 +80,48 @@ def with_retention(spec: StreamSpec, *, max_age_seconds: float | None, max_bytes
     if max_bytes is not None:
         changes["max_bytes"] = max_bytes
     return msgspec.structs.replace(spec, **changes)
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY}
+_SIZES = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``72h``, ``7d`` or plain seconds."""
+    text = text.strip().lower()
+    if text and text[-1] in _UNITS:
+        return float(text[:-1]) * _UNITS[text[-1]]
+    return float(text)
+
+
+def parse_size(text: str) -> int:
+    """``500mi``, ``2gi``, ``10g`` or plain bytes; ``-1`` means unlimited."""
+    text = text.strip().lower().removesuffix("b")
+    for suffix in sorted(_SIZES, key=len, reverse=True):
+        if suffix and text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * _SIZES[suffix])
+    return int(text)
+
+
+def configured_streams(environ: dict[str, str] | None = None) -> tuple[StreamSpec, ...]:
+    """The streams with retention from ``TJPIPE_<STREAM>_MAX_AGE`` / ``TJPIPE_<STREAM>_MAX_BYTES``.
+
+    ``<STREAM>`` is EVENTS, APPLY, RESULTS or DLQ, e.g. ``TJPIPE_EVENTS_MAX_AGE=30d``. Every service
+    reads the same variables, so whichever starts first configures the streams the same way.
+    """
+    import os
+
+    env = os.environ if environ is None else environ
+    out = []
+    for spec in ALL_STREAMS:
+        prefix = f"TJPIPE_{spec.name.removeprefix('TJ_')}_"
+        age = env.get(prefix + "MAX_AGE")
+        size = env.get(prefix + "MAX_BYTES")
+        out.append(
+            with_retention(
+                spec,
+                max_age_seconds=parse_duration(age) if age else None,
+                max_bytes=parse_size(size) if size else None,
+            )
+        )
+    return tuple(out)

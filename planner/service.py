@@ -116,7 +116,7 @@ class Planner:
 async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
     nc = await bus.connect(settings.nats_url, name="tjpipe-planner")
     js = nc.jetstream()
-    await bus.ensure_streams(js, streams.ALL_STREAMS)
+    await bus.ensure_streams(js, streams.configured_streams())
     await bus.ensure_consumer(js, streams.PLANNER)
     try:
         await Planner(settings, js).run(stop)

@@ -11,6 +11,7 @@ import logging
 import time
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -105,3 +106,78 @@ async def dead_letter(
     )
     log.error("dead-lettered %s (%s): %s", msg.subject, reason, error)
     await js.publish(subjects.dlq_subject(stage, namespace, name), encode(letter))
+
+
+class StoredMessage:
+    """One message as the stream keeps it: where it sits, when it arrived, and its bytes."""
+
+    __slots__ = ("data", "headers", "seq", "stream", "subject", "time")
+
+    def __init__(
+        self, *, stream: str, seq: int, subject: str, data: bytes, headers: dict[str, str], time: float
+    ) -> None:
+        self.stream = stream
+        self.seq = seq
+        self.subject = subject
+        self.data = data
+        self.headers = headers
+        self.time = time
+
+
+async def read_stream(
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    *,
+    start_seq: int | None = None,
+    start_time: float | None = None,
+    batch: int = 256,
+) -> list[StoredMessage]:
+    """Every stored message on ``subject`` (wildcards allowed), oldest first, without touching any durable.
+
+    An ephemeral, unacknowledged, in-memory consumer reads the history; the production consumers and the
+    stream are left exactly as they were, which is what makes history and replay safe on a live system.
+    """
+    import datetime as dt
+
+    policy = js_api.DeliverPolicy.ALL
+    options: dict[str, object] = {}
+    if start_seq is not None:
+        policy = js_api.DeliverPolicy.BY_START_SEQUENCE
+        options["opt_start_seq"] = start_seq
+    elif start_time is not None:
+        policy = js_api.DeliverPolicy.BY_START_TIME
+        options["opt_start_time"] = dt.datetime.fromtimestamp(start_time, tz=dt.UTC).isoformat()
+    config = js_api.ConsumerConfig(
+        ack_policy=js_api.AckPolicy.NONE,
+        deliver_policy=policy,
+        inactive_threshold=30,
+        mem_storage=True,
+        num_replicas=1,
+        **options,  # type: ignore[arg-type]
+    )
+    sub = await js.pull_subscribe(subject, stream=stream, config=config)
+    out: list[StoredMessage] = []
+    try:
+        while True:
+            try:
+                msgs = await sub.fetch(batch, timeout=1.0)
+            except (nats.errors.TimeoutError, TimeoutError):
+                break
+            for msg in msgs:
+                meta = msg.metadata
+                out.append(
+                    StoredMessage(
+                        stream=stream,
+                        seq=meta.sequence.stream,
+                        subject=msg.subject,
+                        data=msg.data,
+                        headers=dict(msg.headers or {}),
+                        time=meta.timestamp.timestamp(),
+                    )
+                )
+            if msgs and msgs[-1].metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out

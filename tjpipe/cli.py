@@ -75,6 +75,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", help="stop a stack started with 'tjpipe up --detach'")
     down.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
+
+    hist = sub.add_parser("history", help="the timeline of one TrainJob: events, plans, results, dead letters")
+    hist.add_argument("trainjob", metavar="NAMESPACE/NAME")
+    hist.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    _nats(hist)
+
+    rep = sub.add_parser("replay", help="plan recorded events again offline and diff against the recorded plans")
+    rep.add_argument("trainjob", metavar="NAMESPACE/NAME", nargs="?")
+    rep.add_argument("--all", action="store_true", help="every TrainJob in the window")
+    rep.add_argument("--since", help="ISO time or a duration such as 2h or 30m")
+    rep.add_argument("--from-seq", type=int, help="first event stream sequence to replay")
+    rep.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    _nats(rep)
+
+    pl = sub.add_parser("plan", help="print the components a TrainJob would produce, without applying anything")
+    pl.add_argument("-f", "--file", type=Path, required=True, help="TrainJob YAML")
+    source = pl.add_mutually_exclusive_group()
+    source.add_argument("--runtime", type=Path, help="runtime YAML (TrainingRuntime or ClusterTrainingRuntime)")
+    source.add_argument("--from-cluster", action="store_true", help="read the runtime from the cluster")
+    pl.add_argument("--server-dry-run", action="store_true", help="SSA with dryRun=All; diff against live objects")
+    _kube(pl)
+
+    dlq = sub.add_parser("dlq", help="inspect dead letters and send them back into the pipeline")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_list = dlq_sub.add_parser("list", help="every dead letter")
+    dlq_list.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    show = dlq_sub.add_parser("show", help="one dead letter, with its payload")
+    show.add_argument("seq", type=int)
+    retry = dlq_sub.add_parser("retry", help="republish dead letters to their original subjects")
+    retry.add_argument("seq", type=int, nargs="*")
+    retry.add_argument("--all", action="store_true")
+    for p in dlq_sub.choices.values():
+        _nats(p)
     return parser
 
 
@@ -87,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         return _up(args)
     if command == "down":
         return _down(args)
-    raise AssertionError(command)
+    from tjpipe import opscli
+
+    return opscli.run(command, args)
 
 
 # ------------------------------------------------------------------------------------------- services
@@ -188,7 +223,7 @@ async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
     logging.getLogger("plumbing.bus").setLevel(logging.ERROR)
     nc = await bus.connect(stack.nats_url, name="tjpipe-up")
     js = nc.jetstream()
-    await bus.ensure_streams(js, streams.ALL_STREAMS)
+    await bus.ensure_streams(js, streams.configured_streams())
     sub = await js.subscribe(f"{subjects.RESULTS_PREFIX}.>", ordered_consumer=True)
     shown = False
     try:

@@ -320,7 +320,7 @@ class Watcher:
 async def run_watcher(settings: WatcherSettings, stop: asyncio.Event) -> None:
     nc = await bus.connect(settings.nats_url, name="tjpipe-watcher")
     js = nc.jetstream()
-    await bus.ensure_streams(js, streams.ALL_STREAMS)
+    await bus.ensure_streams(js, streams.configured_streams())
     async with KubeClient(KubeConfig.load(settings.kubeconfig)) as kube:
         try:
             await Watcher(settings, kube, js).run(stop)

@@ -1,0 +1,191 @@
+"""The operator commands on a running pipeline: history, replay, plan and the dead-letter queue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+from kubernetes import dynamic
+
+from contracts import streams, subjects
+from contracts.messages import ApplyJobSet, ObjectKey, decode_apply
+from planner import core as planner_core
+from planner.framework import Framework
+from planner.info import RuntimeInfo
+from planner.plugins import REGISTRY
+from plumbing.bus import read_stream
+from tjpipe import opscli
+from tjpipe.stack import Stack
+
+from .support import TRAINER, create, eventually, get
+
+pytestmark = [pytest.mark.cluster, pytest.mark.nats]
+
+
+def tjpipe(*args: str, stack: Stack, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, NATS_URL=stack.nats_url, KUBECONFIG=str(stack.kubeconfig))
+    return subprocess.run(
+        [sys.executable, "-m", "tjpipe", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def trainjob(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": TRAINER,
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": True, "trainer": {"numNodes": 2}},
+    }
+
+
+@pytest.fixture(scope="module")
+def recorded(pipeline: Stack, dyn: dynamic.DynamicClient, kube: Any) -> tuple[str, str]:
+    """A TrainJob that went through the pipeline and changed once, so its history has some length."""
+    namespace = "ops-" + os.urandom(3).hex()
+    dyn.resources.get(api_version="v1", kind="Namespace").create(
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    create(dyn, trainjob("hist", namespace))
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "hist"), what="the JobSet")
+    dyn.resources.get(api_version=TRAINER, kind="TrainJob").patch(
+        namespace=namespace,
+        name="hist",
+        body={"metadata": {"labels": {"touched": "yes"}}},
+        content_type="application/merge-patch+json",
+    )
+    eventually(
+        lambda: any(
+            c["type"] == "Suspended" for c in get(dyn, TRAINER, "TrainJob", namespace, "hist")["status"]["conditions"]
+        ),
+        what="the Suspended condition",
+    )
+    return namespace, "hist"
+
+
+def test_history_shows_events_plans_and_results(pipeline: Stack, recorded: tuple[str, str]) -> None:
+    namespace, name = recorded
+    done = tjpipe("history", f"{namespace}/{name}", "-o", "json", stack=pipeline)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    kinds = {r["kind"] for r in rows}
+    assert {"event", "plan", "result"} <= kinds
+    plans = [r for r in rows if r["kind"] == "plan"]
+    assert any(r["detail"]["component"] == "jobset" for r in plans)
+    results = [r for r in rows if r["kind"] == "result"]
+    assert any(r["detail"]["action"] == "created" and r["detail"]["component"] == "jobset" for r in results)
+    assert [r["time"] for r in rows] == sorted(r["time"] for r in rows)
+    table = tjpipe("history", f"{namespace}/{name}", stack=pipeline)
+    assert table.returncode == 0 and "history of TrainJob" in table.stdout
+
+
+def test_replay_reproduces_the_recorded_plans(pipeline: Stack, recorded: tuple[str, str]) -> None:
+    namespace, name = recorded
+    done = tjpipe("replay", f"{namespace}/{name}", stack=pipeline)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 TrainJob(s): 1 unchanged, 0 changed" in done.stdout
+    everything = tjpipe("replay", "--all", "-o", "json", stack=pipeline)
+    assert everything.returncode == 0, everything.stdout
+    assert json.loads(everything.stdout)["jobs_changed"] == []
+
+
+class _ExtraLabel:
+    """A deliberately changed planner: every JobSet pod gets one more label."""
+
+    name = "extra-label"
+
+    def enforce_pod_group_policy(self, info: RuntimeInfo, job: Any) -> None:
+        info.pod_labels["example.com/replayed"] = "yes"
+
+
+def test_a_changed_planner_makes_replay_report_the_fields_and_fail(
+    pipeline: Stack, recorded: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    namespace, name = recorded
+    monkeypatch.setattr(planner_core, "FRAMEWORK", Framework([*REGISTRY, ("extra-label", _ExtraLabel)]))
+    args = argparse.Namespace(
+        trainjob=f"{namespace}/{name}", all=False, since=None, from_seq=None, output="json", nats_url=pipeline.nats_url
+    )
+    code = opscli.run("replay", args)
+    assert code == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["jobs_changed"] == [f"{namespace}/{name}"]
+    assert any(
+        field.startswith("jobset: object.spec.replicatedJobs.node.template.spec.template.metadata")
+        for field in report["fields_changed"]
+    ), report["fields_changed"]
+
+
+async def test_plan_prints_what_the_pipeline_applies(
+    pipeline: Stack, dyn: dynamic.DynamicClient, recorded: tuple[str, str], tmp_path: Path
+) -> None:
+    namespace, name = recorded
+    live = get(dyn, TRAINER, "TrainJob", namespace, name)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump({k: live[k] for k in ("apiVersion", "kind", "metadata", "spec")}))
+    done = tjpipe("plan", "-f", str(job_file), "--from-cluster", stack=pipeline)
+    assert done.returncode == 0, done.stderr
+    planned = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
+    import nats
+
+    nc = await nats.connect(pipeline.nats_url)
+    try:
+        stored = await read_stream(nc.jetstream(), streams.APPLY.name, subjects.trainjob_apply_filter(namespace, name))
+    finally:
+        await nc.close()
+    applied = [m for m in map(lambda s: decode_apply(s.data), stored) if isinstance(m, ApplyJobSet)]
+    first = msgspec.to_builtins(applied[0].object)
+    assert planned[("JobSet", name)] == first
+    assert ("ConfigMap", f"{name}-runtime-snapshot") in planned
+
+
+async def test_a_fixed_dead_letter_retried_converges(
+    pipeline: Stack, dyn: dynamic.DynamicClient, recorded: tuple[str, str]
+) -> None:
+    import nats
+
+    namespace, name = recorded
+    missing_ns = "later-" + os.urandom(3).hex()
+    nc = await nats.connect(pipeline.nats_url)
+    try:
+        js = nc.jetstream()
+        stored = await read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(namespace, name))
+        original = next(m for m in map(lambda s: decode_apply(s.data), stored) if isinstance(m, ApplyJobSet))
+        # The same JobSet, aimed at a namespace that does not exist yet: a permanent 404, so a dead letter.
+        moved = msgspec.structs.replace(
+            original,
+            trainjob=ObjectKey(namespace=missing_ns, name=name),
+            target=msgspec.structs.replace(original.target, namespace=missing_ns),
+            object=msgspec.structs.replace(
+                original.object, metadata=msgspec.structs.replace(original.object.metadata, namespace=missing_ns)
+            ),
+            source_version=0,
+        )
+        await js.publish(subjects.apply_subject(missing_ns, name, "jobset"), msgspec.json.encode(moved))
+    finally:
+        await nc.close()
+
+    def dead_letter_seq() -> int | None:
+        listed = tjpipe("dlq", "list", "-o", "json", stack=pipeline)
+        for row in json.loads(listed.stdout):
+            if missing_ns in row["subject"] and row["reason"] == "permanent":
+                return int(row["seq"])
+        return None
+
+    seq = eventually(dead_letter_seq, what="the dead letter")
+    shown = tjpipe("dlq", "show", str(seq), stack=pipeline)
+    assert shown.returncode == 0 and "payload:" in shown.stdout and missing_ns in shown.stdout
+    dyn.resources.get(api_version="v1", kind="Namespace").create(
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": missing_ns}}
+    )  # the fix
+    retried = tjpipe("dlq", "retry", str(seq), stack=pipeline)
+    assert retried.returncode == 0, retried.stderr
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", missing_ns, name), what="the retried JobSet")
+    assert dead_letter_seq() is None

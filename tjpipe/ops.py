@@ -1,0 +1,310 @@
+"""Operator tools over the event history: what happened to a TrainJob, would a new planner change it,
+what would a TrainJob produce, and what to do with dead letters.
+
+All of them read the streams through ephemeral consumers (``plumbing.bus.read_stream``) and run the same
+pure ``planner.core.plan`` the planner service runs, so what they show is what the pipeline does. None of
+them needs key material: Secrets with keys are planned without data, and the keys are made by the applier
+when it writes them, so the history can be read, copied and replayed freely.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from nats.js import JetStreamContext
+
+from contracts import streams, subjects
+from contracts.messages import (
+    ApplyMessage,
+    DeadLetter,
+    Event,
+    ObjectKey,
+    TrainJobDeleted,
+    TrainJobObserved,
+    component_of,
+    decode_apply,
+    decode_dead_letter,
+    decode_event,
+    decode_result,
+)
+from planner import core as planner_core
+from planner.core import plan
+from planner.framework import Framework
+from plumbing.bus import StoredMessage, read_stream
+
+Obj = dict[str, Any]
+
+# ------------------------------------------------------------------------------------------- field diffs
+
+
+def field_diff(old: Any, new: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Paths at which two builtins trees differ, with both values; lists of named items are matched by name."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for key in sorted(set(old) | set(new)):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in old:
+                out.append((sub, None, new[key]))
+            elif key not in new:
+                out.append((sub, old[key], None))
+            else:
+                out.extend(field_diff(old[key], new[key], sub))
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        if _named(old) and _named(new):
+            return field_diff({i["name"]: i for i in old}, {i["name"]: i for i in new}, path)
+        if len(old) == len(new):
+            out = []
+            for i, (a, b) in enumerate(zip(old, new, strict=True)):
+                out.extend(field_diff(a, b, f"{path}[{i}]"))
+            return out
+    return [] if old == new else [(path, old, new)]
+
+
+def _named(items: list[Any]) -> bool:
+    return all(isinstance(i, dict) and "name" in i for i in items)
+
+
+# ----------------------------------------------------------------------------------------------- history
+
+
+@dataclass
+class TimelineEntry:
+    time: float
+    stream: str
+    seq: int
+    kind: str
+    summary: str
+    detail: Obj = field(default_factory=dict)
+
+
+def _event_summary(event: Event, previous: TrainJobObserved | None) -> tuple[str, Obj]:
+    if isinstance(event, TrainJobDeleted):
+        return "TrainJob deleted", {"uid": event.uid}
+    job = msgspec.to_builtins(event.trainjob)
+    changes: list[str] = []
+    if previous is not None:
+        before = msgspec.to_builtins(previous.trainjob)
+        for part in ("spec", "status"):
+            changes += [p for p, _, _ in field_diff(before.get(part), job.get(part), part)]
+    rv = job.get("metadata", {}).get("resourceVersion", "")
+    summary = f"{event.cause or 'observed'} (TrainJob rv {rv}, runtime from {event.runtime_source})"
+    if event.runtime_error:
+        summary += f"; runtime error: {event.runtime_error}"
+    return summary, {"cause": event.cause, "resourceVersion": rv, "changed": changes, "trace_id": event.trace_id}
+
+
+async def history(js: JetStreamContext, key: ObjectKey) -> list[TimelineEntry]:
+    """Every event, planned component, apply result and dead letter of one TrainJob, in time order."""
+    ns, name = key.namespace, key.name
+    entries: list[TimelineEntry] = []
+    previous: TrainJobObserved | None = None
+    for stored in await read_stream(js, streams.EVENTS.name, subjects.trainjob_events_filter(ns, name)):
+        try:
+            event = decode_event(stored.data)
+        except msgspec.MsgspecError:
+            entries.append(_raw_entry(stored, "event", "undecodable event"))
+            continue
+        summary, detail = _event_summary(event, previous)
+        entries.append(TimelineEntry(stored.time, stored.stream, stored.seq, "event", summary, detail))
+        if isinstance(event, TrainJobObserved):
+            previous = event
+    for stored in await read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(ns, name)):
+        try:
+            message = decode_apply(stored.data)
+        except msgspec.MsgspecError:
+            entries.append(_raw_entry(stored, "plan", "undecodable apply message"))
+            continue
+        entries.append(
+            TimelineEntry(
+                stored.time,
+                stored.stream,
+                stored.seq,
+                "plan",
+                f"{component_of(message)} → {message.target} "
+                f"(policy {message.policy}, from event {message.source_seq})",
+                {"component": component_of(message), "source_seq": message.source_seq},
+            )
+        )
+    for stored in await read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name)):
+        try:
+            result = decode_result(stored.data)
+        except msgspec.MsgspecError:
+            continue
+        text = f"{result.action} {result.target} in {result.duration_ms:.0f} ms, {result.attempts} attempt(s)"
+        if result.reason:
+            text += f": {result.reason}"
+        entries.append(
+            TimelineEntry(stored.time, stored.stream, stored.seq, "result", text, msgspec.to_builtins(result))
+        )
+    for stored in await read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}"):
+        letter = decode_dead_letter(stored.data)
+        entries.append(
+            TimelineEntry(
+                stored.time,
+                stored.stream,
+                stored.seq,
+                "dead-letter",
+                f"{letter.stage}: {letter.reason}: {letter.error}",
+                {"stage": letter.stage, "reason": letter.reason, "error": letter.error, "subject": letter.subject},
+            )
+        )
+    return sorted(entries, key=lambda e: (e.time, e.stream, e.seq))
+
+
+def _raw_entry(stored: StoredMessage, kind: str, summary: str) -> TimelineEntry:
+    return TimelineEntry(stored.time, stored.stream, stored.seq, kind, summary, {"subject": stored.subject})
+
+
+# ------------------------------------------------------------------------------------------------ replay
+
+
+@dataclass
+class ReplayedEvent:
+    key: ObjectKey
+    seq: int
+    changed: dict[str, list[tuple[str, Any, Any]]]
+    """Per component: the fields whose planned value differs from the recorded plan."""
+
+
+@dataclass
+class ReplayReport:
+    events: list[ReplayedEvent] = field(default_factory=list)
+
+    @property
+    def changed_jobs(self) -> set[str]:
+        return {str(e.key) for e in self.events if e.changed}
+
+    @property
+    def jobs(self) -> set[str]:
+        return {str(e.key) for e in self.events}
+
+    def changed_fields(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for event in self.events:
+            for component, diffs in event.changed.items():
+                for path, _, _ in diffs:
+                    label = f"{component}: {path}"
+                    counts[label] = counts.get(label, 0) + 1
+        return counts
+
+
+def _comparable(message: ApplyMessage) -> Obj:
+    """What a plan decided, without what only says when and why it was made."""
+    body: Obj = msgspec.to_builtins(message)
+    for volatile in ("trace_id", "source_seq"):
+        body.pop(volatile, None)
+    return body
+
+
+def compare_plans(recorded: Iterable[ApplyMessage], replayed: Iterable[ApplyMessage]) -> dict[str, list[Any]]:
+    old = {component_of(m): _comparable(m) for m in recorded}
+    new = {component_of(m): _comparable(m) for m in replayed}
+    changed: dict[str, list[Any]] = {}
+    for component in sorted(set(old) | set(new)):
+        if component not in old:
+            changed[component] = [("(component)", None, "planned now, not before")]
+        elif component not in new:
+            changed[component] = [("(component)", "planned before", None)]
+        else:
+            diffs = field_diff(old[component], new[component])
+            if diffs:
+                changed[component] = diffs
+    return changed
+
+
+async def replay(
+    js: JetStreamContext,
+    *,
+    key: ObjectKey | None,
+    since: float | None = None,
+    from_seq: int | None = None,
+    framework: Framework | None = None,
+    progress: Any = None,
+) -> ReplayReport:
+    """Plan every recorded event again, offline, and compare with the plans recorded for it."""
+    subject = subjects.trainjob_events_filter(key.namespace, key.name) if key else subjects.events_filter()
+    events = await read_stream(js, streams.EVENTS.name, subject, start_seq=from_seq, start_time=since)
+    apply_subject = subjects.trainjob_apply_filter(key.namespace, key.name) if key else subjects.apply_filter()
+    recorded: dict[int, list[ApplyMessage]] = {}
+    first_seq = min((e.seq for e in events), default=None)
+    if first_seq is not None:
+        for stored in await read_stream(js, streams.APPLY.name, apply_subject, start_time=since):
+            try:
+                message = decode_apply(stored.data)
+            except msgspec.MsgspecError:
+                continue
+            if message.source_seq >= first_seq:
+                recorded.setdefault(message.source_seq, []).append(message)
+    report = ReplayReport()
+    for stored in events:
+        if progress is not None:
+            progress()
+        try:
+            event = decode_event(stored.data)
+        except msgspec.MsgspecError:
+            continue  # dead-lettered by the planner; nothing was planned from it
+        result = plan(event, source_seq=stored.seq, framework=framework or planner_core.FRAMEWORK)
+        changed = compare_plans(recorded.get(stored.seq, []), result.applies)
+        report.events.append(ReplayedEvent(key=result.trainjob, seq=stored.seq, changed=changed))
+    return report
+
+
+# --------------------------------------------------------------------------------------------- dead letters
+
+
+@dataclass
+class StoredDeadLetter:
+    seq: int
+    time: float
+    letter: DeadLetter
+
+
+async def dead_letters(js: JetStreamContext) -> list[StoredDeadLetter]:
+    out = []
+    for stored in await read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>"):
+        try:
+            out.append(StoredDeadLetter(stored.seq, stored.time, decode_dead_letter(stored.data)))
+        except msgspec.MsgspecError:
+            continue
+    return out
+
+
+async def retry_dead_letter(js: JetStreamContext, seq: int) -> str:
+    """Send a dead letter's original payload back to its subject, then remove it from the DLQ."""
+    raw = await js.get_msg(streams.DLQ.name, seq)
+    letter = decode_dead_letter(raw.data or b"")
+    headers = {k: v for k, v in letter.headers.items() if k != "Nats-Msg-Id"}
+    headers["Nats-Msg-Id"] = f"dlq-retry:{seq}:{dt.datetime.now(dt.UTC).timestamp()}"
+    await js.publish(letter.subject, letter.payload, headers=headers)
+    await js.delete_msg(streams.DLQ.name, seq)
+    return letter.subject
+
+
+# --------------------------------------------------------------------------------------------------- plan
+
+
+def preview(trainjob: Obj, runtime: Obj | None, *, jobset: Obj | None = None) -> list[ApplyMessage]:
+    """What the pipeline would apply for this TrainJob and runtime, computed offline."""
+    from contracts.jobset import JobSet
+    from contracts.trainer import TrainingRuntime, TrainJob
+
+    job = dict(trainjob)
+    meta = dict(job.get("metadata") or {})
+    meta.setdefault("namespace", "default")
+    meta.setdefault("uid", "00000000-0000-0000-0000-000000000000")
+    job["metadata"] = meta
+    event = TrainJobObserved(
+        trainjob=msgspec.convert(job, TrainJob),
+        runtime=msgspec.convert(runtime, TrainingRuntime) if runtime is not None else None,
+        runtime_source="live" if runtime is not None else "none",
+        jobset=msgspec.convert(jobset, JobSet) if jobset is not None else None,
+        observed_at=dt.datetime.now(dt.UTC).timestamp(),
+        cause="tjpipe plan",
+    )
+    result = plan(event, source_seq=0)
+    return list(result.applies)
