@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
@@ -46,6 +45,8 @@ from contracts.messages import (
 from contracts.values import or_default
 from plumbing import bus
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
+from plumbing.observability import APPLIES, DEAD_LETTERS, END_TO_END, RETRIES, HealthServer
+from plumbing.partitions import PartitionedConsumer, PartitionLeases, default_replica_id, open_lease_bucket
 
 log = logging.getLogger("applier")
 
@@ -62,6 +63,9 @@ class ApplierSettings:
     attempts: int = 5
     """In-process attempts for transient errors before the message goes back to JetStream."""
     max_backoff_seconds: float = 8.0
+    replica: str = field(default_factory=default_replica_id)
+    lease_ttl: float = 6.0
+    metrics_port: int = 0
 
 
 @dataclass
@@ -132,6 +136,7 @@ class Applier:
                     attempts += 1
                     if attempts > 1:
                         self.stats.retries += 1
+                        RETRIES.labels(service="applier").inc()
                     if isinstance(message, DeleteComponent):
                         action, resource_version, reason = await self._delete_once(message, resource)
                     else:
@@ -333,6 +338,9 @@ class Applier:
             trace_id=message.trace_id,
         )
         self.stats.count(action)
+        APPLIES.labels(kind=message.target.kind, action=action).inc()
+        if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
+            END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
         subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
         await self.js.publish(subject, encode(result), headers={bus.TRACE_ID: message.trace_id})
         log.info(
@@ -354,32 +362,14 @@ class Applier:
         else:
             namespace, name = subjects.trainjob_of_subject(msg.subject)
         self.stats.dead_letters += 1
+        DEAD_LETTERS.labels(stage="applier", reason=reason).inc()
         await bus.dead_letter(self.js, msg, stage="applier", reason=reason, error=error, namespace=namespace, name=name)
 
     # ----------------------------------------------------------------------------------------------- run
 
-    async def run(self, stop: asyncio.Event) -> None:
-        sub = await self.js.pull_subscribe_bind(durable=streams.APPLIER.durable, stream=streams.APPLIER.stream)
-        log.info("applier running")
-        pending: set[asyncio.Task[None]] = set()
-        while not stop.is_set():
-            try:
-                batch = await sub.fetch(self.settings.batch, timeout=1.0)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-            except Exception as exc:  # the bus went away; the client reconnects on its own
-                log.warning("fetch failed: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            for msg in batch:
-                task = asyncio.create_task(self._guarded(msg))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-            # Bound the in-flight work to one fetch's worth ahead of the semaphore.
-            while len(pending) >= self.settings.batch * 2:
-                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        if pending:
-            await asyncio.wait(pending, timeout=10)
+    async def handle_batch(self, msgs: list[Msg]) -> None:
+        """A partition's batch: different targets in parallel, the same target in arrival order."""
+        await asyncio.gather(*(self._guarded(msg) for msg in msgs))
 
     async def _guarded(self, msg: Msg) -> None:
         try:
@@ -432,9 +422,24 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
     nc = await bus.connect(settings.nats_url, name="tjpipe-applier")
     js = nc.jetstream()
     await bus.ensure_streams(js, streams.configured_streams())
-    await bus.ensure_consumer(js, streams.APPLIER)
+    health = HealthServer(port=settings.metrics_port)
+    health.add_check("nats", lambda: nc.is_connected)
     async with KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency) as kube:
+        health.add_check("kubernetes", kube.reachable)
+        await health.start()
+        applier = Applier(settings, kube, js, await Ledger.open(js, replicas=streams.stream_replicas()))
+        consumer = PartitionedConsumer(js, streams.APPLIER, applier.handle_batch, batch=settings.batch)
+        leases = PartitionLeases(
+            await open_lease_bucket(js, ttl=settings.lease_ttl, replicas=streams.stream_replicas()),
+            role="applier",
+            replica=settings.replica,
+            on_acquire=consumer.acquire,
+            on_release=consumer.release,
+            ttl=settings.lease_ttl,
+        )
+        log.info("applier %s running", settings.replica)
         try:
-            await Applier(settings, kube, js, await Ledger.open(js)).run(stop)
+            await leases.run(stop)
         finally:
+            await health.stop()
             await nc.drain()

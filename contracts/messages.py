@@ -129,6 +129,8 @@ class _Apply(msgspec.Struct, frozen=True, kw_only=True, tag_field="component"):
     trainjob_suspended: bool = False
     """``spec.suspend`` of the TrainJob when planned; a ``while-suspended`` component may then be updated."""
     trace_id: str = ""
+    observed_at: float = 0.0
+    """When the watcher saw the change this plan answers; the start of the end-to-end latency."""
 
 
 class ApplyJobSet(_Apply, frozen=True, kw_only=True, tag="jobset"):

@@ -11,6 +11,8 @@ Each stream's duplicate window is what turns publisher-side message ids into eff
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from contracts import subjects
@@ -67,8 +69,23 @@ ALL_STREAMS: tuple[StreamSpec, ...] = (EVENTS, APPLY, RESULTS, DLQ)
 APPLIED_BUCKET = "tj_applied"
 """Key-value bucket of AppliedRecord, one key per target: ``<namespace>.<kind>.<name>[.status]``."""
 
-PLANNER = ConsumerSpec(stream=EVENTS.name, durable="planner", filter_subject=subjects.events_filter())
-APPLIER = ConsumerSpec(stream=APPLY.name, durable="applier", filter_subject=subjects.apply_filter())
+# One durable per partition is derived from these (``plumbing.partitions.partition_consumer``).
+# Redelivery is unlimited: a message is only ever finished by an ack or by being dead-lettered, so a long
+# outage of the API server delays work but loses none.
+PLANNER = ConsumerSpec(
+    stream=EVENTS.name,
+    durable="planner",
+    filter_subject=subjects.events_filter(),
+    ack_wait_seconds=15.0,
+    max_deliver=-1,
+)
+APPLIER = ConsumerSpec(
+    stream=APPLY.name,
+    durable="applier",
+    filter_subject=subjects.apply_filter(),
+    ack_wait_seconds=20.0,
+    max_deliver=-1,
+)
 
 
 def with_retention(spec: StreamSpec, *, max_age_seconds: float | None, max_bytes: int | None) -> StreamSpec:
@@ -103,7 +120,7 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def configured_streams(environ: dict[str, str] | None = None) -> tuple[StreamSpec, ...]:
+def configured_streams(environ: Mapping[str, str] | None = None) -> tuple[StreamSpec, ...]:
     """The streams with retention from ``TJPIPE_<STREAM>_MAX_AGE`` / ``TJPIPE_<STREAM>_MAX_BYTES``.
 
     ``<STREAM>`` is EVENTS, APPLY, RESULTS or DLQ, e.g. ``TJPIPE_EVENTS_MAX_AGE=30d``. Every service
@@ -117,11 +134,18 @@ def configured_streams(environ: dict[str, str] | None = None) -> tuple[StreamSpe
         prefix = f"TJPIPE_{spec.name.removeprefix('TJ_')}_"
         age = env.get(prefix + "MAX_AGE")
         size = env.get(prefix + "MAX_BYTES")
-        out.append(
-            with_retention(
-                spec,
-                max_age_seconds=parse_duration(age) if age else None,
-                max_bytes=parse_size(size) if size else None,
-            )
+        configured = with_retention(
+            spec,
+            max_age_seconds=parse_duration(age) if age else None,
+            max_bytes=parse_size(size) if size else None,
         )
+        out.append(msgspec.structs.replace(configured, replicas=stream_replicas(env)))
     return tuple(out)
+
+
+def stream_replicas(environ: Mapping[str, str] | None = None) -> int:
+    """``TJPIPE_STREAM_REPLICAS``: 1 for one server, 3 for a JetStream cluster of three."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return int(env.get("TJPIPE_STREAM_REPLICAS", "1"))

@@ -78,8 +78,7 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
     desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=decision.conditions)
     if desired and status_rules.status_changed(job, desired):
         applies.append(_status_message(job, desired, key, uid, source_seq, event.trace_id))
-    if version:
-        applies = [msgspec.structs.replace(a, source_version=version) for a in applies]
+    applies = [msgspec.structs.replace(a, source_version=version, observed_at=event.observed_at) for a in applies]
     return Plan(
         trainjob=key,
         trainjob_uid=uid,

@@ -9,12 +9,12 @@ them as duplicates: a redelivery costs the applier nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass, field
 
 import msgspec
-import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -27,6 +27,8 @@ from contracts.messages import (
 )
 from planner.core import plan
 from plumbing import bus
+from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, HealthServer
+from plumbing.partitions import PartitionedConsumer, PartitionLeases, default_replica_id, open_lease_bucket
 
 log = logging.getLogger("planner")
 
@@ -35,6 +37,9 @@ log = logging.getLogger("planner")
 class PlannerSettings:
     nats_url: str
     batch: int = 64
+    replica: str = field(default_factory=default_replica_id)
+    lease_ttl: float = 6.0
+    metrics_port: int = 0
 
 
 @dataclass
@@ -66,11 +71,14 @@ class Planner:
             return
         result = plan(event, source_seq=seq)
         self.stats.events += 1
+        PLANS.labels(outcome="planned").inc()
+        CONSUMER_LAG.labels(consumer=msg.metadata.consumer or "planner").set(msg.metadata.num_pending or 0)
         futures = []
         for message in result.applies:
             payload = encode(message)
             subject = subjects.apply_subject(message.trainjob.namespace, message.trainjob.name, component_of(message))
             headers = {bus.MSG_ID: apply_message_id(message, payload), bus.TRACE_ID: message.trace_id}
+            PLANNED_MESSAGES.labels(component=str(type(message).__struct_config__.tag)).inc()
             futures.append(await self.js.publish_async(subject, payload, headers=headers))
         if futures:
             await asyncio.gather(*futures)
@@ -88,37 +96,53 @@ class Planner:
 
     async def _dead_letter(self, msg: Msg, error: str) -> None:
         self.stats.dead_letters += 1
+        PLANS.labels(outcome="dead-letter").inc()
+        DEAD_LETTERS.labels(stage="planner", reason="undecodable").inc()
         namespace, name = subjects.trainjob_of_subject(msg.subject)
         await bus.dead_letter(
             self.js, msg, stage="planner", reason="undecodable", error=error, namespace=namespace, name=name
         )
 
-    async def run(self, stop: asyncio.Event) -> None:
-        sub = await self.js.pull_subscribe_bind(durable=streams.PLANNER.durable, stream=streams.PLANNER.stream)
-        log.info("planner running")
-        while not stop.is_set():
+    async def handle_batch(self, msgs: list[Msg]) -> None:
+        for msg in msgs:  # in order: one partition's events, one TrainJob after another
             try:
-                batch = await sub.fetch(self.settings.batch, timeout=1.0)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
+                await self.handle(msg)
             except Exception as exc:
-                log.warning("fetch failed: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            for msg in batch:
-                try:
-                    await self.handle(msg)
-                except Exception:
-                    # Not acked: redelivered after ack_wait, and planned again from scratch.
-                    log.exception("failed to plan %s", msg.subject)
+                # A plan that raises would raise again on every redelivery: keep it aside instead.
+                log.exception("failed to plan %s", msg.subject)
+                with contextlib.suppress(Exception):
+                    await bus.dead_letter(
+                        self.js,
+                        msg,
+                        stage="planner",
+                        reason="planner-error",
+                        error=repr(exc),
+                        namespace=subjects.trainjob_of_subject(msg.subject)[0],
+                        name=subjects.trainjob_of_subject(msg.subject)[1],
+                    )
+                    await msg.term()
 
 
 async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
     nc = await bus.connect(settings.nats_url, name="tjpipe-planner")
     js = nc.jetstream()
     await bus.ensure_streams(js, streams.configured_streams())
-    await bus.ensure_consumer(js, streams.PLANNER)
+    health = HealthServer(port=settings.metrics_port)
+    health.add_check("nats", lambda: nc.is_connected)
+    await health.start()
+    planner = Planner(settings, js)
+    consumer = PartitionedConsumer(js, streams.PLANNER, planner.handle_batch, batch=settings.batch)
+    leases = PartitionLeases(
+        await open_lease_bucket(js, ttl=settings.lease_ttl, replicas=streams.stream_replicas()),
+        role="planner",
+        replica=settings.replica,
+        on_acquire=consumer.acquire,
+        on_release=consumer.release,
+        ttl=settings.lease_ttl,
+    )
+    log.info("planner %s running", settings.replica)
     try:
-        await Planner(settings, js).run(stop)
+        await leases.run(stop)
     finally:
+        await health.stop()
         await nc.drain()

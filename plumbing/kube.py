@@ -175,6 +175,14 @@ class KubeClient:
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
 
+    async def reachable(self) -> bool:
+        """Whether the API server answers /readyz; used by readiness probes."""
+        try:
+            await self.request("GET", "/readyz", timeout=3)
+        except KubeApiError:
+            return False
+        return True
+
     async def apply(
         self,
         resource: Resource,

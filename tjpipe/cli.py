@@ -26,6 +26,17 @@ def _env_list(name: str) -> list[str]:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=os.environ.get("TJPIPE_LOG_LEVEL", "info"))
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("TJPIPE_METRICS_PORT", "9090")),
+        help="serve /metrics, /healthz and /readyz here (env TJPIPE_METRICS_PORT; 0 turns it off)",
+    )
+    parser.add_argument(
+        "--replica-id",
+        default=os.environ.get("TJPIPE_REPLICA_ID", ""),
+        help="name of this replica in partition leases (env TJPIPE_REPLICA_ID; default host-pid)",
+    )
+    parser.add_argument(
         "--log-format", choices=("json", "text", "auto"), default=os.environ.get("TJPIPE_LOG_FORMAT", "auto")
     )
 
@@ -141,16 +152,26 @@ def _run_service(command: str, args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig,
             namespaces=tuple(dict.fromkeys(args.namespace)),
             resync_seconds=args.resync_seconds,
+            metrics_port=args.metrics_port,
         )
         return run_service(lambda stop: run_watcher(ws, stop))
     if command == "planner":
         from planner.service import PlannerSettings, run_planner
 
-        ps = PlannerSettings(nats_url=args.nats_url)
+        ps = PlannerSettings(nats_url=args.nats_url, metrics_port=args.metrics_port)
+        if args.replica_id:
+            ps.replica = args.replica_id
         return run_service(lambda stop: run_planner(ps, stop))
     from applier.service import ApplierSettings, run_applier
 
-    aps = ApplierSettings(nats_url=args.nats_url, kubeconfig=args.kubeconfig, concurrency=args.concurrency)
+    aps = ApplierSettings(
+        nats_url=args.nats_url,
+        kubeconfig=args.kubeconfig,
+        concurrency=args.concurrency,
+        metrics_port=args.metrics_port,
+    )
+    if args.replica_id:
+        aps.replica = args.replica_id
     return run_service(lambda stop: run_applier(aps, stop))
 
 

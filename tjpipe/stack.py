@@ -21,7 +21,7 @@ from typing import Any
 from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNats, start_nats
-from tjpipe.local.procs import ManagedProcess, spawn, stop_from_pid_files
+from tjpipe.local.procs import ManagedProcess, free_port, spawn, stop_from_pid_files
 
 SERVICES = ("watcher", "planner", "applier")
 DEMO_NAMESPACE = "tjpipe-demo"
@@ -75,6 +75,7 @@ class Stack:
     local_nats: LocalNats | None = None
     local_kube: LocalKube | None = None
     services: list[ManagedProcess] = field(default_factory=list)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
     _containers: list[Any] = field(default_factory=list)
 
     # ---------------------------------------------------------------------------------- infrastructure
@@ -169,15 +170,31 @@ class Stack:
         return env
 
     def start_service(self, service: str, *, name: str | None = None, extra: Sequence[str] = ()) -> ManagedProcess:
-        argv = [sys.executable, "-m", "tjpipe", service, "--log-format", "json", *self.service_args, *extra]
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "tjpipe",
+            service,
+            "--log-format",
+            "json",
+            "--metrics-port",
+            str(port),
+            "--replica-id",
+            name or service,
+            *self.service_args,
+            *extra,
+        ]
         process = spawn(name=name or service, argv=argv, log_dir=self.paths.logs, env=self.service_env())
         self.services.append(process)
+        self.metrics_ports[name or service] = port
         return process
 
     def start_services(self) -> None:
         for service in SERVICES:
             process = self.start_service(service)
-            self.progress(f"started {service} (pid {process.pid}, log {process.log_path})")
+            port = self.metrics_ports[service]
+            self.progress(f"started {service} (pid {process.pid}, metrics :{port}/metrics, log {process.log_path})")
 
     # --------------------------------------------------------------------------------------------- demo
 

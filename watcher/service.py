@@ -28,6 +28,7 @@ from contracts.values import meta, name_of, namespace_of
 from plumbing import bus
 from plumbing.informer import Cached, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
+from plumbing.observability import EVENTS, HealthServer
 from watcher import core
 
 log = logging.getLogger("watcher")
@@ -52,6 +53,7 @@ class WatcherSettings:
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty means all."""
     resync_seconds: float = 300.0
+    metrics_port: int = 0
 
 
 @dataclass
@@ -272,6 +274,7 @@ class Watcher:
                 log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        EVENTS.labels(cause=cause.split()[0], outcome="duplicate" if ack.duplicate else "published").inc()
         if ack.duplicate:
             self.stats.duplicates += 1
         else:
@@ -321,8 +324,15 @@ async def run_watcher(settings: WatcherSettings, stop: asyncio.Event) -> None:
     nc = await bus.connect(settings.nats_url, name="tjpipe-watcher")
     js = nc.jetstream()
     await bus.ensure_streams(js, streams.configured_streams())
+    health = HealthServer(port=settings.metrics_port)
+    health.add_check("nats", lambda: nc.is_connected)
     async with KubeClient(KubeConfig.load(settings.kubeconfig)) as kube:
+        watcher = Watcher(settings, kube, js)
+        health.add_check("kubernetes", kube.reachable)
+        health.add_check("synced", lambda: all(inf.synced.is_set() for inf in watcher.trainjobs))
+        await health.start()
         try:
-            await Watcher(settings, kube, js).run(stop)
+            await watcher.run(stop)
         finally:
+            await health.stop()
             await nc.drain()

@@ -1,0 +1,202 @@
+"""Sharing a fixed set of partitions among the live replicas of a service, through JetStream KV leases.
+
+Subjects carry a partition number (``contracts.subjects``) and every partition has its own durable pull
+consumer, so whoever holds a partition sees its TrainJobs in order and alone. Replicas announce themselves
+with a membership key and claim partitions with ``create`` (which fails if the key exists); every key
+lives in a bucket with a TTL, so a replica that dies simply stops renewing and its membership and
+partitions expire within seconds. Each replica aims for its fair share, ``ceil(partitions / members)``:
+it claims free partitions up to that number and lets go of extras when new replicas join, so load spreads
+without any coordinator.
+
+A replica that loses a lease (a long pause, a partition of the network) stops its consumer for that
+partition at the next renewal; until then two replicas may briefly both work on it. The applier's ledger
+fence makes that harmless: the older plan loses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.kv import KeyValue
+
+from contracts.streams import ConsumerSpec
+from contracts.subjects import PARTITIONS
+from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
+
+log = logging.getLogger(__name__)
+
+LEASE_BUCKET = "tj_leases"
+
+
+def default_replica_id() -> str:
+    return os.environ.get("TJPIPE_REPLICA_ID") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def open_lease_bucket(js: JetStreamContext, *, ttl: float, replicas: int = 1) -> KeyValue:
+    try:
+        return await js.key_value(LEASE_BUCKET)
+    except (NotFoundError, BadRequestError):
+        return await js.create_key_value(bucket=LEASE_BUCKET, ttl=ttl, history=1, replicas=replicas)
+
+
+class PartitionLeases:
+    """Keeps this replica's fair share of partitions and starts or stops a worker for each."""
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        *,
+        role: str,
+        replica: str,
+        on_acquire: Callable[[int], Awaitable[None]],
+        on_release: Callable[[int], Awaitable[None]],
+        partitions: int = PARTITIONS,
+        ttl: float = 6.0,
+    ) -> None:
+        self.kv = kv
+        self.role = role
+        self.replica = replica.replace(".", "_")
+        self.partitions = partitions
+        self.ttl = ttl
+        self.on_acquire = on_acquire
+        self.on_release = on_release
+        self.owned: dict[int, int] = {}
+        """partition → revision of our lease key."""
+
+    def _key(self, partition: int) -> str:
+        return f"{self.role}.p{partition}"
+
+    async def _members(self) -> int:
+        prefix = f"{self.role}.member."
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            return 1
+        return max(1, sum(1 for k in keys if k.startswith(prefix)))
+
+    async def tick(self) -> None:
+        """One round: announce, renew, rebalance. Public so tests can drive it step by step."""
+        await self.kv.put(f"{self.role}.member.{self.replica}", self.replica.encode())
+        for partition, revision in list(self.owned.items()):
+            try:
+                self.owned[partition] = await self.kv.update(self._key(partition), self.replica.encode(), last=revision)
+            except (KeyWrongLastSequenceError, BadRequestError, KeyNotFoundError):
+                log.warning("%s lost partition %d", self.role, partition)
+                del self.owned[partition]
+                await self.on_release(partition)
+        share = math.ceil(self.partitions / await self._members())
+        while len(self.owned) > share:
+            partition = max(self.owned)
+            revision = self.owned.pop(partition)
+            await self.on_release(partition)
+            with contextlib.suppress(Exception):
+                await self.kv.delete(self._key(partition), last=revision)
+            log.info("%s released partition %d (share is %d)", self.role, partition, share)
+        if len(self.owned) < share:
+            for partition in self._claim_order():
+                if len(self.owned) >= share:
+                    break
+                if partition in self.owned:
+                    continue
+                try:
+                    revision = await self.kv.create(self._key(partition), self.replica.encode())
+                except (KeyWrongLastSequenceError, BadRequestError):
+                    continue
+                self.owned[partition] = revision
+                log.info("%s acquired partition %d", self.role, partition)
+                await self.on_acquire(partition)
+
+    def _claim_order(self) -> list[int]:
+        # Start at a replica-specific offset so replicas starting together do not race for the same keys.
+        offset = sum(self.replica.encode()) % self.partitions
+        return [(offset + i) % self.partitions for i in range(self.partitions)]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    await self.tick()
+                except Exception as exc:  # the bus is away: keep what we have, try again
+                    log.warning("%s lease round failed: %s", self.role, exc)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.ttl / 3)
+        finally:
+            for partition, revision in list(self.owned.items()):
+                await self.on_release(partition)
+                with contextlib.suppress(Exception):
+                    await self.kv.delete(self._key(partition), last=revision)
+            self.owned.clear()
+            with contextlib.suppress(Exception):
+                await self.kv.delete(f"{self.role}.member.{self.replica}")
+
+
+class PartitionedConsumer:
+    """A pull loop per held partition, on that partition's durable consumer."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        spec: ConsumerSpec,
+        handle_batch: Callable[[list[Msg]], Awaitable[None]],
+        *,
+        batch: int,
+    ) -> None:
+        self.js = js
+        self.spec = spec
+        self.handle_batch = handle_batch
+        self.batch = batch
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    async def acquire(self, partition: int) -> None:
+        from plumbing.bus import ensure_consumer
+
+        spec = partition_consumer(self.spec, partition)
+        await ensure_consumer(self.js, spec)
+        sub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
+        self._tasks[partition] = asyncio.create_task(self._loop(sub, spec.durable))
+        PARTITIONS_OWNED.labels(role=self.spec.durable).set(len(self._tasks))
+
+    async def release(self, partition: int) -> None:
+        task = self._tasks.pop(partition, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        PARTITIONS_OWNED.labels(role=self.spec.durable).set(len(self._tasks))
+
+    async def _loop(self, sub: JetStreamContext.PullSubscription, durable: str) -> None:
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(self.batch, timeout=1.0)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the bus is away; the client reconnects by itself
+                    log.warning("fetch on %s failed: %s", durable, exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                if msgs:
+                    CONSUMER_LAG.labels(consumer=durable).set(msgs[-1].metadata.num_pending or 0)
+                    await self.handle_batch(msgs)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+def partition_consumer(spec: ConsumerSpec, partition: int) -> ConsumerSpec:
+    prefix = spec.filter_subject.split(".*.", 1)[0]
+    return msgspec.structs.replace(
+        spec, durable=f"{spec.durable}-p{partition}", filter_subject=f"{prefix}.{partition}.>"
+    )
