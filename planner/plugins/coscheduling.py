@@ -23,7 +23,7 @@ from __future__ import annotations
 import decimal
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -39,79 +39,10 @@ from planner.framework import BuildError
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, parse_quantity
 from planner.plugins.jobset import owner_reference
+from planner.quantities import EXACT, NANO, QuantityFormat, format_quantity, quantity_format
 
 DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
 """The runtime CRD's default for ``podGroupPolicy.coscheduling.scheduleTimeoutSeconds``."""
-
-# ------------------------------------------------------------------------------------------ quantities
-
-QuantityFormat = Literal["DecimalSI", "BinarySI", "DecimalExponent"]
-
-_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-_DECIMAL_SUFFIXES: Mapping[int, str] = {
-    -9: "n",
-    -6: "u",
-    -3: "m",
-    0: "",
-    3: "k",
-    6: "M",
-    9: "G",
-    12: "T",
-    15: "P",
-    18: "E",
-}
-_NANO = Decimal("1e-9")
-_EXACT = decimal.Context(prec=200, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation])
-
-
-def quantity_format(text: str | int | float) -> QuantityFormat:
-    """The format Kubernetes' parser gives a quantity, from its suffix."""
-    if not isinstance(text, str):
-        return "DecimalSI"
-    body = text.strip().lstrip("+-")
-    suffix = body.lstrip("0123456789.")
-    if suffix in _BINARY_SUFFIXES[1:]:
-        return "BinarySI"
-    if len(suffix) > 1 and suffix[0] in "eE":
-        return "DecimalExponent"
-    return "DecimalSI"
-
-
-def format_quantity(value: Decimal, fmt: QuantityFormat) -> str:
-    """``resource.Quantity.String()`` of ``value`` held in format ``fmt``.
-
-    Values finer than a nano unit are rounded up to it, as Kubernetes does when it parses them. Where Go
-    would run out of suffixes (beyond ``E`` or ``Ei``) the mantissa grows instead, so the value is kept.
-    """
-    with decimal.localcontext(_EXACT):
-        if value == 0:
-            return "0"
-        value = value.quantize(_NANO, rounding=decimal.ROUND_UP)
-        if fmt == "BinarySI" and (-1024 < value < 1024 or value != value.to_integral_value()):
-            # Small or fractional values are shown in decimal SI rather than rounded.
-            fmt = "DecimalSI"
-        if fmt == "BinarySI":
-            mantissa, power = int(value), 0
-            while mantissa % 1024 == 0 and power < len(_BINARY_SUFFIXES) - 1:
-                mantissa //= 1024
-                power += 1
-            return f"{mantissa}{_BINARY_SUFFIXES[power]}"
-        sign, digits, exponent = value.as_tuple()
-        mantissa = int("".join(map(str, digits)))
-        exp = int(exponent)
-        while mantissa % 10 == 0:
-            mantissa //= 10
-            exp += 1
-        while exp % 3 != 0:
-            mantissa *= 10
-            exp -= 1
-        number = f"{'-' if sign else ''}{mantissa}"
-        if fmt == "DecimalExponent":
-            return number if exp == 0 else f"{number}e{exp}"
-        if exp > 18:
-            number = f"{'-' if sign else ''}{mantissa * 10 ** (exp - 18)}"
-            exp = 18
-        return f"{number}{_DECIMAL_SUFFIXES[exp]}"
 
 
 class _Q:
@@ -127,7 +58,7 @@ class _Q:
         # Quantity.Add: a zero left-hand side takes the other's format; otherwise its own is kept.
         if self.value == 0:
             self.fmt = other.fmt
-        with decimal.localcontext(_EXACT):
+        with decimal.localcontext(EXACT):
             self.value = self.value + other.value
 
 
@@ -191,9 +122,9 @@ def pod_group_totals(info: RuntimeInfo) -> tuple[int, dict[str, str]]:
         members += ps.count
         formats = pod_request_formats(specs[index]) if index < len(specs) else {}
         for name, value in ps.single_pod_requests.items():
-            with decimal.localcontext(_EXACT):
+            with decimal.localcontext(EXACT):
                 # Kubernetes rounds a parsed quantity up to a whole nano unit before any arithmetic.
-                single = value.quantize(_NANO, rounding=decimal.ROUND_UP)
+                single = value.quantize(NANO, rounding=decimal.ROUND_UP)
                 scaled = _Q(single * ps.count, formats.get(name, "DecimalSI"))
             current = totals.setdefault(name, _Q(Decimal(0), "DecimalSI"))
             current.add(scaled)

@@ -23,6 +23,7 @@ from contracts.values import is_set, name_of, namespace_of, or_default, uid_of
 from planner.framework import BuildError
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
+from planner.quantities import canonical_quantity, canonical_resources
 from planner.runtime_info import builtins, spec_of
 
 
@@ -46,6 +47,20 @@ def _ancestor(rjob: Obj) -> str | None:
     labels = ((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}
     value = labels.get(t.LABEL_TRAINJOB_ANCESTOR)
     return str(value) if value is not None else None
+
+
+def _canonical_quantities(pod_spec: Obj) -> None:
+    """Quantities as Trainer's typed round trip writes them (``2`` → ``"2"``, ``1000m`` → ``"1"``)."""
+    for kind in ("containers", "initContainers"):
+        for container in pod_spec.get(kind) or []:
+            if "resources" in container:
+                container["resources"] = canonical_resources(container["resources"])
+    if "resources" in pod_spec:
+        pod_spec["resources"] = canonical_resources(pod_spec["resources"])
+    for volume in pod_spec.get("volumes") or []:
+        empty_dir = volume.get("emptyDir")
+        if isinstance(empty_dir, dict) and "sizeLimit" in empty_dir:
+            empty_dir["sizeLimit"] = canonical_quantity(empty_dir["sizeLimit"])
 
 
 class JobSetPlugin:
@@ -113,6 +128,8 @@ class JobSetPlugin:
                 pod_template.setdefault("metadata", {}).setdefault("labels", {}).update(info.pod_labels)
             if info.pod_annotations:
                 pod_template.setdefault("metadata", {}).setdefault("annotations", {}).update(info.pod_annotations)
+        for rjob in jobs:
+            _canonical_quantities(_pod_spec(rjob))
         suspend = or_default(spec_of(job).suspend, None)
         if suspend is not None:
             spec["suspend"] = suspend

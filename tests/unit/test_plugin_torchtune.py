@@ -227,7 +227,7 @@ def test_shipped_runtime_as_is_multi_gpu_node_container_is_exact() -> None:
         ],
         "env": pet_env("1", "auto"),
         "ports": [{"containerPort": 29500}],
-        "resources": {"limits": {"nvidia.com/gpu": 2}},
+        "resources": {"limits": {"nvidia.com/gpu": "2"}},  # canonical, as Trainer writes it
         "volumeMounts": [{"mountPath": "/workspace", "name": "initializer"}],
     }
 
