@@ -49,6 +49,23 @@ def _ancestor(rjob: Obj) -> str | None:
     return str(value) if value is not None else None
 
 
+def _go_typed_shape(rjob: Obj) -> None:
+    """The empty structs Trainer's typed round trip writes, so SSA sees the same owned fields as Trainer's.
+
+    Go encodes a non-pointer struct even when it is empty: every container gets ``resources: {}`` and every
+    job and pod template ``metadata: {}``. Sending the same keys makes the field manager own exactly what
+    Trainer's would, so handing a TrainJob from one controller to the other causes no write.
+    """
+    job_template = rjob.setdefault("template", {})
+    job_template.setdefault("metadata", {})
+    pod_template = job_template.setdefault("spec", {}).setdefault("template", {})
+    pod_template.setdefault("metadata", {})
+    pod_spec = pod_template.setdefault("spec", {})
+    for kind in ("containers", "initContainers"):
+        for container in pod_spec.get(kind) or []:
+            container.setdefault("resources", {})
+
+
 def _canonical_quantities(pod_spec: Obj) -> None:
     """Quantities as Trainer's typed round trip writes them (``2`` → ``"2"``, ``1000m`` → ``"1"``)."""
     for kind in ("containers", "initContainers"):
@@ -130,6 +147,10 @@ class JobSetPlugin:
                 pod_template.setdefault("metadata", {}).setdefault("annotations", {}).update(info.pod_annotations)
         for rjob in jobs:
             _canonical_quantities(_pod_spec(rjob))
+            _go_typed_shape(rjob)
+        for policy in spec.get("volumeClaimPolicies") or []:
+            for template in policy.get("templates") or []:
+                template.setdefault("status", {})
         suspend = or_default(spec_of(job).suspend, None)
         if suspend is not None:
             spec["suspend"] = suspend

@@ -284,6 +284,7 @@ def test_torch_jobset_exact_shape() -> None:
                             "parallelism": 2,
                             "completions": 2,
                             "template": {
+                                "metadata": {},
                                 "spec": {
                                     "containers": [
                                         {
@@ -303,7 +304,7 @@ def test_torch_jobset_exact_shape() -> None:
                                             },
                                         }
                                     ]
-                                }
+                                },
                             },
                         },
                     },
@@ -326,6 +327,7 @@ def test_torch_minimal_trainjob_uses_runtime_values() -> None:
         "image": "example.com/torch:1",
         "env": pet_env("1", "1"),
         "ports": [{"containerPort": 29500}],
+        "resources": {},
     }
     # No runtime template metadata: no labels or annotations on the JobSet, TrainJob's own are not copied.
     assert "labels" not in js["metadata"]
@@ -634,7 +636,7 @@ def test_plain_runtime_without_ml_policy_keeps_template_parallelism() -> None:
     js = built_jobset(run(trainjob({"trainer": {}}), rt))
     spec = rjobs(js)["node"]["template"]["spec"]
     assert (spec["parallelism"], spec["completions"]) == (2, 2)
-    assert node_container(js) == {"name": "node", "image": "i"}
+    assert node_container(js) == {"name": "node", "image": "i", "resources": {}}
 
 
 def test_plain_runtime_without_ml_policy_num_nodes_env_overrides_but_no_resources() -> None:
@@ -712,7 +714,7 @@ def test_job_without_ancestor_keeps_its_parallelism_and_replicas() -> None:
     workers = rjobs(js)["workers"]
     assert workers["replicas"] == 3
     assert (workers["template"]["spec"]["parallelism"], workers["template"]["spec"]["completions"]) == (5, 5)
-    assert node_container(js, "workers") == {"name": "node", "image": "w"}
+    assert node_container(js, "workers") == {"name": "node", "image": "w", "resources": {}}
     assert rjobs(js)["node"]["template"]["spec"]["parallelism"] == 4
 
 
@@ -791,14 +793,16 @@ def test_initializers_overrides() -> None:
         ],
         "envFrom": [{"secretRef": {"name": "hf-token"}}],
         "volumeMounts": [{"name": "initializer", "mountPath": "/workspace"}],
+        "resources": {},
     }
-    assert node_container(js, "dataset-initializer", "helper") == {"name": "helper", "image": "h"}
+    assert node_container(js, "dataset-initializer", "helper") == {"name": "helper", "image": "h", "resources": {}}
     assert node_container(js, "model-initializer", "model-initializer") == {
         "name": "model-initializer",
         "image": "m",
         "env": [{"name": "STORAGE_URI", "value": "s3://bucket/model"}],
         "envFrom": [{"configMapRef": {"name": "defaults"}}, {"secretRef": {"name": "s3-creds"}}],
         "volumeMounts": [{"name": "initializer", "mountPath": "/workspace"}],
+        "resources": {},
     }
     # Initializer jobs get no trainer env.
     assert rjobs(js)["dataset-initializer"]["template"]["spec"]["parallelism"] == 1
@@ -959,6 +963,7 @@ def test_runtime_patches_from_two_managers() -> None:
             {"name": "T", "value": "runtime"},
             {"name": "U", "value": "second"},
         ],
+        "resources": {},
     }
     assert node_container(js)["volumeMounts"] == [
         {"name": "data", "mountPath": "/data"},

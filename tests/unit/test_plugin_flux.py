@@ -205,6 +205,7 @@ def test_flux_exact_outputs() -> None:
                             "completions": 2,
                             "parallelism": 2,
                             "template": {
+                                "metadata": {},
                                 "spec": {
                                     "containers": [
                                         {
@@ -219,6 +220,7 @@ def test_flux_exact_outputs() -> None:
                                                 {"mountPath": "/curve", "name": "flux-curve", "readOnly": True},
                                                 {"mountPath": "/dev/shm", "name": "shared-memory", "readOnly": True},
                                             ],
+                                            "resources": {},
                                         }
                                     ],
                                     "initContainers": [
@@ -230,6 +232,7 @@ def test_flux_exact_outputs() -> None:
                                                 {"mountPath": "/mnt/flux", "name": "flux-install"},
                                                 config_mount,
                                             ],
+                                            "resources": {},
                                         }
                                     ],
                                     "volumes": [
@@ -245,7 +248,7 @@ def test_flux_exact_outputs() -> None:
                                             "secret": {"defaultMode": 0o400, "secretName": "test-job-flux-curve"},
                                         },
                                     ],
-                                }
+                                },
                             },
                         },
                     },
@@ -354,7 +357,7 @@ def test_runtime_init_containers_keep_their_slots() -> None:
     rt = flux_runtime(init_containers=[{"name": "fetch", "image": "example.com/fetch"}])
     pod = node_pod(run(trainjob({"numNodes": 2}), rt))
     assert [c["name"] for c in pod["initContainers"]] == ["fetch", "flux-installer"]
-    assert pod["initContainers"][0] == {"name": "fetch", "image": "example.com/fetch"}
+    assert pod["initContainers"][0] == {"name": "fetch", "image": "example.com/fetch", "resources": {}}
 
 
 # ----------------------------------------------------------------------------------------- validation

@@ -135,6 +135,7 @@ def test_multi_node_jobset_is_exact() -> None:
                             "parallelism": 2,
                             "completions": 2,
                             "template": {
+                                "metadata": {},
                                 "spec": {
                                     "containers": [
                                         {
@@ -145,9 +146,10 @@ def test_multi_node_jobset_is_exact() -> None:
                                             # for JAX), so the builder appends it after the JAX variables.
                                             "env": [*jax_env("2"), {"name": "FOO", "value": "bar"}],
                                             "ports": [{"containerPort": 29500}],
+                                            "resources": {},
                                         }
                                     ]
-                                }
+                                },
                             },
                         },
                     },
@@ -182,7 +184,7 @@ def test_runtime_env_comes_first_and_user_env_wins_by_name() -> None:
 
 def test_no_trainer_pod_set_means_nothing_to_inject() -> None:
     c = node(jobset(trainjob({"numNodes": 2}), runtime(ancestor="worker")))
-    assert c == {"name": "node", "image": IMAGE}
+    assert c == {"name": "node", "image": IMAGE, "resources": {}}
 
 
 def test_other_policies_get_no_jax_env() -> None:

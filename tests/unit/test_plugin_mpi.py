@@ -261,10 +261,12 @@ def test_deepspeed_exact_outputs() -> None:
                 {
                     "name": "node",
                     "template": {
+                        "metadata": {},
                         "spec": {
                             "completions": 2,
                             "parallelism": 2,
                             "template": {
+                                "metadata": {},
                                 "spec": {
                                     "securityContext": {"fsGroup": 1000},
                                     "containers": [
@@ -280,12 +282,13 @@ def test_deepspeed_exact_outputs() -> None:
                                             "volumeMounts": [
                                                 {"mountPath": "/home/mpiuser/.ssh", "name": "mpi-ssh-auth"}
                                             ],
+                                            "resources": {},
                                         }
                                     ],
                                     "volumes": [ssh_volume()],
-                                }
+                                },
                             },
-                        }
+                        },
                     },
                 },
                 {
@@ -298,6 +301,7 @@ def test_deepspeed_exact_outputs() -> None:
                             "completions": 1,
                             "parallelism": 1,
                             "template": {
+                                "metadata": {},
                                 "spec": {
                                     "securityContext": {"fsGroup": 1000},
                                     "containers": [
@@ -312,10 +316,11 @@ def test_deepspeed_exact_outputs() -> None:
                                                 {"mountPath": "/home/mpiuser/.ssh", "name": "mpi-ssh-auth"},
                                                 {"mountPath": "/etc/mpi", "name": "mpi-hostfile"},
                                             ],
+                                            "resources": {},
                                         }
                                     ],
                                     "volumes": [ssh_volume(), hostfile_volume()],
-                                }
+                                },
                             },
                         },
                     },

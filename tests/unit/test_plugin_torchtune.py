@@ -388,7 +388,12 @@ def test_env_injection_targets_keep_the_master_env_under_torchtune() -> None:
     node_pod["initContainers"] = [{"name": "preflight", "image": "example.com/check"}]
     js = jobset(trainjob(), rt)
     assert pod_spec(js, "node")["initContainers"] == [
-        {"name": "preflight", "image": "example.com/check", "env": [*pet_env("1", "auto"), *MASTER_ENV]}
+        {
+            "name": "preflight",
+            "image": "example.com/check",
+            "env": [*pet_env("1", "auto"), *MASTER_ENV],
+            "resources": {},
+        }
     ]
     assert node(js)["env"] == pet_env("1", "auto")
 

@@ -207,7 +207,8 @@ def test_without_volcano_policy_nothing_happens() -> None:
     p = run(trainjob(), rt, priority_classes=())
     assert volcano_messages(p) == []
     js = jobset(p)
-    assert all("metadata" not in rj["template"]["spec"]["template"] for rj in js["spec"]["replicatedJobs"])
+    # No group-name annotation: each pod template keeps only the empty metadata of Trainer's typed round trip.
+    assert [rj["template"]["spec"]["template"]["metadata"] for rj in js["spec"]["replicatedJobs"]] == [{}, {}]
     assert validate(trainjob(), rt, frozenset()) == []
 
 

@@ -137,6 +137,7 @@ def test_cpu_multi_node_container_is_exact() -> None:
             # PlainML puts the user's env on the container before the XGBoost plugin adds DMLC_*.
             "env": [{"name": "FOO", "value": "bar"}, *dmlc_env("3")],
             "ports": [{"containerPort": 29500}],
+            "resources": {},
         }
     ]
 
