@@ -46,7 +46,7 @@ from contracts.values import or_default
 from plumbing import bus
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import APPLIES, DEAD_LETTERS, END_TO_END, RETRIES, HealthServer
-from plumbing.partitions import PartitionedConsumer, PartitionLeases, default_replica_id, open_lease_bucket
+from plumbing.partitions import consume_partitioned, default_replica_id
 
 log = logging.getLogger("applier")
 
@@ -428,18 +428,17 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
         health.add_check("kubernetes", kube.reachable)
         await health.start()
         applier = Applier(settings, kube, js, await Ledger.open(js, replicas=streams.stream_replicas()))
-        consumer = PartitionedConsumer(js, streams.APPLIER, applier.handle_batch, batch=settings.batch)
-        leases = PartitionLeases(
-            await open_lease_bucket(js, ttl=settings.lease_ttl, replicas=streams.stream_replicas()),
-            role="applier",
-            replica=settings.replica,
-            on_acquire=consumer.acquire,
-            on_release=consumer.release,
-            ttl=settings.lease_ttl,
-        )
-        log.info("applier %s running", settings.replica)
         try:
-            await leases.run(stop)
+            await consume_partitioned(
+                js,
+                streams.APPLIER,
+                applier.handle_batch,
+                role="applier",
+                replica=settings.replica,
+                batch=settings.batch,
+                lease_ttl=settings.lease_ttl,
+                stop=stop,
+            )
         finally:
             await health.stop()
             await nc.drain()

@@ -28,7 +28,7 @@ from contracts.messages import (
 from planner.core import plan
 from plumbing import bus
 from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, HealthServer
-from plumbing.partitions import PartitionedConsumer, PartitionLeases, default_replica_id, open_lease_bucket
+from plumbing.partitions import consume_partitioned, default_replica_id
 
 log = logging.getLogger("planner")
 
@@ -131,18 +131,17 @@ async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
     health.add_check("nats", lambda: nc.is_connected)
     await health.start()
     planner = Planner(settings, js)
-    consumer = PartitionedConsumer(js, streams.PLANNER, planner.handle_batch, batch=settings.batch)
-    leases = PartitionLeases(
-        await open_lease_bucket(js, ttl=settings.lease_ttl, replicas=streams.stream_replicas()),
-        role="planner",
-        replica=settings.replica,
-        on_acquire=consumer.acquire,
-        on_release=consumer.release,
-        ttl=settings.lease_ttl,
-    )
-    log.info("planner %s running", settings.replica)
     try:
-        await leases.run(stop)
+        await consume_partitioned(
+            js,
+            streams.PLANNER,
+            planner.handle_batch,
+            role="planner",
+            replica=settings.replica,
+            batch=settings.batch,
+            lease_ttl=settings.lease_ttl,
+            stop=stop,
+        )
     finally:
         await health.stop()
         await nc.drain()

@@ -200,3 +200,30 @@ def partition_consumer(spec: ConsumerSpec, partition: int) -> ConsumerSpec:
     return msgspec.structs.replace(
         spec, durable=f"{spec.durable}-p{partition}", filter_subject=f"{prefix}.{partition}.>"
     )
+
+
+async def consume_partitioned(
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    handle_batch: Callable[[list[Msg]], Awaitable[None]],
+    *,
+    role: str,
+    replica: str,
+    batch: int,
+    lease_ttl: float,
+    stop: asyncio.Event,
+) -> None:
+    """Hold a fair share of the partitions of ``spec`` until ``stop``, feeding each one's batches in order."""
+    from contracts.streams import stream_replicas
+
+    consumer = PartitionedConsumer(js, spec, handle_batch, batch=batch)
+    leases = PartitionLeases(
+        await open_lease_bucket(js, ttl=lease_ttl, replicas=stream_replicas()),
+        role=role,
+        replica=replica,
+        on_acquire=consumer.acquire,
+        on_release=consumer.release,
+        ttl=lease_ttl,
+    )
+    log.info("%s %s running", role, replica)
+    await leases.run(stop)

@@ -1,0 +1,178 @@
+"""Checks of the deployment files (Dockerfile, compose, kustomize) against what the code actually reads and does.
+
+The helpers here derive the facts the files must agree with from the code itself: which environment
+variables each ``tjpipe`` subcommand reads (by building the real parser), which the streams read, and what
+each Dockerfile stage runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+
+# Read by every service but different in every replica (the holder's name in partition leases), so a shared
+# configuration must not set it: it defaults to host-pid, and Kubernetes sets it to the pod name.
+PER_REPLICA_ENV = frozenset({"TJPIPE_REPLICA_ID"})
+
+_ENV_IN_HELP = re.compile(r"\benv(?:ironment)?:?\s+([A-Z][A-Z0-9_]+)")
+
+
+class _SentinelEnviron(dict[str, str]):
+    """Stands in for ``os.environ``: every variable asked for is "set" to a distinct number and recorded.
+
+    A number survives the conversions the parser applies to defaults (``int``, ``float``, comma lists), so
+    an action's default tells which variable it came from.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: dict[str, str] = {}
+
+    def _value(self, key: str) -> str:
+        return self.asked.setdefault(key, str(73001 + len(self.asked)))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._value(key)
+
+    def __getitem__(self, key: str) -> str:
+        return self._value(key)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self._value(key)
+        return True
+
+
+class _RecordingDict(dict[str, str]):
+    """An empty environment that remembers which variables were asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.asked.add(key)
+        return default
+
+
+def _default_tokens(default: Any) -> set[str]:
+    values = default if isinstance(default, list | tuple) else [default]
+    tokens = set()
+    for value in values:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        tokens.add(str(value))
+    return tokens
+
+
+def cli_env_names() -> dict[str, set[str]]:
+    """Subcommand (``watcher``, ``planner``, ...) -> the environment variables its flags read.
+
+    Found two ways: an action whose default is a sentinel came from that variable, and a help text that
+    names ``env: NAME``.
+    """
+    from tjpipe import cli
+
+    recorder = _SentinelEnviron()
+    with mock.patch.object(os, "environ", recorder):
+        parser = cli.build_parser()
+    by_value = {value: name for name, value in recorder.asked.items()}
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    names: dict[str, set[str]] = {}
+    for command, sub in subparsers.choices.items():
+        found: set[str] = set()
+        for action in sub._actions:
+            found |= {by_value[token] for token in _default_tokens(action.default) if token in by_value}
+            found |= set(_ENV_IN_HELP.findall(action.help or ""))
+        names[command] = found
+    return names
+
+
+def stream_env_names() -> set[str]:
+    """The variables ``contracts.streams.configured_streams`` reads (retention, replicas)."""
+    from contracts import streams
+
+    recorder = _RecordingDict()
+    streams.configured_streams(recorder)
+    return recorder.asked
+
+
+SERVICE_COMMANDS = ("watcher", "planner", "applier")
+
+
+def service_env_names() -> dict[str, set[str]]:
+    """Per service: the variables its CLI flags read."""
+    cli_names = cli_env_names()
+    return {service: cli_names[service] for service in SERVICE_COMMANDS}
+
+
+def known_env_names() -> set[str]:
+    """Every variable some service reads; a deployment file that sets anything else has a typo."""
+    cli_names = cli_env_names()
+    return set().union(*(cli_names[s] for s in SERVICE_COMMANDS)) | stream_env_names()
+
+
+# --------------------------------------------------------------------------------------------- Dockerfile
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def last(self, instruction: str) -> str | None:
+        values = [args for name, args in self.instructions if name == instruction]
+        return values[-1] if values else None
+
+    def all(self, instruction: str) -> list[str]:
+        return [args for name, args in self.instructions if name == instruction]
+
+    def exec_form(self, instruction: str) -> list[str] | None:
+        value = self.last(instruction)
+        if value is None:
+            return None
+        if value.startswith("["):
+            parsed: list[str] = json.loads(value)
+            return parsed
+        return ["/bin/sh", "-c", value]
+
+
+def dockerfile_stages(path: Path = DOCKERFILE) -> dict[str, Stage]:
+    """The stages of a Dockerfile by name, with global ARG defaults substituted into FROM."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    args: dict[str, str] = {}
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, rest = line.partition(" ")
+        instruction = instruction.upper()
+        rest = rest.strip()
+        if instruction == "ARG" and current is None:
+            key, _, value = rest.partition("=")
+            args[key] = value
+            continue
+        if instruction == "FROM":
+            parts = shlex.split(rest)
+            base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), ""), parts[0])
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else str(len(stages))
+            current = Stage(name=name, base=base)
+            stages[name] = current
+            continue
+        if current is None:
+            raise ValueError(f"{path}: {instruction} before the first FROM")
+        current.instructions.append((instruction, rest))
+    return stages

