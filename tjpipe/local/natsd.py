@@ -12,13 +12,17 @@ JetStream has recovered its store, which is the moment clients can rely on it.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import signal
 import sysconfig
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
 
@@ -100,3 +104,198 @@ def _answers_ok(url: str) -> bool:
             return bool(response.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
+
+
+# ------------------------------------------------------------------------------------ a JetStream cluster
+
+_CLUSTER_NAME = "tjpipe"
+
+
+@dataclass(frozen=True)
+class _Member:
+    """What a cluster member keeps across a restart: its name, its ports, its store and its config file."""
+
+    name: str
+    client_port: int
+    monitor_port: int
+    cluster_port: int
+    store_dir: Path
+    config_path: Path
+
+
+@dataclass
+class LocalNatsCluster:
+    """``size`` nats-servers on 127.0.0.1 forming one JetStream cluster (``tjpipe``), servers ``n0``, ``n1``, …
+
+    Each member has its own store directory and a config file naming every other member as a route, so a
+    member restarted with :meth:`restart` rejoins with the same ports and the same store.
+    """
+
+    servers: list[LocalNats]
+    log_dir: Path
+    _members: list[_Member]
+
+    @property
+    def url(self) -> str:
+        """Every member's client URL, comma-separated, the way ``NATS_URL`` and ``plumbing.bus.connect`` take it."""
+        return ",".join(server.url for server in self.servers)
+
+    @property
+    def names(self) -> list[str]:
+        return [member.name for member in self._members]
+
+    def jsz(self, i: int) -> dict[str, Any]:
+        """Member ``i``'s ``/jsz`` (JetStream) report; empty when it does not answer."""
+        return _get_json(f"{self.servers[i].monitor_url}/jsz")
+
+    def meta_leader(self) -> str:
+        """The server name of the JetStream meta leader as the live members see it; "" when none agrees."""
+        leaders = {
+            str((self.jsz(i).get("meta_cluster") or {}).get("leader") or "")
+            for i, server in enumerate(self.servers)
+            if server.process.is_running()
+        }
+        return leaders.pop() if len(leaders) == 1 else ""
+
+    def is_ready(self) -> bool:
+        """Every live member has JetStream up, all agree on one meta leader, and it sees them all current."""
+        live = [i for i, server in enumerate(self.servers) if server.process.is_running()]
+        if not all(_answers_ok(f"{self.servers[i].monitor_url}/healthz?js-enabled-only=true") for i in live):
+            return False
+        leader = self.meta_leader()
+        if leader not in self.names or self.names.index(leader) not in live:
+            return False
+        replicas = (self.jsz(self.names.index(leader)).get("meta_cluster") or {}).get("replicas") or []
+        current = {str(peer.get("name")) for peer in replicas if peer.get("current")}
+        return all(self.names[i] in current for i in live if self.names[i] != leader)
+
+    def wait_ready(self, *, timeout: float = _STARTUP_TIMEOUT_SECONDS) -> None:
+        live = [server.process for server in self.servers if server.process.is_running()]
+        wait_until(
+            lambda: self.is_ready() or any(not process.is_running() for process in live),
+            timeout=timeout,
+            what=f"a JetStream meta leader with every live member of {self.url} current",
+        )
+        for process in live:
+            if not process.is_running():
+                raise RuntimeError(
+                    f"{process.name} exited with code {process.popen.returncode} while the cluster formed; "
+                    f"last lines of {process.log_path}:\n{process.log_tail()}"
+                )
+
+    def kill(self, i: int) -> None:
+        """SIGKILL member ``i`` (its whole process group): a crash, with no chance to hand over leadership."""
+        process = self.servers[i].process
+        if process.popen.poll() is None:  # once reaped, the pid may belong to a stranger: never signal it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.popen.wait()
+        process.stop(timeout=5)  # reaps any straggler in the group and removes the pid file
+
+    def restart(self, i: int, *, timeout: float = _STARTUP_TIMEOUT_SECONDS) -> LocalNats:
+        """Start member ``i`` again on the same ports and store (killing it first if it still runs)."""
+        if self.servers[i].process.is_running():
+            self.kill(i)
+        server = _start_member(self._members[i], log_dir=self.log_dir)
+        self.servers[i] = server
+        try:
+            self.wait_ready(timeout=timeout)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def stop(self, timeout: float = 10) -> None:
+        for server in self.servers:
+            server.stop(timeout=timeout)
+
+
+def start_nats_cluster(*, size: int = 3, base_dir: Path, log_dir: Path) -> LocalNatsCluster:
+    """Start a JetStream cluster of ``size`` nats-servers on 127.0.0.1; return once it has a meta leader.
+
+    Ready means: every member answers ``/healthz?js-enabled-only=true``, every member's ``/jsz`` names the
+    same meta leader, and that leader reports every other member as current, which is when streams with
+    ``size`` replicas can be created.
+    """
+    if size < 1:
+        raise ValueError(f"a cluster needs at least one server, not {size}")
+    ports = _distinct_free_ports(3 * size)
+    members = [
+        _Member(
+            name=f"n{i}",
+            client_port=ports[3 * i],
+            monitor_port=ports[3 * i + 1],
+            cluster_port=ports[3 * i + 2],
+            store_dir=base_dir / f"n{i}" / "store",
+            config_path=base_dir / f"n{i}" / "nats.conf",
+        )
+        for i in range(size)
+    ]
+    for member in members:
+        member.store_dir.mkdir(parents=True, exist_ok=True)
+        routes = [other.cluster_port for other in members if other is not member]
+        member.config_path.write_text(_member_config(member, routes=routes))
+    servers: list[LocalNats] = []
+    try:
+        for member in members:
+            servers.append(_start_member(member, log_dir=log_dir))
+        cluster = LocalNatsCluster(servers=servers, log_dir=log_dir, _members=members)
+        cluster.wait_ready()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return cluster
+
+
+def _member_config(member: _Member, *, routes: list[int]) -> str:
+    # JSON string literals are valid quoted strings in the NATS config format, and quoting keeps a `$` or a
+    # space in a path from being read as a variable or a separator.
+    route_lines = "\n".join(f"    {json.dumps(f'nats-route://127.0.0.1:{port}')}" for port in routes)
+    return (
+        f"server_name: {json.dumps(member.name)}\n"
+        f"listen: {json.dumps(f'127.0.0.1:{member.client_port}')}\n"
+        f"http: {json.dumps(f'127.0.0.1:{member.monitor_port}')}\n"
+        "jetstream {\n"
+        f"  store_dir: {json.dumps(str(member.store_dir))}\n"
+        "}\n"
+        "cluster {\n"
+        f"  name: {json.dumps(_CLUSTER_NAME)}\n"
+        f"  listen: {json.dumps(f'127.0.0.1:{member.cluster_port}')}\n"
+        "  routes: [\n"
+        f"{route_lines}\n"
+        "  ]\n"
+        "}\n"
+    )
+
+
+def _start_member(member: _Member, *, log_dir: Path) -> LocalNats:
+    process = spawn(
+        name=f"nats-{member.name}",
+        argv=[str(nats_server_binary()), "-c", str(member.config_path)],
+        log_dir=log_dir,
+    )
+    return LocalNats(
+        url=f"nats://127.0.0.1:{member.client_port}",
+        monitor_url=f"http://127.0.0.1:{member.monitor_port}",
+        process=process,
+        store_dir=member.store_dir,
+    )
+
+
+def _distinct_free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def _get_json(url: str) -> dict[str, Any]:
+    try:
+        with _DIRECT.open(url, timeout=1) as response:
+            body = json.loads(response.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
