@@ -1,0 +1,10 @@
+"""``python -m bench``: see ``bench.runner`` and ``python -m bench --help``."""
+
+from __future__ import annotations
+
+import sys
+
+from bench.runner import main
+
+if __name__ == "__main__":
+    sys.exit(main())

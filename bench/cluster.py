@@ -1,0 +1,422 @@
+"""The I/O the scenarios share: a counting API client, paged lists, metric scrapes, services, quiet.
+
+Everything here talks to loopback servers the benchmark started (or to the ones NATS_URL and KUBECONFIG
+name); every loop has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from bench import stats
+from contracts import resources, streams
+from contracts.resources import Resource
+from plumbing import bus
+from plumbing.kube import KubeApiError, KubeClient, KubeConfig, Response
+from tjpipe.stack import SERVICES, Stack
+
+log = logging.getLogger("bench")
+
+Progress = Callable[[str], None]
+
+
+# ------------------------------------------------------------------------------------------ API client
+
+
+class CountingKube(KubeClient):
+    """The project's KubeClient, counting each request as the API server will label it.
+
+    The counts are what the benchmark itself sent, so they can be taken out of the API server's own
+    ``apiserver_request_total`` and what is left is the pipeline's.
+    """
+
+    def __init__(self, config: KubeConfig, *, max_connections: int = 32, timeout: float = 30.0) -> None:
+        super().__init__(config, max_connections=max_connections, timeout=timeout)
+        self.counts: Counter[stats.RequestKey] = Counter()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Response:
+        key = stats.classify_request(method, path, params=params, content_type=content_type)
+        if key is not None:
+            self.counts[key] += 1
+        return await super().request(method, path, params=params, body=body, content_type=content_type, timeout=timeout)
+
+
+class _Meta(msgspec.Struct, kw_only=True):
+    name: str = ""
+    namespace: str = ""
+
+
+class _RJSpec(msgspec.Struct, kw_only=True):
+    parallelism: int | None = None
+
+
+class _RJTemplate(msgspec.Struct, kw_only=True):
+    spec: _RJSpec = msgspec.field(default_factory=_RJSpec)
+
+
+class _RJ(msgspec.Struct, kw_only=True):
+    name: str = ""
+    replicas: int | None = None
+    template: _RJTemplate = msgspec.field(default_factory=_RJTemplate)
+
+
+class _Spec(msgspec.Struct, kw_only=True):
+    replicatedJobs: list[_RJ] = []
+
+
+class Item(msgspec.Struct, kw_only=True):
+    """The little of a listed object the checks read: its name and, for a JobSet, its replicated jobs."""
+
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+
+
+class _ListMeta(msgspec.Struct, kw_only=True):
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class _Page(msgspec.Struct, kw_only=True):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[Item] = []
+
+
+_page_decoder = msgspec.json.Decoder(_Page)
+
+
+async def list_items(kube: KubeClient, resource: Resource, *, namespace: str | None, page: int = 500) -> list[Item]:
+    """Every object of ``resource`` in ``namespace``, paged so no single answer is huge."""
+    out: list[Item] = []
+    token = ""
+    for _ in range(10_000):  # bounded: 5 million objects at most
+        params = {"limit": str(page)}
+        if token:
+            params["continue"] = token
+        resp = await kube.request("GET", resource.path(namespace=namespace), params=params, timeout=120)
+        parsed = _page_decoder.decode(resp.body)
+        out.extend(parsed.items)
+        token = parsed.metadata.continue_
+        if not token:
+            break
+    return out
+
+
+async def create_namespace(kube: KubeClient, name: str) -> None:
+    body = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}).encode()
+    try:
+        await kube.create(resources.NAMESPACE, namespace=None, body=body)
+    except KubeApiError as exc:
+        if exc.status != 409:
+            raise
+
+
+async def apply_object(kube: KubeClient, resource: Resource, obj: Mapping[str, Any], *, field_manager: str) -> None:
+    meta = obj["metadata"]
+    await kube.apply(
+        resource,
+        namespace=meta.get("namespace", ""),
+        name=meta["name"],
+        body=json.dumps(obj).encode(),
+        field_manager=field_manager,
+        force=True,
+    )
+
+
+async def scrape_apiserver(kube: KubeClient) -> dict[stats.RequestKey, float] | None:
+    """``apiserver_request_total`` by (resource, subresource, verb); ``None`` when /metrics is refused."""
+    try:
+        resp = await kube.request("GET", "/metrics", timeout=60)
+    except KubeApiError as exc:
+        log.warning("apiserver /metrics unavailable: %s", exc)
+        return None
+    return stats.apiserver_requests(resp.body.decode(errors="replace"))
+
+
+# ----------------------------------------------------------------------------------------- services
+
+
+@dataclass
+class Services:
+    """The stack's three service processes, their metrics ports, restarts and readiness."""
+
+    stack: Stack
+    session: aiohttp.ClientSession
+    progress: Progress
+    base_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """Flags a service always gets, on its first start and on every restart (e.g. the applier's concurrency)."""
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    def pid(self, name: str) -> int | None:
+        for process in self.stack.services:
+            if process.name == name and process.is_running():
+                return process.pid
+        return None
+
+    def port(self, name: str) -> int:
+        return self.stack.metrics_ports[name]
+
+    async def start(self, name: str, extra: Sequence[str] = ()) -> None:
+        args = [*self.base_args.get(name, ()), *extra]
+        await asyncio.to_thread(self.stack.start_service, name, extra=args)
+
+    async def stop(self, name: str) -> None:
+        for process in [p for p in self.stack.services if p.name == name]:
+            await asyncio.to_thread(process.stop)
+            self.stack.services.remove(process)
+
+    async def restart(self, names: Sequence[str], *, extra: Mapping[str, Sequence[str]] | None = None) -> None:
+        for name in reversed(names):  # stop downstream first, like Stack.stop
+            await self.stop(name)
+        for name in names:
+            await self.start(name, (extra or {}).get(name, ()))
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+        await self.wait_ready(names)
+
+    async def start_all(self) -> None:
+        for name in SERVICES:
+            await self.start(name)
+        await self.wait_ready(SERVICES)
+
+    async def wait_ready(self, names: Sequence[str], *, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending:
+            for name in list(pending):
+                if await self._ready(name):
+                    pending.remove(name)
+            if not pending:
+                return
+            for name in pending:
+                if self.pid(name) is None:
+                    tail = next((p.log_tail() for p in self.stack.services if p.name == name), "")
+                    raise RuntimeError(f"{name} is not running; last log lines:\n{tail}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"services not ready after {timeout:.0f}s: {', '.join(pending)}")
+            await asyncio.sleep(0.2)
+
+    async def _ready(self, name: str) -> bool:
+        try:
+            async with self.session.get(
+                f"http://127.0.0.1:{self.port(name)}/readyz", timeout=aiohttp.ClientTimeout(total=3)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def metrics(self, name: str) -> str:
+        try:
+            async with self.session.get(
+                f"http://127.0.0.1:{self.port(name)}/metrics", timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp:
+                return await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return ""
+
+    async def counters(self) -> dict[str, dict[tuple[str, ...], float]]:
+        """The pipeline's own counters that explain a situation: events, plans, apply outcomes."""
+        watcher = await self.metrics("watcher")
+        planner = await self.metrics("planner")
+        applier = await self.metrics("applier")
+        return {
+            "events": stats.sum_by(stats.samples(watcher, "tjpipe_events_total"), "outcome"),
+            "plans": stats.sum_by(stats.samples(planner, "tjpipe_plans_total"), "outcome"),
+            "applies": stats.sum_by(stats.samples(applier, "tjpipe_applies_total"), "kind", "action"),
+        }
+
+    def rss(self) -> list[dict[str, Any]]:
+        out = []
+        for name in SERVICES:
+            pid = self.pid(name)
+            status = ""
+            if pid is not None:
+                with contextlib.suppress(OSError):
+                    status = Path(f"/proc/{pid}/status").read_text()
+            out.append(
+                {
+                    "service": name,
+                    "pid": pid,
+                    "rss_mb": stats.kib_to_mb(stats.parse_status_kib(status, "VmRSS")),
+                    "hwm_mb": stats.kib_to_mb(stats.parse_status_kib(status, "VmHWM")),
+                }
+            )
+        return out
+
+
+def counter_delta(
+    after: Mapping[str, Mapping[tuple[str, ...], float]], before: Mapping[str, Mapping[tuple[str, ...], float]]
+) -> dict[str, dict[str, float]]:
+    """Per-counter deltas with their label tuples joined, e.g. ``{"applies": {"JobSet/created": 3}}``."""
+    out: dict[str, dict[str, float]] = {}
+    for name, values in after.items():
+        moved = stats.delta(values, before.get(name, {}))
+        out[name] = {"/".join(k): v for k, v in sorted(moved.items())}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- bus
+
+
+async def last_seq(js: JetStreamContext, stream: str) -> int:
+    info = await js.stream_info(stream)
+    return int(info.state.last_seq)
+
+
+async def backlog(js: JetStreamContext) -> int:
+    """Messages the planner and applier consumers have not finished: pending plus unacknowledged."""
+    total = 0
+    for spec in (streams.PLANNER, streams.APPLIER):
+        for partition in range(16):
+            durable = f"{spec.durable}-p{partition}"
+            try:
+                info = await js.consumer_info(spec.stream, durable)
+            except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
+                continue
+            total += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+    return total
+
+
+async def signature(js: JetStreamContext) -> tuple[int, ...]:
+    return tuple([await last_seq(js, s.name) for s in streams.ALL_STREAMS])
+
+
+async def wait_quiet(
+    js: JetStreamContext,
+    *,
+    quiet_seconds: float,
+    timeout: float,
+    min_seconds: float = 0.0,
+    interval: float = 0.5,
+) -> float | None:
+    """Wait until no stream grows and no consumer has work for ``quiet_seconds``; seconds taken, or None.
+
+    Quiet is measured on the bus, not on the API server: every write the pipeline makes is an apply whose
+    result is published, and every observation the watcher makes that is not a duplicate is an event.
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    last = await signature(js)
+    still_since = time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(interval)
+        now_sig = await signature(js)
+        pending = await backlog(js)
+        now = time.monotonic()
+        if now_sig != last or pending:
+            last = now_sig
+            still_since = now
+            continue
+        if now - still_since >= quiet_seconds and now - started >= min_seconds:
+            return still_since - started
+    return None
+
+
+async def read_last_per_subject(js: JetStreamContext, stream: str, subject: str) -> list[bus.StoredMessage]:
+    """The newest stored message of every subject matching ``subject``, without touching any durable.
+
+    Like ``plumbing.bus.read_stream`` (an ephemeral, unacknowledged, in-memory consumer) but with the
+    server picking the last message per subject, so a TrainJob's history is not read to find its end.
+    """
+    config = js_api.ConsumerConfig(
+        ack_policy=js_api.AckPolicy.NONE,
+        deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+        inactive_threshold=30,
+        mem_storage=True,
+        num_replicas=1,
+    )
+    sub = await js.pull_subscribe(subject, stream=stream, config=config)
+    out: list[bus.StoredMessage] = []
+    try:
+        for _ in range(100_000):  # bounded: 25 million messages at most
+            try:
+                msgs = await sub.fetch(256, timeout=1.0)
+            except (nats.errors.TimeoutError, TimeoutError):
+                break
+            for msg in msgs:
+                meta = msg.metadata
+                out.append(
+                    bus.StoredMessage(
+                        stream=stream,
+                        seq=meta.sequence.stream,
+                        subject=msg.subject,
+                        data=msg.data,
+                        headers=dict(msg.headers or {}),
+                        time=meta.timestamp.timestamp(),
+                    )
+                )
+            if msgs and msgs[-1].metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+class ResultTracker:
+    """Follows TJ_RESULTS for one namespace live (a core subscription) to know when a run is done."""
+
+    def __init__(self, nc: NATS, namespace: str, required: Mapping[str, frozenset[str]]) -> None:
+        self.nc = nc
+        self.namespace = namespace
+        self.required = required
+        self.seen: dict[str, set[str]] = {}
+        self.done_names: set[str] = set()
+        self.failed = 0
+        self.done = asyncio.Event()
+        self._sub: Any = None
+        if not required:
+            self.done.set()
+
+    async def start(self) -> None:
+        from contracts.messages import decode_result
+
+        async def on_msg(msg: Any) -> None:
+            try:
+                result = decode_result(msg.data)
+            except msgspec.DecodeError:
+                return
+            name = result.trainjob.name
+            if result.action == "failed":
+                self.failed += 1
+            if result.action not in SUCCESS_ACTIONS or name not in self.required:
+                return
+            seen = self.seen.setdefault(name, set())
+            seen.add(result.component)
+            if name not in self.done_names and self.required[name] <= seen:
+                self.done_names.add(name)
+                if len(self.done_names) == len(self.required):
+                    self.done.set()
+
+        self._sub = await self.nc.subscribe(f"tj.result.*.{self.namespace}.>", cb=on_msg, pending_msgs_limit=1_000_000)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+
+SUCCESS_ACTIONS = frozenset({"created", "configured", "unchanged"})

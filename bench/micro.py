@@ -1,0 +1,111 @@
+"""The planner microbenchmark: what the planner service does per event, minus I/O, on one core.
+
+Per event, as ``planner.service.Planner.handle`` does it: decode the event bytes, ``plan()``, and for every
+apply message encode it, compute its ``Nats-Msg-Id`` (a SHA-256 of the payload) and its subject. What is
+left out is the I/O around it: fetching, publishing, acking, the log line and the metric increments.
+
+Rates are per CPU-second of this process (``time.process_time``), which is what "per core" means on a
+shared machine: time the scheduler gave to other processes does not count against the planner. The wall
+rate is reported next to it.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bench import workload
+from contracts import subjects
+from contracts.messages import component_of, decode_event, encode
+from planner.core import plan
+from planner.service import apply_message_id
+
+EVENTS_PER_RUNTIME = 32
+"""Distinct events cycled through, so nothing can be served from a cache keyed by the last input."""
+EVENT_SHAPE = "numNodes 2-4, resourcesPerNode cpu+memory, runtime_source=live, no JobSet yet"
+
+
+def encoded_events(runtime_name: str, runtime: Mapping[str, Any], count: int = EVENTS_PER_RUNTIME) -> list[bytes]:
+    events = []
+    for i in range(count):
+        event = workload.observed_event(
+            namespace="bench-micro",
+            name=f"job-{i}",
+            uid=f"00000000-0000-4000-8000-{i:012d}",
+            kind="torch",
+            runtime={**runtime, "metadata": {**runtime.get("metadata", {}), "name": runtime_name}},
+            num_nodes=workload.num_nodes_for(i),
+            observed_at=1_700_000_000.0 + i,
+            resource_version=str(100 + i),
+        )
+        events.append(encode(event))
+    return events
+
+
+def handle_once(data: bytes, seq: int) -> tuple[int, int]:
+    """One event through the planner's CPU path; returns (messages, warnings)."""
+    event = decode_event(data)
+    result = plan(event, source_seq=seq)
+    for message in result.applies:
+        payload = encode(message)
+        apply_message_id(message, payload)
+        subjects.apply_subject(message.trainjob.namespace, message.trainjob.name, component_of(message))
+    return len(result.applies), len(result.warnings)
+
+
+def bench_runtime(
+    runtime_name: str,
+    runtime: Mapping[str, Any],
+    *,
+    seconds: float,
+    max_plans: int = 2_000_000,
+    clock: Callable[[], float] = time.process_time,
+) -> dict[str, Any]:
+    """Plans per CPU-second for one runtime, run for ``seconds`` of CPU or ``max_plans``, whichever first."""
+    events = encoded_events(runtime_name, runtime)
+    messages, warnings = handle_once(events[0], 1)
+    for i in range(min(200, max_plans)):  # warm-up: imports, caches, first-call costs
+        handle_once(events[i % len(events)], i + 1)
+    gc.collect()
+    plans = 0
+    cpu_start = clock()
+    wall_start = time.perf_counter()
+    cpu_elapsed = 0.0
+    while plans < max_plans:
+        for _ in range(16):
+            handle_once(events[plans % len(events)], plans + 1)
+            plans += 1
+        cpu_elapsed = clock() - cpu_start
+        if cpu_elapsed >= seconds:
+            break
+    wall_elapsed = time.perf_counter() - wall_start
+    return {
+        "runtime": runtime_name,
+        "plans": plans,
+        "cpu_seconds": cpu_elapsed,
+        "wall_seconds": wall_elapsed,
+        "plans_per_cpu_s": plans / cpu_elapsed if cpu_elapsed > 0 else None,
+        "wall_plans_per_s": plans / wall_elapsed if wall_elapsed > 0 else None,
+        "us_per_plan": cpu_elapsed / plans * 1e6 if plans else None,
+        "messages_per_plan": messages,
+        "warnings": warnings,
+        "event_bytes": len(events[0]),
+    }
+
+
+def run_planner_micro(
+    runtimes: Mapping[str, Mapping[str, Any]],
+    *,
+    seconds: float,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Every shipped runtime in turn, torch-distributed first."""
+    order = sorted(runtimes, key=lambda name: (name != workload.TORCH_RUNTIME, name))
+    results = []
+    for name in order:
+        result = bench_runtime(name, runtimes[name], seconds=seconds)
+        progress(f"planner: {name}: {result['plans_per_cpu_s']:,.0f} plans/s/core ({result['plans']:,} plans)")
+        results.append(result)
+    return {"event": EVENT_SHAPE, "seconds_per_runtime": seconds, "runtimes": results}

@@ -1,0 +1,373 @@
+"""The order of things: machine facts, planner, stack, ceiling, services, end to end, amplification, memory.
+
+The planner microbenchmark runs before any server starts, and the raw SSA ceiling before the services
+start, so neither competes with the pipeline for the two cores. Whatever fails, the stack is stopped and
+the report is written with what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench import stats, workload
+from bench.micro import run_planner_micro
+
+SCENARIOS = ("planner", "ceiling", "e2e", "paced", "writes", "memory")
+SERVER_SCENARIOS = ("ceiling", "e2e", "paced", "writes", "memory")
+
+
+@dataclass(frozen=True)
+class Settings:
+    out: Path
+    quick: bool
+    sizes: tuple[int, ...]
+    memory_jobs: int
+    skip: frozenset[str]
+    ceiling_jobs: int
+    concurrency: int
+    create_concurrency: int
+    paced_rate: float
+    paced_seconds: float
+    planner_seconds: float
+    quiet_seconds: float
+    resync_seconds: float
+    keep_state: bool
+    command: str
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark the pipeline against its own local stack and write report.md and report.json.",
+    )
+    parser.add_argument("--quick", action="store_true", help="a small run (about 3 minutes on 2 cores)")
+    parser.add_argument("--out", type=Path, default=Path(".bench"), help="report folder (default .bench/)")
+    parser.add_argument("--sizes", help="end-to-end sizes, comma-separated (default 200,1000; --quick 100)")
+    parser.add_argument("--memory-jobs", type=int, help="TrainJobs present for the memory figures (default 10000)")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        help=f"scenarios to leave out, comma-separated or repeated: {', '.join(SCENARIOS)}",
+    )
+    parser.add_argument("--ceiling-jobs", type=int, help="TrainJobs for the SSA ceiling (default: largest size)")
+    parser.add_argument("--concurrency", type=int, default=16, help="applier concurrency, also the ceiling's")
+    parser.add_argument("--create-concurrency", type=int, default=32, help="concurrent TrainJob creates")
+    parser.add_argument("--paced-rate", type=float, default=20.0, help="TrainJobs/s of the paced run")
+    parser.add_argument("--paced-seconds", type=float, help="length of the paced run (default 10; --quick 5)")
+    parser.add_argument("--keep-state", action="store_true", help="keep the temporary stack folder and its logs")
+    args = parser.parse_args(argv)
+
+    skip = frozenset(s.strip() for item in args.skip for s in item.split(",") if s.strip())
+    unknown = skip - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenario(s) to skip: {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
+    quick = bool(args.quick)
+    if args.sizes:
+        try:
+            sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
+        except ValueError:
+            parser.error(f"--sizes takes integers, e.g. 200,1000; got {args.sizes!r}")
+    else:
+        sizes = (100,) if quick else (200, 1000)
+    if not sizes or any(s <= 0 for s in sizes):
+        parser.error("--sizes needs at least one positive size")
+    memory_jobs = args.memory_jobs if args.memory_jobs is not None else (1000 if quick else 10_000)
+    return Settings(
+        out=args.out,
+        quick=quick,
+        sizes=sizes,
+        memory_jobs=memory_jobs,
+        skip=skip,
+        ceiling_jobs=args.ceiling_jobs or (200 if quick else max(sizes)),
+        concurrency=args.concurrency,
+        create_concurrency=args.create_concurrency,
+        paced_rate=args.paced_rate,
+        paced_seconds=args.paced_seconds if args.paced_seconds is not None else (5.0 if quick else 10.0),
+        planner_seconds=0.5 if quick else 2.0,
+        quiet_seconds=2.0 if quick else 3.0,
+        resync_seconds=3.0 if quick else 5.0,
+        keep_state=args.keep_state,
+        command=shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)]),
+    )
+
+
+# ------------------------------------------------------------------------------------------- machine
+
+
+def machine() -> dict[str, Any]:
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return ""
+
+    mem_kib = stats.parse_status_kib(read("/proc/meminfo"), "MemTotal")
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": stats.cpu_model(read("/proc/cpuinfo")),
+        "memory_gib": round(mem_kib / 1024 / 1024, 1) if mem_kib else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_start": _loadavg(),
+    }
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+# -------------------------------------------------------------------------------------------- running
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def progress(self, line: str) -> None:
+        print(f"[bench {time.monotonic() - self.start:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_args(argv)
+    clock = Clock()
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    report: dict[str, Any] = {
+        "meta": {
+            "command": settings.command,
+            "started": started,
+            "quick": settings.quick,
+            "sizes": list(settings.sizes),
+            "memory_jobs": settings.memory_jobs,
+            "skipped": sorted(settings.skip),
+            "backend": "",
+            "settings": {
+                "ceiling_jobs": settings.ceiling_jobs,
+                "applier_concurrency": settings.concurrency,
+                "create_concurrency": settings.create_concurrency,
+                "paced_rate": settings.paced_rate,
+                "paced_seconds": settings.paced_seconds,
+                "planner_cpu_seconds_per_runtime": settings.planner_seconds,
+                "quiet_seconds": settings.quiet_seconds,
+                "resync_seconds": settings.resync_seconds,
+            },
+        },
+        "machine": machine(),
+        "scenarios": {},
+        "notes": [],
+    }
+    status = 0
+    try:
+        asyncio.run(run(settings, report, clock))
+    except KeyboardInterrupt:
+        report["notes"].append("interrupted; the report holds what was measured until then")
+        status = 130
+    except Exception as exc:
+        clock.progress(f"failed: {exc!r}")
+        report["notes"].append(f"the run failed: {exc!r}; the report holds what was measured until then")
+        report["error"] = traceback.format_exc()
+        status = 1
+    report["meta"]["duration_s"] = time.monotonic() - clock.start
+    report["machine"]["loadavg_end"] = _loadavg()
+    finish(report)
+    write_report(settings.out, report)
+    clock.progress(f"wrote {settings.out / 'report.md'} and {settings.out / 'report.json'}")
+    return status
+
+
+def finish(report: dict[str, Any]) -> None:
+    """Ratios, checks and the notes that follow from the figures alone."""
+    scenarios = report["scenarios"]
+    stats.add_ratios(scenarios)
+    report["checks"] = stats.build_checks(scenarios)
+    e2e = scenarios.get("e2e") or {}
+    for run in [*e2e.get("runs", []), *[e2e[k] for k in ("paced", "seed") if e2e.get(k)]]:
+        if not (run.get("complete") and run.get("verified")):
+            report["notes"].append(f"{run['label']}: {run.get('good', 0)}/{run['n']} built: {run.get('problem', '')}")
+        if run.get("failed_results"):
+            report["notes"].append(f"{run['label']}: the applier reported failures: {run['failed_results']}")
+        if run.get("create_errors"):
+            report["notes"].append(f"{run['label']}: TrainJob creates failed: {run['create_errors']}")
+    memory = scenarios.get("memory") or {}
+    fill = memory.get("fill") or {}
+    if fill and not (fill.get("complete") and fill.get("verified")):
+        report["notes"].append(f"memory fill: {fill.get('good', 0)}/{fill['n']} built: {fill.get('problem', '')}")
+    cores = report["machine"].get("cores") or 1
+    for key in ("loadavg_start", "loadavg_end"):
+        text = str(report["machine"].get(key, ""))
+        try:
+            one_minute = float(text.split()[0])
+        except (ValueError, IndexError):
+            continue
+        if one_minute > cores:
+            report["notes"].append(
+                f"load average {text} ({key.removeprefix('loadavg_')}) exceeds the {cores} cores: other work was "
+                "running on this machine, so absolute figures are lower than on an idle one; ratios measured in "
+                "this same run are less affected"
+            )
+            break
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")
+    (out / "report.md").write_text(stats.render_markdown(report))
+
+
+async def run(settings: Settings, report: dict[str, Any], clock: Clock) -> None:
+    from tjpipe.local import crds
+
+    progress = clock.progress
+    scenarios = report["scenarios"]
+    runtimes = crds.shipped_runtimes()
+    if "planner" not in settings.skip:
+        progress("planner microbenchmark (no servers running)")
+        scenarios["planner"] = await asyncio.to_thread(
+            run_planner_micro, runtimes, seconds=settings.planner_seconds, progress=progress
+        )
+    if not any(s not in settings.skip for s in SERVER_SCENARIOS):
+        report["meta"]["backend"] = "none (no scenario needed servers)"
+        return
+    await run_with_stack(settings, report, runtimes, progress)
+
+
+async def run_with_stack(
+    settings: Settings, report: dict[str, Any], runtimes: dict[str, dict[str, Any]], progress: Any
+) -> None:
+    import nats
+
+    from bench import scenarios as sc
+    from bench.cluster import CountingKube, Services, apply_object
+    from contracts import resources
+    from plumbing.kube import KubeConfig
+    from tjpipe.stack import Stack, StatePaths
+
+    state = Path(tempfile.mkdtemp(prefix="tjpipe-bench-"))
+    stack = Stack(paths=StatePaths(state), progress=lambda line: progress(f"stack: {line}"))
+    backend = []
+    backend.append(f"NATS_URL={os.environ['NATS_URL']}" if os.environ.get("NATS_URL") else "private nats-server")
+    backend.append(
+        f"KUBECONFIG={os.environ['KUBECONFIG']}" if os.environ.get("KUBECONFIG") else "private etcd + kube-apiserver"
+    )
+    report["meta"]["backend"] = ", ".join(backend) + f" (state in {state})"
+    scenarios = report["scenarios"]
+    kube: CountingKube | None = None
+    nc: Any = None
+    session: aiohttp.ClientSession | None = None
+    try:
+        await asyncio.to_thread(stack.start_infrastructure)
+        assert stack.kubeconfig is not None
+        kube = CountingKube(KubeConfig.load(str(stack.kubeconfig)), max_connections=64)
+        for name in (workload.TORCH_RUNTIME, workload.MPI_RUNTIME):
+            await apply_object(kube, resources.CLUSTER_TRAINING_RUNTIME, runtimes[name], field_manager="tjpipe-bench")
+        gang = workload.gang_runtime(runtimes[workload.TORCH_RUNTIME])
+        await apply_object(kube, resources.CLUSTER_TRAINING_RUNTIME, gang, field_manager="tjpipe-bench")
+        progress(f"runtimes installed: {workload.TORCH_RUNTIME}, {workload.MPI_RUNTIME}, {workload.GANG_RUNTIME}")
+
+        if "ceiling" not in settings.skip:
+            ceiling_kube = CountingKube(KubeConfig.load(str(stack.kubeconfig)), max_connections=settings.concurrency)
+            async with ceiling_kube:
+                scenarios["ceiling"] = await sc.ceiling(
+                    ceiling_kube,
+                    runtimes[workload.TORCH_RUNTIME],
+                    n=settings.ceiling_jobs,
+                    concurrency=settings.concurrency,
+                    progress=progress,
+                )
+
+        session = aiohttp.ClientSession()
+        services = Services(
+            stack=stack,
+            session=session,
+            progress=progress,
+            base_args={"applier": ["--concurrency", str(settings.concurrency)]},
+        )
+        await services.start_all()
+        progress(f"services ready: {', '.join(f'{p.name} pid {p.pid}' for p in stack.services)}")
+        nc = await nats.connect(stack.nats_url, name="tjpipe-bench")
+        js = nc.jetstream()
+        ctx = sc.Context(
+            kube=kube,
+            nc=nc,
+            js=js,
+            services=services,
+            runtimes=runtimes,
+            progress=progress,
+            quiet_seconds=settings.quiet_seconds,
+            create_concurrency=settings.create_concurrency,
+        )
+
+        e2e: dict[str, Any] = {"runs": []}
+        if "e2e" not in settings.skip:
+            scenarios["e2e"] = e2e
+            for size in settings.sizes:
+                e2e["runs"].append(
+                    await sc.e2e_run(ctx, f"torch N={size}", workload.kinds_for(size, workload.TORCH_ONLY))
+                )
+                e2e["runs"].append(await sc.e2e_run(ctx, f"mix N={size}", workload.kinds_for(size, workload.MIX)))
+        if "paced" not in settings.skip:
+            scenarios["e2e"] = e2e
+            n = max(1, round(settings.paced_rate * settings.paced_seconds))
+            paced = await sc.e2e_run(
+                ctx,
+                f"paced {settings.paced_rate:g}/s",
+                workload.kinds_for(n, workload.TORCH_ONLY),
+                rate=settings.paced_rate,
+            )
+            paced["rate"] = settings.paced_rate
+            e2e["paced"] = paced
+
+        if "writes" not in settings.skip:
+            if ctx.present == 0:
+                seed = 50 if settings.quick else 200
+                e2e.setdefault("seed", await sc.e2e_run(ctx, f"seed N={seed}", workload.kinds_for(seed, workload.MIX)))
+            situations: list[dict[str, Any]] = []
+            scenarios["write_amplification"] = {"resources": list(stats.TRACKED_RESOURCES), "situations": situations}
+            for run in [*e2e.get("runs", []), *([e2e["paced"]] if e2e.get("paced") else [])]:
+                row = dict(run["write_amplification"])
+                row["name"] = f"creation: {run['label']}"
+                situations.append(row)
+            situations.append(await sc.resync_by_restarting_watcher(ctx, resync_seconds=settings.resync_seconds))
+            situations.append(await sc.restart_all(ctx))
+            situations.append(await sc.replay_latest_events(ctx))
+
+        if "memory" not in settings.skip:
+            progress(f"memory: filling up to {settings.memory_jobs} TrainJobs")
+            scenarios["memory"] = await sc.memory(ctx, total=settings.memory_jobs)
+            for s in scenarios["memory"]["services"]:
+                progress(f"memory: {s['service']}: RSS {s['rss_mb'] or 0:.1f} MB (peak {s['hwm_mb'] or 0:.1f} MB)")
+    finally:
+        failed_logs = {p.name: p.log_tail(5) for p in stack.services if not p.is_running()}
+        for name, tail in failed_logs.items():
+            report["notes"].append(f"{name} had exited before the end; last log lines: {tail}")
+        if nc is not None:
+            await nc.close()
+        if session is not None:
+            await session.close()
+        if kube is not None:
+            await kube.close()
+        progress("stopping the stack")
+        await asyncio.to_thread(stack.stop)
+        if settings.keep_state:
+            progress(f"state kept in {state}")
+        else:
+            shutil.rmtree(state, ignore_errors=True)

@@ -1,0 +1,719 @@
+"""Pure helpers for the benchmark: percentiles, targets, Prometheus text, request accounting, Markdown.
+
+Nothing here does I/O or reads a clock, so all of it is unit-tested with plain values
+(``tests/unit/test_bench_stats.py``). The scenarios measure; this module only counts and describes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# ------------------------------------------------------------------------------------------ percentiles
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) by linear interpolation between closest ranks; ``None`` if empty.
+
+    The same definition as numpy's default (``method="linear"``), so p50 of an even count is the mean of
+    the middle two and p100 is the maximum.
+    """
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile must be within 0..100, got {q}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return float(ordered[0])
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    if low == high:
+        return float(ordered[low])
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarize(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Count, min, mean, p50, p95, p99 and max of ``values`` (``None`` for each statistic when empty)."""
+    if not values:
+        return {"count": 0, "min": None, "mean": None, "p50": None, "p95": None, "p99": None, "max": None}
+    return {
+        "count": len(values),
+        "min": float(min(values)),
+        "mean": sum(values) / len(values),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "max": float(max(values)),
+    }
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or ``None`` when either is missing or the denominator is zero."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def rate(count: float, seconds: float | None) -> float | None:
+    """Events per second, or ``None`` for a zero or missing duration."""
+    if seconds is None or seconds <= 0:
+        return None
+    return count / seconds
+
+
+# ---------------------------------------------------------------------------------------------- targets
+
+Op = Literal["<=", ">=", "=="]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A bound a figure must respect, e.g. ``Target("<=", 0.050, "s")``."""
+
+    op: Op
+    value: float
+    unit: str = ""
+
+    def met(self, figure: float | None) -> bool | None:
+        """Whether ``figure`` is within the bound; ``None`` when there is no figure to judge."""
+        if figure is None or (isinstance(figure, float) and math.isnan(figure)):
+            return None
+        if self.op == "<=":
+            return figure <= self.value
+        if self.op == ">=":
+            return figure >= self.value
+        return figure == self.value
+
+    def describe(self) -> str:
+        symbol = {"<=": "≤", ">=": "≥", "==": "="}[self.op]
+        return f"{symbol} {format_value(self.value, self.unit)}"
+
+
+def verdict(met: bool | None) -> str:
+    if met is None:
+        return "no figure"
+    return "met" if met else "not met"
+
+
+def check(section: str, figure: str, value: float | None, unit: str, target: Target | None) -> dict[str, Any]:
+    """One row of the report's list of figures: the value, its target and the verdict."""
+    met = target.met(value) if target is not None else None
+    return {
+        "section": section,
+        "figure": figure,
+        "value": value,
+        "unit": unit,
+        "display": format_value(value, unit),
+        "target": target.describe() if target is not None else None,
+        "target_op": target.op if target is not None else None,
+        "target_value": target.value if target is not None else None,
+        "met": met,
+        "verdict": verdict(met) if target is not None else "reference",
+    }
+
+
+# --------------------------------------------------------------------------------------------- formatting
+
+
+def format_value(value: float | None, unit: str = "") -> str:
+    """A figure for people: seconds under one as milliseconds, large counts with thousands separators."""
+    if value is None:
+        return "n/a"
+    if unit == "s":
+        if abs(value) < 1.0:
+            return f"{value * 1000:.1f} ms"
+        return f"{value:.2f} s"
+    if unit == "%":
+        return f"{value:.1f}%"
+    if unit == "MB":
+        return f"{value:.1f} MB"
+    if unit == "x":
+        return f"{value:.3f}x"
+    if float(value).is_integer() and abs(value) >= 1:
+        text = f"{int(value):,}"
+    elif abs(value) >= 100:
+        text = f"{value:,.0f}"
+    elif abs(value) >= 10:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.2f}"
+    return f"{text} {unit}".rstrip() if unit else text
+
+
+# --------------------------------------------------------------------------------------- Prometheus text
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of metric ``name`` in Prometheus text format, as (labels, value).
+
+    Only exact-name lines are read (``name{...} v`` or ``name v``), so a histogram's ``_bucket`` lines
+    never match its base name. Lines are filtered by prefix before any regex runs: the API server's
+    ``/metrics`` holds many thousands of lines and only a few hundred matter here.
+    """
+    out: list[tuple[dict[str, str], float]] = []
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        rest = line[len(name) :]
+        if rest.startswith("{"):
+            end = rest.rfind("}")
+            if end < 0:
+                continue
+            labels = {k: _unescape(v) for k, v in _LABEL.findall(rest[1:end])}
+            value_text = rest[end + 1 :].split()
+        elif rest.startswith(" "):
+            labels = {}
+            value_text = rest.split()
+        else:
+            continue
+        if not value_text:
+            continue
+        try:
+            out.append((labels, float(value_text[0])))
+        except ValueError:
+            continue
+    return out
+
+
+def _unescape(value: str) -> str:
+    return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+
+
+def sum_by(rows: Iterable[tuple[dict[str, str], float]], *keys: str) -> dict[tuple[str, ...], float]:
+    """Sum sample values grouped by the given label names (a missing label counts as empty)."""
+    out: dict[tuple[str, ...], float] = {}
+    for labels, value in rows:
+        group = tuple(labels.get(k, "") for k in keys)
+        out[group] = out.get(group, 0.0) + value
+    return out
+
+
+def delta(after: Mapping[Any, float], before: Mapping[Any, float]) -> dict[Any, float]:
+    """Per-key difference of two counter snapshots; keys that did not move are left out."""
+    out: dict[Any, float] = {}
+    for key in set(after) | set(before):
+        moved = after.get(key, 0.0) - before.get(key, 0.0)
+        if moved:
+            out[key] = moved
+    return out
+
+
+# ------------------------------------------------------------------------------------ request accounting
+
+RequestKey = tuple[str, str, str]
+"""(resource, subresource, verb) as ``apiserver_request_total`` labels them."""
+
+TRACKED_RESOURCES = ("jobsets", "configmaps", "secrets", "podgroups", "trainjobs")
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
+VERB_ORDER = ("APPLY", "PATCH", "POST", "PUT", "DELETE", "DELETECOLLECTION", "GET", "LIST", "WATCH")
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+def apiserver_requests(text: str) -> dict[RequestKey, float]:
+    """``apiserver_request_total`` summed by (resource, subresource, verb), over every code and scope."""
+    rows = samples(text, "apiserver_request_total")
+    return {(r, s, v): n for (r, s, v), n in sum_by(rows, "resource", "subresource", "verb").items()}
+
+
+def classify_request(
+    method: str, path: str, *, params: Mapping[str, str] | None = None, content_type: str | None = None
+) -> RequestKey | None:
+    """How the API server labels one request in ``apiserver_request_total``; ``None`` for non-resource paths.
+
+    ``/api/v1/namespaces/ns/configmaps`` is a LIST (or a WATCH with ``watch=true``), a named path a GET;
+    a PATCH with the apply content type is counted as APPLY; ``namespaces/<ns>`` alone is the namespace.
+    """
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if not parts or parts[0] not in ("api", "apis"):
+        return None
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    if not rest:
+        return None  # discovery
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        rest = rest[2:]
+    resource = rest[0]
+    name = rest[1] if len(rest) > 1 else None
+    subresource = rest[2] if len(rest) > 2 else ""
+    method = method.upper()
+    watch = (params or {}).get("watch") in ("true", "1")
+    if method == "GET" and name is not None:
+        verb = "GET"
+    elif method == "GET":
+        verb = "WATCH" if watch else "LIST"
+    elif method == "PATCH":
+        verb = "APPLY" if (content_type or "").startswith(APPLY_PATCH) else "PATCH"
+    elif method == "DELETE" and name is None:
+        verb = "DELETECOLLECTION"
+    else:
+        verb = method
+    return (resource, subresource, verb)
+
+
+def pipeline_requests(
+    server_delta: Mapping[RequestKey, float],
+    own: Mapping[RequestKey, float],
+    *,
+    resources: Sequence[str] = TRACKED_RESOURCES,
+) -> dict[RequestKey, float]:
+    """The API server's request counts on ``resources`` less the benchmark's own requests (never below 0)."""
+    out: dict[RequestKey, float] = {}
+    for key, count in server_delta.items():
+        if key[0] not in resources:
+            continue
+        remaining = count - own.get(key, 0.0)
+        if remaining > 0:
+            out[key] = remaining
+    return out
+
+
+def by_verb(counts: Mapping[RequestKey, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (_, _, verb), count in counts.items():
+        out[verb] = out.get(verb, 0.0) + count
+    return out
+
+
+def by_resource_verb(counts: Mapping[RequestKey, float]) -> dict[str, float]:
+    """``"jobsets APPLY"``, ``"trainjobs/status APPLY"``: flat keys that read well in JSON."""
+    out: dict[str, float] = {}
+    for (resource, subresource, verb), count in sorted(counts.items()):
+        label = f"{resource}/{subresource}" if subresource else resource
+        out[f"{label} {verb}"] = out.get(f"{label} {verb}", 0.0) + count
+    return out
+
+
+def writes(counts: Mapping[RequestKey, float]) -> float:
+    return sum(count for (_, _, verb), count in counts.items() if verb in WRITE_VERBS)
+
+
+def per_each(counts: Mapping[str, float], n: int) -> dict[str, float]:
+    return {key: value / n for key, value in counts.items()} if n > 0 else {}
+
+
+def ordered_verbs(verbs: Iterable[str]) -> list[str]:
+    known = [v for v in VERB_ORDER if v in verbs]
+    return known + sorted(v for v in verbs if v not in VERB_ORDER)
+
+
+# ------------------------------------------------------------------------------------------------ /proc
+
+
+def parse_status_kib(status_text: str, field: str) -> int | None:
+    """A ``kB`` field of ``/proc/<pid>/status`` (e.g. ``VmRSS``) in KiB; ``None`` when it is absent."""
+    for line in status_text.splitlines():
+        if line.startswith(field + ":"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1])
+    return None
+
+
+def cpu_model(cpuinfo_text: str) -> str:
+    """The ``model name`` of the first processor in ``/proc/cpuinfo`` (other architectures name it else)."""
+    for key in ("model name", "Model Name", "cpu model", "Processor", "model"):
+        for line in cpuinfo_text.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key and value.strip():
+                return value.strip()
+    return "unknown"
+
+
+def kib_to_mb(kib: int | None) -> float | None:
+    """KiB (as /proc reports ``kB``) to MB of 10^6 bytes, the unit the memory target is stated in."""
+    return None if kib is None else kib * 1024 / 1_000_000
+
+
+# --------------------------------------------------------------------------------------------- Markdown
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table; ``|`` inside cells is escaped."""
+
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines.extend("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def _figure(checks: Sequence[Mapping[str, Any]], section: str, figure: str) -> Mapping[str, Any] | None:
+    for row in checks:
+        if row["section"] == section and row["figure"] == figure:
+            return row
+    return None
+
+
+def _with_verdict(row: Mapping[str, Any] | None) -> tuple[str, str, str]:
+    if row is None:
+        return ("n/a", "—", "—")
+    return (str(row["display"]), row["target"] or "—", row["verdict"] if row["target"] else "—")
+
+
+def _ms(value: float | None) -> str:
+    return format_value(value, "s")
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """The whole ``report.md`` from the ``report.json`` structure."""
+    meta = report.get("meta", {})
+    machine = report.get("machine", {})
+    checks: list[Mapping[str, Any]] = list(report.get("checks", []))
+    sc: Mapping[str, Any] = report.get("scenarios", {})
+    out: list[str] = ["# trainjob-pipeline benchmark", ""]
+    out.append(f"Command: `{meta.get('command', '')}`  ")
+    out.append(f"Started: {meta.get('started', '')}; took {format_value(meta.get('duration_s'), 's')}.  ")
+    out.append(f"Backends: {meta.get('backend', '')}.  ")
+    if meta.get("skipped"):
+        out.append(f"Skipped: {', '.join(meta['skipped'])}.  ")
+    out.append("")
+    out.append(
+        "All figures were measured side by side in this one run, on this machine; ratios compare runs of the "
+        "same report. Each figure stands next to its target where it has one."
+    )
+    out.append("")
+
+    out.append("## Machine")
+    out.append("")
+    out.append(
+        table(
+            ["what", "value"],
+            [
+                ("CPU", machine.get("cpu_model", "")),
+                ("cores", machine.get("cores", "")),
+                ("memory", format_value(machine.get("memory_gib"), "GiB")),
+                ("Python", machine.get("python", "")),
+                ("platform", machine.get("platform", "")),
+                (
+                    "load average at start / end",
+                    f"{machine.get('loadavg_start', '')} / {machine.get('loadavg_end', '')}",
+                ),
+            ],
+        )
+    )
+    out.append("")
+
+    targeted = [c for c in checks if c["target"]]
+    out.append("## Targets")
+    out.append("")
+    if targeted:
+        out.append(
+            table(
+                ["section", "figure", "value", "target", "verdict"],
+                [(c["section"], c["figure"], c["display"], c["target"], c["verdict"]) for c in targeted],
+            )
+        )
+        met = sum(1 for c in targeted if c["met"])
+        out.append("")
+        out.append(f"{met} of {len(targeted)} targets met.")
+    else:
+        out.append("No targeted figure was measured.")
+    out.append("")
+
+    if "ceiling" in sc:
+        out.extend(_render_ceiling(sc["ceiling"]))
+    if "e2e" in sc:
+        out.extend(_render_e2e(sc["e2e"], checks))
+    if "write_amplification" in sc:
+        out.extend(_render_write_amp(sc["write_amplification"], checks))
+    if "planner" in sc:
+        out.extend(_render_planner(sc["planner"], checks))
+    if "memory" in sc:
+        out.extend(_render_memory(sc["memory"], checks))
+
+    notes = report.get("notes") or []
+    if notes:
+        out.append("## Notes")
+        out.append("")
+        out.extend(f"- {note}" for note in notes)
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _render_ceiling(c: Mapping[str, Any]) -> list[str]:
+    lat = c.get("latency", {})
+    return [
+        "## 1. Raw SSA ceiling",
+        "",
+        f"{c.get('trainjobs', 0):,} TrainJobs' torch apply payloads (from `planner.core.plan`, runtime snapshot "
+        f"ConfigMap + JobSet), {c.get('applies', 0):,} server-side applies into fresh objects with the project's "
+        f"KubeClient, {c.get('concurrency', '')} at a time. Per-TrainJob latency: first apply sent to last apply "
+        "answered, for one TrainJob's payloads in order.",
+        "",
+        table(
+            ["figure", "value", "target"],
+            [
+                ("applies/s", format_value(c.get("applies_per_s")), "— (reference)"),
+                ("TrainJobs/s", format_value(c.get("trainjobs_per_s")), "— (reference)"),
+                (
+                    "latency p50 / p95 / p99",
+                    f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('p99'))}",
+                    "— (reference)",
+                ),
+                ("errors", c.get("errors", 0), "—"),
+                ("wall time", format_value(c.get("seconds"), "s"), "—"),
+            ],
+        ),
+        "",
+    ]
+
+
+def _render_e2e(e: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = [
+        "## 2. End to end",
+        "",
+        "TrainJobs created as fast as the client can (bounded concurrency), each creation time taken "
+        "client-side when the API server answered the POST. Latency = the JobSet's `ApplyResult.finished_at` "
+        "(TJ_RESULTS) minus that creation time. Throughput = N ÷ (last required component applied minus first "
+        "create sent). Ratios are to the raw SSA ceiling of section 1 (throughput: e2e ÷ ceiling, higher is "
+        "better; latency: e2e ÷ ceiling, lower is better).",
+        "",
+    ]
+    rows = []
+    for run in e.get("runs", []):
+        lat = run.get("latency", {})
+        rat = run.get("ratios", {})
+        rows.append(
+            (
+                run["label"],
+                run["n"],
+                format_value(run.get("trainjobs_per_s")),
+                _x(rat.get("throughput")),
+                f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('p99'))}",
+                f"{_x(rat.get('p50'))} / {_x(rat.get('p95'))} / {_x(rat.get('p99'))}",
+                format_value(run.get("create_per_s")),
+                f"{run.get('good', 0)}/{run['n']}" + (f" ({run['problem']})" if run.get("problem") else ""),
+            )
+        )
+    out.append(
+        table(
+            [
+                "run",
+                "N",
+                "TJ/s",
+                "TJ/s ÷ ceiling",
+                "latency p50 / p95 / p99",
+                "÷ ceiling p50 / p95 / p99",
+                "client creates/s",
+                "all components, correct spec",
+            ],
+            rows,
+        )
+    )
+    out.append("")
+    staged = [r for r in [*e.get("runs", []), *([e["paced"]] if e.get("paced") else [])] if r.get("stages")]
+    if staged:
+        names = list(staged[0]["stages"])
+        out.append(
+            "Where the latency goes, p50 / p99 per stage (stream timestamps): watcher = created to event stored; "
+            "planner = event to JobSet apply message stored; applier wait = message stored to applier start; "
+            "applier work = the applier's own duration for the JobSet."
+        )
+        out.append("")
+        rows = []
+        for run in staged:
+            cells = []
+            for stage in names:
+                summary = run["stages"].get(stage) or {}
+                cells.append(f"{_ms(summary.get('p50'))} / {_ms(summary.get('p99'))}")
+            rows.append((run["label"], *cells))
+        out.append(table(["run", *names], rows))
+        out.append("")
+    paced = e.get("paced")
+    if paced:
+        lat = paced.get("latency", {})
+        value, target, verdict_text = _with_verdict(_figure(checks, "end to end", "paced p99 latency"))
+        achieved = format_value(paced.get("create_per_s"))
+        over = format_value(paced.get("create_seconds"), "s")
+        out.append(
+            f"Paced run: {paced['n']} torch TrainJobs at {paced.get('rate', 0):g}/s "
+            f"(achieved {achieved}/s over {over}). "
+            f"Latency p50 {_ms(lat.get('p50'))}, p95 {_ms(lat.get('p95'))}, max {_ms(lat.get('max'))}."
+        )
+        out.append("")
+        out.append(
+            table(["figure", "value", "target", "verdict"], [("paced p99 latency", value, target, verdict_text)])
+        )
+        out.append("")
+    return out
+
+
+def _render_write_amp(w: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    situations = w.get("situations", [])
+    verbs: set[str] = set()
+    for s in situations:
+        verbs.update(s.get("per_trainjob_by_verb", {}))
+    columns = ordered_verbs(verbs)
+    out = [
+        "## 3. Write amplification",
+        "",
+        f"API requests per TrainJob by verb, from the API server's own `apiserver_request_total` for "
+        f"{', '.join(w.get('resources', TRACKED_RESOURCES))} (status subresource included), less the benchmark's "
+        "own requests (its TrainJob creates and verification reads), divided by the TrainJobs present. "
+        "Writes are PATCH, APPLY, POST, PUT and DELETE.",
+        "",
+    ]
+    rows = []
+    for s in situations:
+        per = s.get("per_trainjob_by_verb", {})
+        row = _figure(checks, "write amplification", f"writes per TrainJob: {s['name']}")
+        rows.append(
+            (
+                s["name"],
+                s.get("trainjobs", 0),
+                *(f"{per.get(v, 0.0):.2f}" for v in columns),
+                f"{s.get('writes_per_trainjob', 0.0):.3f}",
+                f"{int(s.get('writes', 0))}",
+                row["target"] if row and row["target"] else "—",
+                row["verdict"] if row and row["target"] else "—",
+            )
+        )
+    out.append(table(["situation", "TrainJobs", *columns, "writes/TJ", "writes", "target", "verdict"], rows))
+    out.append("")
+    for s in situations:
+        details = []
+        if s.get("events"):
+            details.append("watcher events " + ", ".join(f"{k}={int(v)}" for k, v in sorted(s["events"].items())))
+        if s.get("applies"):
+            details.append("apply outcomes " + ", ".join(f"{k}={int(v)}" for k, v in sorted(s["applies"].items())))
+        if s.get("by_resource"):
+            details.append("requests " + ", ".join(f"{k}={int(v)}" for k, v in s["by_resource"].items()))
+        if s.get("quiet_after_s") is not None and not s["name"].startswith("creation"):
+            details.append(f"the bus settled {format_value(s['quiet_after_s'], 's')} after the action")
+        if s.get("note"):
+            details.append(s["note"])
+        if details:
+            out.append(f"- **{s['name']}**: " + "; ".join(details) + ".")
+    out.append("")
+    return out
+
+
+def _render_planner(p: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = [
+        "## 4. Planner microbenchmark",
+        "",
+        "Per event, what the planner service does minus I/O: decode the event bytes, `plan()`, then for each "
+        "apply message encode it, hash its message id and build its subject. One thread; plans per CPU-second "
+        f"of this process (so other load on the machine does not count against it). Event: a new TrainJob "
+        f"({p.get('event', '')}), {format_value(p.get('seconds_per_runtime'), 's')} per runtime.",
+        "",
+    ]
+    rows = []
+    for r in p.get("runtimes", []):
+        row = _figure(checks, "planner", f"plans/s/core: {r['runtime']}")
+        value, target, verdict_text = _with_verdict(row)
+        rows.append(
+            (
+                r["runtime"],
+                value,
+                format_value(r.get("wall_plans_per_s")),
+                f"{r.get('us_per_plan', 0):.1f}",
+                r.get("messages_per_plan", ""),
+                r.get("warnings") or "",
+                target,
+                verdict_text,
+            )
+        )
+    out.append(
+        table(
+            ["runtime", "plans/s/core", "plans/s (wall)", "µs/plan", "messages/plan", "warnings", "target", "verdict"],
+            rows,
+        )
+    )
+    out.append("")
+    return out
+
+
+def _render_memory(m: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = [
+        "## 5. Memory",
+        "",
+        f"RSS (VmRSS of /proc/<pid>/status; MB = 10^6 bytes) of each service with {m.get('present', 0):,} "
+        f"TrainJobs present and planned ({m.get('created', 0):,} created for this section, the rest by earlier "
+        "sections), after the pipeline went quiet. VmHWM is the peak since the process started.",
+        "",
+    ]
+    rows = []
+    for s in m.get("services", []):
+        value, target, verdict_text = _with_verdict(_figure(checks, "memory", f"RSS: {s['service']}"))
+        rows.append((s["service"], s.get("pid", ""), value, format_value(s.get("hwm_mb"), "MB"), target, verdict_text))
+    out.append(table(["service", "pid", "RSS", "peak (VmHWM)", "target", "verdict"], rows))
+    out.append("")
+    if m.get("note"):
+        out.append(m["note"])
+        out.append("")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+PACED_P99 = Target("<=", 0.050, "s")
+NO_WRITES = Target("<=", 0.0, "writes/TJ")
+PLANNER_TORCH = Target(">=", 20_000.0, "plans/s")
+SERVICE_RSS = Target("<=", 150.0, "MB")
+ALL_BUILT = Target(">=", 100.0, "%")
+PLANNER_TARGET_RUNTIME = "torch-distributed"
+QUIET_SITUATIONS = ("resync", "restart")
+"""Situations (by name prefix) whose target is zero writes: nothing changed, so nothing may be written."""
+
+
+def add_ratios(scenarios: dict[str, Any]) -> None:
+    """Each end-to-end run's throughput and latency as ratios to the ceiling, in place."""
+    ceiling = scenarios.get("ceiling") or {}
+    c_lat = ceiling.get("latency") or {}
+    e2e = scenarios.get("e2e") or {}
+    for run in [*e2e.get("runs", []), *([e2e["paced"]] if e2e.get("paced") else [])]:
+        lat = run.get("latency") or {}
+        run["ratios"] = {
+            "throughput": ratio(run.get("trainjobs_per_s"), ceiling.get("trainjobs_per_s")),
+            "p50": ratio(lat.get("p50"), c_lat.get("p50")),
+            "p95": ratio(lat.get("p95"), c_lat.get("p95")),
+            "p99": ratio(lat.get("p99"), c_lat.get("p99")),
+        }
+
+
+def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every reported figure with its target (or as a reference), in report order."""
+    out: list[dict[str, Any]] = []
+    ceiling = scenarios.get("ceiling")
+    if ceiling:
+        out.append(check("ceiling", "applies/s", ceiling.get("applies_per_s"), "", None))
+        out.append(check("ceiling", "TrainJobs/s", ceiling.get("trainjobs_per_s"), "", None))
+    e2e = scenarios.get("e2e") or {}
+    for run in e2e.get("runs", []):
+        label = run["label"]
+        lat = run.get("latency") or {}
+        rat = run.get("ratios") or {}
+        out.append(check("end to end", f"{label}: built with the right spec", run.get("good_percent"), "%", ALL_BUILT))
+        out.append(check("end to end", f"{label}: TrainJobs/s", run.get("trainjobs_per_s"), "", None))
+        out.append(check("end to end", f"{label}: TJ/s ÷ ceiling", rat.get("throughput"), "x", None))
+        for q in ("p50", "p95", "p99"):
+            out.append(check("end to end", f"{label}: {q} latency", lat.get(q), "s", None))
+            out.append(check("end to end", f"{label}: {q} ÷ ceiling", rat.get(q), "x", None))
+    paced = e2e.get("paced")
+    if paced:
+        out.append(check("end to end", "paced: built with the right spec", paced.get("good_percent"), "%", ALL_BUILT))
+        out.append(check("end to end", "paced p99 latency", (paced.get("latency") or {}).get("p99"), "s", PACED_P99))
+    wa = scenarios.get("write_amplification") or {}
+    for s in wa.get("situations", []):
+        target = NO_WRITES if s["name"].startswith(QUIET_SITUATIONS) else None
+        value = s.get("writes_per_trainjob") if "unavailable" not in s else None
+        out.append(check("write amplification", f"writes per TrainJob: {s['name']}", value, "writes/TJ", target))
+    planner = scenarios.get("planner") or {}
+    for r in planner.get("runtimes", []):
+        target = PLANNER_TORCH if r["runtime"] == PLANNER_TARGET_RUNTIME else None
+        out.append(check("planner", f"plans/s/core: {r['runtime']}", r.get("plans_per_cpu_s"), "plans/s", target))
+    mem = scenarios.get("memory") or {}
+    for s in mem.get("services", []):
+        out.append(check("memory", f"RSS: {s['service']}", s.get("rss_mb"), "MB", SERVICE_RSS))
+    return out

@@ -1,0 +1,468 @@
+"""``bench.stats`` and ``bench.workload``: the benchmark's pure helpers, on plain values.
+
+No timing is asserted anywhere: these check the arithmetic and the wording of the report, not speed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# bench/ is a tool run from the repository root (``python -m bench``), not an installed package.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from bench import stats, workload  # noqa: E402
+
+# ---------------------------------------------------------------------------------------- percentiles
+
+
+def test_percentile_interpolates_linearly_between_closest_ranks() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert stats.percentile(values, 0) == 1.0
+    assert stats.percentile(values, 50) == 2.5
+    assert stats.percentile(values, 100) == 4.0
+    assert stats.percentile(values, 25) == pytest.approx(1.75)
+
+
+def test_percentile_of_one_value_and_of_none() -> None:
+    assert stats.percentile([0.2], 99) == 0.2
+    assert stats.percentile([], 50) is None
+
+
+def test_percentile_p99_of_a_hundred_values() -> None:
+    values = [float(i) for i in range(1, 101)]
+    assert stats.percentile(values, 99) == pytest.approx(99.01)
+    assert stats.percentile(values, 95) == pytest.approx(95.05)
+
+
+def test_percentile_rejects_out_of_range() -> None:
+    with pytest.raises(ValueError):
+        stats.percentile([1.0], 101)
+
+
+def test_summarize() -> None:
+    summary = stats.summarize([1.0, 2.0, 3.0])
+    assert summary["count"] == 3
+    assert summary["min"] == 1.0
+    assert summary["max"] == 3.0
+    assert summary["mean"] == 2.0
+    assert summary["p50"] == 2.0
+    assert stats.summarize([])["p99"] is None
+
+
+def test_ratio_and_rate_refuse_missing_or_zero_denominators() -> None:
+    assert stats.ratio(30.0, 120.0) == 0.25
+    assert stats.ratio(None, 1.0) is None
+    assert stats.ratio(1.0, 0.0) is None
+    assert stats.rate(100, 4.0) == 25.0
+    assert stats.rate(100, 0.0) is None
+    assert stats.rate(100, None) is None
+
+
+# -------------------------------------------------------------------------------------------- targets
+
+
+def test_target_bounds() -> None:
+    at_most = stats.Target("<=", 0.050, "s")
+    assert at_most.met(0.050) is True
+    assert at_most.met(0.051) is False
+    assert at_most.met(None) is None
+    assert at_most.describe() == "≤ 50.0 ms"
+    at_least = stats.Target(">=", 20_000.0, "plans/s")
+    assert at_least.met(25_000.0) is True
+    assert at_least.met(19_999.0) is False
+    assert at_least.describe() == "≥ 20,000 plans/s"
+    assert stats.Target("==", 0.0).met(0.0) is True
+
+
+def test_check_rows_carry_value_target_and_verdict() -> None:
+    row = stats.check("memory", "RSS: watcher", 160.0, "MB", stats.SERVICE_RSS)
+    assert (row["display"], row["target"], row["met"], row["verdict"]) == ("160.0 MB", "≤ 150.0 MB", False, "not met")
+    ok = stats.check("memory", "RSS: planner", 80.0, "MB", stats.SERVICE_RSS)
+    assert ok["verdict"] == "met"
+    reference = stats.check("ceiling", "applies/s", 512.5, "", None)
+    assert (reference["target"], reference["met"], reference["verdict"]) == (None, None, "reference")
+    missing = stats.check("planner", "x", None, "plans/s", stats.PLANNER_TORCH)
+    assert (missing["met"], missing["verdict"], missing["display"]) == (None, "no figure", "n/a")
+
+
+def test_format_value() -> None:
+    assert stats.format_value(0.0123, "s") == "12.3 ms"
+    assert stats.format_value(2.5, "s") == "2.50 s"
+    assert stats.format_value(12345.0) == "12,345"
+    assert stats.format_value(512.4) == "512"
+    assert stats.format_value(42.25) == "42.2"
+    assert stats.format_value(0.5, "x") == "0.500x"
+    assert stats.format_value(100.0, "%") == "100.0%"
+    assert stats.format_value(None, "s") == "n/a"
+
+
+# ------------------------------------------------------------------------------------ Prometheus text
+
+
+def _request_line(resource: str, subresource: str, verb: str, code: str, value: int) -> str:
+    """One ``apiserver_request_total`` line with every label the API server writes."""
+    labels = (
+        f'code="{code}",component="apiserver",dry_run="",group="g",resource="{resource}",scope="resource",'
+        f'subresource="{subresource}",verb="{verb}",version="v1"'
+    )
+    return f"apiserver_request_total{{{labels}}} {value}"
+
+
+APISERVER_TEXT = "\n".join(
+    [
+        "# HELP apiserver_request_total [STABLE] Counter of apiserver requests",
+        "# TYPE apiserver_request_total counter",
+        _request_line("jobsets", "", "APPLY", "201", 10),
+        _request_line("jobsets", "", "APPLY", "200", 5),
+        _request_line("trainjobs", "status", "APPLY", "200", 3),
+        _request_line("configmaps", "", "LIST", "200", 2),
+        'apiserver_request_total_other{resource="jobsets",verb="APPLY"} 99',
+        'apiserver_request_duration_seconds_bucket{resource="jobsets",verb="APPLY",le="0.1"} 7',
+    ]
+)
+
+
+def test_samples_reads_exact_metric_names_only() -> None:
+    rows = stats.samples(APISERVER_TEXT, "apiserver_request_total")
+    assert len(rows) == 4
+    labels, value = rows[0]
+    assert labels["resource"] == "jobsets"
+    assert labels["verb"] == "APPLY"
+    assert value == 10.0
+
+
+def test_samples_without_labels_and_with_escaped_quotes() -> None:
+    text = 'plain_total 3\nquoted_total{reason="a \\"b\\""} 2\n'
+    assert stats.samples(text, "plain_total") == [({}, 3.0)]
+    assert stats.samples(text, "quoted_total") == [({"reason": 'a "b"'}, 2.0)]
+
+
+def test_apiserver_requests_sums_over_codes() -> None:
+    counts = stats.apiserver_requests(APISERVER_TEXT)
+    assert counts[("jobsets", "", "APPLY")] == 15.0
+    assert counts[("trainjobs", "status", "APPLY")] == 3.0
+    assert counts[("configmaps", "", "LIST")] == 2.0
+
+
+def test_sum_by_and_delta() -> None:
+    rows = [({"outcome": "published", "cause": "TrainJob"}, 2.0), ({"outcome": "published", "cause": "JobSet"}, 3.0)]
+    assert stats.sum_by(rows, "outcome") == {("published",): 5.0}
+    assert stats.delta({"a": 5.0, "b": 1.0}, {"a": 2.0, "b": 1.0, "c": 4.0}) == {"a": 3.0, "c": -4.0}
+
+
+# -------------------------------------------------------------------------------- request accounting
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "params", "content_type", "expected"),
+    [
+        (
+            "POST",
+            "/apis/trainer.kubeflow.org/v1alpha1/namespaces/a/trainjobs",
+            None,
+            "application/json",
+            ("trainjobs", "", "POST"),
+        ),
+        (
+            "PATCH",
+            "/apis/jobset.x-k8s.io/v1alpha2/namespaces/a/jobsets/j",
+            None,
+            stats.APPLY_PATCH,
+            ("jobsets", "", "APPLY"),
+        ),
+        (
+            "PATCH",
+            "/apis/trainer.kubeflow.org/v1alpha1/namespaces/a/trainjobs/j/status",
+            None,
+            stats.APPLY_PATCH,
+            ("trainjobs", "status", "APPLY"),
+        ),
+        (
+            "PATCH",
+            "/api/v1/namespaces/a/configmaps/c",
+            None,
+            "application/merge-patch+json",
+            ("configmaps", "", "PATCH"),
+        ),
+        ("GET", "/api/v1/namespaces/a/secrets/s", None, None, ("secrets", "", "GET")),
+        ("GET", "/api/v1/namespaces/a/configmaps", {"limit": "500"}, None, ("configmaps", "", "LIST")),
+        ("GET", "/apis/jobset.x-k8s.io/v1alpha2/jobsets", {"watch": "true"}, None, ("jobsets", "", "WATCH")),
+        ("DELETE", "/api/v1/namespaces/a/configmaps/c", None, None, ("configmaps", "", "DELETE")),
+        ("DELETE", "/api/v1/namespaces/a/configmaps", None, None, ("configmaps", "", "DELETECOLLECTION")),
+        ("POST", "/api/v1/namespaces", None, None, ("namespaces", "", "POST")),
+        ("GET", "/api/v1/namespaces/a", None, None, ("namespaces", "", "GET")),
+        ("GET", "/metrics", None, None, None),
+        ("GET", "/apis/jobset.x-k8s.io/v1alpha2", None, None, None),
+    ],
+)
+def test_classify_request(
+    method: str, path: str, params: dict[str, str] | None, content_type: str | None, expected: Any
+) -> None:
+    assert stats.classify_request(method, path, params=params, content_type=content_type) == expected
+
+
+def test_pipeline_requests_subtract_the_benchmarks_own_and_keep_tracked_resources() -> None:
+    server = {
+        ("trainjobs", "", "POST"): 100.0,
+        ("jobsets", "", "APPLY"): 100.0,
+        ("jobsets", "", "LIST"): 3.0,
+        ("namespaces", "", "POST"): 1.0,
+        ("events", "", "POST"): 2.0,
+    }
+    own = {("trainjobs", "", "POST"): 100.0, ("jobsets", "", "LIST"): 5.0, ("namespaces", "", "POST"): 1.0}
+    pipeline = stats.pipeline_requests(server, own)
+    assert pipeline == {("jobsets", "", "APPLY"): 100.0}
+    assert stats.writes(pipeline) == 100.0
+    assert stats.by_verb(pipeline) == {"APPLY": 100.0}
+
+
+def test_by_resource_verb_writes_and_per_each() -> None:
+    counts = {
+        ("trainjobs", "status", "APPLY"): 2.0,
+        ("jobsets", "", "APPLY"): 4.0,
+        ("jobsets", "", "GET"): 6.0,
+    }
+    assert stats.by_resource_verb(counts) == {"jobsets APPLY": 4.0, "jobsets GET": 6.0, "trainjobs/status APPLY": 2.0}
+    assert stats.writes(counts) == 6.0
+    assert stats.per_each({"APPLY": 6.0}, 4) == {"APPLY": 1.5}
+    assert stats.per_each({"APPLY": 6.0}, 0) == {}
+    assert stats.ordered_verbs({"GET", "APPLY", "ZZZ"}) == ["APPLY", "GET", "ZZZ"]
+
+
+# --------------------------------------------------------------------------------------------- /proc
+
+
+def test_parse_status_kib_and_mb() -> None:
+    text = "Name:\tpython\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n"
+    assert stats.parse_status_kib(text, "VmRSS") == 102400
+    assert stats.parse_status_kib(text, "VmSwap") is None
+    assert stats.kib_to_mb(102400) == pytest.approx(104.8576)
+    assert stats.kib_to_mb(None) is None
+
+
+def test_cpu_model() -> None:
+    text = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel\t\t: 85\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n"
+    assert stats.cpu_model(text) == "Intel(R) Xeon(R) CPU @ 2.20GHz"
+    assert stats.cpu_model("") == "unknown"
+
+
+# ----------------------------------------------------------------------------------- checks and report
+
+
+def _report() -> dict[str, Any]:
+    scenarios: dict[str, Any] = {
+        "ceiling": {
+            "trainjobs": 100,
+            "applies": 200,
+            "concurrency": 16,
+            "applies_per_s": 400.0,
+            "trainjobs_per_s": 200.0,
+            "latency": {"p50": 0.010, "p95": 0.020, "p99": 0.040},
+            "seconds": 0.5,
+        },
+        "e2e": {
+            "runs": [
+                {
+                    "label": "torch N=100",
+                    "n": 100,
+                    "good": 100,
+                    "good_percent": 100.0,
+                    "complete": True,
+                    "verified": True,
+                    "problem": "",
+                    "trainjobs_per_s": 50.0,
+                    "create_per_s": 300.0,
+                    "latency": {"p50": 0.020, "p95": 0.060, "p99": 0.080},
+                }
+            ],
+            "paced": {
+                "label": "paced 20/s",
+                "n": 100,
+                "rate": 20.0,
+                "good": 100,
+                "good_percent": 100.0,
+                "complete": True,
+                "verified": True,
+                "problem": "",
+                "create_per_s": 20.0,
+                "create_seconds": 5.0,
+                "trainjobs_per_s": 19.5,
+                "latency": {"p50": 0.015, "p95": 0.030, "p99": 0.045, "max": 0.05},
+            },
+        },
+        "write_amplification": {
+            "resources": list(stats.TRACKED_RESOURCES),
+            "situations": [
+                {
+                    "name": "creation: torch N=100",
+                    "trainjobs": 100,
+                    "per_trainjob_by_verb": {"APPLY": 2.0},
+                    "writes": 200.0,
+                    "writes_per_trainjob": 2.0,
+                },
+                {
+                    "name": "resync (watcher restart)",
+                    "trainjobs": 100,
+                    "per_trainjob_by_verb": {"LIST": 0.01},
+                    "writes": 0.0,
+                    "writes_per_trainjob": 0.0,
+                    "events": {"duplicate": 100.0},
+                },
+                {
+                    "name": "restart of every service",
+                    "trainjobs": 100,
+                    "per_trainjob_by_verb": {"APPLY": 0.02},
+                    "writes": 2.0,
+                    "writes_per_trainjob": 0.02,
+                },
+            ],
+        },
+        "planner": {
+            "event": "new TrainJob",
+            "seconds_per_runtime": 0.5,
+            "runtimes": [
+                {
+                    "runtime": "torch-distributed",
+                    "plans_per_cpu_s": 25_000.0,
+                    "wall_plans_per_s": 24_000.0,
+                    "us_per_plan": 40.0,
+                    "messages_per_plan": 2,
+                    "warnings": 0,
+                },
+                {
+                    "runtime": "deepspeed-distributed",
+                    "plans_per_cpu_s": 900.0,
+                    "wall_plans_per_s": 800.0,
+                    "us_per_plan": 1111.0,
+                    "messages_per_plan": 4,
+                    "warnings": 0,
+                },
+            ],
+        },
+        "memory": {
+            "present": 1000,
+            "created": 700,
+            "services": [
+                {"service": "watcher", "pid": 10, "rss_mb": 120.0, "hwm_mb": 130.0},
+                {"service": "planner", "pid": 11, "rss_mb": 151.0, "hwm_mb": 160.0},
+            ],
+        },
+    }
+    stats.add_ratios(scenarios)
+    return {
+        "meta": {"command": "python -m bench --quick", "started": "today", "duration_s": 100.0, "backend": "local"},
+        "machine": {"cores": 2, "cpu_model": "Test CPU", "memory_gib": 23.5, "python": "3.11.0"},
+        "scenarios": scenarios,
+        "checks": stats.build_checks(scenarios),
+        "notes": ["a note"],
+    }
+
+
+def test_add_ratios_divides_by_the_ceiling() -> None:
+    run = _report()["scenarios"]["e2e"]["runs"][0]
+    assert run["ratios"]["throughput"] == pytest.approx(0.25)
+    assert run["ratios"]["p50"] == pytest.approx(2.0)
+    assert run["ratios"]["p99"] == pytest.approx(2.0)
+
+
+def test_add_ratios_without_a_ceiling_gives_none() -> None:
+    scenarios: dict[str, Any] = {"e2e": {"runs": [{"trainjobs_per_s": 5.0, "latency": {"p50": 0.1}}]}}
+    stats.add_ratios(scenarios)
+    assert scenarios["e2e"]["runs"][0]["ratios"] == {"throughput": None, "p50": None, "p95": None, "p99": None}
+
+
+def test_build_checks_judges_each_targeted_figure() -> None:
+    checks = {(c["section"], c["figure"]): c for c in _report()["checks"]}
+    assert checks[("end to end", "paced p99 latency")]["verdict"] == "met"
+    assert checks[("end to end", "torch N=100: built with the right spec")]["verdict"] == "met"
+    assert checks[("end to end", "torch N=100: p99 latency")]["verdict"] == "reference"
+    assert checks[("write amplification", "writes per TrainJob: creation: torch N=100")]["verdict"] == "reference"
+    assert checks[("write amplification", "writes per TrainJob: resync (watcher restart)")]["verdict"] == "met"
+    assert checks[("write amplification", "writes per TrainJob: restart of every service")]["verdict"] == "not met"
+    assert checks[("planner", "plans/s/core: torch-distributed")]["verdict"] == "met"
+    assert checks[("planner", "plans/s/core: deepspeed-distributed")]["verdict"] == "reference"
+    assert checks[("memory", "RSS: watcher")]["verdict"] == "met"
+    assert checks[("memory", "RSS: planner")]["verdict"] == "not met"
+
+
+def test_render_markdown_puts_each_figure_next_to_its_target() -> None:
+    text = stats.render_markdown(_report())
+    assert text.startswith("# trainjob-pipeline benchmark\n")
+    for heading in (
+        "## Machine",
+        "## Targets",
+        "## 1. Raw SSA ceiling",
+        "## 2. End to end",
+        "## 3. Write amplification",
+        "## 4. Planner microbenchmark",
+        "## 5. Memory",
+        "## Notes",
+    ):
+        assert heading in text
+    assert "| paced p99 latency | 45.0 ms | ≤ 50.0 ms | met |" in text
+    assert "| planner | 151.0 MB | 160.0 MB | ≤ 150.0 MB | not met |" in text.replace("| 11 ", "")
+    assert "Test CPU" in text
+    assert "0.250" in text  # the throughput ratio
+    assert "6 of 8 targets met." in text
+
+
+def test_render_markdown_of_an_empty_report() -> None:
+    text = stats.render_markdown({"meta": {}, "machine": {}, "scenarios": {}, "checks": []})
+    assert "No targeted figure was measured." in text
+
+
+def test_table_escapes_pipes() -> None:
+    assert stats.table(["a"], [("x|y",)]) == "| a |\n|---|\n| x\\|y |"
+
+
+# ------------------------------------------------------------------------------------------- workload
+
+
+def test_kinds_for_round_robin() -> None:
+    kinds = workload.kinds_for(7, workload.MIX)
+    assert kinds == ["torch", "mpi", "gang", "torch", "mpi", "gang", "torch"]
+    assert workload.kinds_for(3, workload.TORCH_ONLY) == ["torch"] * 3
+
+
+def test_required_components_per_kind() -> None:
+    assert workload.required_components("torch", "a") == {"configmap.a-runtime-snapshot", "jobset"}
+    assert workload.required_components("mpi", "a") == {
+        "configmap.a-runtime-snapshot",
+        "jobset",
+        "secret.a-mpi-ssh-auth",
+        "configmap.a-mpi-hostfile",
+    }
+    assert workload.required_components("gang", "a") == {"configmap.a-runtime-snapshot", "jobset", "podgroup"}
+
+
+def test_jobset_nodes_counts_node_and_launcher_pods() -> None:
+    assert workload.jobset_nodes([("node", 1, 3)]) == 3
+    # MPI with runLauncherAsNode: numNodes - 1 node pods and one launcher.
+    assert workload.jobset_nodes([("node", None, 2), ("launcher", 1, 1)]) == 3
+    assert workload.jobset_nodes([("dataset-initializer", 1, 1), ("node", 1, 4)]) == 4
+
+
+def test_gang_runtime_is_torch_under_another_name_with_coscheduling() -> None:
+    torch = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "torch-distributed", "labels": {"a": "b"}, "resourceVersion": "7"},
+        "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {}}},
+    }
+    gang = workload.gang_runtime(torch)
+    assert gang["metadata"] == {"name": workload.GANG_RUNTIME, "labels": {"a": "b"}}
+    assert gang["spec"]["podGroupPolicy"] == {"coscheduling": {"scheduleTimeoutSeconds": 60}}
+    assert "podGroupPolicy" not in torch["spec"]
+
+
+def test_trainjob_body() -> None:
+    body = workload.trainjob_body("ns", "tj-1", "mpi", 3)
+    assert body["metadata"] == {"name": "tj-1", "namespace": "ns", "labels": {"tjpipe-bench/kind": "mpi"}}
+    assert body["spec"]["runtimeRef"] == {"name": workload.MPI_RUNTIME}
+    assert body["spec"]["trainer"]["numNodes"] == 3
