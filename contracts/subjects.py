@@ -15,6 +15,8 @@ Kubernetes name can contain.
 
 from __future__ import annotations
 
+import functools
+
 PARTITIONS = 16
 
 EVENTS_PREFIX = "tj.ev"
@@ -34,6 +36,7 @@ def fnv1a32(data: bytes) -> int:
     return h
 
 
+@functools.lru_cache(maxsize=65536)
 def partition_of(namespace: str, name: str, partitions: int = PARTITIONS) -> int:
     return fnv1a32((namespace + name).encode()) % partitions
 

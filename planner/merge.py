@@ -12,6 +12,7 @@ Quantities are compared as ``Decimal`` so that ``"1"``, ``"1000m"`` and ``"1e3m"
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -85,6 +86,7 @@ _SUFFIXES: Mapping[str, Decimal] = {
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))((?:[eE][+-]?\d+)|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_quantity(text: str | int | float) -> Decimal:
     """A Kubernetes resource quantity as an exact decimal; raises ``ValueError`` on malformed input."""
     if isinstance(text, int | float):

@@ -9,6 +9,7 @@ Kubernetes' parser gives the original text, so the components compare equal to T
 from __future__ import annotations
 
 import decimal
+import functools
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Literal
@@ -84,6 +85,7 @@ def format_quantity(value: Decimal, fmt: QuantityFormat) -> str:
         return f"{number}{_DECIMAL_SUFFIXES[exp]}"
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_quantity(text: str | int | float) -> str:
     """One quantity as Trainer would write it after Go's typed round trip."""
     return format_quantity(parse_quantity(text), quantity_format(text))

@@ -8,6 +8,7 @@ other's snapshot. It is created once (``if-absent``) and is controlled by the Tr
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
@@ -26,9 +27,18 @@ def snapshot_name(job_name: str) -> str:
 
 
 def runtime_yaml(runtime: TrainingRuntime) -> str:
-    obj: dict[str, Any] = msgspec.to_builtins(runtime)
+    # Every TrainJob on one runtime version records the same text: render it once per distinct runtime.
+    return _render(msgspec.json.encode(runtime))
+
+
+@functools.lru_cache(maxsize=256)
+def _render(encoded: bytes) -> str:
+    obj: dict[str, Any] = msgspec.json.decode(encoded)
     obj.get("metadata", {}).pop("managedFields", None)
-    return str(yaml.safe_dump(obj, sort_keys=True, default_flow_style=False))
+    return str(yaml.dump(obj, Dumper=_Dumper, sort_keys=True, default_flow_style=False))
+
+
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def runtime_snapshot(job: TrainJob, runtime: TrainingRuntime) -> Component:

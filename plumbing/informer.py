@@ -5,7 +5,8 @@ lists first, then watches from the list's resourceVersion with bookmarks on, and
 server answers 410 Gone. Objects that disappeared between two lists are reported as deletions, so a
 consumer of the callback never has to reconcile the cache itself.
 
-The cache keeps the raw JSON next to the decoded object: republishing an object costs no re-encoding.
+The cache keeps only decoded objects (the raw JSON would double the memory per object), and an informer
+may be told to keep a subset, e.g. only objects a TrainJob controls.
 """
 
 from __future__ import annotations
@@ -41,10 +42,20 @@ class _Head(msgspec.Struct, kw_only=True):
 _head_decoder = msgspec.json.Decoder(_Head)
 
 
+def _without_managed_fields(obj: T) -> T:
+    """managedFields say who owns what on the server; nothing downstream reads them, and they are often
+    the largest part of an object, so they are dropped before caching or publishing."""
+    meta = getattr(obj, "metadata", None)
+    owned = getattr(meta, "managed_fields", msgspec.UNSET)
+    if isinstance(obj, msgspec.Struct) and isinstance(meta, msgspec.Struct) and owned is not msgspec.UNSET:
+        stripped = msgspec.structs.replace(meta, managed_fields=msgspec.UNSET)
+        return msgspec.structs.replace(obj, metadata=stripped)
+    return obj
+
+
 @dataclass(frozen=True)
 class Cached(Generic[T]):
     obj: T
-    raw: bytes
     resource_version: str
     uid: str
 
@@ -91,7 +102,8 @@ class Informer(Generic[T]):
             return None
         if self._keep is not None and not self._keep(obj):
             return None
-        return (head.namespace, head.name), Cached(obj, raw, head.resourceVersion, head.uid)
+        obj = _without_managed_fields(obj)
+        return (head.namespace, head.name), Cached(obj, head.resourceVersion, head.uid)
 
     async def _list(self) -> str:
         items, rv = await self.client.list(self.resource, namespace=self.namespace)
