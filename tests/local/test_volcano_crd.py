@@ -8,44 +8,31 @@ provides it; when it does not, the Volcano checks skip with that reason instead 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import pytest
 from kubernetes import client as kube_client
+from unit.builders import (
+    FRAMEWORK_WITHOUT_FLUX_AND_MPI,
+    Obj,
+    applies_of,
+    plan_with,
+    pod_set,
+    runtime_dict,
+    trainjob_dict,
+    trainjob_observed,
+)
 
 from contracts import messages as m
-from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
-from planner.framework import Framework
-from planner.plugins.coscheduling import CoScheduling
-from planner.plugins.jax import JAX
-from planner.plugins.jobset import JobSetPlugin
-from planner.plugins.plainml import PlainML
-from planner.plugins.torch import Torch
-from planner.plugins.volcano import Volcano
-from planner.plugins.xgboost import XGBoost
 from tjpipe.local.crds import CRD_SOURCES, apply_objects, crd_manifests
 
 if TYPE_CHECKING:
     from conftest import KubeCluster
 
-Obj = dict[str, Any]
-
 VOLCANO_CRD = "podgroups.scheduling.volcano.sh"
 FIELD_MANAGER = "trainer"
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-FRAMEWORK = Framework(
-    [
-        ("coscheduling", CoScheduling),
-        ("volcano", Volcano),
-        ("plainml", PlainML),
-        ("torch", Torch),
-        ("jobset", JobSetPlugin),
-        ("jax", JAX),
-        ("xgboost", XGBoost),
-    ]
-)
+PRIORITY_CLASS = "system-cluster-critical"
 
 
 def _volcano_crd_listed() -> bool:
@@ -62,60 +49,27 @@ requires_volcano_crd = pytest.mark.skipif(
 )
 
 
-def _rjob(name: str, ancestor: str, requests: Obj) -> Obj:
-    container = {"name": "node" if ancestor == "trainer" else name, "image": f"example.com/{name}"}
-    return {
-        "name": name,
-        "template": {
-            "metadata": {"labels": {ANCESTOR: ancestor}},
-            "spec": {
-                "template": {
-                    "spec": {
-                        "priorityClassName": "system-cluster-critical",
-                        "containers": [{**container, "resources": {"requests": requests}}],
-                    }
-                }
-            },
-        },
-    }
-
-
 def _plan(namespace: str, pod_group_policy: Obj) -> m.Plan:
-    runtime = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "torch-distributed"},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "podGroupPolicy": pod_group_policy,
-            "template": {
-                "metadata": {"annotations": {"scheduling.volcano.sh/queue-name": "default"}},
-                "spec": {
-                    "replicatedJobs": [
-                        _rjob("dataset-initializer", "dataset-initializer", {"cpu": "500m", "memory": "1G"}),
-                        _rjob(
-                            "node",
-                            "trainer",
-                            {"cpu": "2", "memory": "1.5Gi", "nvidia.com/gpu": 1, "example.com/widgets": "1e3"},
-                        ),
-                    ]
-                },
-            },
-        },
-    }
-    trainjob = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": "gang", "namespace": namespace, "uid": "3f1c2b7a-0000-4000-8000-000000000001"},
-        "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 3}},
-    }
-    event = m.TrainJobObserved(
-        trainjob=msgspec.convert(trainjob, TrainJob),
-        runtime=msgspec.convert(runtime, TrainingRuntime),
-        observed_at=1_700_000_000.0,
-        priority_classes=(),
+    trainer_requests = {"cpu": "2", "memory": "1.5Gi", "nvidia.com/gpu": 1, "example.com/widgets": "1e3"}
+    runtime = runtime_dict(
+        [
+            pod_set("dataset-initializer", "dataset-initializer", {"cpu": "500m", "memory": "1G"}, PRIORITY_CLASS),
+            pod_set("node", "trainer", trainer_requests, PRIORITY_CLASS),
+        ],
+        name="torch-distributed",
+        ml_policy={"numNodes": 1, "torch": {}},
+        pod_group_policy=pod_group_policy,
+        template_metadata={"annotations": {"scheduling.volcano.sh/queue-name": "default"}},
     )
-    return plan(event, source_seq=1, framework=FRAMEWORK)
+    trainjob = trainjob_dict(
+        {"numNodes": 3},
+        name="gang",
+        namespace=namespace,
+        uid="3f1c2b7a-0000-4000-8000-000000000001",
+        runtime="torch-distributed",
+    )
+    event = trainjob_observed(trainjob, runtime, priority_classes=())
+    return plan_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, event)
 
 
 def _wire(obj: msgspec.Struct) -> Obj:
@@ -132,11 +86,7 @@ def _stored(api_client: kube_client.ApiClient, group: str, version: str, namespa
 
 @pytest.mark.cluster
 def test_coscheduling_pod_group_is_accepted_by_the_scheduler_plugins_schema(kube: KubeCluster, namespace: str) -> None:
-    (message,) = [
-        a
-        for a in _plan(namespace, {"coscheduling": {"scheduleTimeoutSeconds": 90}}).applies
-        if isinstance(a, m.ApplyPodGroup)
-    ]
+    (message,) = applies_of(_plan(namespace, {"coscheduling": {"scheduleTimeoutSeconds": 90}}), m.ApplyPodGroup)
     sent = _wire(message.object)
     assert sent["spec"] == {
         "minMember": 4,
@@ -169,7 +119,7 @@ def test_volcano_pod_group_crd_is_established(kube: KubeCluster) -> None:
 @requires_volcano_crd
 def test_volcano_pod_group_is_accepted_by_the_volcano_schema(kube: KubeCluster, namespace: str) -> None:
     policy = {"volcano": {"networkTopology": {"mode": "hard", "highestTierAllowed": 1}}}
-    (message,) = [a for a in _plan(namespace, policy).applies if isinstance(a, m.ApplyVolcanoPodGroup)]
+    (message,) = applies_of(_plan(namespace, policy), m.ApplyVolcanoPodGroup)
     sent = _wire(message.object)
     assert sent["spec"] == {
         "minMember": 4,

@@ -14,16 +14,27 @@ import msgspec
 import pytest
 
 from contracts import messages as m
-from contracts.jobset import JobSet
-from contracts.trainer import TrainingRuntime, TrainJob
 from planner.core import plan
 
-Obj = dict[str, Any]
-
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-TRAINER_API = "trainer.kubeflow.org/v1alpha1"
-JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-RANK_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+from .builders import (
+    ANCESTOR,
+    JOBSET_API,
+    RANK,
+    TRAINER_API,
+    Obj,
+    applies_of,
+    job_patch,
+    jobset_of,
+    only_object,
+    owner_reference,
+    pod_spec,
+    replicated_job,
+    runtime_dict,
+    runtime_patch,
+    suspended_condition,
+    trainjob_dict,
+    trainjob_observed,
+)
 
 OBSERVED_AT = 1_700_000_000.9
 """The watcher's clock for every event here; the planner must render it truncated to whole seconds."""
@@ -34,6 +45,7 @@ NAME = "mnist"
 NAMESPACE = "team-a"
 UID = "0b6f7c3e-uid"
 SEQ = 42
+OWNER = owner_reference(NAME, UID)
 
 
 # ------------------------------------------------------------------------------------------ fixtures
@@ -41,18 +53,6 @@ SEQ = 42
 
 def container(name: str, **fields: Any) -> Obj:
     return {"name": name, **fields}
-
-
-def rjob(
-    name: str, containers: list[Obj], *, ancestor: str | None = None, replicas: int | None = None, **job_spec: Any
-) -> Obj:
-    template: Obj = {"spec": {**job_spec, "template": {"spec": {"containers": containers}}}}
-    if ancestor is not None:
-        template["metadata"] = {"labels": {ANCESTOR: ancestor}}
-    out: Obj = {"name": name, "template": template}
-    if replicas is not None:
-        out["replicas"] = replicas
-    return out
 
 
 def runtime(
@@ -67,44 +67,46 @@ def runtime(
 ) -> Obj:
     """A runtime: by default one ``node`` job, ancestor trainer, container ``node``, torch policy."""
     if replicated_jobs is None:
-        replicated_jobs = [rjob("node", [container("node", image="example.com/torch:1")], ancestor="trainer")]
+        replicated_jobs = [replicated_job("node", [container("node", image="example.com/torch:1")], ancestor="trainer")]
     metadata: Obj = {}
     if labels is not None:
         metadata["labels"] = labels
     if annotations is not None:
         metadata["annotations"] = annotations
-    template: Obj = {"spec": {"replicatedJobs": replicated_jobs, **spec}}
-    if metadata:
-        template["metadata"] = metadata
-    body: Obj = {"template": template}
-    if ml_policy is not None:
-        body["mlPolicy"] = ml_policy
-    return {
-        "apiVersion": TRAINER_API,
-        "kind": kind,
+    return runtime_dict(
+        replicated_jobs,
+        name=name,
+        kind=kind,
         # Like the shipped runtimes: Trainer's webhook never checked them, so their replicas are not refused.
-        "metadata": {
-            "name": name,
-            "resourceVersion": "11",
-            "labels": {"trainer.kubeflow.org/webhook-validation": "disabled"},
-        },
-        "spec": body,
-    }
+        metadata={"resourceVersion": "11", "labels": {"trainer.kubeflow.org/webhook-validation": "disabled"}},
+        ml_policy=ml_policy,
+        template_metadata=metadata if metadata else None,
+        jobset_spec=spec,
+    )
+
+
+def node_runtime(*containers: Obj, ml_policy: Obj | None, parallelism: int | None = None, **fields: Any) -> Obj:
+    """A runtime whose one replicated job, ``node``, is the trainer's and runs ``containers``."""
+    return runtime(
+        [replicated_job("node", list(containers), ancestor="trainer", parallelism=parallelism)],
+        ml_policy=ml_policy,
+        **fields,
+    )
 
 
 TORCH = {"numNodes": 1, "torch": {}}
 
 
 def trainjob(spec: Obj | None = None, *, status: Obj | None = None, **metadata: Any) -> Obj:
-    body: Obj = {
-        "apiVersion": TRAINER_API,
-        "kind": "TrainJob",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": UID, "resourceVersion": "5", **metadata},
-        "spec": {"runtimeRef": {"name": "torch-small"}, **(spec or {})},
-    }
-    if status is not None:
-        body["status"] = status
-    return body
+    return trainjob_dict(
+        name=NAME,
+        namespace=NAMESPACE,
+        uid=UID,
+        runtime="torch-small",
+        spec=spec,
+        metadata={"resourceVersion": "5", **metadata},
+        status=status,
+    )
 
 
 def jobset(status: Obj, *, suspend: bool = False) -> Obj:
@@ -118,12 +120,12 @@ def jobset(status: Obj, *, suspend: bool = False) -> Obj:
 
 
 def observed(job: Obj, rt: Obj | None = None, js: Obj | None = None, trace_id: str = "") -> m.TrainJobObserved:
-    return m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime) if rt is not None else None,
+    return trainjob_observed(
+        job,
+        rt,
         # As if the runtime snapshot exists already; tests of the snapshot itself say "live".
         runtime_source="snapshot" if rt is not None else "none",
-        jobset=msgspec.convert(js, JobSet) if js is not None else None,
+        jobset=js,
         observed_at=OBSERVED_AT,
         cause="TrainJob MODIFIED",
         trace_id=trace_id,
@@ -135,34 +137,19 @@ def run(job: Obj, rt: Obj | None = None, js: Obj | None = None) -> m.Plan:
 
 
 def jobset_messages(p: m.Plan) -> list[m.ApplyJobSet]:
-    return [a for a in p.applies if isinstance(a, m.ApplyJobSet)]
+    return applies_of(p, m.ApplyJobSet)
 
 
 def status_messages(p: m.Plan) -> list[m.ApplyTrainJobStatus]:
-    return [a for a in p.applies if isinstance(a, m.ApplyTrainJobStatus)]
-
-
-def built_jobset(p: m.Plan) -> Obj:
-    messages = jobset_messages(p)
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)
-    return out
+    return applies_of(p, m.ApplyTrainJobStatus)
 
 
 def built_status(p: m.Plan) -> Obj:
-    messages = status_messages(p)
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)
-    return out
+    return only_object(p, m.ApplyTrainJobStatus)
 
 
 def rjobs(js: Obj) -> dict[str, Obj]:
     return {rj["name"]: rj for rj in js["spec"]["replicatedJobs"]}
-
-
-def pod_spec(js: Obj, job_name: str) -> Obj:
-    spec: Obj = rjobs(js)[job_name]["template"]["spec"]["template"]["spec"]
-    return spec
 
 
 def node_container(js: Obj, job_name: str = "node", name: str = "node") -> Obj:
@@ -181,21 +168,10 @@ def pet_env(nnodes: str, nproc: str, name: str = NAME) -> list[Obj]:
     return [
         {"name": "PET_NNODES", "value": nnodes},
         {"name": "PET_NPROC_PER_NODE", "value": nproc},
-        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": RANK_FIELD}}},
+        {"name": "PET_NODE_RANK", "valueFrom": RANK},
         {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
         {"name": "PET_MASTER_PORT", "value": "29500"},
     ]
-
-
-def owner_reference() -> Obj:
-    return {
-        "apiVersion": TRAINER_API,
-        "kind": "TrainJob",
-        "name": NAME,
-        "uid": UID,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def with_status(job: Obj, p: m.Plan) -> Obj:
@@ -209,22 +185,14 @@ def with_status(job: Obj, p: m.Plan) -> Obj:
 
 
 def test_torch_jobset_exact_shape() -> None:
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [
-                    container(
-                        "node",
-                        image="example.com/torch:1",
-                        command=["torchrun", "train.py"],
-                        env=[{"name": "LOG_LEVEL", "value": "info"}],
-                        resources={"limits": {"memory": "8Gi"}, "requests": {"cpu": "2", "memory": "4Gi"}},
-                    )
-                ],
-                ancestor="trainer",
-            )
-        ],
+    rt = node_runtime(
+        container(
+            "node",
+            image="example.com/torch:1",
+            command=["torchrun", "train.py"],
+            env=[{"name": "LOG_LEVEL", "value": "info"}],
+            resources={"limits": {"memory": "8Gi"}, "requests": {"cpu": "2", "memory": "4Gi"}},
+        ),
         ml_policy=TORCH,
         labels={"team": "ml"},
         annotations={"note": "from-runtime"},
@@ -270,7 +238,7 @@ def test_torch_jobset_exact_shape() -> None:
             "namespace": NAMESPACE,
             "labels": {"team": "ml"},
             "annotations": {"note": "from-runtime"},
-            "ownerReferences": [owner_reference()],
+            "ownerReferences": [OWNER],
         },
         "spec": {
             "suspend": True,
@@ -316,7 +284,7 @@ def test_torch_jobset_exact_shape() -> None:
 
 def test_torch_minimal_trainjob_uses_runtime_values() -> None:
     rt = runtime(ml_policy=TORCH)
-    js = built_jobset(run(trainjob({"trainer": {}, "suspend": False}), rt))
+    js = jobset_of(run(trainjob({"trainer": {}, "suspend": False}), rt))
     assert js["spec"]["suspend"] is False
     rj = rjobs(js)["node"]
     assert rj["replicas"] == 1
@@ -336,18 +304,15 @@ def test_torch_minimal_trainjob_uses_runtime_values() -> None:
 
 def test_torch_num_nodes_defaults_to_ml_policy() -> None:
     rt = runtime(ml_policy={"numNodes": 3, "torch": {}})
-    js = built_jobset(run(trainjob({"trainer": {}}), rt))
+    js = jobset_of(run(trainjob({"trainer": {}}), rt))
     assert rjobs(js)["node"]["template"]["spec"]["parallelism"] == 3
     assert rjobs(js)["node"]["template"]["spec"]["completions"] == 3
     assert env_dict(node_container(js))["PET_NNODES"] == "3"
 
 
 def test_torch_ml_policy_without_num_nodes_counts_one() -> None:
-    rt = runtime(
-        [rjob("node", [container("node", image="i")], ancestor="trainer", parallelism=5)],
-        ml_policy={"torch": {}},
-    )
-    js = built_jobset(run(trainjob({"trainer": {}}), rt))
+    rt = node_runtime(container("node", image="i"), ml_policy={"torch": {}}, parallelism=5)
+    js = jobset_of(run(trainjob({"trainer": {}}), rt))
     assert rjobs(js)["node"]["template"]["spec"]["parallelism"] == 1
     assert env_dict(node_container(js))["PET_NNODES"] == "1"
 
@@ -382,34 +347,26 @@ def test_pet_nproc_per_node(runtime_resources: Obj | None, trainer: Obj, expecte
     node = container("node", image="i")
     if runtime_resources is not None:
         node["resources"] = runtime_resources
-    rt = runtime([rjob("node", [node], ancestor="trainer")], ml_policy=TORCH)
-    js = built_jobset(run(trainjob({"trainer": trainer}), rt))
+    rt = node_runtime(node, ml_policy=TORCH)
+    js = jobset_of(run(trainjob({"trainer": trainer}), rt))
     assert env_dict(node_container(js))["PET_NPROC_PER_NODE"] == expected
 
 
 def test_user_env_first_then_pet_and_same_name_replaced_in_place() -> None:
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [
-                    container(
-                        "node",
-                        image="i",
-                        env=[
-                            {"name": "A", "value": "runtime-a"},
-                            {"name": "B", "value": "runtime-b"},
-                            {"name": "C", "value": "runtime-c"},
-                        ],
-                    )
-                ],
-                ancestor="trainer",
-            )
-        ],
+    rt = node_runtime(
+        container(
+            "node",
+            image="i",
+            env=[
+                {"name": "A", "value": "runtime-a"},
+                {"name": "B", "value": "runtime-b"},
+                {"name": "C", "value": "runtime-c"},
+            ],
+        ),
         ml_policy=TORCH,
     )
     job = trainjob({"trainer": {"env": [{"name": "B", "value": "user-b"}, {"name": "D", "value": "user-d"}]}})
-    js = built_jobset(run(job, rt))
+    js = jobset_of(run(job, rt))
     assert node_container(js)["env"] == [
         {"name": "A", "value": "runtime-a"},
         {"name": "B", "value": "user-b"},
@@ -420,26 +377,18 @@ def test_user_env_first_then_pet_and_same_name_replaced_in_place() -> None:
 
 
 def test_runtime_pet_env_is_replaced_in_place_by_plugin_value() -> None:
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [
-                    container(
-                        "node",
-                        image="i",
-                        env=[
-                            {"name": "PET_NNODES", "value": "99"},
-                            {"name": "KEEP", "value": "k"},
-                        ],
-                    )
-                ],
-                ancestor="trainer",
-            )
-        ],
+    rt = node_runtime(
+        container(
+            "node",
+            image="i",
+            env=[
+                {"name": "PET_NNODES", "value": "99"},
+                {"name": "KEEP", "value": "k"},
+            ],
+        ),
         ml_policy=TORCH,
     )
-    js = built_jobset(run(trainjob({"trainer": {"numNodes": 2}}), rt))
+    js = jobset_of(run(trainjob({"trainer": {"numNodes": 2}}), rt))
     env = node_container(js)["env"]
     assert env[0] == {"name": "PET_NNODES", "value": "2"}
     assert env[1] == {"name": "KEEP", "value": "k"}
@@ -452,23 +401,15 @@ def test_runtime_pet_env_is_replaced_in_place_by_plugin_value() -> None:
 
 
 def test_resources_per_node_merged_per_key_over_runtime() -> None:
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [
-                    container(
-                        "node",
-                        image="i",
-                        resources={
-                            "limits": {"cpu": "4", "memory": "16Gi"},
-                            "requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": "1Gi"},
-                        },
-                    )
-                ],
-                ancestor="trainer",
-            )
-        ],
+    rt = node_runtime(
+        container(
+            "node",
+            image="i",
+            resources={
+                "limits": {"cpu": "4", "memory": "16Gi"},
+                "requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": "1Gi"},
+            },
+        ),
         ml_policy=TORCH,
     )
     job = trainjob(
@@ -481,7 +422,7 @@ def test_resources_per_node_merged_per_key_over_runtime() -> None:
             }
         }
     )
-    js = built_jobset(run(job, rt))
+    js = jobset_of(run(job, rt))
     assert node_container(js)["resources"] == {
         "limits": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "2"},
         "requests": {"cpu": "2", "memory": "24Gi", "ephemeral-storage": "1Gi"},
@@ -489,21 +430,13 @@ def test_resources_per_node_merged_per_key_over_runtime() -> None:
 
 
 def test_resources_per_node_only_touch_the_node_container() -> None:
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [
-                    container("sidecar", image="s", resources={"requests": {"cpu": "1"}}),
-                    container("node", image="i"),
-                ],
-                ancestor="trainer",
-            )
-        ],
+    rt = node_runtime(
+        container("sidecar", image="s", resources={"requests": {"cpu": "1"}}),
+        container("node", image="i"),
         ml_policy=TORCH,
     )
     job = trainjob({"trainer": {"resourcesPerNode": {"requests": {"cpu": "3"}}}})
-    js = built_jobset(run(job, rt))
+    js = jobset_of(run(job, rt))
     assert node_container(js, name="sidecar")["resources"] == {"requests": {"cpu": "1"}}
     assert node_container(js)["resources"] == {"requests": {"cpu": "3"}}
     assert "env" not in node_container(js, name="sidecar")
@@ -511,7 +444,7 @@ def test_resources_per_node_only_touch_the_node_container() -> None:
 
 @pytest.mark.parametrize("suspend", [True, False])
 def test_suspend_copied_to_jobset(suspend: bool) -> None:
-    js = built_jobset(run(trainjob({"suspend": suspend, "trainer": {}}), runtime(ml_policy=TORCH)))
+    js = jobset_of(run(trainjob({"suspend": suspend, "trainer": {}}), runtime(ml_policy=TORCH)))
     assert js["spec"]["suspend"] is suspend
 
 
@@ -526,17 +459,9 @@ def test_source_seq_and_trace_id_carried_to_every_message() -> None:
 
 
 def test_env_injection_targets_get_pet_env_but_no_port() -> None:
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [
-                    container("node", image="i"),
-                    container("helper", image="h", env=[{"name": "H", "value": "h"}]),
-                ],
-                ancestor="trainer",
-            )
-        ],
+    rt = node_runtime(
+        container("node", image="i"),
+        container("helper", image="h", env=[{"name": "H", "value": "h"}]),
         ml_policy={
             "numNodes": 2,
             "torch": {
@@ -548,7 +473,7 @@ def test_env_injection_targets_get_pet_env_but_no_port() -> None:
             },
         },
     )
-    js = built_jobset(run(trainjob({"trainer": {}}), rt))
+    js = jobset_of(run(trainjob({"trainer": {}}), rt))
     helper = node_container(js, name="helper")
     assert helper["env"] == [{"name": "H", "value": "h"}, *pet_env("2", "1")]
     assert "ports" not in helper
@@ -571,25 +496,17 @@ def test_env_injection_target_missing_is_a_validation_warning() -> None:
 
 def test_trainer_omitted_still_gets_pet_env() -> None:
     """Documented deviation: Trainer v2.3.0 injects nothing without ``spec.trainer`` (upstream #4076)."""
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [
-                    container(
-                        "node",
-                        image="example.com/torch:1",
-                        command=["torchrun"],
-                        env=[{"name": "LOG_LEVEL", "value": "info"}],
-                        resources={"requests": {"cpu": "2"}},
-                    )
-                ],
-                ancestor="trainer",
-            )
-        ],
+    rt = node_runtime(
+        container(
+            "node",
+            image="example.com/torch:1",
+            command=["torchrun"],
+            env=[{"name": "LOG_LEVEL", "value": "info"}],
+            resources={"requests": {"cpu": "2"}},
+        ),
         ml_policy={"numNodes": 2, "torch": {}},
     )
-    js = built_jobset(run(trainjob(), rt))
+    js = jobset_of(run(trainjob(), rt))
     assert node_container(js) == {
         "name": "node",
         "image": "example.com/torch:1",
@@ -624,7 +541,7 @@ def test_reserved_env_blocks_the_jobset_with_a_warning(reserved: str) -> None:
 def test_reserved_env_allowed_without_torch_policy() -> None:
     """The reserved-name check belongs to the torch plugin; a plain runtime accepts the names."""
     job = trainjob({"trainer": {"env": [{"name": "PET_NNODES", "value": "5"}]}})
-    js = built_jobset(run(job, runtime()))
+    js = jobset_of(run(job, runtime()))
     assert node_container(js)["env"] == [{"name": "PET_NNODES", "value": "5"}]
 
 
@@ -632,8 +549,8 @@ def test_reserved_env_allowed_without_torch_policy() -> None:
 
 
 def test_plain_runtime_without_ml_policy_keeps_template_parallelism() -> None:
-    rt = runtime([rjob("node", [container("node", image="i")], ancestor="trainer", parallelism=2)])
-    js = built_jobset(run(trainjob({"trainer": {}}), rt))
+    rt = node_runtime(container("node", image="i"), ml_policy=None, parallelism=2)
+    js = jobset_of(run(trainjob({"trainer": {}}), rt))
     spec = rjobs(js)["node"]["template"]["spec"]
     assert (spec["parallelism"], spec["completions"]) == (2, 2)
     assert node_container(js) == {"name": "node", "image": "i", "resources": {}}
@@ -641,15 +558,10 @@ def test_plain_runtime_without_ml_policy_keeps_template_parallelism() -> None:
 
 def test_plain_runtime_without_ml_policy_num_nodes_env_overrides_but_no_resources() -> None:
     """PlainML sets the count and env even without an mlPolicy; resourcesPerNode needs an mlPolicy."""
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [container("node", image="i", env=[{"name": "A", "value": "1"}], resources={"requests": {"cpu": "1"}})],
-                ancestor="trainer",
-                parallelism=2,
-            )
-        ]
+    rt = node_runtime(
+        container("node", image="i", env=[{"name": "A", "value": "1"}], resources={"requests": {"cpu": "1"}}),
+        ml_policy=None,
+        parallelism=2,
     )
     job = trainjob(
         {
@@ -663,7 +575,7 @@ def test_plain_runtime_without_ml_policy_num_nodes_env_overrides_but_no_resource
             }
         }
     )
-    js = built_jobset(run(job, rt))
+    js = jobset_of(run(job, rt))
     spec = rjobs(js)["node"]["template"]["spec"]
     assert (spec["parallelism"], spec["completions"]) == (3, 3)
     assert node_container(js) == {
@@ -677,18 +589,10 @@ def test_plain_runtime_without_ml_policy_num_nodes_env_overrides_but_no_resource
 
 
 def test_plain_ml_policy_counts_from_num_nodes_and_merges_resources() -> None:
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [container("node", image="i", resources={"requests": {"cpu": "1"}})],
-                ancestor="trainer",
-                parallelism=7,
-            )
-        ],
-        ml_policy={"numNodes": 4},
+    rt = node_runtime(
+        container("node", image="i", resources={"requests": {"cpu": "1"}}), ml_policy={"numNodes": 4}, parallelism=7
     )
-    js = built_jobset(run(trainjob({"trainer": {"resourcesPerNode": {"limits": {"cpu": "2"}}}}), rt))
+    js = jobset_of(run(trainjob({"trainer": {"resourcesPerNode": {"limits": {"cpu": "2"}}}}), rt))
     spec = rjobs(js)["node"]["template"]["spec"]
     assert (spec["parallelism"], spec["completions"]) == (4, 4)
     c = node_container(js)
@@ -696,7 +600,7 @@ def test_plain_ml_policy_counts_from_num_nodes_and_merges_resources() -> None:
     assert "env" not in c
     assert "ports" not in c
 
-    js = built_jobset(run(trainjob({"trainer": {"numNodes": 2}}), rt))
+    js = jobset_of(run(trainjob({"trainer": {"numNodes": 2}}), rt))
     spec = rjobs(js)["node"]["template"]["spec"]
     assert (spec["parallelism"], spec["completions"]) == (2, 2)
 
@@ -704,13 +608,13 @@ def test_plain_ml_policy_counts_from_num_nodes_and_merges_resources() -> None:
 def test_job_without_ancestor_keeps_its_parallelism_and_replicas() -> None:
     rt = runtime(
         [
-            rjob("node", [container("node", image="i")], ancestor="trainer"),
-            rjob("workers", [container("node", image="w")], replicas=3, parallelism=5),
+            replicated_job("node", [container("node", image="i")], ancestor="trainer"),
+            replicated_job("workers", [container("node", image="w")], replicas=3, parallelism=5),
         ],
         ml_policy={"numNodes": 2, "torch": {}},
     )
     job = trainjob({"trainer": {"numNodes": 4, "image": "new", "env": [{"name": "U", "value": "u"}]}})
-    js = built_jobset(run(job, rt))
+    js = jobset_of(run(job, rt))
     workers = rjobs(js)["workers"]
     assert workers["replicas"] == 3
     assert (workers["template"]["spec"]["parallelism"], workers["template"]["spec"]["completions"]) == (5, 5)
@@ -719,9 +623,9 @@ def test_job_without_ancestor_keeps_its_parallelism_and_replicas() -> None:
 
 
 def test_trainer_replicas_forced_to_one() -> None:
-    rt = runtime([rjob("node", [container("node", image="i")], ancestor="trainer")], ml_policy=TORCH)
+    rt = node_runtime(container("node", image="i"), ml_policy=TORCH)
     rt["spec"]["template"]["spec"]["replicatedJobs"][0]["replicas"] = 4
-    js = built_jobset(run(trainjob({"trainer": {}}), rt))
+    js = jobset_of(run(trainjob({"trainer": {}}), rt))
     assert rjobs(js)["node"]["replicas"] == 1
 
 
@@ -731,7 +635,7 @@ def test_trainer_replicas_forced_to_one() -> None:
 def initializer_runtime() -> Obj:
     return runtime(
         [
-            rjob(
+            replicated_job(
                 "dataset-initializer",
                 [
                     container(
@@ -744,7 +648,7 @@ def initializer_runtime() -> Obj:
                 ],
                 ancestor="dataset-initializer",
             ),
-            rjob(
+            replicated_job(
                 "model-initializer",
                 [
                     container(
@@ -756,7 +660,7 @@ def initializer_runtime() -> Obj:
                 ],
                 ancestor="model-initializer",
             ),
-            rjob("node", [container("node", image="i")], ancestor="trainer"),
+            replicated_job("node", [container("node", image="i")], ancestor="trainer"),
         ],
         ml_policy=TORCH,
     )
@@ -779,7 +683,7 @@ def test_initializers_overrides() -> None:
             },
         }
     )
-    js = built_jobset(run(job, rt))
+    js = jobset_of(run(job, rt))
     assert [rj["name"] for rj in js["spec"]["replicatedJobs"]] == ["dataset-initializer", "model-initializer", "node"]
     assert rjobs(js)["dataset-initializer"]["replicas"] == 1
     assert rjobs(js)["model-initializer"]["replicas"] == 1
@@ -811,7 +715,7 @@ def test_initializers_overrides() -> None:
 def test_initializers_without_trainjob_initializer_only_force_replicas() -> None:
     rt = initializer_runtime()
     rt["spec"]["template"]["spec"]["replicatedJobs"][0]["replicas"] = 2
-    js = built_jobset(run(trainjob({"trainer": {}}), rt))
+    js = jobset_of(run(trainjob({"trainer": {}}), rt))
     assert rjobs(js)["dataset-initializer"]["replicas"] == 1
     assert node_container(js, "dataset-initializer", "dataset-initializer")["env"] == [
         {"name": "STORAGE_URI", "value": "hf://default"},
@@ -823,7 +727,7 @@ def test_initializers_without_trainjob_initializer_only_force_replicas() -> None
 def test_initializer_env_only_without_storage_uri() -> None:
     rt = initializer_runtime()
     job = trainjob({"trainer": {}, "initializer": {"model": {"env": [{"name": "M", "value": "m"}]}}})
-    js = built_jobset(run(job, rt))
+    js = jobset_of(run(job, rt))
     assert node_container(js, "model-initializer", "model-initializer")["env"] == [{"name": "M", "value": "m"}]
     assert node_container(js, "dataset-initializer", "dataset-initializer")["env"][0] == {
         "name": "STORAGE_URI",
@@ -837,8 +741,10 @@ def test_initializer_env_only_without_storage_uri() -> None:
 def test_runtime_patches_from_two_managers() -> None:
     rt = runtime(
         [
-            rjob("dataset-initializer", [container("dataset-initializer", image="d")], ancestor="dataset-initializer"),
-            rjob(
+            replicated_job(
+                "dataset-initializer", [container("dataset-initializer", image="d")], ancestor="dataset-initializer"
+            ),
+            replicated_job(
                 "node",
                 [
                     container("node", image="i", volumeMounts=[{"name": "data", "mountPath": "/data"}]),
@@ -859,91 +765,44 @@ def test_runtime_patches_from_two_managers() -> None:
     node_pod["spec"]["nodeSelector"] = {"pool": "runtime", "zone": "runtime"}
     node_pod["metadata"] = {"labels": {"pod": "runtime"}}
 
-    first = {
-        "manager": "first.example.com/tool",
-        "trainingRuntimeSpec": {
-            "template": {
-                "metadata": {"labels": {"shared": "first", "one": "1"}, "annotations": {"a": "first"}},
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {"labels": {"job": "first"}},
-                                "spec": {
-                                    "template": {
-                                        "metadata": {"labels": {"pod": "first"}},
-                                        "spec": {
-                                            "containers": [
-                                                {
-                                                    "name": "sidecar",
-                                                    "env": [
-                                                        {"name": "S", "value": "first"},
-                                                        {"name": "U", "value": "first"},
-                                                    ],
-                                                }
-                                            ],
-                                            "volumes": [
-                                                {"name": "data", "configMap": {"name": "cm"}},
-                                                {"name": "extra", "emptyDir": {}},
-                                            ],
-                                            "tolerations": [{"key": "first", "operator": "Exists"}],
-                                            "nodeSelector": {"zone": "first"},
-                                        },
-                                    }
-                                },
-                            },
-                        }
-                    ]
+    first = runtime_patch(
+        "first.example.com/tool",
+        metadata={"labels": {"shared": "first", "one": "1"}, "annotations": {"a": "first"}},
+        replicated_jobs=[
+            job_patch(
+                "node",
+                job_metadata={"labels": {"job": "first"}},
+                pod_metadata={"labels": {"pod": "first"}},
+                pod_spec={
+                    "containers": [
+                        {"name": "sidecar", "env": [{"name": "S", "value": "first"}, {"name": "U", "value": "first"}]}
+                    ],
+                    "volumes": [{"name": "data", "configMap": {"name": "cm"}}, {"name": "extra", "emptyDir": {}}],
+                    "tolerations": [{"key": "first", "operator": "Exists"}],
+                    "nodeSelector": {"zone": "first"},
                 },
-            }
-        },
-    }
-    second = {
-        "manager": "second.example.com/tool",
-        "trainingRuntimeSpec": {
-            "template": {
-                "metadata": {"labels": {"shared": "second"}},
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "spec": {
-                                    "template": {
-                                        "spec": {
-                                            "containers": [
-                                                {"name": "sidecar", "env": [{"name": "U", "value": "second"}]},
-                                                {
-                                                    "name": "node",
-                                                    "volumeMounts": [{"name": "extra", "mountPath": "/x"}],
-                                                },
-                                            ],
-                                            "tolerations": [{"key": "second", "operator": "Equal", "value": "v"}],
-                                            "nodeSelector": {"disk": "ssd"},
-                                        }
-                                    }
-                                }
-                            },
-                        },
-                        {
-                            "name": "dataset-initializer",
-                            "template": {
-                                "spec": {
-                                    "template": {
-                                        "spec": {
-                                            "serviceAccountName": "reader",
-                                        }
-                                    }
-                                }
-                            },
-                        },
-                    ]
+            )
+        ],
+    )
+    second = runtime_patch(
+        "second.example.com/tool",
+        metadata={"labels": {"shared": "second"}},
+        replicated_jobs=[
+            job_patch(
+                "node",
+                pod_spec={
+                    "containers": [
+                        {"name": "sidecar", "env": [{"name": "U", "value": "second"}]},
+                        {"name": "node", "volumeMounts": [{"name": "extra", "mountPath": "/x"}]},
+                    ],
+                    "tolerations": [{"key": "second", "operator": "Equal", "value": "v"}],
+                    "nodeSelector": {"disk": "ssd"},
                 },
-            }
-        },
-    }
-    js = built_jobset(run(trainjob({"trainer": {}, "runtimePatches": [first, second]}), rt))
+            ),
+            job_patch("dataset-initializer", pod_spec={"serviceAccountName": "reader"}),
+        ],
+    )
+    js = jobset_of(run(trainjob({"trainer": {}, "runtimePatches": [first, second]}), rt))
 
     assert js["metadata"]["labels"] == {"base": "runtime", "shared": "second", "one": "1"}
     assert js["metadata"]["annotations"] == {"a": "first"}
@@ -980,11 +839,8 @@ def test_runtime_patches_from_two_managers() -> None:
 
 
 def test_runtime_patch_metadata_only_on_runtime_without_metadata() -> None:
-    patch = {
-        "manager": "x.example.com/m",
-        "trainingRuntimeSpec": {"template": {"metadata": {"labels": {"l": "v"}, "annotations": {"a": "v"}}}},
-    }
-    js = built_jobset(run(trainjob({"trainer": {}, "runtimePatches": [patch]}), runtime(ml_policy=TORCH)))
+    patch = runtime_patch("x.example.com/m", metadata={"labels": {"l": "v"}, "annotations": {"a": "v"}})
+    js = jobset_of(run(trainjob({"trainer": {}, "runtimePatches": [patch]}), runtime(ml_policy=TORCH)))
     assert js["metadata"]["labels"] == {"l": "v"}
     assert js["metadata"]["annotations"] == {"a": "v"}
 
@@ -1086,13 +942,7 @@ def test_trainjob_deleted_gives_empty_plan() -> None:
 
 
 def suspended_true(ltt: str = NOW) -> Obj:
-    return {
-        "type": "Suspended",
-        "status": "True",
-        "reason": "Suspended",
-        "message": "TrainJob is suspended",
-        "lastTransitionTime": ltt,
-    }
+    return suspended_condition(True, ltt)
 
 
 def test_status_suspended_exact() -> None:
@@ -1130,13 +980,7 @@ def test_status_resumed_gets_new_transition_time() -> None:
 
 
 def test_status_suspended_again_keeps_nothing_of_resume() -> None:
-    resumed = {
-        "type": "Suspended",
-        "status": "False",
-        "reason": "Resumed",
-        "message": "TrainJob is resumed",
-        "lastTransitionTime": EARLIER,
-    }
+    resumed = suspended_condition(False, EARLIER)
     job = trainjob({"suspend": True, "trainer": {}}, status={"conditions": [resumed]})
     assert built_status(run(job, runtime(ml_policy=TORCH)))["status"] == {"conditions": [suspended_true(NOW)]}
 
@@ -1147,13 +991,7 @@ def test_never_suspended_without_jobset_has_no_status_message() -> None:
 
 
 def test_resumed_condition_unchanged_when_still_running() -> None:
-    resumed = {
-        "type": "Suspended",
-        "status": "False",
-        "reason": "Resumed",
-        "message": "TrainJob is resumed",
-        "lastTransitionTime": EARLIER,
-    }
+    resumed = suspended_condition(False, EARLIER)
     p = run(trainjob({"trainer": {}}, status={"conditions": [resumed]}), runtime(ml_policy=TORCH))
     assert status_messages(p) == []
 
@@ -1201,13 +1039,7 @@ JOBSET_COMPLETED = {
 
 
 def test_status_from_completed_jobset() -> None:
-    resumed = {
-        "type": "Suspended",
-        "status": "False",
-        "reason": "Resumed",
-        "message": "TrainJob is resumed",
-        "lastTransitionTime": EARLIER,
-    }
+    resumed = suspended_condition(False, EARLIER)
     job = trainjob({"trainer": {}}, status={"conditions": [resumed]})
     p = run(job, runtime(ml_policy=TORCH), jobset(JOBSET_COMPLETED))
     assert built_status(p)["status"] == {
@@ -1332,21 +1164,9 @@ def test_same_event_twice_gives_identical_bytes() -> None:
             },
             "initializer": {"dataset": {"storageUri": "hf://x"}},
             "runtimePatches": [
-                {
-                    "manager": "x.example.com/m",
-                    "trainingRuntimeSpec": {
-                        "template": {
-                            "spec": {
-                                "replicatedJobs": [
-                                    {
-                                        "name": "node",
-                                        "template": {"spec": {"template": {"spec": {"nodeSelector": {"a": "b"}}}}},
-                                    }
-                                ]
-                            }
-                        }
-                    },
-                }
+                runtime_patch(
+                    "x.example.com/m", replicated_jobs=[job_patch("node", pod_spec={"nodeSelector": {"a": "b"}})]
+                )
             ],
         }
     )
@@ -1385,19 +1205,13 @@ def test_torchtune_command_rewritten_and_no_master_env() -> None:
         "tokenizer.path=/workspace/model/tokenizer.model",
         "epochs=1",
     ]
-    rt = runtime(
-        [
-            rjob(
-                "node",
-                [container("node", image="tt", command=runtime_command, resources={"limits": {"nvidia.com/gpu": "2"}})],
-                ancestor="trainer",
-            )
-        ],
+    rt = node_runtime(
+        container("node", image="tt", command=runtime_command, resources={"limits": {"nvidia.com/gpu": "2"}}),
         ml_policy=TORCH,
         name="torchtune-llama3.2-1b",
     )
     job = trainjob({"runtimeRef": {"name": "torchtune-llama3.2-1b"}, "trainer": {"command": ["tune", "run"]}})
-    c = node_container(built_jobset(run(job, rt)))
+    c = node_container(jobset_of(run(job, rt)))
     assert c["command"] == [
         "tune",
         "run",

@@ -8,66 +8,59 @@ import msgspec
 import yaml
 
 from contracts import messages as m
-from contracts.jobset import JobSet
-from contracts.trainer import TrainingRuntime, TrainJob
 from planner.core import plan
 
-Obj = dict[str, Any]
-T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+from .builders import (
+    OBSERVED_AT,
+    Obj,
+    applies_of,
+    job_patch,
+    replicated_job,
+    runtime_dict,
+    runtime_patch,
+    suspended_condition,
+    trainjob_dict,
+    trainjob_observed,
+)
+
+T0 = OBSERVED_AT  # 2023-11-14T22:13:20Z
 
 
 def runtime() -> Obj:
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "torch", "resourceVersion": "3", "managedFields": [{"manager": "kubectl"}]},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "replicas": 1,
-                            "template": {
-                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                                "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "img"}]}}},
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
-
-
-def trainjob(spec: Obj | None = None, status: Obj | None = None, created: str = "2023-11-14T22:00:00Z") -> Obj:
-    body: Obj = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": "tj", "namespace": "ns", "uid": "uid-1", "creationTimestamp": created},
-        "spec": {"runtimeRef": {"name": "torch"}, "trainer": {"numNodes": 2}, **(spec or {})},
-    }
-    if status is not None:
-        body["status"] = status
-    return body
-
-
-def event(
-    job: Obj, rt: Obj | None = None, *, source: str = "live", js: Obj | None = None, error: str = "", now: float = T0
-) -> m.TrainJobObserved:
-    return m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime) if rt is not None else None,
-        runtime_source=source,  # type: ignore[arg-type]
-        runtime_error=error,
-        jobset=msgspec.convert(js, JobSet) if js is not None else None,
-        observed_at=now,
+    return runtime_dict(
+        [replicated_job("node", [{"name": "node", "image": "img"}], ancestor="trainer", replicas=1)],
+        name="torch",
+        metadata={"resourceVersion": "3", "managedFields": [{"manager": "kubectl"}]},
+        ml_policy={"numNodes": 1, "torch": {}},
     )
 
 
+def trainjob(spec: Obj | None = None, status: Obj | None = None, created: str = "2023-11-14T22:00:00Z") -> Obj:
+    return trainjob_dict(
+        name="tj",
+        namespace="ns",
+        uid="uid-1",
+        runtime="torch",
+        spec={"trainer": {"numNodes": 2}, **(spec or {})},
+        metadata={"creationTimestamp": created},
+        status=status,
+    )
+
+
+def event(
+    job: Obj,
+    rt: Obj | None = None,
+    *,
+    source: m.RuntimeSource = "live",
+    js: Obj | None = None,
+    error: str = "",
+    now: float = T0,
+) -> m.TrainJobObserved:
+    return trainjob_observed(job, rt, runtime_source=source, runtime_error=error, jobset=js, observed_at=now)
+
+
 def of(p: m.Plan, kind: type[Any]) -> list[Any]:
-    return [a for a in p.applies if isinstance(a, kind)]
+    return applies_of(p, kind)
 
 
 def conditions(p: m.Plan) -> list[Obj]:
@@ -143,13 +136,7 @@ def test_deadline_exceeded_fails_the_job_and_deletes_the_jobset() -> None:
 
 
 def test_deadline_counts_from_the_resume() -> None:
-    resumed = {
-        "type": "Suspended",
-        "status": "False",
-        "reason": "Resumed",
-        "message": "TrainJob is resumed",
-        "lastTransitionTime": "2023-11-14T22:12:00Z",
-    }
+    resumed = suspended_condition(False, "2023-11-14T22:12:00Z")
     job = trainjob({"activeDeadlineSeconds": 600}, status={"conditions": [resumed]})
     assert of(plan(event(job, runtime(), source="snapshot"), source_seq=1), m.DeleteComponent) == []
 
@@ -174,30 +161,15 @@ def test_resume_keeps_fields_jobset_would_refuse_to_change() -> None:
     live_obj = msgspec.to_builtins(live_js.object)
     live_obj["metadata"]["resourceVersion"] = "9"
     patches = [
-        {
-            "manager": "example.com/ops",
-            "trainingRuntimeSpec": {
-                "template": {
-                    "spec": {
-                        "replicatedJobs": [
-                            {
-                                "name": "node",
-                                "template": {
-                                    "spec": {
-                                        "template": {
-                                            "spec": {
-                                                "nodeSelector": {"pool": "a"},
-                                                "volumes": [{"name": "scratch", "emptyDir": {}}],
-                                            }
-                                        }
-                                    }
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        }
+        runtime_patch(
+            "example.com/ops",
+            replicated_jobs=[
+                job_patch(
+                    "node",
+                    pod_spec={"nodeSelector": {"pool": "a"}, "volumes": [{"name": "scratch", "emptyDir": {}}]},
+                )
+            ],
+        )
     ]
     job = trainjob({"suspend": False, "runtimePatches": patches})
     p = plan(event(job, live_rt, source="snapshot", js=live_obj), source_seq=2)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
 
 import msgspec
 
@@ -11,8 +10,7 @@ from contracts.trainer import TrainingRuntime, TrainJob
 from planner import status as st
 from planner.runtime_info import new_runtime_info, pod_requests
 
-Obj = dict[str, Any]
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+from .builders import Obj, replicated_job
 
 
 def test_pod_requests_containers_sum() -> None:
@@ -45,39 +43,15 @@ def test_pod_requests_empty() -> None:
 
 
 def _runtime(ml_policy: Obj | None, parallelism: int | None = None) -> TrainingRuntime:
-    job_spec: Obj = {
-        "template": {"spec": {"containers": [{"name": "node", "image": "i", "resources": {"requests": {"cpu": "1"}}}]}}
-    }
-    if parallelism is not None:
-        job_spec["parallelism"] = parallelism
-    body: Obj = {
-        "template": {
-            "spec": {
-                "replicatedJobs": [
-                    {
-                        "name": "init",
-                        "template": {
-                            "metadata": {"labels": {ANCESTOR: "dataset-initializer"}},
-                            "spec": {
-                                "parallelism": 3,
-                                "template": {"spec": {"containers": [{"name": "dataset-initializer", "image": "d"}]}},
-                            },
-                        },
-                    },
-                    {"name": "node", "template": {"metadata": {"labels": {ANCESTOR: "trainer"}}, "spec": job_spec}},
-                    {
-                        "name": "other",
-                        "template": {
-                            "spec": {
-                                "parallelism": 0,
-                                "template": {"spec": {"containers": [{"name": "c", "image": "o"}]}},
-                            }
-                        },
-                    },
-                ]
-            }
-        }
-    }
+    node = {"name": "node", "image": "i", "resources": {"requests": {"cpu": "1"}}}
+    jobs = [
+        replicated_job(
+            "init", [{"name": "dataset-initializer", "image": "d"}], ancestor="dataset-initializer", parallelism=3
+        ),
+        replicated_job("node", [node], ancestor="trainer", parallelism=parallelism),
+        replicated_job("other", [{"name": "c", "image": "o"}], parallelism=0),
+    ]
+    body: Obj = {"template": {"spec": {"replicatedJobs": jobs}}}
     if ml_policy is not None:
         body["mlPolicy"] = ml_policy
     return msgspec.convert(

@@ -12,127 +12,68 @@ from typing import Any
 import msgspec
 
 from contracts import messages as m
-from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
-from planner.framework import Framework
 from planner.plugins.coscheduling import (
-    CoScheduling,
     QuantityFormat,
     format_quantity,
     pod_request_formats,
     quantity_format,
 )
-from planner.plugins.jax import JAX
-from planner.plugins.jobset import JobSetPlugin
-from planner.plugins.plainml import PlainML
-from planner.plugins.torch import Torch
-from planner.plugins.volcano import Volcano
-from planner.plugins.xgboost import XGBoost
 
-Obj = dict[str, Any]
-
-FRAMEWORK = Framework(
-    [
-        ("coscheduling", CoScheduling),
-        ("volcano", Volcano),
-        ("plainml", PlainML),
-        ("torch", Torch),
-        ("jobset", JobSetPlugin),
-        ("jax", JAX),
-        ("xgboost", XGBoost),
-    ]
+from .builders import (
+    FRAMEWORK_WITHOUT_FLUX_AND_MPI,
+    Obj,
+    applies_of,
+    jobset_of,
+    only_object,
+    owner_reference,
+    plan_with,
+    pod_set,
+    runtime_dict,
+    trainjob_dict,
+    trainjob_observed,
 )
 
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 NAME = "fine-tune"
 NAMESPACE = "team-b"
 UID = "5e1d-uid"
-OWNER = {
-    "apiVersion": "trainer.kubeflow.org/v1alpha1",
-    "kind": "TrainJob",
-    "name": NAME,
-    "uid": UID,
-    "controller": True,
-    "blockOwnerDeletion": True,
-}
-
-
-def rjob(name: str, ancestor: str, requests: Obj | None = None, **pod_spec: Any) -> Obj:
-    container: Obj = {"name": name if ancestor != "trainer" else "node", "image": f"example.com/{name}"}
-    if requests is not None:
-        container["resources"] = {"requests": requests}
-    return {
-        "name": name,
-        "template": {
-            "metadata": {"labels": {ANCESTOR: ancestor}},
-            "spec": {"template": {"spec": {"containers": [container], **pod_spec}}},
-        },
-    }
+OWNER = owner_reference(NAME, UID)
 
 
 def runtime(jobs: list[Obj], coscheduling: Obj | None = None, **extra_policy: Any) -> Obj:
-    spec: Obj = {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": jobs}}}
     policy: Obj = dict(extra_policy)
     if coscheduling is not None:
         policy["coscheduling"] = coscheduling
-    if policy:
-        spec["podGroupPolicy"] = policy
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "torch-distributed"},
-        "spec": spec,
-    }
+    return runtime_dict(
+        jobs,
+        name="torch-distributed",
+        ml_policy={"numNodes": 1, "torch": {}},
+        pod_group_policy=policy if policy else None,
+    )
 
 
 INITIALIZED = [
-    rjob("dataset-initializer", "dataset-initializer", {"cpu": "500m", "memory": "1Gi"}),
-    rjob("model-initializer", "model-initializer", {"cpu": "250m", "memory": "512Mi"}),
-    rjob("node", "trainer", {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": 1}),
+    pod_set("dataset-initializer", "dataset-initializer", {"cpu": "500m", "memory": "1Gi"}),
+    pod_set("model-initializer", "model-initializer", {"cpu": "250m", "memory": "512Mi"}),
+    pod_set("node", "trainer", {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": 1}),
 ]
 
 
 def trainjob(trainer: Obj | None = None, *, suspend: bool | None = None) -> Obj:
-    spec: Obj = {"runtimeRef": {"name": "torch-distributed"}}
-    if trainer is not None:
-        spec["trainer"] = trainer
-    if suspend is not None:
-        spec["suspend"] = suspend
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": UID},
-        "spec": spec,
-    }
+    spec = {"suspend": suspend} if suspend is not None else None
+    return trainjob_dict(trainer, name=NAME, namespace=NAMESPACE, uid=UID, runtime="torch-distributed", spec=spec)
 
 
 def run(job: Obj, rt: Obj) -> m.Plan:
-    event = m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime),
-        observed_at=1_700_000_000.0,
-        priority_classes=(),
-    )
-    return plan(event, source_seq=1, framework=FRAMEWORK)
+    return plan_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, trainjob_observed(job, rt, priority_classes=()))
 
 
 def pod_group_messages(p: m.Plan) -> list[m.ApplyPodGroup]:
-    return [a for a in p.applies if isinstance(a, m.ApplyPodGroup)]
+    return applies_of(p, m.ApplyPodGroup)
 
 
 def pod_group(p: m.Plan) -> Obj:
-    messages = pod_group_messages(p)
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)
-    return out
-
-
-def jobset(p: m.Plan) -> Obj:
-    messages = [a for a in p.applies if isinstance(a, m.ApplyJobSet)]
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)
-    return out
+    return only_object(p, m.ApplyPodGroup)
 
 
 def pod_labels(js: Obj) -> dict[str, Obj]:
@@ -189,22 +130,22 @@ def test_schedule_timeout_defaults_to_sixty_when_the_runtime_omits_it() -> None:
 
 
 def test_no_requests_gives_empty_min_resources_that_is_still_sent() -> None:
-    p = run(trainjob(), runtime([rjob("node", "trainer")], {}))
+    p = run(trainjob(), runtime([pod_set("node", "trainer")], {}))
     assert pod_group(p)["spec"] == {"minMember": 1, "minResources": {}, "scheduleTimeoutSeconds": 60}
     (message,) = pod_group_messages(p)
     assert b'"minResources":{}' in msgspec.json.encode(message.object)
 
 
 def test_decimal_si_memory_stays_decimal() -> None:
-    jobs = [rjob("node", "trainer", {"memory": "1G", "cpu": "100m"})]
+    jobs = [pod_set("node", "trainer", {"memory": "1G", "cpu": "100m"})]
     spec = pod_group(run(trainjob({"numNodes": 2}), runtime(jobs, {})))["spec"]
     assert spec["minResources"] == {"cpu": "200m", "memory": "2G"}
 
 
 def test_format_of_the_first_pod_set_wins_as_in_quantity_add() -> None:
     jobs = [
-        rjob("dataset-initializer", "dataset-initializer", {"memory": "1G"}),
-        rjob("node", "trainer", {"memory": "1Gi"}),
+        pod_set("dataset-initializer", "dataset-initializer", {"memory": "1G"}),
+        pod_set("node", "trainer", {"memory": "1Gi"}),
     ]
     spec = pod_group(run(trainjob(), runtime(jobs, {})))["spec"]
     assert spec["minResources"] == {"memory": "2073741824"}
@@ -212,11 +153,11 @@ def test_format_of_the_first_pod_set_wins_as_in_quantity_add() -> None:
 
 def test_larger_init_container_sets_value_and_format_of_a_pod() -> None:
     jobs = [
-        rjob(
+        pod_set(
             "node",
             "trainer",
             {"memory": "1Gi", "cpu": "1"},
-            initContainers=[{"name": "warmup", "resources": {"requests": {"memory": "8G"}}}],
+            init_containers=[{"name": "warmup", "resources": {"requests": {"memory": "8G"}}}],
         )
     ]
     spec = pod_group(run(trainjob({"numNodes": 2}), runtime(jobs, {})))["spec"]
@@ -225,11 +166,11 @@ def test_larger_init_container_sets_value_and_format_of_a_pod() -> None:
 
 def test_sidecar_adds_to_the_running_pod() -> None:
     jobs = [
-        rjob(
+        pod_set(
             "node",
             "trainer",
             {"cpu": "1"},
-            initContainers=[{"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}}],
+            init_containers=[{"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}}],
         )
     ]
     assert pod_group(run(trainjob(), runtime(jobs, {})))["spec"]["minResources"] == {"cpu": "1500m"}
@@ -239,7 +180,7 @@ def test_sidecar_adds_to_the_running_pod() -> None:
 
 
 def test_every_pod_template_gets_the_pod_group_label() -> None:
-    js = jobset(run(trainjob(), runtime(INITIALIZED, {})))
+    js = jobset_of(run(trainjob(), runtime(INITIALIZED, {})))
     assert pod_labels(js) == {
         "dataset-initializer": {POD_GROUP_LABEL: NAME},
         "model-initializer": {POD_GROUP_LABEL: NAME},
@@ -250,14 +191,14 @@ def test_every_pod_template_gets_the_pod_group_label() -> None:
 def test_without_coscheduling_policy_there_is_no_pod_group_and_no_label() -> None:
     p = run(trainjob(), runtime(INITIALIZED))
     assert pod_group_messages(p) == []
-    assert pod_labels(jobset(p)) == {"dataset-initializer": {}, "model-initializer": {}, "node": {}}
+    assert pod_labels(jobset_of(p)) == {"dataset-initializer": {}, "model-initializer": {}, "node": {}}
 
 
 def test_coscheduling_and_volcano_both_act_when_both_are_set() -> None:
     p = run(trainjob(), runtime(INITIALIZED, {}, volcano={}))
     kinds = [type(a).__name__ for a in p.applies if not isinstance(a, m.ApplyConfigMap | m.ApplyTrainJobStatus)]
     assert kinds == ["ApplyPodGroup", "ApplyVolcanoPodGroup", "ApplyJobSet"]
-    node = jobset(p)["spec"]["replicatedJobs"][2]["template"]["spec"]["template"]["metadata"]
+    node = jobset_of(p)["spec"]["replicatedJobs"][2]["template"]["spec"]["template"]["metadata"]
     assert node == {"labels": {POD_GROUP_LABEL: NAME}, "annotations": {"scheduling.k8s.io/group-name": NAME}}
 
 

@@ -10,29 +10,34 @@ byte for byte; their expected SHA-256 digests were computed by rendering Trainer
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import msgspec
 import pytest
 
 from applier.secrets import generated_data
 from contracts import messages as m
-from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
-from planner.framework import FieldError, Framework
+from planner.framework import FieldError
 from planner.plugins.flux import FLUX_VIEW_IMAGE_DEFAULT, Flux, hostlist, index_range
-from planner.plugins.jobset import JobSetPlugin
-from planner.plugins.plainml import PlainML
-from planner.plugins.torch import Torch
-from planner.runtime_info import new_runtime_info
 
-Obj = dict[str, Any]
+from .builders import (
+    ANCESTOR,
+    JOBSET_API,
+    Obj,
+    components,
+    framework,
+    jobset_of,
+    owner_reference,
+    plan_with,
+    pod_spec,
+    replicated_job,
+    runtime_dict,
+    trainjob_dict,
+    trainjob_observed,
+    validate_with,
+)
 
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-TRAINER_API = "trainer.kubeflow.org/v1alpha1"
-JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-
-FW = Framework([("flux", Flux), ("plainml", PlainML), ("torch", Torch), ("jobset", JobSetPlugin)])
+FW = framework("flux", "plainml", "torch", "jobset")
+OWNER = owner_reference("test-job", "test-uid")
 
 # sha256 of Trainer's templates rendered for: test-job/default, 2 nodes, 1 task per node, no GPU, eth0, fcfs.
 INIT_SHA_TEST_JOB = "b8a9b80ca20b593ac89c46527d09bdb9dde6557d3d30057dc5139619f9d49bc1"
@@ -47,64 +52,21 @@ ENTRYPOINT_SHA_LAMMPS = "ec67413c0ed248536f64ad07385b5dee136d9df30b1920fa804c9c7
 
 def flux_runtime(node: Obj | None = None, *, flux: Obj | None = None, init_containers: list[Obj] | None = None) -> Obj:
     container = node if node is not None else {"name": "node", "image": "example.com/ubuntu:jammy"}
-    pod: Obj = {"containers": [container]}
-    if init_containers is not None:
-        pod["initContainers"] = init_containers
-    return {
-        "apiVersion": TRAINER_API,
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "flux-distributed"},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "flux": flux if flux is not None else {"numProcPerNode": 1}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {"labels": {ANCESTOR: "trainer"}},
-                                "spec": {"template": {"spec": pod}},
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    return runtime_dict(
+        [replicated_job("node", [container], ancestor="trainer", init_containers=init_containers)],
+        name="flux-distributed",
+        ml_policy={"numNodes": 1, "flux": flux if flux is not None else {"numProcPerNode": 1}},
+    )
 
 
 def trainjob(
     trainer: Obj | None = None, *, name: str = "test-job", namespace: str = "default", uid: str = "test-uid"
 ) -> Obj:
-    spec: Obj = {"runtimeRef": {"name": "flux-distributed"}}
-    if trainer is not None:
-        spec["trainer"] = trainer
-    return {
-        "apiVersion": TRAINER_API,
-        "kind": "TrainJob",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": spec,
-    }
+    return trainjob_dict(trainer, name=name, namespace=namespace, uid=uid, runtime="flux-distributed")
 
 
 def run(job: Obj, rt: Obj) -> m.Plan:
-    event = m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime),
-        runtime_source="snapshot",
-        observed_at=1_700_000_000.0,
-    )
-    return plan(event, source_seq=3, framework=FW)
-
-
-def components(p: m.Plan) -> list[m.ApplyMessage]:
-    return [a for a in p.applies if not isinstance(a, m.ApplyTrainJobStatus)]
-
-
-def jobset_of(p: m.Plan) -> Obj:
-    [message] = [a for a in p.applies if isinstance(a, m.ApplyJobSet)]
-    out: Obj = msgspec.to_builtins(message.object)
-    return out
+    return plan_with(FW, trainjob_observed(job, rt, runtime_source="snapshot"), source_seq=3)
 
 
 def scripts_of(p: m.Plan) -> dict[str, str]:
@@ -114,23 +76,11 @@ def scripts_of(p: m.Plan) -> dict[str, str]:
 
 
 def node_pod(p: m.Plan) -> Obj:
-    spec: Obj = jobset_of(p)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    return spec
+    return pod_spec(jobset_of(p), "node")
 
 
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def owner_reference(name: str = "test-job", uid: str = "test-uid") -> Obj:
-    return {
-        "apiVersion": TRAINER_API,
-        "blockOwnerDeletion": True,
-        "controller": True,
-        "kind": "TrainJob",
-        "name": name,
-        "uid": uid,
-    }
 
 
 def assert_no_key_material(p: m.Plan, *, name: str, uid: str) -> None:
@@ -175,7 +125,7 @@ def test_flux_exact_outputs() -> None:
         "metadata": {
             "name": "test-job-flux-entrypoint",
             "namespace": "default",
-            "ownerReferences": [owner_reference()],
+            "ownerReferences": [OWNER],
         },
         "data": {},
     }
@@ -186,14 +136,14 @@ def test_flux_exact_outputs() -> None:
     assert msgspec.to_builtins(secret.object) == {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": "test-job-flux-curve", "namespace": "default", "ownerReferences": [owner_reference()]},
+        "metadata": {"name": "test-job-flux-curve", "namespace": "default", "ownerReferences": [OWNER]},
     }
 
     config_mount = {"mountPath": "/etc/flux-config", "name": "test-job-flux-entrypoint", "readOnly": True}
     assert jobset_of(p) == {
         "apiVersion": JOBSET_API,
         "kind": "JobSet",
-        "metadata": {"name": "test-job", "namespace": "default", "ownerReferences": [owner_reference()]},
+        "metadata": {"name": "test-job", "namespace": "default", "ownerReferences": [OWNER]},
         "spec": {
             "replicatedJobs": [
                 {
@@ -364,8 +314,7 @@ def test_runtime_init_containers_keep_their_slots() -> None:
 
 
 def validate(job: Obj, rt: Obj) -> list[FieldError]:
-    tj = msgspec.convert(job, TrainJob)
-    return Flux().validate(new_runtime_info(tj, msgspec.convert(rt, TrainingRuntime)), tj)
+    return validate_with(Flux(), job, rt)
 
 
 NPROC_ERROR = FieldError("spec.trainer.numProcPerNode", "must be greater than or equal to 1 for Flux TrainJob")

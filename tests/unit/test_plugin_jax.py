@@ -6,49 +6,27 @@ v2.3.0, except the deliberate deviation for upstream #4076 (env injected when ``
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
-
 from contracts import messages as m
-from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
-from planner.framework import Framework
-from planner.plugins.coscheduling import CoScheduling
-from planner.plugins.jax import JAX
-from planner.plugins.jobset import JobSetPlugin
-from planner.plugins.plainml import PlainML
-from planner.plugins.torch import Torch
-from planner.plugins.volcano import Volcano
-from planner.plugins.xgboost import XGBoost
 
-Obj = dict[str, Any]
-
-FRAMEWORK = Framework(
-    [
-        ("coscheduling", CoScheduling),
-        ("volcano", Volcano),
-        ("plainml", PlainML),
-        ("torch", Torch),
-        ("jobset", JobSetPlugin),
-        ("jax", JAX),
-        ("xgboost", XGBoost),
-    ]
+from .builders import (
+    ANCESTOR,
+    FRAMEWORK_WITHOUT_FLUX_AND_MPI,
+    RANK,
+    Obj,
+    only_object,
+    owner_reference,
+    plan_with,
+    pod_spec,
+    replicated_job,
+    runtime_dict,
+    trainjob_dict,
+    trainjob_observed,
 )
 
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-RANK = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
 NAME = "jx"
 NAMESPACE = "ml"
 UID = "9c2e-uid"
-OWNER = {
-    "apiVersion": "trainer.kubeflow.org/v1alpha1",
-    "kind": "TrainJob",
-    "name": NAME,
-    "uid": UID,
-    "controller": True,
-    "blockOwnerDeletion": True,
-}
+OWNER = owner_reference(NAME, UID)
 IMAGE = "nvcr.io/nvidia/jax:25.10-py3"
 
 
@@ -56,57 +34,23 @@ def runtime(*, env: list[Obj] | None = None, ml_policy: Obj | None = None, ances
     container: Obj = {"name": "node", "image": IMAGE}
     if env is not None:
         container["env"] = env
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "jax-distributed"},
-        "spec": {
-            "mlPolicy": ml_policy if ml_policy is not None else {"numNodes": 1, "jax": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {"labels": {ANCESTOR: ancestor}},
-                                "spec": {"template": {"spec": {"containers": [container]}}},
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    return runtime_dict(
+        [replicated_job("node", [container], ancestor=ancestor)],
+        name="jax-distributed",
+        ml_policy=ml_policy if ml_policy is not None else {"numNodes": 1, "jax": {}},
+    )
 
 
 def trainjob(trainer: Obj | None = None) -> Obj:
-    spec: Obj = {"runtimeRef": {"name": "jax-distributed"}}
-    if trainer is not None:
-        spec["trainer"] = trainer
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": UID},
-        "spec": spec,
-    }
+    return trainjob_dict(trainer, name=NAME, namespace=NAMESPACE, uid=UID, runtime="jax-distributed")
 
 
 def jobset(job: Obj, rt: Obj) -> Obj:
-    event = m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime),
-        observed_at=1_700_000_000.0,
-        priority_classes=None,
-    )
-    p = plan(event, source_seq=1, framework=FRAMEWORK)
-    messages = [a for a in p.applies if isinstance(a, m.ApplyJobSet)]
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)
-    return out
+    return only_object(plan_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, trainjob_observed(job, rt)), m.ApplyJobSet)
 
 
 def node(js: Obj) -> Obj:
-    container: Obj = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container: Obj = pod_spec(js, "node")["containers"][0]
     return container
 
 

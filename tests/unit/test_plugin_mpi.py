@@ -15,25 +15,33 @@ import pytest
 
 from contracts import messages as m
 from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
-from planner.framework import FieldError, Framework
-from planner.plugins.jobset import JobSetPlugin
+from planner.framework import FieldError
 from planner.plugins.mpi import MPI
-from planner.plugins.plainml import PlainML
-from planner.plugins.torch import Torch
 from planner.runtime_info import new_runtime_info
 
-Obj = dict[str, Any]
+from .builders import (
+    ANCESTOR,
+    JOBSET_API,
+    Obj,
+    components,
+    framework,
+    jobset_of,
+    owner_reference,
+    plan_with,
+    replicated_job,
+    runtime_dict,
+    trainjob_dict,
+    trainjob_observed,
+    validate_with,
+)
 
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-TRAINER_API = "trainer.kubeflow.org/v1alpha1"
-JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 NAME = "ds"
 NAMESPACE = "team-a"
 UID = "9f1c-uid"
 SEQ = 7
+OWNER = owner_reference(NAME, UID)
 
-FW = Framework([("mpi", MPI), ("plainml", PlainML), ("torch", Torch), ("jobset", JobSetPlugin)])
+FW = framework("mpi", "plainml", "torch", "jobset")
 
 
 # ------------------------------------------------------------------------------------------ fixtures
@@ -58,27 +66,14 @@ def mpi_runtime(
     }
     if node_resources is not None:
         node_container["resources"] = node_resources
-    node = {
-        "name": "node",
-        "template": {
-            "spec": {"template": {"spec": {"securityContext": {"fsGroup": 1000}, "containers": [node_container]}}}
-        },
-    }
-    launcher = {
-        "name": "launcher",
-        "dependsOn": [{"name": "node", "status": "Ready"}],
-        "template": {
-            "metadata": {"labels": {ANCESTOR: "trainer"}},
-            "spec": {
-                "template": {
-                    "spec": {
-                        "securityContext": {"fsGroup": 1000},
-                        "containers": [{"name": "node", "image": image, "securityContext": {"runAsUser": 1000}}],
-                    }
-                }
-            },
-        },
-    }
+    node = replicated_job("node", [node_container], pod={"securityContext": {"fsGroup": 1000}})
+    launcher = replicated_job(
+        "launcher",
+        [{"name": "node", "image": image, "securityContext": {"runAsUser": 1000}}],
+        ancestor="trainer",
+        depends_on=[{"name": "node", "status": "Ready"}],
+        pod={"securityContext": {"fsGroup": 1000}},
+    )
     policy = {
         "numProcPerNode": 1,
         "mpiImplementation": "OpenMPI",
@@ -87,55 +82,26 @@ def mpi_runtime(
     }
     if mpi is not None:
         policy = mpi
-    return {
-        "apiVersion": TRAINER_API,
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": name.split("-")[0]}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "mpi": policy},
-            "template": {
-                "spec": {
-                    "network": {"publishNotReadyAddresses": True},
-                    "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
-                    "replicatedJobs": [launcher, node] if launcher_first else [node, launcher],
-                }
-            },
+    return runtime_dict(
+        [launcher, node] if launcher_first else [node, launcher],
+        name=name,
+        metadata={"labels": {"trainer.kubeflow.org/framework": name.split("-")[0]}},
+        ml_policy={"numNodes": 1, "mpi": policy},
+        jobset_spec={
+            "network": {"publishNotReadyAddresses": True},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
         },
-    }
+    )
 
 
 def trainjob(trainer: Obj | None = None, *, runtime: str = "deepspeed-distributed", **spec: Any) -> Obj:
-    body: Obj = {"runtimeRef": {"name": runtime}, **spec}
-    if trainer is not None:
-        body["trainer"] = trainer
-    return {
-        "apiVersion": TRAINER_API,
-        "kind": "TrainJob",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": UID},
-        "spec": body,
-    }
+    return trainjob_dict(trainer, name=NAME, namespace=NAMESPACE, uid=UID, runtime=runtime, spec=spec)
 
 
 def run(job: Obj, rt: Obj) -> m.Plan:
-    event = m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime),
-        # As on every plan after the first: the runtime comes from the TrainJob's snapshot, which keeps the
-        # snapshot ConfigMap out of these plans.
-        runtime_source="snapshot",
-        observed_at=1_700_000_000.0,
-    )
-    return plan(event, source_seq=SEQ, framework=FW)
-
-
-def components(p: m.Plan) -> list[m.ApplyMessage]:
-    return [a for a in p.applies if not isinstance(a, m.ApplyTrainJobStatus)]
-
-
-def jobset_of(p: m.Plan) -> Obj:
-    [message] = [a for a in p.applies if isinstance(a, m.ApplyJobSet)]
-    out: Obj = msgspec.to_builtins(message.object)
-    return out
+    # As on every plan after the first: the runtime comes from the TrainJob's snapshot, which keeps the
+    # snapshot ConfigMap out of these plans.
+    return plan_with(FW, trainjob_observed(job, rt, runtime_source="snapshot"), source_seq=SEQ)
 
 
 def hostfile_of(p: m.Plan) -> str:
@@ -147,17 +113,6 @@ def hostfile_of(p: m.Plan) -> str:
 def pod_spec(js: Obj, job_name: str) -> Obj:
     spec: Obj = next(rj for rj in js["spec"]["replicatedJobs"] if rj["name"] == job_name)["template"]["spec"]
     return spec
-
-
-def owner_reference() -> Obj:
-    return {
-        "apiVersion": TRAINER_API,
-        "blockOwnerDeletion": True,
-        "controller": True,
-        "kind": "TrainJob",
-        "name": NAME,
-        "uid": UID,
-    }
 
 
 def ssh_volume(name: str = NAME) -> Obj:
@@ -232,7 +187,7 @@ def test_deepspeed_exact_outputs() -> None:
     assert msgspec.to_builtins(secret.object) == {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": "ds-mpi-ssh-auth", "namespace": NAMESPACE, "ownerReferences": [owner_reference()]},
+        "metadata": {"name": "ds-mpi-ssh-auth", "namespace": NAMESPACE, "ownerReferences": [OWNER]},
         "type": "kubernetes.io/ssh-auth",
         "immutable": True,
     }
@@ -245,7 +200,7 @@ def test_deepspeed_exact_outputs() -> None:
     assert msgspec.to_builtins(config_map.object) == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": "ds-mpi-hostfile", "namespace": NAMESPACE, "ownerReferences": [owner_reference()]},
+        "metadata": {"name": "ds-mpi-hostfile", "namespace": NAMESPACE, "ownerReferences": [OWNER]},
         "data": {"hostfile": "ds-node-0-0.ds slots=1\nds-node-0-1.ds slots=1\nds-launcher-0-0.ds slots=1\n"},
     }
 
@@ -253,7 +208,7 @@ def test_deepspeed_exact_outputs() -> None:
     assert jobset_of(p) == {
         "apiVersion": JOBSET_API,
         "kind": "JobSet",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "ownerReferences": [owner_reference()]},
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "ownerReferences": [OWNER]},
         "spec": {
             "network": {"publishNotReadyAddresses": True},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
@@ -408,8 +363,7 @@ def test_slots_are_recorded_on_the_runtime_info() -> None:
 
 
 def validate(job: Obj, rt: Obj) -> list[FieldError]:
-    tj = msgspec.convert(job, TrainJob)
-    return MPI().validate(new_runtime_info(tj, msgspec.convert(rt, TrainingRuntime)), tj)
+    return validate_with(MPI(), job, rt)
 
 
 def only_launcher(rt: Obj) -> Obj:
@@ -464,27 +418,11 @@ def test_only_openmpi_is_supported(implementation: str) -> None:
 
 
 def test_other_policies_are_left_alone() -> None:
-    rt = {
-        "apiVersion": TRAINER_API,
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "torch-distributed"},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {"labels": {ANCESTOR: "trainer"}},
-                                "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "x"}]}}},
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    rt = runtime_dict(
+        [replicated_job("node", [{"name": "node", "image": "x"}], ancestor="trainer")],
+        name="torch-distributed",
+        ml_policy={"numNodes": 1, "torch": {}},
+    )
     job = trainjob({"numNodes": 2, "env": [{"name": "OMPI_MCA_plm_rsh_args", "value": "-x"}]}, runtime="torch")
     assert validate(job, rt) == []
     p = run(job, rt)

@@ -9,38 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import pytest
 
 from contracts import messages as m
-from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
-from planner.framework import Framework
-from planner.plugins.coscheduling import CoScheduling
-from planner.plugins.jax import JAX
-from planner.plugins.jobset import JobSetPlugin
-from planner.plugins.plainml import PlainML
-from planner.plugins.torch import Torch, torchtune_model
-from planner.plugins.volcano import Volcano
-from planner.plugins.xgboost import XGBoost
-from planner.runtime_info import new_runtime_info
+from planner.plugins.torch import torchtune_model
 
-Obj = dict[str, Any]
-
-FRAMEWORK = Framework(
-    [
-        ("coscheduling", CoScheduling),
-        ("volcano", Volcano),
-        ("plainml", PlainML),
-        ("torch", Torch),
-        ("jobset", JobSetPlugin),
-        ("jax", JAX),
-        ("xgboost", XGBoost),
-    ]
+from .builders import (
+    FRAMEWORK_WITHOUT_FLUX_AND_MPI,
+    RANK,
+    Obj,
+    only_object,
+    plan_with,
+    pod_spec,
+    replicated_job,
+    runtime_dict,
+    trainjob_dict,
+    trainjob_observed,
+    validate_with,
 )
 
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-RANK = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
 NAME = "tune-1"
 NAMESPACE = "llm"
 UID = "c0ffee-uid"
@@ -60,26 +47,13 @@ MODEL_URIS = {
 
 
 def initializer(kind: str, uri: str) -> Obj:
-    return {
+    container = {
         "name": kind,
-        "template": {
-            "metadata": {"labels": {ANCESTOR: kind}},
-            "spec": {
-                "template": {
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": kind,
-                                "image": f"ghcr.io/kubeflow/trainer/{kind}",
-                                "env": [{"name": "STORAGE_URI", "value": uri}],
-                                "volumeMounts": [{"mountPath": "/workspace", "name": "initializer"}],
-                            }
-                        ]
-                    }
-                }
-            },
-        },
+        "image": f"ghcr.io/kubeflow/trainer/{kind}",
+        "env": [{"name": "STORAGE_URI", "value": uri}],
+        "volumeMounts": [{"mountPath": "/workspace", "name": "initializer"}],
     }
+    return replicated_job(kind, [container], ancestor=kind)
 
 
 def runtime(name: str = "torchtune-llama3.2-1b", *, gpus: int | None = 2, env_injection: Obj | None = None) -> Obj:
@@ -104,79 +78,39 @@ def runtime(name: str = "torchtune-llama3.2-1b", *, gpus: int | None = 2, env_in
     if gpus is not None:
         node["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     torch: Obj = {} if env_injection is None else {"envInjection": env_injection}
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torchtune"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": torch},
-            "template": {
-                "spec": {
-                    "volumeClaimPolicies": [
-                        {
-                            "templates": [
-                                {
-                                    "metadata": {"name": "initializer"},
-                                    "spec": {
-                                        "accessModes": ["ReadWriteOnce"],
-                                        "resources": {"requests": {"storage": "20Gi"}},
-                                    },
-                                }
-                            ]
-                        }
-                    ],
-                    "replicatedJobs": [
-                        initializer("dataset-initializer", "hf://tatsu-lab/alpaca"),
-                        initializer("model-initializer", MODEL_URIS.get(name, "hf://example/model")),
-                        {
-                            "name": "node",
-                            "dependsOn": [
-                                {"name": "dataset-initializer", "status": "Complete"},
-                                {"name": "model-initializer", "status": "Complete"},
-                            ],
-                            "template": {
-                                "metadata": {"labels": {ANCESTOR: "trainer"}},
-                                "spec": {"template": {"spec": {"containers": [node]}}},
-                            },
-                        },
-                    ],
-                }
-            },
-        },
+    claim = {
+        "metadata": {"name": "initializer"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "20Gi"}}},
     }
+    initialized = [
+        {"name": "dataset-initializer", "status": "Complete"},
+        {"name": "model-initializer", "status": "Complete"},
+    ]
+    return runtime_dict(
+        [
+            initializer("dataset-initializer", "hf://tatsu-lab/alpaca"),
+            initializer("model-initializer", MODEL_URIS.get(name, "hf://example/model")),
+            replicated_job("node", [node], ancestor="trainer", depends_on=initialized),
+        ],
+        name=name,
+        metadata={"labels": {"trainer.kubeflow.org/framework": "torchtune"}},
+        ml_policy={"numNodes": 1, "torch": torch},
+        jobset_spec={"volumeClaimPolicies": [{"templates": [claim]}]},
+    )
 
 
 def trainjob(runtime_name: str = "torchtune-llama3.2-1b", **trainer: Any) -> Obj:
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": UID},
-        "spec": {"runtimeRef": {"name": runtime_name}, "trainer": {"command": ["tune", "run"], **trainer}},
-    }
+    return trainjob_dict(
+        {"command": ["tune", "run"], **trainer}, name=NAME, namespace=NAMESPACE, uid=UID, runtime=runtime_name
+    )
 
 
 def run(job: Obj, rt: Obj) -> m.Plan:
-    event = m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime),
-        observed_at=1_700_000_000.0,
-        priority_classes=None,
-    )
-    return plan(event, source_seq=1, framework=FRAMEWORK)
+    return plan_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, trainjob_observed(job, rt))
 
 
 def jobset(job: Obj, rt: Obj) -> Obj:
-    p = run(job, rt)
-    messages = [a for a in p.applies if isinstance(a, m.ApplyJobSet)]
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)
-    return out
-
-
-def pod_spec(js: Obj, job_name: str) -> Obj:
-    rj = next(rj for rj in js["spec"]["replicatedJobs"] if rj["name"] == job_name)
-    spec: Obj = rj["template"]["spec"]["template"]["spec"]
-    return spec
+    return only_object(run(job, rt), m.ApplyJobSet)
 
 
 def node(js: Obj) -> Obj:
@@ -190,8 +124,7 @@ def command(job: Obj, rt: Obj) -> list[str]:
 
 
 def validate(job: Obj, rt: Obj) -> list[str]:
-    tj = msgspec.convert(job, TrainJob)
-    return [str(e) for e in FRAMEWORK.validate(new_runtime_info(tj, msgspec.convert(rt, TrainingRuntime)), tj)]
+    return [str(e) for e in validate_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, job, rt)]
 
 
 def pet_env(nnodes: str, nproc: str) -> list[Obj]:

@@ -9,130 +9,68 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from contracts import messages as m
-from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
-from planner.framework import FieldError, Framework
-from planner.plugins.coscheduling import CoScheduling
-from planner.plugins.jax import JAX
-from planner.plugins.jobset import JobSetPlugin
-from planner.plugins.plainml import PlainML
-from planner.plugins.torch import Torch
-from planner.plugins.volcano import Volcano
-from planner.plugins.xgboost import XGBoost
-from planner.runtime_info import new_runtime_info
 
-Obj = dict[str, Any]
-
-FRAMEWORK = Framework(
-    [
-        ("coscheduling", CoScheduling),
-        ("volcano", Volcano),
-        ("plainml", PlainML),
-        ("torch", Torch),
-        ("jobset", JobSetPlugin),
-        ("jax", JAX),
-        ("xgboost", XGBoost),
-    ]
+from .builders import (
+    FRAMEWORK_WITHOUT_FLUX_AND_MPI,
+    Obj,
+    applies_of,
+    jobset_of,
+    only_object,
+    owner_reference,
+    plan_with,
+    pod_set,
+    runtime_dict,
+    runtime_patch,
+    trainjob_dict,
+    trainjob_observed,
+    validate_with,
 )
 
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 QUEUE = "scheduling.volcano.sh/queue-name"
 GROUP_NAME = "scheduling.k8s.io/group-name"
 NAME = "resnet"
 NAMESPACE = "vision"
 UID = "77aa-uid"
-OWNER = {
-    "apiVersion": "trainer.kubeflow.org/v1alpha1",
-    "kind": "TrainJob",
-    "name": NAME,
-    "uid": UID,
-    "controller": True,
-    "blockOwnerDeletion": True,
-}
+OWNER = owner_reference(NAME, UID)
 PRIORITY_CLASSES = ("low-priority", "high-priority")
-
-
-def rjob(name: str, ancestor: str, requests: Obj, priority_class: str | None = None) -> Obj:
-    container = {"name": "node" if ancestor == "trainer" else name, "image": f"example.com/{name}"}
-    pod_spec: Obj = {"containers": [{**container, "resources": {"requests": requests}}]}
-    if priority_class is not None:
-        pod_spec["priorityClassName"] = priority_class
-    return {
-        "name": name,
-        "template": {"metadata": {"labels": {ANCESTOR: ancestor}}, "spec": {"template": {"spec": pod_spec}}},
-    }
 
 
 def runtime(jobs: list[Obj] | None = None, *, volcano: Obj | None = None, annotations: Obj | None = None) -> Obj:
     if jobs is None:
         jobs = [
-            rjob("dataset-initializer", "dataset-initializer", {"cpu": "300m", "memory": "1Gi"}, "low-priority"),
-            rjob("node", "trainer", {"cpu": "500m", "memory": "0.5Gi"}, "high-priority"),
+            pod_set("dataset-initializer", "dataset-initializer", {"cpu": "300m", "memory": "1Gi"}, "low-priority"),
+            pod_set("node", "trainer", {"cpu": "500m", "memory": "0.5Gi"}, "high-priority"),
         ]
-    template: Obj = {"spec": {"replicatedJobs": jobs}}
-    if annotations is not None:
-        template["metadata"] = {"annotations": annotations}
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "torch-distributed"},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "podGroupPolicy": {"volcano": volcano if volcano is not None else {}},
-            "template": template,
-        },
-    }
+    return runtime_dict(
+        jobs,
+        name="torch-distributed",
+        ml_policy={"numNodes": 1, "torch": {}},
+        pod_group_policy={"volcano": volcano if volcano is not None else {}},
+        template_metadata={"annotations": annotations} if annotations is not None else None,
+    )
 
 
 def trainjob(trainer: Obj | None = None, **spec: Any) -> Obj:
-    body: Obj = {"runtimeRef": {"name": "torch-distributed"}, **spec}
-    if trainer is not None:
-        body["trainer"] = trainer
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": UID},
-        "spec": body,
-    }
+    return trainjob_dict(trainer, name=NAME, namespace=NAMESPACE, uid=UID, runtime="torch-distributed", spec=spec)
 
 
 def run(job: Obj, rt: Obj, priority_classes: tuple[str, ...] | None = PRIORITY_CLASSES) -> m.Plan:
-    event = m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime),
-        observed_at=1_700_000_000.0,
-        priority_classes=priority_classes,
-    )
-    return plan(event, source_seq=3, framework=FRAMEWORK)
+    event = trainjob_observed(job, rt, priority_classes=priority_classes)
+    return plan_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, event, source_seq=3)
 
 
 def validate(job: Obj, rt: Obj, priority_classes: frozenset[str] | None = frozenset(PRIORITY_CLASSES)) -> list[str]:
-    tj = msgspec.convert(job, TrainJob)
-    info = new_runtime_info(tj, msgspec.convert(rt, TrainingRuntime))
-    info.priority_classes = priority_classes
-    errors: list[FieldError] = FRAMEWORK.validate(info, tj)
+    errors = validate_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, job, rt, priority_classes=priority_classes)
     return [str(e) for e in errors]
 
 
 def volcano_messages(p: m.Plan) -> list[m.ApplyVolcanoPodGroup]:
-    return [a for a in p.applies if isinstance(a, m.ApplyVolcanoPodGroup)]
+    return applies_of(p, m.ApplyVolcanoPodGroup)
 
 
 def pod_group(p: m.Plan) -> Obj:
-    messages = volcano_messages(p)
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)
-    return out
-
-
-def jobset(p: m.Plan) -> Obj:
-    messages = [a for a in p.applies if isinstance(a, m.ApplyJobSet)]
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)
-    return out
+    return only_object(p, m.ApplyVolcanoPodGroup)
 
 
 # ------------------------------------------------------------------------------------------ the PodGroup
@@ -164,23 +102,20 @@ def test_pod_group_has_members_resources_queue_priority_and_topology() -> None:
 
 def test_priority_class_name_is_the_last_replicated_jobs() -> None:
     jobs = [
-        rjob("dataset-initializer", "dataset-initializer", {"cpu": "1"}, "high-priority"),
-        rjob("node", "trainer", {"cpu": "1"}, "low-priority"),
-        rjob("sidecar-job", "none", {"cpu": "1"}),
+        pod_set("dataset-initializer", "dataset-initializer", {"cpu": "1"}, "high-priority"),
+        pod_set("node", "trainer", {"cpu": "1"}, "low-priority"),
+        pod_set("sidecar-job", "none", {"cpu": "1"}),
     ]
     assert pod_group(run(trainjob(), runtime(jobs)))["spec"]["priorityClassName"] == "low-priority"
 
 
 def test_without_queue_annotation_or_priority_class_those_fields_are_left_out() -> None:
-    jobs = [rjob("node", "trainer", {"cpu": "2"})]
+    jobs = [pod_set("node", "trainer", {"cpu": "2"})]
     assert pod_group(run(trainjob(), runtime(jobs)))["spec"] == {"minMember": 1, "minResources": {"cpu": "2"}}
 
 
 def test_queue_comes_from_runtime_patch_annotations() -> None:
-    patch = {
-        "manager": "kueue.x-k8s.io/manager",
-        "trainingRuntimeSpec": {"template": {"metadata": {"annotations": {QUEUE: "from-patch"}}}},
-    }
+    patch = runtime_patch("kueue.x-k8s.io/manager", metadata={"annotations": {QUEUE: "from-patch"}})
     p = run(trainjob(runtimePatches=[patch]), runtime(annotations={QUEUE: "from-runtime"}))
     assert pod_group(p)["spec"]["queue"] == "from-patch"
 
@@ -196,7 +131,7 @@ def test_suspended_job_marks_the_message() -> None:
 
 
 def test_every_pod_template_gets_the_group_name_annotation() -> None:
-    js = jobset(run(trainjob(), runtime()))
+    js = jobset_of(run(trainjob(), runtime()))
     annotations = [rj["template"]["spec"]["template"]["metadata"] for rj in js["spec"]["replicatedJobs"]]
     assert annotations == [{"annotations": {GROUP_NAME: NAME}}, {"annotations": {GROUP_NAME: NAME}}]
 
@@ -206,7 +141,7 @@ def test_without_volcano_policy_nothing_happens() -> None:
     del rt["spec"]["podGroupPolicy"]
     p = run(trainjob(), rt, priority_classes=())
     assert volcano_messages(p) == []
-    js = jobset(p)
+    js = jobset_of(p)
     # No group-name annotation: each pod template keeps only the empty metadata of Trainer's typed round trip.
     assert [rj["template"]["spec"]["template"]["metadata"] for rj in js["spec"]["replicatedJobs"]] == [{}, {}]
     assert validate(trainjob(), rt, frozenset()) == []
@@ -245,9 +180,9 @@ def test_existing_priority_classes_plan_normally() -> None:
 
 def test_system_priority_class_stops_the_check_early_as_upstream_does() -> None:
     jobs = [
-        rjob("dataset-initializer", "dataset-initializer", {"cpu": "1"}, "missing-before"),
-        rjob("model-initializer", "model-initializer", {"cpu": "1"}, "system-node-critical"),
-        rjob("node", "trainer", {"cpu": "1"}, "missing-after"),
+        pod_set("dataset-initializer", "dataset-initializer", {"cpu": "1"}, "missing-before"),
+        pod_set("model-initializer", "model-initializer", {"cpu": "1"}, "system-node-critical"),
+        pod_set("node", "trainer", {"cpu": "1"}, "missing-after"),
     ]
     rt = runtime(jobs, annotations={QUEUE: ""})
     assert validate(trainjob(), rt, frozenset()) == [
@@ -258,7 +193,7 @@ def test_system_priority_class_stops_the_check_early_as_upstream_does() -> None:
 
 
 def test_system_cluster_critical_needs_no_priority_class_object() -> None:
-    jobs = [rjob("node", "trainer", {"cpu": "1"}, "system-cluster-critical")]
+    jobs = [pod_set("node", "trainer", {"cpu": "1"}, "system-cluster-critical")]
     assert validate(trainjob(), runtime(jobs), frozenset()) == []
     assert pod_group(run(trainjob(), runtime(jobs), ()))["spec"]["priorityClassName"] == "system-cluster-critical"
 

@@ -7,39 +7,21 @@ omitted).
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
-
 from contracts import messages as m
-from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
-from planner.framework import Framework
-from planner.plugins.coscheduling import CoScheduling
-from planner.plugins.jax import JAX
-from planner.plugins.jobset import JobSetPlugin
-from planner.plugins.plainml import PlainML
-from planner.plugins.torch import Torch
-from planner.plugins.volcano import Volcano
-from planner.plugins.xgboost import XGBoost
-from planner.runtime_info import new_runtime_info
 
-Obj = dict[str, Any]
-
-FRAMEWORK = Framework(
-    [
-        ("coscheduling", CoScheduling),
-        ("volcano", Volcano),
-        ("plainml", PlainML),
-        ("torch", Torch),
-        ("jobset", JobSetPlugin),
-        ("jax", JAX),
-        ("xgboost", XGBoost),
-    ]
+from .builders import (
+    FRAMEWORK_WITHOUT_FLUX_AND_MPI,
+    RANK,
+    Obj,
+    only_object,
+    plan_with,
+    replicated_job,
+    runtime_dict,
+    trainjob_dict,
+    trainjob_observed,
+    validate_with,
 )
 
-ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-RANK = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
 NAME = "xgb"
 NAMESPACE = "tabular"
 UID = "41d0-uid"
@@ -50,56 +32,23 @@ def runtime(*, resources: Obj | None = None, ml_policy: Obj | None = None) -> Ob
     container: Obj = {"name": "node", "image": IMAGE}
     if resources is not None:
         container["resources"] = resources
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "xgboost-distributed"},
-        "spec": {
-            "mlPolicy": ml_policy if ml_policy is not None else {"numNodes": 1, "xgboost": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {"labels": {ANCESTOR: "trainer"}},
-                                "spec": {"template": {"spec": {"containers": [container]}}},
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    return runtime_dict(
+        [replicated_job("node", [container], ancestor="trainer")],
+        name="xgboost-distributed",
+        ml_policy=ml_policy if ml_policy is not None else {"numNodes": 1, "xgboost": {}},
+    )
 
 
 def trainjob(trainer: Obj | None = None) -> Obj:
-    spec: Obj = {"runtimeRef": {"name": "xgboost-distributed"}}
-    if trainer is not None:
-        spec["trainer"] = trainer
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": UID},
-        "spec": spec,
-    }
+    return trainjob_dict(trainer, name=NAME, namespace=NAMESPACE, uid=UID, runtime="xgboost-distributed")
 
 
 def run(job: Obj, rt: Obj) -> m.Plan:
-    event = m.TrainJobObserved(
-        trainjob=msgspec.convert(job, TrainJob),
-        runtime=msgspec.convert(rt, TrainingRuntime),
-        observed_at=1_700_000_000.0,
-        priority_classes=None,
-    )
-    return plan(event, source_seq=1, framework=FRAMEWORK)
+    return plan_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, trainjob_observed(job, rt))
 
 
 def node_spec(job: Obj, rt: Obj) -> Obj:
-    p = run(job, rt)
-    messages = [a for a in p.applies if isinstance(a, m.ApplyJobSet)]
-    assert len(messages) == 1, p
-    out: Obj = msgspec.to_builtins(messages[0].object)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    out: Obj = only_object(run(job, rt), m.ApplyJobSet)["spec"]["replicatedJobs"][0]["template"]["spec"]
     return out
 
 
@@ -118,8 +67,7 @@ def dmlc_env(workers: str) -> list[Obj]:
 
 
 def validate(job: Obj, rt: Obj) -> list[str]:
-    tj = msgspec.convert(job, TrainJob)
-    return [str(e) for e in FRAMEWORK.validate(new_runtime_info(tj, msgspec.convert(rt, TrainingRuntime)), tj)]
+    return [str(e) for e in validate_with(FRAMEWORK_WITHOUT_FLUX_AND_MPI, job, rt)]
 
 
 # ------------------------------------------------------------------------------------------------ env

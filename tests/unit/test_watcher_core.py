@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 import pytest
 
@@ -11,7 +9,7 @@ from contracts.jobset import JobSet
 from contracts.trainer import TrainingRuntime, TrainJob
 from watcher import core
 
-Obj = dict[str, Any]
+from .builders import Obj, owner_reference
 
 
 def trainjob(runtime_ref: Obj | None, *, rv: str = "5", suspend: bool | None = None) -> TrainJob:
@@ -76,14 +74,7 @@ def test_runtime_key_of_runtime_matches_runtime_key_of() -> None:
     )
 
 
-OWNER = {
-    "apiVersion": "trainer.kubeflow.org/v1alpha1",
-    "kind": "TrainJob",
-    "name": "tj",
-    "uid": "u-1",
-    "controller": True,
-    "blockOwnerDeletion": True,
-}
+OWNER = owner_reference("tj", "u-1")
 
 
 def jobset(owner_refs: list[Obj] | None, rv: str = "7") -> JobSet:
