@@ -2,7 +2,7 @@
 
 For each case the planner plans the same TrainJob and runtime, and its components must equal what Trainer
 built, object by object and key by key; only the MPI Secret's key is left out, since it is random in
-Trainer and made later, by the applier, here. Documented deviations are applied to Trainer's output explicitly, each with its
+Trainer and made later, by the applier, here. Documented deviations are applied explicitly, each with its
 upstream issue, so a difference that is not a deliberate fix fails the test.
 """
 
