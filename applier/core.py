@@ -39,7 +39,7 @@ def classify(status: int, reason: str, message: str, *, retry_after: float | Non
     text = f"{status} {reason}: {message}" if status else message
     if status in TRANSIENT_STATUSES or status >= 500:
         return TransientError(text, retry_after=retry_after)
-    if status == 404 and "the server could not find the requested resource" in message:
+    if status == 404 and ("the server could not find the requested resource" in message or "page not found" in message):
         return PermanentError(f"{text} (is the CRD installed?)")
     return PermanentError(text)
 
@@ -115,6 +115,13 @@ def outcome(http_status: int, *, before: str, after: str) -> ApplyAction:
     if before and before == after:
         return "unchanged"
     return "configured"
+
+
+def planned_resource_version(message: ApplyMessage) -> str:
+    """The resourceVersion a message's object carries as its precondition, if any."""
+    meta = getattr(getattr(message, "object", None), "metadata", msgspec.UNSET)
+    value = getattr(meta, "resource_version", msgspec.UNSET) if meta is not msgspec.UNSET else msgspec.UNSET
+    return value if isinstance(value, str) else ""
 
 
 def is_stale(record: AppliedRecord | None, message: ApplyMessage) -> bool:

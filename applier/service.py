@@ -121,7 +121,13 @@ class Applier:
     async def _handle_decoded(self, msg: Msg, message: ApplyMessage, key: tuple[str, str, str, str]) -> None:
         started = time.perf_counter()
         attempts = 0
-        resource = resources.resource_for(message.target.api_version, message.target.kind)
+        try:
+            resource = resources.resource_for(message.target.api_version, message.target.kind)
+        except LookupError as exc:
+            await self._dead_letter(msg, reason="permanent", error=str(exc), key=message)
+            await self._finish(msg, message, "failed", attempts, started, reason=str(exc), ack=False)
+            await msg.term()
+            return
         action: ApplyAction = "configured"
         resource_version = ""
         reason = ""
@@ -228,17 +234,24 @@ class Applier:
             if claimed is None:
                 continue  # someone else claimed first: look again
             before = core.live_state(live_raw).resource_version if live_raw is not None else ""
+            # A status carries its own precondition: the TrainJob version it was planned from.
+            precondition = "" if target.subresource else before
+            planned_from = core.planned_resource_version(message)
+            if target.subresource and live_raw is not None and planned_from and planned_from != before:
+                return "skipped", before, "stale status: the TrainJob changed since this status was planned"
             try:
                 resp = await self.kube.apply(
                     resource,
                     namespace=target.namespace,
                     name=target.name,
-                    body=_body(message, resource_version=before),
+                    body=_body(message, resource_version=precondition),
                     field_manager=message.field_manager,
                     force=message.force,
                     subresource=target.subresource,
                 )
             except KubeApiError as exc:
+                if exc.status == 409 and target.subresource:
+                    return "skipped", before, "stale status: the TrainJob changed since this status was planned"
                 if exc.status == 409 and before:
                     continue  # the object changed since we read it: look at the ledger again
                 if message.policy == "if-absent" and exc.status in (409, 422):
@@ -363,7 +376,10 @@ class Applier:
             namespace, name = subjects.trainjob_of_subject(msg.subject)
         self.stats.dead_letters += 1
         DEAD_LETTERS.labels(stage="applier", reason=reason).inc()
-        await bus.dead_letter(self.js, msg, stage="applier", reason=reason, error=error, namespace=namespace, name=name)
+        where = f"{key.target}: " if key is not None else ""
+        await bus.dead_letter(
+            self.js, msg, stage="applier", reason=reason, error=where + error, namespace=namespace, name=name
+        )
 
     # ----------------------------------------------------------------------------------------------- run
 

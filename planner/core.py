@@ -93,6 +93,8 @@ def observation_version(event: TrainJobObserved) -> int:
     versions = [resource_version_of(event.trainjob)]
     if event.jobset is not None:
         versions.append(resource_version_of(event.jobset))
+    if event.runtime is not None and event.runtime_source == "live":
+        versions.append(resource_version_of(event.runtime))
     try:
         return max(int(v) for v in versions if v)
     except ValueError:
@@ -286,7 +288,9 @@ def _status_message(
         {
             "apiVersion": t.API_VERSION,
             "kind": t.TRAINJOB_KIND,
-            "metadata": {"name": key.name, "namespace": key.namespace},
+            # Conditional on the TrainJob as it was observed: a status planned from an older observation
+            # is refused by the API server (409) instead of overwriting what a newer one wrote.
+            "metadata": {"name": key.name, "namespace": key.namespace, "resourceVersion": resource_version_of(job)},
             "status": desired,
         },
         TrainJob,

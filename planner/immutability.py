@@ -46,6 +46,11 @@ def _without_mutable(rjob: Obj) -> Obj:
 
 
 def _diff_paths(desired: Any, live: Any, path: str, out: list[str]) -> None:
+    """Paths where the plan asks for something the live object does not have.
+
+    Only what the plan sets counts: keys the server defaulted on the live side (``protocol: TCP`` on a
+    port, say) are not differences, at any depth, including inside list items matched by name.
+    """
     if isinstance(desired, dict) and isinstance(live, dict):
         for key in desired:
             if key not in live:
@@ -53,6 +58,19 @@ def _diff_paths(desired: Any, live: Any, path: str, out: list[str]) -> None:
             else:
                 _diff_paths(desired[key], live[key], f"{path}.{key}", out)
         return
+    if isinstance(desired, list) and isinstance(live, list) and all(isinstance(i, dict) for i in desired + live):
+        if all("name" in i for i in desired + live):
+            by_name = {i["name"]: i for i in live}
+            for item in desired:
+                if item["name"] not in by_name:
+                    out.append(f"{path}[{item['name']}]")
+                else:
+                    _diff_paths(item, by_name[item["name"]], f"{path}[{item['name']}]", out)
+            return
+        if len(desired) == len(live):
+            for index, (a, b) in enumerate(zip(desired, live, strict=True)):
+                _diff_paths(a, b, f"{path}[{index}]", out)
+            return
     if desired != live:
         out.append(path)
 

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -107,6 +108,11 @@ class Planner:
         for msg in msgs:  # in order: one partition's events, one TrainJob after another
             try:
                 await self.handle(msg)
+            except (TimeoutError, nats.errors.Error, ConnectionError) as exc:
+                # The bus failed us, not the plan: hand the event back to be planned again.
+                log.warning("publishing the plan for %s failed (%s); it will be redelivered", msg.subject, exc)
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=1.0)
             except Exception as exc:
                 # A plan that raises would raise again on every redelivery: keep it aside instead.
                 log.exception("failed to plan %s", msg.subject)

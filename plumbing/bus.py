@@ -7,6 +7,7 @@ create-or-update on the server; streams need an explicit update when their setti
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 
@@ -25,6 +26,8 @@ from contracts.streams import ConsumerSpec, StreamSpec
 log = logging.getLogger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+MAX_DEAD_LETTER_PAYLOAD = 640 * 1024
+"""Kept whole up to this size; base64 in the letter then still fits the default 1 MB max payload."""
 TRACE_ID = "Tj-Trace-Id"
 
 
@@ -93,12 +96,19 @@ async def dead_letter(
     js: JetStreamContext, msg: Msg, *, stage: str, reason: str, error: str, namespace: str, name: str
 ) -> None:
     """Keep a message that can never succeed, with why and its original bytes, on the DLQ stream."""
+    payload = msg.data
+    if len(payload) > MAX_DEAD_LETTER_PAYLOAD:
+        # The letter must fit the server's max payload even base64-encoded; the original stays in its
+        # stream at stream_seq, and the digest identifies it.
+        digest = hashlib.sha256(payload).hexdigest()
+        error = f"{error} (payload of {len(payload)} bytes cut to {MAX_DEAD_LETTER_PAYLOAD}; sha256 {digest})"
+        payload = payload[:MAX_DEAD_LETTER_PAYLOAD]
     letter = DeadLetter(
         stage=stage,
         reason=reason,
         error=error,
         subject=msg.subject,
-        payload=msg.data,
+        payload=payload,
         headers=dict(msg.headers or {}),
         stream_seq=msg.metadata.sequence.stream,
         deliveries=msg.metadata.num_delivered or 1,

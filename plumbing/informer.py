@@ -167,6 +167,14 @@ class Informer(Generic[T]):
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (0.5 + random.random())
                 log.warning("%s watch failed (%s); retrying in %.1fs", self.resource.kind, exc, delay)
                 # Resume from the last version after a blip; relist after a hard error or many blips.
-                resumable = exc.status in (0, 500, 503, 504) and failures < 5
+                resumable = exc.status in (0, 429, 500, 503, 504) and failures < 5
                 rv = rv if resumable else ""
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # anything else must not end the informer silently
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (0.5 + random.random())
+                log.exception("%s informer failed (%s); listing again in %.1fs", self.resource.kind, exc, delay)
+                rv = ""
                 await asyncio.sleep(delay)

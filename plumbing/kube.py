@@ -262,12 +262,7 @@ class KubeClient:
             ) as resp:
                 if resp.status >= 400:
                     raise _error_from(resp.status, await resp.read(), resp.headers.get("Retry-After"))
-                while True:
-                    line = await resp.content.readline()
-                    if not line:
-                        return
-                    if not line.strip():
-                        continue
+                async for line in _lines(resp.content):
                     event = _watch_decoder.decode(line)
                     if event.type == "ERROR":
                         status = msgspec.json.decode(event.object, type=dict[str, Any])
@@ -279,6 +274,20 @@ class KubeClient:
                     yield event
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Newline-delimited JSON of any size: a watch event is one line however large the object is."""
+    pending = bytearray()
+    async for chunk in stream.iter_any():
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield bytes(pending)
 
 
 def _error_from(status: int, data: bytes, retry_after: str | None) -> KubeApiError:

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import msgspec
+import nats.errors
 from nats.js import JetStreamContext
 
 from contracts import resources, streams, subjects, trainer
@@ -269,6 +270,18 @@ class Watcher:
             try:
                 ack = await self.js.publish(subject, payload, headers=headers, timeout=5)
                 break
+            except nats.errors.MaxPayloadError as exc:
+                # Retrying cannot help and would stall every other TrainJob behind this one.
+                EVENTS.labels(cause=cause.split()[0], outcome="too-large").inc()
+                log.error(
+                    "%s/%s: the event is %d bytes, over the server's max payload (%s); not published",
+                    key[0],
+                    key[1],
+                    len(payload),
+                    exc,
+                    extra={"trainjob": f"{key[0]}/{key[1]}"},
+                )
+                return
             except Exception as exc:  # the bus is down or slow: keep the event, try again
                 self.stats.publish_retries += 1
                 log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, delay)

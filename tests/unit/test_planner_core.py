@@ -957,7 +957,7 @@ def test_status_suspended_exact() -> None:
     assert msgspec.to_builtins(message.object) == {
         "apiVersion": TRAINER_API,
         "kind": "TrainJob",
-        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "resourceVersion": "5"},  # the precondition
         "status": {"conditions": [suspended_true(NOW)]},
     }
     # The status message comes after the components.
