@@ -33,6 +33,8 @@ from plumbing.partitions import consume_partitioned, default_replica_id
 
 log = logging.getLogger("planner")
 
+PUBACK_TIMEOUT_SECONDS = 10.0
+
 
 @dataclass
 class PlannerSettings:
@@ -82,7 +84,10 @@ class Planner:
             PLANNED_MESSAGES.labels(component=str(type(message).__struct_config__.tag)).inc()
             futures.append(await self.js.publish_async(subject, payload, headers=headers))
         if futures:
-            await asyncio.gather(*futures)
+            # Bounded: a PubAck lost with a stream leader never completes its future, and an unbounded wait
+            # would stall this partition for good while its lease is still renewed. On timeout the event is
+            # handed back (handle_batch naks it) and planned again; the message ids make repeats free.
+            await asyncio.wait_for(asyncio.gather(*futures), timeout=PUBACK_TIMEOUT_SECONDS)
         self.stats.messages += len(futures)
         for warning in result.warnings:
             log.warning("%s: %s", result.trainjob, warning, extra={"trainjob": str(result.trainjob)})

@@ -8,6 +8,11 @@ Why explicit ports instead of `-p -1`: tests restart the server on the same port
 directory to prove that JetStream state survives a restart, which needs the port known up front. The
 monitoring port is what readiness is judged by: `/healthz?js-enabled-only=true` only answers 200 once
 JetStream has recovered its store, which is the moment clients can rely on it.
+
+Why a cluster as well: streams with three replicas, leader elections and the loss of one node can only be
+tested against a real JetStream cluster. ``start_nats_cluster`` runs one as separate processes, each with
+a generated config file (server name, cluster name, routes to the others), its own store and fixed ports,
+so one member can be SIGKILLed and later restarted exactly as it was.
 """
 
 from __future__ import annotations
@@ -254,6 +259,8 @@ def _member_config(member: _Member, *, routes: list[int]) -> str:
     route_lines = "\n".join(f"    {json.dumps(f'nats-route://127.0.0.1:{port}')}" for port in routes)
     return (
         f"server_name: {json.dumps(member.name)}\n"
+        # The name as a tag too, so that a test can place a stream or bucket on chosen members.
+        f"server_tags: [{json.dumps(member.name)}]\n"
         f"listen: {json.dumps(f'127.0.0.1:{member.client_port}')}\n"
         f"http: {json.dumps(f'127.0.0.1:{member.monitor_port}')}\n"
         "jetstream {\n"
