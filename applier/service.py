@@ -443,7 +443,10 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
     async with KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency) as kube:
         health.add_check("kubernetes", kube.reachable)
         await health.start()
-        applier = Applier(settings, kube, js, await Ledger.open(js, replicas=streams.stream_replicas()))
+        ledger = await bus.until_done(
+            lambda: Ledger.open(js, replicas=streams.stream_replicas()), what="opening the ledger"
+        )
+        applier = Applier(settings, kube, js, ledger)
         try:
             await consume_partitioned(
                 js,

@@ -7,12 +7,16 @@ create-or-update on the server; streams need an explicit update when their setti
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -24,6 +28,8 @@ from contracts.messages import DeadLetter, encode
 from contracts.streams import ConsumerSpec, StreamSpec
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MSG_ID = "Nats-Msg-Id"
 MAX_DEAD_LETTER_PAYLOAD = 640 * 1024
@@ -69,6 +75,40 @@ def _stream_config(spec: StreamSpec) -> js_api.StreamConfig:
 
 
 async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) -> None:
+    """Create or update every stream; retried while a JetStream cluster is still electing leaders."""
+    await until_done(lambda: _ensure_streams(js, specs), what="setting up the streams")
+
+
+_SETUP_RETRYABLE = (
+    TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+async def until_done(step: Callable[[], Awaitable[T]], *, what: str, attempts: int = 30) -> T:
+    """Run a bus set-up step again after a timeout or a transient refusal, with backoff, a bounded number
+    of times: a cluster that is busy creating replicated streams must not make a service exit."""
+    delay = 0.5
+    for attempt in range(1, attempts + 1):
+        try:
+            return await step()
+        except (
+            TimeoutError,
+            nats.errors.TimeoutError,
+            nats.js.errors.ServiceUnavailableError,
+            nats.errors.NoRespondersError,
+        ) as exc:
+            if attempt == attempts:
+                raise
+            log.warning("%s failed (%s); trying again in %.1fs", what, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")
+
+
+async def _ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) -> None:
     for spec in specs:
         config = _stream_config(spec)
         try:

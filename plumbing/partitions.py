@@ -215,10 +215,14 @@ async def consume_partitioned(
 ) -> None:
     """Hold a fair share of the partitions of ``spec`` until ``stop``, feeding each one's batches in order."""
     from contracts.streams import stream_replicas
+    from plumbing.bus import until_done
 
     consumer = PartitionedConsumer(js, spec, handle_batch, batch=batch)
+    bucket = await until_done(
+        lambda: open_lease_bucket(js, ttl=lease_ttl, replicas=stream_replicas()), what="opening the lease bucket"
+    )
     leases = PartitionLeases(
-        await open_lease_bucket(js, ttl=lease_ttl, replicas=stream_replicas()),
+        bucket,
         role=role,
         replica=replica,
         on_acquire=consumer.acquire,
