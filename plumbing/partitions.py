@@ -24,7 +24,7 @@ import socket
 from collections.abc import Awaitable, Callable
 
 import msgspec
-import nats.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
@@ -33,6 +33,7 @@ from nats.js.kv import KeyValue
 from contracts.streams import ConsumerSpec
 from contracts.subjects import PARTITIONS
 from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
+from plumbing.pull import StreamingPull
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +147,14 @@ class PartitionedConsumer:
 
     def __init__(
         self,
+        nc: NATS,
         js: JetStreamContext,
         spec: ConsumerSpec,
         handle_batch: Callable[[list[Msg]], Awaitable[None]],
         *,
         batch: int,
     ) -> None:
+        self.nc = nc
         self.js = js
         self.spec = spec
         self.handle_batch = handle_batch
@@ -163,8 +166,9 @@ class PartitionedConsumer:
 
         spec = partition_consumer(self.spec, partition)
         await ensure_consumer(self.js, spec)
-        sub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
-        self._tasks[partition] = asyncio.create_task(self._loop(sub, spec.durable))
+        pull = StreamingPull(self.nc, stream=spec.stream, durable=spec.durable, batch=self.batch)
+        await pull.start()
+        self._tasks[partition] = asyncio.create_task(self._loop(pull, spec.durable))
         PARTITIONS_OWNED.labels(role=self.spec.durable).set(len(self._tasks))
 
     async def release(self, partition: int) -> None:
@@ -174,25 +178,22 @@ class PartitionedConsumer:
             await asyncio.gather(task, return_exceptions=True)
         PARTITIONS_OWNED.labels(role=self.spec.durable).set(len(self._tasks))
 
-    async def _loop(self, sub: JetStreamContext.PullSubscription, durable: str) -> None:
+    async def _loop(self, pull: StreamingPull, durable: str) -> None:
         try:
             while True:
                 try:
-                    msgs = await sub.fetch(self.batch, timeout=1.0)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
+                    msgs = await pull.next_batch(timeout=5.0)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # the bus is away; the client reconnects by itself
-                    log.warning("fetch on %s failed: %s", durable, exc)
+                    log.warning("pulling from %s failed: %s", durable, exc)
                     await asyncio.sleep(0.5)
                     continue
                 if msgs:
                     CONSUMER_LAG.labels(consumer=durable).set(msgs[-1].metadata.num_pending or 0)
                     await self.handle_batch(msgs)
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await pull.stop()
 
 
 def partition_consumer(spec: ConsumerSpec, partition: int) -> ConsumerSpec:
@@ -203,6 +204,7 @@ def partition_consumer(spec: ConsumerSpec, partition: int) -> ConsumerSpec:
 
 
 async def consume_partitioned(
+    nc: NATS,
     js: JetStreamContext,
     spec: ConsumerSpec,
     handle_batch: Callable[[list[Msg]], Awaitable[None]],
@@ -217,7 +219,7 @@ async def consume_partitioned(
     from contracts.streams import stream_replicas
     from plumbing.bus import until_done
 
-    consumer = PartitionedConsumer(js, spec, handle_batch, batch=batch)
+    consumer = PartitionedConsumer(nc, js, spec, handle_batch, batch=batch)
     bucket = await until_done(
         lambda: open_lease_bucket(js, ttl=lease_ttl, replicas=stream_replicas()), what="opening the lease bucket"
     )
