@@ -6,9 +6,18 @@ plans for the same target, the one with the older plan either loses the claim or
 when its conditional write to the API server fails — and stands down either way. The record also keeps
 what was applied (a digest) and how the live object looked afterwards, which is what lets a repeated
 apply be recognised and skipped with a single read instead of a write.
+
+Each applier also remembers the records it last read or wrote, and assumes a target it has never seen
+has no record. Neither needs to be true: every write is a compare-and-set on the remembered revision,
+so a wrong memory only makes the write fail, which forgets the key and sends the caller back for a fresh
+read. Partitions give each target one applier at a time, so the memory is nearly always right, and a
+message then costs one KV round trip fewer. Whatever is decided without a write (a skip) only ever
+leaves the target as it is.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import msgspec
 from nats.js import JetStreamContext
@@ -27,8 +36,10 @@ def ledger_key(target: Target) -> str:
 
 
 class Ledger:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, *, remember: int = 8192) -> None:
         self.kv = kv
+        self._remember = remember
+        self._known: OrderedDict[str, tuple[AppliedRecord | None, int]] = OrderedDict()
 
     @classmethod
     async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> Ledger:
@@ -38,25 +49,59 @@ class Ledger:
             kv = await js.create_key_value(bucket=APPLIED_BUCKET, history=1, replicas=replicas)
         return cls(kv)
 
-    async def read(self, key: str) -> tuple[AppliedRecord | None, int]:
-        """The record and the key's revision; ``(None, 0)`` when there is none."""
+    async def read(self, key: str, *, assume_absent: bool = False) -> tuple[AppliedRecord | None, int]:
+        """The record and the key's revision; ``(None, 0)`` when there is none.
+
+        A remembered record is returned without asking the server. ``assume_absent`` also answers
+        ``(None, 0)`` for a key never seen, for callers whose next step is a compare-and-set write anyway.
+        """
+        known = self._known.get(key)
+        if known is not None:
+            self._known.move_to_end(key)
+            return known
+        if assume_absent:
+            return None, 0
+        return await self.read_fresh(key)
+
+    async def read_fresh(self, key: str) -> tuple[AppliedRecord | None, int]:
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
+            self.forget(key)
             return None, 0
-        if entry.value is None:
-            return None, entry.revision or 0
-        try:
-            return _decoder.decode(entry.value), entry.revision or 0
-        except msgspec.DecodeError:
-            return None, entry.revision or 0
+        record: AppliedRecord | None = None
+        if entry.value is not None:
+            try:
+                record = _decoder.decode(entry.value)
+            except msgspec.DecodeError:
+                record = None
+        revision = entry.revision or 0
+        self._note(key, record, revision)
+        return record, revision
 
     async def write(self, key: str, record: AppliedRecord, *, revision: int) -> int | None:
         """Compare-and-set: the new revision, or ``None`` when someone else wrote the key first."""
         payload = msgspec.json.encode(record)
         try:
             if revision == 0:
-                return await self.kv.create(key, payload)
-            return await self.kv.update(key, payload, last=revision)
+                written = await self.kv.create(key, payload)
+            else:
+                written = await self.kv.update(key, payload, last=revision)
         except (KeyWrongLastSequenceError, BadRequestError):
+            self.forget(key)
             return None
+        self._note(key, record, written)
+        return written
+
+    def forget(self, key: str) -> None:
+        self._known.pop(key, None)
+
+    def _note(self, key: str, record: AppliedRecord | None, revision: int) -> None:
+        if record is None:
+            # A tombstone or an unreadable value: nothing worth remembering; the next read asks again.
+            self.forget(key)
+            return
+        self._known[key] = (record, revision)
+        self._known.move_to_end(key)
+        while len(self._known) > self._remember:
+            self._known.popitem(last=False)

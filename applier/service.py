@@ -1,8 +1,10 @@
 """The applier process: one durable pull consumer, each message turned into one Server-Side Apply.
 
 A message is acknowledged only after its apply succeeded (or was decided to be unnecessary) and its result
-was recorded; the ack waits for the server's confirmation, so a crash anywhere before that point means
-redelivery, never loss. Retrying happens in two tiers: a few quick attempts in process, with JetStream
+was recorded, so a crash anywhere before that point means redelivery, never loss. The ack itself is not
+awaited: an ack lost on the way only means one redelivery, which the ledger answers as ``unchanged``,
+while waiting for it cost a round trip per message and stalled for a whole ack wait whenever the
+consumer's leader moved. Retrying happens in two tiers: a few quick attempts in process, with JetStream
 kept informed by in-progress heartbeats, and then a delayed nak that frees this replica for other work.
 
 Messages for the same target are handled one at a time, in arrival order; different targets run in
@@ -171,7 +173,7 @@ class Applier:
         self, message: DeleteComponent, resource: resources.Resource
     ) -> tuple[ApplyAction, str, str]:
         target = message.target
-        record, _ = await self.ledger.read(ledger_key(target))
+        record, _ = await self.ledger.read_fresh(ledger_key(target))
         if core.is_stale(record, message):
             return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
         try:
@@ -197,8 +199,12 @@ class Applier:
         lkey = ledger_key(target)
         planned = msgspec.json.encode(message.object)  # generated key material is never part of the digest
         digest = core.content_digest(planned)
-        for _ in range(_CLAIM_ROUNDS):
-            record, revision = await self.ledger.read(lkey)
+        for round_ in range(_CLAIM_ROUNDS):
+            # After a lost compare-and-set, remembering is what went wrong: ask the server.
+            if round_ == 0:
+                record, revision = await self.ledger.read(lkey, assume_absent=True)
+            else:
+                record, revision = await self.ledger.read_fresh(lkey)
             if core.is_stale(record, message):
                 return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
             live_raw: bytes | None = None
@@ -212,13 +218,15 @@ class Applier:
                     == record.managed
                 ):
                     live_rv = core.live_state(live_raw).resource_version
-                    await self.ledger.write(
+                    advanced = await self.ledger.write(
                         lkey,
                         msgspec.structs.replace(
                             record, source_version=message.source_version, source_seq=message.source_seq
                         ),
                         revision=revision,
                     )
+                    if advanced is None:
+                        continue  # another applier wrote the record meanwhile: look again
                     return "unchanged", live_rv, "already applied; the live object still holds it"
             if message.policy != "always":
                 if live_raw is None:
@@ -367,7 +375,7 @@ class Applier:
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id, "action": action},
         )
         if ack:
-            await msg.ack_sync()
+            await msg.ack()
 
     async def _dead_letter(self, msg: Msg, *, reason: str, error: str, key: ApplyMessage | None) -> None:
         if key is not None:
@@ -449,6 +457,7 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
         applier = Applier(settings, kube, js, ledger)
         try:
             await consume_partitioned(
+                nc,
                 js,
                 streams.APPLIER,
                 applier.handle_batch,

@@ -138,6 +138,12 @@ async def test_d_apiserver_down_20s_while_applies_are_pending(
         # The watcher is back too: a TrainJob created now is built.
         p.create(trainjob("d-after", num_nodes=2))
         await until(lambda: converged(p, ["d-after"]), timeout=60, what="a TrainJob created after the outage")
+        # Each informer comes back on its own backoff, the JobSet one possibly half a minute after the
+        # apiserver; its relist re-plans d-seq's JobSet (suspended, so it may be updated). Counting writes
+        # and replaying before that would race it.
+        await until(
+            lambda: "d-seq (JobSet ADDED)" in p.log_text("watcher"), timeout=90, what="the JobSet informer back"
+        )
         w_after = await quiet(p, bus, timeout=60)
 
         letters = [
