@@ -7,6 +7,8 @@ id — the key of JetStream's de-duplication — is computed in exactly one plac
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 import yaml
 
@@ -88,6 +90,18 @@ def controlled_by_trainjob(owner_refs: list[OwnerReference] | msgspec.UnsetType)
     return None
 
 
+_SnapshotLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@functools.lru_cache(maxsize=64)
+def parse_snapshot(text: str) -> TrainingRuntime:
+    """One runtime's snapshot text, parsed once: every TrainJob of that runtime holds the same text.
+
+    The result is a frozen struct shared between callers, which only read it.
+    """
+    return msgspec.convert(yaml.load(text, Loader=_SnapshotLoader), TrainingRuntime)
+
+
 def runtime_from_snapshot(job: TrainJob, snapshot: ConfigMap) -> tuple[TrainingRuntime | None, str]:
     """The runtime recorded in a TrainJob's snapshot ConfigMap, or an error saying why it cannot be used.
 
@@ -102,8 +116,7 @@ def runtime_from_snapshot(job: TrainJob, snapshot: ConfigMap) -> tuple[TrainingR
     if text is None:
         return None, f"invalid runtime snapshot: snapshot ConfigMap missing {trainer.RUNTIME_SNAPSHOT_KEY!r} data key"
     try:
-        loaded = yaml.safe_load(text)
-        runtime = msgspec.convert(loaded, TrainingRuntime)
+        runtime = parse_snapshot(text)
     except (yaml.YAMLError, msgspec.ValidationError) as exc:
         return None, f"invalid runtime snapshot: unable to unmarshal the snapshot: {exc}"
     ref = or_default(or_default(job.spec, _NO_SPEC).runtime_ref, _NO_REF)

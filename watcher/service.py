@@ -30,7 +30,7 @@ from plumbing import bus
 from plumbing.informer import Cached, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
 from plumbing.observability import EVENTS, HealthServer
-from watcher import core
+from watcher import core, trim
 
 log = logging.getLogger("watcher")
 
@@ -38,13 +38,17 @@ DEADLINE_CAUSE = "deadline reached"
 
 
 class _Named(msgspec.Struct, frozen=True, kw_only=True):
-    """Objects only known by name here (PriorityClasses)."""
+    """Objects only known by name and owner here (PriorityClasses, owned Secrets and PodGroups)."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
 def _controlled_by_trainjob(obj: _Named | ConfigMap) -> bool:
     return core.controlled_by_trainjob(meta(obj).owner_references) is not None
+
+
+def _named_identity(obj: _Named) -> _Named:
+    return _Named(metadata=trim.identity(obj.metadata))
 
 
 @dataclass
@@ -73,9 +77,13 @@ class Watcher:
         self.stats = WatcherStats()
         namespaces: tuple[str | None, ...] = settings.namespaces or (None,)
         self.trainjobs = [
-            Informer(kube, resources.TRAINJOB, TrainJob, self._on_trainjob, namespace=ns) for ns in namespaces
+            Informer(kube, resources.TRAINJOB, TrainJob, self._on_trainjob, namespace=ns, trim=trim.trainjob)
+            for ns in namespaces
         ]
-        self.jobsets = [Informer(kube, resources.JOBSET, JobSet, self._on_jobset, namespace=ns) for ns in namespaces]
+        self.jobsets = [
+            Informer(kube, resources.JOBSET, JobSet, self._on_jobset, namespace=ns, trim=trim.jobset)
+            for ns in namespaces
+        ]
         self.runtimes = [
             Informer(kube, resources.TRAINING_RUNTIME, TrainingRuntime, self._on_runtime, namespace=ns)
             for ns in namespaces
@@ -91,17 +99,21 @@ class Watcher:
                 self._on_owned,
                 namespace=ns,
                 keep=_controlled_by_trainjob,
+                trim=trim.config_map,
             )
             for ns in namespaces
         ]
         # Secrets and PodGroups matter only as "still there, still ours": metadata is all that is decoded,
-        # so no key material ever enters the watcher's memory.
+        # and only name and owners are kept (an annotation such as last-applied-configuration may repeat a
+        # Secret's data), so no key material stays in the watcher's memory.
         self.owned = [
-            Informer(kube, resource, _Named, self._on_owned, namespace=ns, keep=_controlled_by_trainjob)
+            Informer(
+                kube, resource, _Named, self._on_owned, namespace=ns, keep=_controlled_by_trainjob, trim=_named_identity
+            )
             for resource in (resources.SECRET, resources.POD_GROUP, resources.VOLCANO_POD_GROUP)
             for ns in namespaces
         ]
-        self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore)
+        self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore, trim=_named_identity)
         self._deadline_timers: dict[Key, asyncio.TimerHandle] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._deadline_reported: dict[Key, float] = {}
@@ -117,8 +129,8 @@ class Watcher:
     def _jobset(self, key: Key) -> JobSet | None:
         for inf in self.jobsets:
             hit = inf.cache.get(key)
-            if hit is not None and core.controlling_trainjob(hit.obj) == key[1]:
-                return hit.obj
+            if hit is not None and core.controlling_trainjob(jobset := hit.obj) == key[1]:
+                return jobset
         return None
 
     def _snapshot(self, job: TrainJob) -> ConfigMap | None:
@@ -201,10 +213,11 @@ class Watcher:
         wanted = (runtime_kind, key[0], key[1])
         for inf in self.trainjobs:
             for job_key, cached in list(inf.cache.items()):
-                if core.runtime_key_of(cached.obj) != wanted:
+                job = cached.obj
+                if core.runtime_key_of(job) != wanted:
                     continue
-                if core.is_suspended(cached.obj) or self._jobset(job_key) is None:
-                    await self.publish_observation(cached.obj, cause=f"{runtime_kind} {kind}")
+                if core.is_suspended(job) or self._jobset(job_key) is None:
+                    await self.publish_observation(job, cause=f"{runtime_kind} {kind}")
 
     # ---------------------------------------------------------------------------------------- publishing
 
