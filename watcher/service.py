@@ -5,6 +5,13 @@ of every TrainJob already carries its runtime and JobSet; publishing earlier wou
 picture. Publishing is awaited per event (the PubAck is what makes an event durable), and a publish that
 fails is retried until the bus takes it: an event is never dropped on the floor, because the next
 observation of a quiet TrainJob may be a long time coming.
+
+Changes to the components a TrainJob owns are gathered for a moment before its observation goes out. The
+applier writes a new TrainJob's snapshot ConfigMap and JobSet within milliseconds of each other, and one
+observation holding both costs the planner and applier nothing, where one per change made the planner
+send the component the watcher had not seen yet a second time. Nothing is lost by waiting: an observation
+is read from the caches when it is published, so it always holds the latest of every change gathered.
+TrainJob changes themselves go out at once; they are what a user waits on.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from watcher import core, trim
 log = logging.getLogger("watcher")
 
 DEADLINE_CAUSE = "deadline reached"
+GATHER_SECONDS = 0.05
+"""How long changes to a TrainJob's components are gathered before its observation is published."""
 
 
 class _Named(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,6 +126,9 @@ class Watcher:
         self._deadline_timers: dict[Key, asyncio.TimerHandle] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._deadline_reported: dict[Key, float] = {}
+        self._gathered: dict[Key, list[str]] = {}
+        """TrainJobs whose components changed, with the changes, waiting to be observed once."""
+        self._gathering = asyncio.Event()
 
     # ------------------------------------------------------------------------------------------ lookups
 
@@ -184,18 +196,34 @@ class Watcher:
         owner = core.controlling_trainjob(cached.obj)
         if owner is None:
             return
-        job = self._trainjob((key[0], owner))
-        if job is not None:
-            await self.publish_observation(job.obj, cause=f"JobSet {kind}")
+        self._gather((key[0], owner), f"JobSet {kind}")
 
     async def _on_owned(self, kind: str, key: Key, cached: Cached[ConfigMap] | Cached[_Named] | None) -> None:
         """A component a TrainJob controls changed or went away: plan its owner again (drift repair)."""
         if cached is None or kind == "RESYNC":
             return
         owner = core.controlled_by_trainjob(meta(cached.obj).owner_references)
-        job = self._trainjob((key[0], owner)) if owner else None
-        if job is not None:
-            await self.publish_observation(job.obj, cause=f"{type(cached.obj).__name__} {kind}")
+        if owner:
+            self._gather((key[0], owner), f"{type(cached.obj).__name__} {kind}")
+
+    def _gather(self, job_key: Key, cause: str) -> None:
+        if self._trainjob(job_key) is None:
+            return  # not (yet) a TrainJob we know: its own ADDED will carry the component
+        causes = self._gathered.setdefault(job_key, [])
+        if cause not in causes:
+            causes.append(cause)
+        self._gathering.set()
+
+    async def _publish_gathered(self) -> None:
+        while True:
+            await self._gathering.wait()
+            await asyncio.sleep(GATHER_SECONDS)
+            self._gathering.clear()
+            gathered, self._gathered = self._gathered, {}
+            for job_key, causes in gathered.items():
+                current = self._trainjob(job_key)
+                if current is not None:
+                    await self.publish_observation(current.obj, cause=" + ".join(causes))
 
     async def _ignore(self, kind: str, key: Key, cached: Cached[_Named] | None) -> None:
         return None
@@ -327,6 +355,7 @@ class Watcher:
         ]
         # Owned Secrets and PodGroups only trigger re-plans; a missing PodGroup CRD must not hold up start.
         tasks = [asyncio.create_task(inf.run()) for inf in (*first, *self.owned)]
+        tasks.append(asyncio.create_task(self._publish_gathered()))
         try:
             for inf in first:
                 await inf.synced.wait()

@@ -8,6 +8,7 @@ and etcd, since it restarts them.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,7 +143,9 @@ async def test_d_apiserver_down_20s_while_applies_are_pending(
         # apiserver; its relist re-plans d-seq's JobSet (suspended, so it may be updated). Counting writes
         # and replaying before that would race it.
         await until(
-            lambda: "d-seq (JobSet ADDED)" in p.log_text("watcher"), timeout=90, what="the JobSet informer back"
+            lambda: re.search(r"d-seq \([^)]*JobSet ADDED", p.log_text("watcher")) is not None,
+            timeout=90,
+            what="the JobSet informer back",
         )
         w_after = await quiet(p, bus, timeout=60)
 
