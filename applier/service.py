@@ -229,7 +229,7 @@ class Applier:
                         continue  # another applier wrote the record meanwhile: look again
                     return "unchanged", live_rv, "already applied; the live object still holds it"
             if message.policy != "always":
-                if live_raw is None:
+                if live_raw is None and not (record is None and _freshly_seen_absent(message)):
                     live_raw = await self._get(resource, target)
                 live = core.live_state(live_raw)
                 allowed, why = core.policy_allows(message, live)
@@ -401,6 +401,21 @@ class Applier:
         except Exception:
             # Not acked: JetStream redelivers after ack_wait. Nothing is lost.
             log.exception("unexpected failure handling %s", msg.subject)
+
+
+ABSENCE_TRUSTED_SECONDS = 30.0
+"""How long an observation that a component was absent is taken as true (see ``_freshly_seen_absent``)."""
+
+
+def _freshly_seen_absent(message: ObjectApply) -> bool:
+    """The plan saw no such object moments ago, so the read before a conditional create can be left out.
+
+    Only together with no ledger record: every applier claims a record before it writes, so an object that
+    exists without one was made by someone else, or the ledger was lost. For an old message (a replay, a
+    dead letter retried) after a ledger loss that could be wrong, hence the age limit. Were the record only
+    assumed absent and exist after all, the claim fails and the next round reads the object.
+    """
+    return message.observed_absent and 0.0 <= time.time() - message.observed_at <= ABSENCE_TRUSTED_SECONDS
 
 
 def _body(message: ObjectApply, *, resource_version: str = "") -> bytes:

@@ -131,6 +131,12 @@ class _Apply(msgspec.Struct, frozen=True, kw_only=True, tag_field="component"):
     trace_id: str = ""
     observed_at: float = 0.0
     """When the watcher saw the change this plan answers; the start of the end-to-end latency."""
+    observed_absent: bool = False
+    """The observation this plan came from showed no such object.
+
+    For an ``if-absent`` or ``while-suspended`` component the applier must know whether the object exists.
+    When the observation says it did not and the ledger holds no record of it (every write claims a record
+    first), the applier creates it without reading it first; any record sends it back to reading."""
 
 
 class ApplyJobSet(_Apply, frozen=True, kw_only=True, tag="jobset"):
