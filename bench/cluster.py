@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -155,6 +156,43 @@ async def scrape_apiserver(kube: KubeClient) -> dict[stats.RequestKey, float] | 
         log.warning("apiserver /metrics unavailable: %s", exc)
         return None
     return stats.apiserver_requests(resp.body.decode(errors="replace"))
+
+
+# -------------------------------------------------------------------------------------------- CPU time
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time of one process so far, from /proc; ``None`` when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime: fields 14 and 15 of stat
+
+
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU seconds used so far by every process of the run: servers, services and the benchmark itself.
+
+    Differences of two readings say where a measurement's CPU went; on two cores that is what bounds
+    throughput, so it explains the end-to-end figures next to the ceiling's.
+    """
+    processes = list(stack.services)
+    if stack.local_nats is not None:
+        processes.append(stack.local_nats.process)
+    if stack.local_kube is not None:
+        processes.extend(stack.local_kube.processes)
+    out: dict[str, float] = {"benchmark": time.process_time()}
+    for process in processes:
+        used = process_cpu_seconds(process.pid)
+        if used is not None:
+            out[process.name] = out.get(process.name, 0.0) + used
+    return out
+
+
+def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    return {name: max(0.0, after[name] - before.get(name, 0.0)) for name in after}
 
 
 # ----------------------------------------------------------------------------------------- services

@@ -256,7 +256,7 @@ async def run_with_stack(
     import nats
 
     from bench import scenarios as sc
-    from bench.cluster import CountingKube, Services, apply_object
+    from bench.cluster import CountingKube, Services, apply_object, cpu_seconds
     from contracts import resources
     from plumbing.kube import KubeConfig
     from tjpipe.stack import Stack, StatePaths
@@ -292,6 +292,7 @@ async def run_with_stack(
                     n=settings.ceiling_jobs,
                     concurrency=settings.concurrency,
                     progress=progress,
+                    cpu=lambda: cpu_seconds(stack),
                 )
 
         session = aiohttp.ClientSession()

@@ -28,6 +28,8 @@ from bench.cluster import (
     ResultTracker,
     Services,
     counter_delta,
+    cpu_delta,
+    cpu_seconds,
     create_namespace,
     last_seq,
     list_items,
@@ -72,7 +74,13 @@ def _slug(label: str) -> str:
 
 
 async def ceiling(
-    kube: CountingKube, runtime: Mapping[str, Any], *, n: int, concurrency: int, progress: Progress
+    kube: CountingKube,
+    runtime: Mapping[str, Any],
+    *,
+    n: int,
+    concurrency: int,
+    progress: Progress,
+    cpu: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The applier's payloads for ``n`` new torch TrainJobs, sent straight to the API server."""
     namespace = f"bench-ceiling-{secrets.token_hex(2)}"
@@ -127,9 +135,11 @@ async def ceiling(
             if ok:
                 latencies.append(time.perf_counter() - started)
 
+    cpu_before = cpu() if cpu else {}
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     seconds = time.perf_counter() - started
+    cpu_used = cpu_delta(cpu_before, cpu()) if cpu else {}
     applies_done = total - sum(errors.values())
     result = {
         "namespace": namespace,
@@ -143,6 +153,7 @@ async def ceiling(
         "latency": stats.summarize(latencies),
         "errors": sum(errors.values()),
         "error_kinds": dict(errors),
+        "cpu_seconds": cpu_used,
     }
     progress(
         f"ceiling: {result['applies_per_s'] or 0:,.0f} applies/s, {result['trainjobs_per_s'] or 0:,.1f} TrainJobs/s"
@@ -251,6 +262,7 @@ async def e2e_run(
     created: dict[str, float] = {}
     create_errors: Counter[str] = Counter()
     sem = asyncio.Semaphore(ctx.create_concurrency)
+    cpu_before = cpu_seconds(ctx.services.stack)
     t0 = time.time()
 
     async def create(i: int, name: str) -> None:
@@ -282,6 +294,7 @@ async def e2e_run(
     except TimeoutError:
         ctx.progress(f"{label}: timed out after {timeout:.0f}s with {len(tracker.done_names)}/{n} built")
     await tracker.stop()
+    cpu_used = cpu_delta(cpu_before, cpu_seconds(ctx.services.stack))
 
     # The authoritative record: TJ_RESULTS itself, read without touching any durable.
     stored = await bus.read_stream(ctx.js, streams.RESULTS.name, f"tj.result.*.{namespace}.>", start_seq=start_seq)
@@ -347,6 +360,7 @@ async def e2e_run(
         "failed_results": dict(failed),
         "results_read": len(stored),
         "write_amplification": writes,
+        "cpu_seconds": cpu_used,
     }
     lat = stats.summarize(latencies)
     tjs = stats.rate(len(built_at), span) if complete else None

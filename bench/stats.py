@@ -423,7 +423,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if "ceiling" in sc:
         out.extend(_render_ceiling(sc["ceiling"]))
     if "e2e" in sc:
-        out.extend(_render_e2e(sc["e2e"], checks))
+        out.extend(_render_e2e(sc["e2e"], checks, ceiling=sc.get("ceiling")))
     if "write_amplification" in sc:
         out.extend(_render_write_amp(sc["write_amplification"], checks))
     if "planner" in sc:
@@ -468,7 +468,9 @@ def _render_ceiling(c: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _render_e2e(e: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> list[str]:
+def _render_e2e(
+    e: Mapping[str, Any], checks: Sequence[Mapping[str, Any]], *, ceiling: Mapping[str, Any] | None = None
+) -> list[str]:
     out = [
         "## 2. End to end",
         "",
@@ -529,6 +531,7 @@ def _render_e2e(e: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> li
             rows.append((run["label"], *cells))
         out.append(table(["run", *names], rows))
         out.append("")
+    out.extend(_render_cpu(e, ceiling))
     paced = e.get("paced")
     if paced:
         lat = paced.get("latency", {})
@@ -546,6 +549,37 @@ def _render_e2e(e: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> li
         )
         out.append("")
     return out
+
+
+CPU_ORDER = ("kube-apiserver", "etcd", "nats", "watcher", "planner", "applier", "benchmark")
+
+
+def _render_cpu(e: Mapping[str, Any], ceiling: Mapping[str, Any] | None) -> list[str]:
+    """CPU milliseconds per TrainJob by process: on two shared cores, the budget every figure comes out of."""
+    measured: list[tuple[str, int, Mapping[str, float]]] = []
+    if ceiling and ceiling.get("cpu_seconds"):
+        measured.append(("ceiling", int(ceiling.get("trainjobs", 0)), ceiling["cpu_seconds"]))
+    for run in [*e.get("runs", []), *([e["paced"]] if e.get("paced") else [])]:
+        if run.get("cpu_seconds"):
+            measured.append((run["label"], int(run.get("created", 0)), run["cpu_seconds"]))
+    if not measured:
+        return []
+    names = [n for n in CPU_ORDER if any(n in used for _, _, used in measured)]
+    names += sorted({n for _, _, used in measured for n in used} - set(names))
+    rows = []
+    for label, count, used in measured:
+        per = [1000 * used.get(n, 0.0) / count if count else None for n in names]
+        total = sum(p for p in per if p is not None)
+        rows.append((label, *(format_value(p) for p in per), format_value(total)))
+    return [
+        "Where the CPU goes: CPU milliseconds per TrainJob by process (user + system, from /proc), over the "
+        "measured window (ceiling: its applies; end to end: first create until every component was applied). "
+        "On two cores every process shares one budget, so the end-to-end rate can approach the ceiling only "
+        "as far as the work the ceiling leaves out (the TrainJob itself, watches, the pipeline) is small.",
+        "",
+        table(["run", *names, "total"], rows),
+        "",
+    ]
 
 
 def _render_write_amp(w: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> list[str]:
