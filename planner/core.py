@@ -11,7 +11,7 @@ components; the status is planned in every case.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import functools
 from typing import Any
 
 import msgspec
@@ -38,14 +38,23 @@ from contracts.messages import (
 )
 from contracts.scheduling import PodGroup, VolcanoPodGroup
 from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob
-from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
+from contracts.values import is_set, meta, or_default
 from planner import status as status_rules
-from planner.framework import BuildError, Framework
+from planner.framework import BuildError, FieldError, Framework
 from planner.immutability import restrict_to_mutable
 from planner.info import Component, Deletion
 from planner.plugins import REGISTRY
-from planner.runtime_info import new_runtime_info, spec_of
-from planner.snapshot import runtime_snapshot
+from planner.runtime_info import (
+    RUNTIME_CACHE_SIZE,
+    name_of,
+    namespace_of,
+    new_runtime_info,
+    resource_version_of,
+    runtime_template,
+    spec_of,
+    uid_of,
+)
+from planner.snapshot import runtime_snapshot, snapshot_name
 from planner.validation import validate_runtime, validate_trainjob
 
 FRAMEWORK = Framework(REGISTRY)
@@ -60,9 +69,10 @@ def plan(event: Event, *, source_seq: int, framework: Framework = FRAMEWORK) -> 
 
 def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framework) -> Plan:
     job = event.trainjob
-    key = ObjectKey(namespace=str(namespace_of(job)), name=str(name_of(job)))
-    uid = str(uid_of(job))
-    managed_by = or_default(spec_of(job).managed_by, t.MANAGED_BY_TRAINJOB_CONTROLLER)
+    job_spec = spec_of(job)
+    key = ObjectKey(namespace=namespace_of(job), name=name_of(job))
+    uid = uid_of(job)
+    managed_by = or_default(job_spec.managed_by, t.MANAGED_BY_TRAINJOB_CONTROLLER)
     if managed_by != t.MANAGED_BY_TRAINJOB_CONTROLLER:
         return Plan(
             trainjob=key,
@@ -72,13 +82,26 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
         )
 
     decision = _decide(event, framework)
-    version = observation_version(event)
-    applies: list[ApplyMessage] = [_message(c, job, key, uid, source_seq, event.trace_id) for c in decision.components]
-    applies.extend(_deletion(d, job, key, uid, source_seq, event.trace_id) for d in decision.deletions)
+    common = _Common(
+        trainjob=key,
+        trainjob_uid=uid,
+        source_seq=source_seq,
+        source_version=observation_version(event),
+        trace_id=event.trace_id,
+        observed_at=event.observed_at,
+        trainjob_suspended=job_spec.suspend is True,
+    )
+    applies: list[ApplyMessage] = [_message(c, common) for c in decision.components]
+    absent = _seen_absent(event)
+    if absent:
+        applies = [
+            msgspec.structs.replace(a, observed_absent=True) if (a.target.kind, a.target.name) in absent else a
+            for a in applies
+        ]
+    applies.extend(_deletion(d, common) for d in decision.deletions)
     desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=decision.conditions)
     if desired and status_rules.status_changed(job, desired):
-        applies.append(_status_message(job, desired, key, uid, source_seq, event.trace_id))
-    applies = [msgspec.structs.replace(a, source_version=version, observed_at=event.observed_at) for a in applies]
+        applies.append(_status_message(job, desired, common))
     return Plan(
         trainjob=key,
         trainjob_uid=uid,
@@ -88,6 +111,21 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
     )
 
 
+def _seen_absent(event: TrainJobObserved) -> frozenset[tuple[str, str]]:
+    """Components (kind, name) the observation shows do not exist: no JobSet, no runtime snapshot.
+
+    The watcher caches both kinds, so their absence from an observation is a fact about that moment; the
+    applier may then create them without reading them first (see ``ApplyJobSet.observed_absent``).
+    """
+    name = name_of(event.trainjob)
+    absent = []
+    if event.jobset is None:
+        absent.append((JOBSET_KIND, name))
+    if event.runtime_source == "live":
+        absent.append(("ConfigMap", snapshot_name(name)))
+    return frozenset(absent)
+
+
 def observation_version(event: TrainJobObserved) -> int:
     """The newest resourceVersion the event carries; 0 when one is not a number (then no fence applies)."""
     versions = [resource_version_of(event.trainjob)]
@@ -95,19 +133,24 @@ def observation_version(event: TrainJobObserved) -> int:
         versions.append(resource_version_of(event.jobset))
     if event.runtime is not None and event.runtime_source == "live":
         versions.append(resource_version_of(event.runtime))
+    newest: int | None = None
     try:
-        return max(int(v) for v in versions if v)
+        for version in versions:
+            if version:
+                number = int(version)
+                if newest is None or number > newest:
+                    newest = number
     except ValueError:
         return 0
+    return 0 if newest is None else newest
 
 
-@dataclass
-class _Decision:
-    components: list[Component] = field(default_factory=list)
-    deletions: list[Deletion] = field(default_factory=list)
-    conditions: list[status_rules.ConditionUpdate] = field(default_factory=list)
+class _Decision(msgspec.Struct):
+    components: list[Component] = msgspec.field(default_factory=list)
+    deletions: list[Deletion] = msgspec.field(default_factory=list)
+    conditions: list[status_rules.ConditionUpdate] = msgspec.field(default_factory=list)
     """Condition updates, applied after Suspended and the JobSet's conditions."""
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
 
     def not_built(self, reason: str, message: str) -> _Decision:
         self.conditions.append(status_rules.condition(t_ext.CONDITION_RESOURCES_CREATED, False, reason, message))
@@ -150,37 +193,31 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
             f"{_runtime_ref(job)} not found: the runtime must exist before the TrainJob can be built",
         )
 
-    runtime_errors = [] if _webhook_validation_disabled(event.runtime) else validate_runtime(event.runtime)
+    template = runtime_template(event.runtime)
+    runtime_errors = _runtime_errors(template.encoded)
     if runtime_errors:
         return decision.not_built(
             t_ext.REASON_INVALID_RUNTIME, f"{_runtime_ref(job)} is invalid: " + "; ".join(map(str, runtime_errors))
         )
     try:
-        info = new_runtime_info(job, event.runtime)
+        info = new_runtime_info(job, event.runtime, template)
     except (ValueError, TypeError) as exc:
         return decision.not_built(t_ext.REASON_BUILD_FAILED, f"the runtime cannot be merged with the TrainJob: {exc}")
     info.priority_classes = frozenset(event.priority_classes) if event.priority_classes is not None else None
-    errors = validate_trainjob(job, info, runtime=event.runtime) + framework.validate(info, job)
+    phases = framework.phases(info, template.encoded)
+    errors = validate_trainjob(job, info, runtime=event.runtime) + phases.validate(info, job)
     if errors:
         # No webhook runs in front of this pipeline: an invalid TrainJob fails with the reasons, precisely.
         return decision.failed(t_ext.REASON_VALIDATION_FAILED, "; ".join(str(e) for e in errors))
     try:
-        framework.shape(info, job)
-        decision.components = framework.build(info, job)
+        phases.shape(info, job)
+        decision.components = phases.build(info, job)
     except BuildError as exc:
         # Upstream #3671: build errors were only events; here they are a condition on the TrainJob.
         return decision.not_built(t_ext.REASON_BUILD_FAILED, str(exc))
     if event.runtime_source == "live":
-        decision.components.insert(0, runtime_snapshot(job, event.runtime))
-    decision.conditions.append(
-        status_rules.condition(
-            t_ext.CONDITION_RESOURCES_CREATED,
-            True,
-            t_ext.REASON_RESOURCES_CREATED,
-            t_ext.MESSAGE_RESOURCES_CREATED,
-            only_if_present=True,
-        )
-    )
+        decision.components.insert(0, runtime_snapshot(job, event.runtime, encoded=template.encoded))
+    decision.conditions.append(_RESOURCES_CREATED)
     if event.jobset is not None:
         if spec_of(job).suspend is True or _suspended(event.jobset):
             _keep_immutable_fields(decision, event.jobset)
@@ -189,6 +226,23 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
             # live object and skip; not sending the message at all saves it the read.
             decision.components = [c for c in decision.components if c.policy != "while-suspended"]
     return decision
+
+
+@functools.lru_cache(maxsize=RUNTIME_CACHE_SIZE)
+def _runtime_errors(encoded: bytes) -> tuple[FieldError, ...]:
+    """The runtime's validation errors, once per runtime version (keyed by ``RuntimeTemplate.encoded``)."""
+    runtime = msgspec.json.decode(encoded, type=TrainingRuntime)
+    return () if _webhook_validation_disabled(runtime) else tuple(validate_runtime(runtime))
+
+
+_RESOURCES_CREATED = status_rules.condition(
+    t_ext.CONDITION_RESOURCES_CREATED,
+    True,
+    t_ext.REASON_RESOURCES_CREATED,
+    t_ext.MESSAGE_RESOURCES_CREATED,
+    only_if_present=True,
+)
+"""Clears an earlier build problem once the components are built; frozen, so one instance serves every plan."""
 
 
 def _suspended(jobset: JobSet) -> bool:
@@ -208,7 +262,7 @@ def _keep_immutable_fields(decision: _Decision, live: JobSet) -> None:
         if not isinstance(component.object, JobSet):
             continue
         restricted, dropped = restrict_to_mutable(component.object, live)
-        decision.components[index] = replace(component, object=restricted)
+        decision.components[index] = msgspec.structs.replace(component, object=restricted)
         if dropped:
             message = "the JobSet exists; JobSet keeps these fields as created: " + ", ".join(dropped)
             decision.warnings.append(message)
@@ -221,7 +275,9 @@ def _keep_immutable_fields(decision: _Decision, live: JobSet) -> None:
 
 def _unsupported_runtime(job: TrainJob) -> str:
     """``Kind.group`` of a runtimeRef this planner cannot resolve, or empty when it is supported."""
-    ref = or_default(spec_of(job).runtime_ref, RuntimeRef())
+    ref = or_default(spec_of(job).runtime_ref, _NO_RUNTIME_REF)
+    if ref.kind is msgspec.UNSET and ref.api_group is msgspec.UNSET:
+        return ""  # the defaults, ClusterTrainingRuntime.trainer.kubeflow.org
     kind = or_default(ref.kind, t.CLUSTER_TRAINING_RUNTIME_KIND)
     group = or_default(ref.api_group, t.GROUP)
     if group == t.GROUP and kind in (t.TRAINING_RUNTIME_KIND, t.CLUSTER_TRAINING_RUNTIME_KIND):
@@ -229,61 +285,99 @@ def _unsupported_runtime(job: TrainJob) -> str:
     return f"{kind}.{group}"
 
 
+_NO_RUNTIME_REF = RuntimeRef()
+
+
 def _runtime_ref(job: TrainJob) -> str:
-    ref = or_default(spec_of(job).runtime_ref, RuntimeRef())
+    ref = or_default(spec_of(job).runtime_ref, _NO_RUNTIME_REF)
     kind = or_default(ref.kind, t.CLUSTER_TRAINING_RUNTIME_KIND)
     return f"{kind}/{or_default(ref.name, '')}"
 
 
-def _message(
-    component: Component, job: TrainJob, key: ObjectKey, uid: str, source_seq: int, trace_id: str
-) -> ApplyMessage:
+class _Common(msgspec.Struct, frozen=True):
+    """The fields every apply message of one plan shares.
+
+    Spelled out at each message rather than passed as ``**kwargs``: unpacking a dict into a struct
+    costs more than building the message.
+    """
+
+    trainjob: ObjectKey
+    trainjob_uid: str
+    source_seq: int
+    source_version: int
+    trace_id: str
+    observed_at: float
+    trainjob_suspended: bool
+
+
+_OBJECT_MESSAGES: tuple[
+    tuple[type[Any], type[ApplyJobSet] | type[ApplyConfigMap] | type[ApplyPodGroup] | type[ApplyVolcanoPodGroup]],
+    ...,
+] = (
+    (JobSet, ApplyJobSet),
+    (ConfigMap, ApplyConfigMap),
+    (PodGroup, ApplyPodGroup),
+    (VolcanoPodGroup, ApplyVolcanoPodGroup),
+)
+
+
+def _message(component: Component, common: _Common) -> ApplyMessage:
     obj = component.object
-    common: dict[str, Any] = {
-        "trainjob": key,
-        "trainjob_uid": uid,
-        "source_seq": source_seq,
-        "policy": component.policy,
-        "trainjob_suspended": spec_of(job).suspend is True,
-        "trace_id": trace_id,
-        "target": Target(
-            api_version=obj.api_version, kind=obj.kind, namespace=key.namespace, name=str(obj.metadata.name)
-        ),
-    }
-    if isinstance(obj, JobSet):
-        return ApplyJobSet(object=obj, **common)
-    if isinstance(obj, ConfigMap):
-        return ApplyConfigMap(object=obj, **common)
+    target = Target(
+        api_version=obj.api_version, kind=obj.kind, namespace=common.trainjob.namespace, name=str(obj.metadata.name)
+    )
     if isinstance(obj, Secret):
-        return ApplySecret(object=obj, generate=component.generate, **common)
-    if isinstance(obj, PodGroup):
-        return ApplyPodGroup(object=obj, **common)
-    if isinstance(obj, VolcanoPodGroup):
-        return ApplyVolcanoPodGroup(object=obj, **common)
+        return ApplySecret(
+            object=obj,
+            generate=component.generate,
+            target=target,
+            policy=component.policy,
+            trainjob=common.trainjob,
+            trainjob_uid=common.trainjob_uid,
+            source_seq=common.source_seq,
+            source_version=common.source_version,
+            trace_id=common.trace_id,
+            observed_at=common.observed_at,
+            trainjob_suspended=common.trainjob_suspended,
+        )
+    for object_type, message_type in _OBJECT_MESSAGES:
+        if isinstance(obj, object_type):
+            return message_type(
+                object=obj,
+                target=target,
+                policy=component.policy,
+                trainjob=common.trainjob,
+                trainjob_uid=common.trainjob_uid,
+                source_seq=common.source_seq,
+                source_version=common.source_version,
+                trace_id=common.trace_id,
+                observed_at=common.observed_at,
+                trainjob_suspended=common.trainjob_suspended,
+            )
     raise TypeError(f"no apply message for {type(obj).__name__}")
 
 
-def _deletion(
-    deletion: Deletion, job: TrainJob, key: ObjectKey, uid: str, source_seq: int, trace_id: str
-) -> DeleteComponent:
+def _deletion(deletion: Deletion, common: _Common) -> DeleteComponent:
     return DeleteComponent(
-        trainjob=key,
-        trainjob_uid=uid,
-        source_seq=source_seq,
-        trace_id=trace_id,
-        trainjob_suspended=spec_of(job).suspend is True,
+        trainjob=common.trainjob,
+        trainjob_uid=common.trainjob_uid,
+        source_seq=common.source_seq,
+        source_version=common.source_version,
+        trace_id=common.trace_id,
+        observed_at=common.observed_at,
+        trainjob_suspended=common.trainjob_suspended,
         target=Target(
-            api_version=deletion.api_version, kind=deletion.kind, namespace=key.namespace, name=deletion.name
+            api_version=deletion.api_version,
+            kind=deletion.kind,
+            namespace=common.trainjob.namespace,
+            name=deletion.name,
         ),
         reason=deletion.reason,
     )
 
 
-def _status_message(
-    job: TrainJob, desired: dict[str, Any], key: ObjectKey, uid: str, source_seq: int, trace_id: str
-) -> ApplyTrainJobStatus:
-    import msgspec
-
+def _status_message(job: TrainJob, desired: dict[str, Any], common: _Common) -> ApplyTrainJobStatus:
+    key = common.trainjob
     obj = msgspec.convert(
         {
             "apiVersion": t.API_VERSION,
@@ -297,9 +391,11 @@ def _status_message(
     )
     return ApplyTrainJobStatus(
         trainjob=key,
-        trainjob_uid=uid,
-        source_seq=source_seq,
-        trace_id=trace_id,
+        trainjob_uid=common.trainjob_uid,
+        source_seq=common.source_seq,
+        source_version=common.source_version,
+        trace_id=common.trace_id,
+        observed_at=common.observed_at,
         target=Target(
             api_version=t.API_VERSION,
             kind=t.TRAINJOB_KIND,

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from contracts.trainer import TrainJob
 from planner.info import Component, RuntimeInfo
+from planner.runtime_info import RUNTIME_CACHE_SIZE
 
 
 @dataclass(frozen=True)
@@ -66,18 +67,24 @@ class ComponentBuilder(Plugin, Protocol):
     def build(self, info: RuntimeInfo, job: TrainJob) -> list[Component]: ...
 
 
+@runtime_checkable
+class RuntimeGated(Plugin, Protocol):
+    def enabled(self, info: RuntimeInfo) -> bool:
+        """False when none of the plugin's phases has anything to do for this runtime; it is then skipped.
+
+        Reads nothing but ``info.ml_policy`` and ``info.pod_group_policy``, which come from the runtime
+        alone: the answer is reused for every TrainJob on the same runtime.
+        """
+        ...
+
+
 PluginFactory = Callable[[], Plugin]
 
 
-class Framework:
-    """The plugins of one registry, sorted into phases once."""
+class Phases:
+    """Plugins sorted into phases, each list in registry order."""
 
-    def __init__(self, registry: Sequence[tuple[str, PluginFactory]]) -> None:
-        plugins = [factory() for _, factory in registry]
-        names = [p.name for p in plugins]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate plugin names in registry: {names}")
-        self.plugins = plugins
+    def __init__(self, plugins: Sequence[Plugin]) -> None:
         self.validators = [p for p in plugins if isinstance(p, CustomValidation)]
         self.ml_policies = [p for p in plugins if isinstance(p, EnforceMLPolicy)]
         self.pod_group_policies = [p for p in plugins if isinstance(p, EnforcePodGroupPolicy)]
@@ -105,3 +112,54 @@ class Framework:
         for builder in self.builders:
             components.extend(builder.build(info, job))
         return components
+
+
+class Framework(Phases):
+    """The plugins of one registry, sorted into phases once.
+
+    A runtime usually configures one ML policy and at most one pod-group policy, so most plugins have
+    nothing to do for it. ``phases`` leaves out the plugins that say so (``RuntimeGated``); the sets of
+    plugins left are few, and each is sorted into phases once.
+    """
+
+    def __init__(self, registry: Sequence[tuple[str, PluginFactory]]) -> None:
+        plugins = [factory() for _, factory in registry]
+        names = [p.name for p in plugins]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate plugin names in registry: {names}")
+        super().__init__(plugins)
+        self.plugins = plugins
+        self._gated = [p for p in plugins if isinstance(p, RuntimeGated)]
+        self._phases: dict[tuple[bool, ...], Phases] = {}
+        """By which gated plugins are enabled: at most ``2 ** len(self._gated)`` entries."""
+        self._by_runtime: dict[bytes, Phases] = {}
+
+    def phases(self, info: RuntimeInfo, runtime_key: bytes | None = None) -> Phases:
+        """The plugins with something to do for ``info``, sorted into phases.
+
+        ``runtime_key`` is the encoded runtime ``info`` was built from (``RuntimeTemplate.encoded``): the
+        answer is then remembered for that runtime.
+        """
+        if runtime_key is not None:
+            known = self._by_runtime.get(runtime_key)
+            if known is not None:
+                return known
+        enabled = tuple([p.enabled(info) for p in self._gated])
+        phases = self._phases.get(enabled)
+        if phases is None:
+            skipped = {id(p) for p, on in zip(self._gated, enabled, strict=True) if not on}
+            phases = self._phases[enabled] = Phases([p for p in self.plugins if id(p) not in skipped])
+        if runtime_key is not None:
+            if len(self._by_runtime) >= RUNTIME_CACHE_SIZE:
+                self._by_runtime.clear()
+            self._by_runtime[runtime_key] = phases
+        return phases
+
+    def validate(self, info: RuntimeInfo, job: TrainJob) -> list[FieldError]:
+        return self.phases(info).validate(info, job)
+
+    def shape(self, info: RuntimeInfo, job: TrainJob) -> None:
+        self.phases(info).shape(info, job)
+
+    def build(self, info: RuntimeInfo, job: TrainJob) -> list[Component]:
+        return self.phases(info).build(info, job)

@@ -32,25 +32,53 @@ def _upsert(items: list[Obj], new: Iterable[Obj], same: Any) -> None:
             items.append(item)
 
 
+def _upsert_by(items: list[Obj], new: Iterable[Obj], key: str) -> None:
+    """``_upsert`` for lists whose items are the same when one field is equal (missing equals missing)."""
+    if not items:
+        new = list(new)
+        try:
+            distinct = len({item.get(key) for item in new}) == len(new)
+        except TypeError:  # an unhashable key: take the general path
+            distinct = False
+        if distinct:
+            items.extend(new)  # the usual case: nothing to replace, in the list or among the new items
+            return
+    keys = [existing.get(key) for existing in items]
+    for item in new:
+        value = item.get(key)
+        if value in keys:
+            i = keys.index(value)
+            items[i] = item
+            keys[i] = value
+        else:
+            items.append(item)
+            keys.append(value)
+
+
 def upsert_env(items: list[Obj], new: Iterable[Obj]) -> None:
-    _upsert(items, new, lambda a, b: a.get("name") == b.get("name"))
+    _upsert_by(items, new, "name")
 
 
 def upsert_ports(items: list[Obj], new: Iterable[Obj]) -> None:
-    def same(a: Obj, b: Obj) -> bool:
-        if b.get("name") and a.get("name") == b.get("name"):
-            return True
-        return a.get("containerPort") is not None and a.get("containerPort") == b.get("containerPort")
-
-    _upsert(items, new, same)
+    for item in new:
+        name = item.get("name")
+        port = item.get("containerPort")
+        for i, existing in enumerate(items):
+            if (name and existing.get("name") == name) or (
+                existing.get("containerPort") is not None and existing.get("containerPort") == port
+            ):
+                items[i] = item
+                break
+        else:
+            items.append(item)
 
 
 def upsert_volumes(items: list[Obj], new: Iterable[Obj]) -> None:
-    _upsert(items, new, lambda a, b: a.get("name") == b.get("name"))
+    _upsert_by(items, new, "name")
 
 
 def upsert_volume_mounts(items: list[Obj], new: Iterable[Obj]) -> None:
-    _upsert(items, new, lambda a, b: a.get("mountPath") == b.get("mountPath"))
+    _upsert_by(items, new, "mountPath")
 
 
 def env_value(name: str, value: str) -> Obj:
@@ -117,7 +145,7 @@ def quantity_ceil(value: Decimal) -> int:
 
 def merge_resources(base: Obj | None, override: Obj) -> Obj:
     """Strategic merge of ResourceRequirements: limits and requests per key (override wins), claims by name."""
-    merged: Obj = {k: v for k, v in (base or {}).items()}
+    merged: Obj = dict(base) if base else {}
     for field in ("limits", "requests"):
         if field in override:
             combined = dict(merged.get(field) or {})
@@ -143,10 +171,13 @@ def gpus_per_node(resources: Obj | None) -> int:
 
 
 def _first_gpu(resource_list: Mapping[str, Any] | None) -> int:
-    for name, value in sorted((resource_list or {}).items()):
-        if "gpu" in name.lower():
-            return quantity_ceil(parse_quantity(value))
-    return 0
+    if not resource_list:
+        return 0
+    first = None
+    for name in resource_list:
+        if "gpu" in name.lower() and (first is None or name < first):
+            first = name
+    return 0 if first is None else quantity_ceil(parse_quantity(resource_list[first]))
 
 
 def cpus_per_node(resources: Obj | None) -> int:

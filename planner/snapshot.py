@@ -15,11 +15,11 @@ import msgspec
 import yaml
 
 from contracts import trainer as t
-from contracts.kube import ConfigMap
+from contracts.kube import ConfigMap, ObjectMeta
 from contracts.trainer import TrainingRuntime, TrainJob
-from contracts.values import name_of, namespace_of
 from planner.info import Component
-from planner.plugins.jobset import owner_reference
+from planner.plugins.jobset import owner_reference_struct
+from planner.runtime_info import name_of, namespace_of
 
 
 def snapshot_name(job_name: str) -> str:
@@ -41,15 +41,17 @@ def _render(encoded: bytes) -> str:
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def runtime_snapshot(job: TrainJob, runtime: TrainingRuntime) -> Component:
-    body = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": snapshot_name(name_of(job)),
-            "namespace": namespace_of(job),
-            "ownerReferences": [owner_reference(job)],
-        },
-        "data": {t.RUNTIME_SNAPSHOT_KEY: runtime_yaml(runtime)},
-    }
-    return Component(object=msgspec.convert(body, ConfigMap), policy="if-absent")
+def runtime_snapshot(job: TrainJob, runtime: TrainingRuntime, *, encoded: bytes | None = None) -> Component:
+    """``encoded`` is ``msgspec.json.encode(runtime)`` when the caller already has it."""
+    # Built as structs directly: every field is a known string, so a dict for msgspec.convert buys nothing.
+    config_map = ConfigMap(
+        api_version="v1",
+        kind="ConfigMap",
+        metadata=ObjectMeta(
+            name=snapshot_name(name_of(job)),
+            namespace=namespace_of(job),
+            owner_references=[owner_reference_struct(job)],
+        ),
+        data={t.RUNTIME_SNAPSHOT_KEY: _render(msgspec.json.encode(runtime) if encoded is None else encoded)},
+    )
+    return Component(object=config_map, policy="if-absent")

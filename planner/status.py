@@ -61,6 +61,8 @@ def current_status(job: TrainJob) -> Obj:
 
 
 def is_finished(job: TrainJob) -> bool:
+    if not is_set(job.status):
+        return False
     conditions = current_status(job).get("conditions") or []
     return is_true(conditions, t.CONDITION_COMPLETE) or is_true(conditions, t.CONDITION_FAILED)
 
@@ -80,6 +82,8 @@ def condition(type_: str, status: bool, reason: str, message: str, *, only_if_pr
 
 
 def deadline_exceeded(job: TrainJob, *, now: float) -> bool:
+    if not is_set(spec_of(job).active_deadline_seconds):
+        return False  # the common case, without deadline_of's walk over the conditions
     deadline = deadline_of(job)
     return deadline is not None and now >= deadline
 
@@ -90,7 +94,7 @@ def desired_status(
     """The status fields this planner owns: ``conditions`` and, once a JobSet exists, ``jobsStatus``."""
     current = current_status(job)
     conditions: list[Obj] = [dict(c) for c in current.get("conditions") or []]
-    if is_set(spec_of(job).suspend) and spec_of(job).suspend is True:
+    if spec_of(job).suspend is True:
         set_condition(
             conditions,
             {
@@ -101,7 +105,7 @@ def desired_status(
             },
             now,
         )
-    elif is_true(conditions, t.CONDITION_SUSPENDED):
+    elif conditions and is_true(conditions, t.CONDITION_SUSPENDED):
         set_condition(
             conditions,
             {
@@ -135,7 +139,7 @@ def desired_status(
         if jobs_status:
             status["jobsStatus"] = jobs_status
     for update in updates or ():
-        if update.only_if_present and find_condition(conditions, update.type) is None:
+        if update.only_if_present and (not conditions or find_condition(conditions, update.type) is None):
             continue
         set_condition(
             conditions,

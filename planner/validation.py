@@ -17,9 +17,11 @@ object; ``runtime_patches_change_errors`` encodes it for a caller that has both.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Set
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from contracts import trainer as t
 from contracts.jobset import JobSet
@@ -27,7 +29,7 @@ from contracts.trainer import Runtime, RuntimePatch, TrainJob
 from contracts.values import is_set, or_default
 from planner.framework import FieldError
 from planner.info import RuntimeInfo
-from planner.runtime_info import spec_of
+from planner.runtime_info import container_names, runtime_template, spec_of
 
 Obj = dict[str, Any]
 
@@ -131,27 +133,32 @@ def validate_trainjob(job: TrainJob, info: RuntimeInfo, *, runtime: Runtime | No
     """
     errors: list[FieldError] = []
     spec = spec_of(job)
-    merged_names = _container_names(info.jobset_spec)
-    initializer = or_default(spec.initializer, None)
+    initializer = spec.initializer if spec.initializer is not UNSET else None
+    patches = spec.runtime_patches or ()
+    # Container names are only needed by the initializer and patch rules: most TrainJobs skip both.
+    merged_names: Mapping[str, Set[str]] = (
+        container_names(info.jobset_spec) if initializer is not None or (patches and runtime is None) else {}
+    )
     if initializer is not None and is_set(initializer.dataset):
         errors.extend(_initializer_errors(info.jobset_spec, merged_names, t.DATASET_INITIALIZER, "datasetConfig"))
     if initializer is not None and is_set(initializer.model):
         errors.extend(_initializer_errors(info.jobset_spec, merged_names, t.MODEL_INITIALIZER, "modelConfig"))
 
-    target_names = merged_names if runtime is None else _container_names(_runtime_jobset_spec(runtime))
-    for i, patch in enumerate(or_default(spec.runtime_patches, [])):
-        errors.extend(_patch_errors(f"{RUNTIME_PATCHES_PATH}[{i}]", patch, target_names))
+    if patches:
+        target_names = merged_names if runtime is None else runtime_template(runtime).container_names
+        for i, patch in enumerate(patches):
+            errors.extend(_patch_errors(f"{RUNTIME_PATCHES_PATH}[{i}]", patch, target_names))
 
-    trainer = or_default(spec.trainer, None)
-    if trainer is not None:
-        if is_set(trainer.num_nodes) and trainer.num_nodes < 1:
+    trainer = spec.trainer
+    if trainer is not UNSET:
+        if trainer.num_nodes is not UNSET and trainer.num_nodes < 1:
             errors.append(FieldError("spec.trainer.numNodes", MSG_MIN_ONE))
-        if is_set(trainer.num_proc_per_node) and trainer.num_proc_per_node < 1:
+        if trainer.num_proc_per_node is not UNSET and trainer.num_proc_per_node < 1:
             errors.append(FieldError("spec.trainer.numProcPerNode", MSG_MIN_ONE))
     return errors
 
 
-def _initializer_errors(jobset_spec: Obj, names: dict[str, set[str]], step: str, config: str) -> list[FieldError]:
+def _initializer_errors(jobset_spec: Obj, names: Mapping[str, Set[str]], step: str, config: str) -> list[FieldError]:
     containers = names.get(step)
     if containers is None:
         return [FieldError(RUNTIME_REF_PATH, f"must have {step} job when trainJob is configured with input {config}")]
@@ -173,7 +180,7 @@ def _initializer_errors(jobset_spec: Obj, names: dict[str, set[str]], step: str,
     ]
 
 
-def _patch_errors(path: str, patch: RuntimePatch, names: dict[str, set[str]]) -> list[FieldError]:
+def _patch_errors(path: str, patch: RuntimePatch, names: Mapping[str, Set[str]]) -> list[FieldError]:
     errors = domain_prefixed_path_errors(f"{path}.manager", or_default(patch.manager, ""))
     trs = patch.training_runtime_spec
     if not is_set(trs) or not is_set(trs.template) or not is_set(trs.template.spec):
@@ -309,14 +316,3 @@ def _dig(obj: Obj, *keys: str) -> Any:
             return None
         value = value.get(key)
     return value
-
-
-def _container_names(jobset_spec: Obj) -> dict[str, set[str]]:
-    """Replicated job name → names of its containers and init containers."""
-    names: dict[str, set[str]] = {}
-    for rjob in _replicated_jobs(jobset_spec):
-        pod = _dig(rjob, *POD_SPEC_SUFFIX.split(".")) or {}
-        found = names.setdefault(str(rjob.get("name", "")), set())
-        for key in ("initContainers", "containers"):
-            found.update(str(c.get("name", "")) for c in pod.get(key) or [])
-    return names

@@ -34,12 +34,13 @@ from contracts.scheduling import (
     PodGroup,
 )
 from contracts.trainer import TrainJob
-from contracts.values import is_set, name_of, namespace_of, or_default
+from contracts.values import is_set, or_default
 from planner.framework import BuildError
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, parse_quantity
 from planner.plugins.jobset import owner_reference
 from planner.quantities import EXACT, NANO, QuantityFormat, format_quantity, quantity_format
+from planner.runtime_info import name_of, namespace_of
 
 DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
 """The runtime CRD's default for ``podGroupPolicy.coscheduling.scheduleTimeoutSeconds``."""
@@ -136,6 +137,10 @@ def pod_group_totals(info: RuntimeInfo) -> tuple[int, dict[str, str]]:
 
 class CoScheduling:
     name = "coscheduling"
+
+    def enabled(self, info: RuntimeInfo) -> bool:
+        policy = info.pod_group_policy
+        return policy is not None and is_set(policy.coscheduling)
 
     def enforce_pod_group_policy(self, info: RuntimeInfo, job: TrainJob) -> None:
         policy = info.pod_group_policy

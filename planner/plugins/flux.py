@@ -25,13 +25,13 @@ import msgspec
 from contracts import trainer as t
 from contracts.kube import ConfigMap, Secret
 from contracts.trainer import FluxMLPolicySource, TrainJob
-from contracts.values import is_set, name_of, namespace_of, or_default
+from contracts.values import is_set, or_default
 from planner.framework import FieldError
 from planner.info import Component, Container, RuntimeInfo
 from planner.merge import Obj, gpus_per_node, upsert_volume_mounts, upsert_volumes
 from planner.plugins.jobset import owner_reference
 from planner.plugins.torch import node_resources
-from planner.runtime_info import spec_of
+from planner.runtime_info import name_of, namespace_of, trainer_of
 
 _FLUX_VIEW_IMAGE_HOST = "ghcr.io"
 FLUX_VIEW_IMAGE_DEFAULT = f"{_FLUX_VIEW_IMAGE_HOST}/converged-computing/flux-view-ubuntu:tag-jammy"
@@ -84,7 +84,7 @@ def settings(info: RuntimeInfo, job: TrainJob) -> dict[str, str]:
             name = env.get("name")
             if name in out and "value" in env:
                 out[name] = str(env["value"])
-    trainer = or_default(spec_of(job).trainer, None)
+    trainer = trainer_of(job)
     if trainer is not None:
         for user_env in or_default(trainer.env, []):
             if user_env.name in out:
@@ -94,7 +94,7 @@ def settings(info: RuntimeInfo, job: TrainJob) -> dict[str, str]:
 
 def num_nodes(info: RuntimeInfo, job: TrainJob) -> int:
     """``spec.trainer.numNodes``; Trainer dereferences it unchecked, we fall back to the policy's value."""
-    trainer = or_default(spec_of(job).trainer, None)
+    trainer = trainer_of(job)
     if trainer is not None and is_set(trainer.num_nodes):
         return trainer.num_nodes
     policy = info.ml_policy
@@ -102,7 +102,7 @@ def num_nodes(info: RuntimeInfo, job: TrainJob) -> int:
 
 
 def tasks_per_node(flux: FluxMLPolicySource, job: TrainJob) -> int:
-    trainer = or_default(spec_of(job).trainer, None)
+    trainer = trainer_of(job)
     if trainer is not None and is_set(trainer.num_proc_per_node):
         return trainer.num_proc_per_node
     return or_default(flux.num_proc_per_node, 1)
@@ -436,12 +436,15 @@ def entrypoint_script(job: TrainJob, nodes: int, tasks: int, gpus: int) -> str:
 class Flux:
     name = "flux"
 
+    def enabled(self, info: RuntimeInfo) -> bool:
+        return _flux_policy(info) is not None
+
     def validate(self, info: RuntimeInfo, job: TrainJob) -> list[FieldError]:
         flux = _flux_policy(info)
         if flux is None:
             return []
         errors: list[FieldError] = []
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         nproc = flux.num_proc_per_node
         if trainer is not None and is_set(trainer.num_proc_per_node):
             nproc = trainer.num_proc_per_node
@@ -469,7 +472,7 @@ class Flux:
         command = ["/bin/bash", f"{t.FLUX_CONFIG_MOUNT_PATH}/{ENTRYPOINT_KEY}", original_command(info)]
         info.trainer_command = command
         info.trainer_args = None
-        if or_default(spec_of(job).trainer, None) is None:
+        if trainer_of(job) is None:
             # Trainer panics without spec.trainer (upstream #4076). The JobSet builder applies the trainer
             # command only when spec.trainer is set, so carry the wrapped command on the pod set instead.
             trainer_node = info.trainer_container(t.NODE)

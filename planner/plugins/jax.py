@@ -15,20 +15,24 @@ from __future__ import annotations
 
 from contracts import trainer as t
 from contracts.trainer import TrainJob
-from contracts.values import is_set, name_of, or_default
+from contracts.values import is_set
 from planner.info import RuntimeInfo
 from planner.merge import env_field_ref, env_value, upsert_env, upsert_ports
-from planner.runtime_info import spec_of
+from planner.runtime_info import name_of, trainer_of
 
 
 class JAX:
     name = "jax"
 
+    def enabled(self, info: RuntimeInfo) -> bool:
+        policy = info.ml_policy
+        return policy is not None and is_set(policy.jax)
+
     def enforce_ml_policy(self, info: RuntimeInfo, job: TrainJob) -> None:
         policy = info.ml_policy
         if policy is None or not is_set(policy.jax):
             return
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         trainer_ps = info.pod_set_by_ancestor(t.ANCESTOR_TRAINER)
         if trainer_ps is not None and trainer is not None and is_set(trainer.num_nodes):
             trainer_ps.count = trainer.num_nodes

@@ -15,16 +15,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import msgspec
+from msgspec import UNSET
 
 from contracts import trainer as t
 from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
-from contracts.trainer import TrainJob
-from contracts.values import is_set, name_of, namespace_of, or_default, uid_of
+from contracts.kube import OwnerReference
+from contracts.trainer import Initializer, Trainer, TrainJob
+from contracts.values import is_set, or_default
 from planner.framework import BuildError
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
 from planner.quantities import canonical_quantity, canonical_resources
-from planner.runtime_info import builtins, spec_of
+from planner.runtime_info import builtins, name_of, namespace_of, spec_of, uid_of
 
 
 def owner_reference(job: TrainJob) -> Obj:
@@ -36,6 +38,18 @@ def owner_reference(job: TrainJob) -> Obj:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def owner_reference_struct(job: TrainJob) -> OwnerReference:
+    """``owner_reference`` as the wire struct, for components built without a dict to convert."""
+    return OwnerReference(
+        api_version=t.API_VERSION,
+        kind=t.TRAINJOB_KIND,
+        name=name_of(job),
+        uid=uid_of(job),
+        controller=True,
+        block_owner_deletion=True,
+    )
 
 
 def _pod_spec(rjob: Obj) -> Obj:
@@ -84,8 +98,9 @@ class JobSetPlugin:
     name = "jobset"
 
     def identify_pod_network(self, info: RuntimeInfo, job: TrainJob) -> None:
+        job_name = name_of(job)
         network = info.jobset_spec.get("network") or {}
-        subdomain = network.get("subdomain") or name_of(job)
+        subdomain = network.get("subdomain") or job_name
         for index, rjob in enumerate(info.jobset_spec.get("replicatedJobs") or []):
             ps = info.pod_sets[index]
             replicas = int(rjob.get("replicas", 1))
@@ -94,7 +109,7 @@ class JobSetPlugin:
             def endpoints(replicas: int = replicas, rname: str = str(rname), count: int = ps.count) -> Iterator[str]:
                 for r in range(replicas):
                     for p in range(count):
-                        yield f"{name_of(job)}-{rname}-{r}-{p}.{subdomain}"
+                        yield f"{job_name}-{rname}-{r}-{p}.{subdomain}"
 
             ps.endpoints = endpoints
 
@@ -119,6 +134,9 @@ class JobSetPlugin:
             if ps.volumes:
                 upsert_volumes(pod_spec.setdefault("volumes", []), ps.volumes)
             for kind, containers in (("containers", ps.containers), ("initContainers", ps.init_containers)):
+                if not containers and not pod_spec.get(kind):
+                    pod_spec.pop(kind, None)
+                    continue
                 slots: list[Obj] = pod_spec.setdefault(kind, [])
                 for i, container in enumerate(containers):
                     if i >= len(slots):
@@ -137,21 +155,23 @@ class JobSetPlugin:
                 if not slots:
                     pod_spec.pop(kind)
 
-        self._initializers(jobs, job)
-        self._trainer(info, jobs, job)
+        ancestors = [_ancestor(rjob) for rjob in jobs]
+        job_spec = spec_of(job)
+        if t.DATASET_INITIALIZER in ancestors or t.MODEL_INITIALIZER in ancestors:
+            self._initializers(jobs, ancestors, or_default(job_spec.initializer, None))
+        self._trainer(info, jobs, ancestors, or_default(job_spec.trainer, None))
         for rjob in jobs:
             pod_template = rjob["template"]["spec"]["template"]
             if info.pod_labels:
                 pod_template.setdefault("metadata", {}).setdefault("labels", {}).update(info.pod_labels)
             if info.pod_annotations:
                 pod_template.setdefault("metadata", {}).setdefault("annotations", {}).update(info.pod_annotations)
-        for rjob in jobs:
             _canonical_quantities(_pod_spec(rjob))
             _go_typed_shape(rjob)
         for policy in spec.get("volumeClaimPolicies") or []:
             for template in policy.get("templates") or []:
                 template.setdefault("status", {})
-        suspend = or_default(spec_of(job).suspend, None)
+        suspend = or_default(job_spec.suspend, None)
         if suspend is not None:
             spec["suspend"] = suspend
         metadata: Obj = {
@@ -171,10 +191,8 @@ class JobSetPlugin:
         return [Component(object=jobset, policy="while-suspended")]
 
     @staticmethod
-    def _initializers(jobs: list[Obj], job: TrainJob) -> None:
-        init = or_default(spec_of(job).initializer, None)
-        for rjob in jobs:
-            ancestor = _ancestor(rjob)
+    def _initializers(jobs: list[Obj], ancestors: list[str | None], init: Initializer | None) -> None:
+        for rjob, ancestor in zip(jobs, ancestors, strict=True):
             if ancestor not in (t.DATASET_INITIALIZER, t.MODEL_INITIALIZER):
                 continue
             rjob["replicas"] = 1
@@ -197,25 +215,26 @@ class JobSetPlugin:
                     container.setdefault("envFrom", []).append({"secretRef": {"name": source.secret_ref.name}})
 
     @staticmethod
-    def _trainer(info: RuntimeInfo, jobs: list[Obj], job: TrainJob) -> None:
-        trainer = or_default(spec_of(job).trainer, None)
+    def _trainer(info: RuntimeInfo, jobs: list[Obj], ancestors: list[str | None], trainer: Trainer | None) -> None:
         policy = info.ml_policy
-        launcher_as_node = policy is not None and is_set(policy.mpi) and policy.mpi.run_launcher_as_node is True
-        for rjob in jobs:
-            ancestor = _ancestor(rjob)
+        launcher_as_node = policy is not None and policy.mpi is not UNSET and policy.mpi.run_launcher_as_node is True
+        user_env = trainer.env if trainer is not None else UNSET
+        for rjob, ancestor in zip(jobs, ancestors, strict=True):
             containers = _pod_spec(rjob).get("containers") or []
             if ancestor == t.ANCESTOR_TRAINER:
                 rjob["replicas"] = 1
                 for container in containers:
                     if container.get("name") != t.NODE or trainer is None:
                         continue
-                    if is_set(trainer.image):
+                    if trainer.image is not UNSET:
                         container["image"] = trainer.image
                     if info.trainer_command is not None:
                         container["command"] = list(info.trainer_command)
                     if info.trainer_args is not None:
                         container["args"] = list(info.trainer_args)
-            if ancestor == t.ANCESTOR_TRAINER or (launcher_as_node and rjob.get("name") == t.NODE):
+            if user_env is not UNSET and (
+                ancestor == t.ANCESTOR_TRAINER or (launcher_as_node and rjob.get("name") == t.NODE)
+            ):
                 for container in containers:
-                    if container.get("name") == t.NODE and trainer is not None and is_set(trainer.env):
-                        upsert_env(container.setdefault("env", []), builtins(trainer.env))
+                    if container.get("name") == t.NODE:
+                        upsert_env(container.setdefault("env", []), builtins(user_env))

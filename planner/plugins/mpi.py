@@ -19,13 +19,13 @@ import msgspec
 from contracts import trainer as t
 from contracts.kube import ConfigMap, Secret
 from contracts.trainer import MPIMLPolicySource, TrainJob
-from contracts.values import is_set, name_of, namespace_of, or_default
+from contracts.values import is_set, or_default
 from planner.framework import BuildError, FieldError
 from planner.info import Component, PodSet, RuntimeInfo
 from planner.merge import Obj, env_value, gpus_per_node, upsert_env, upsert_volume_mounts, upsert_volumes
 from planner.plugins.jobset import owner_reference
 from planner.plugins.torch import node_resources
-from planner.runtime_info import spec_of
+from planner.runtime_info import name_of, namespace_of, trainer_of
 
 SSH_AUTH_SECRET_TYPE = "kubernetes.io/ssh-auth"
 DEFAULT_SSH_AUTH_MOUNT_PATH = "/root/.ssh"
@@ -91,7 +91,7 @@ def _hostfile_volume(job_name: str) -> Obj:
 
 
 def resolve_slots(info: RuntimeInfo, job: TrainJob, mpi: MPIMLPolicySource) -> int:
-    trainer = or_default(spec_of(job).trainer, None)
+    trainer = trainer_of(job)
     if trainer is not None and is_set(trainer.num_proc_per_node):
         return trainer.num_proc_per_node
     runtime_value = or_default(mpi.num_proc_per_node, DEFAULT_NUM_PROC_PER_NODE)
@@ -104,6 +104,9 @@ def resolve_slots(info: RuntimeInfo, job: TrainJob, mpi: MPIMLPolicySource) -> i
 
 class MPI:
     name = "mpi"
+
+    def enabled(self, info: RuntimeInfo) -> bool:
+        return _mpi_policy(info) is not None
 
     def validate(self, info: RuntimeInfo, job: TrainJob) -> list[FieldError]:
         mpi = _mpi_policy(info)
@@ -119,7 +122,7 @@ class MPI:
                     f"only {t.MPI_IMPLEMENTATION_OPENMPI} is",
                 )
             )
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         if trainer is None:
             return errors
         if (
@@ -152,7 +155,7 @@ class MPI:
         if implementation != t.MPI_IMPLEMENTATION_OPENMPI:
             raise BuildError(f"MPI implementation {implementation!r} is not supported")
         launcher_as_node = _launcher_as_node(mpi)
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         if trainer is not None and is_set(trainer.num_nodes):
             node_ps = info.pod_set_by_name(t.NODE)
             if node_ps is not None:

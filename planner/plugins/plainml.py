@@ -8,20 +8,24 @@ from __future__ import annotations
 
 from contracts import trainer as t
 from contracts.trainer import TrainJob
-from contracts.values import is_set, or_default
+from contracts.values import is_set
 from planner.info import RuntimeInfo
 from planner.merge import upsert_env
-from planner.runtime_info import builtins, spec_of
+from planner.runtime_info import builtins, trainer_of
 
 
 class PlainML:
     name = "plainml"
 
+    def enabled(self, info: RuntimeInfo) -> bool:
+        policy = info.ml_policy
+        return policy is None or not (is_set(policy.torch) or is_set(policy.mpi) or is_set(policy.jax))
+
     def enforce_ml_policy(self, info: RuntimeInfo, job: TrainJob) -> None:
         policy = info.ml_policy
         if policy is not None and (is_set(policy.torch) or is_set(policy.mpi) or is_set(policy.jax)):
             return
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         if trainer is None:
             return
         trainer_ps = info.pod_set_by_ancestor(t.ANCESTOR_TRAINER)

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+import msgspec
+from msgspec import UNSET
 
 from contracts import trainer as t
 from contracts.trainer import RuntimeRef, Trainer, TrainJob
-from contracts.values import is_set, name_of, or_default
+from contracts.values import is_set, or_default
 from planner.framework import FieldError
 from planner.info import RuntimeInfo
 from planner.merge import (
@@ -39,13 +41,13 @@ from planner.merge import (
     upsert_env,
     upsert_ports,
 )
-from planner.runtime_info import builtins, spec_of
+from planner.runtime_info import builtins, name_of, spec_of, trainer_of
 
 
 def node_resources(info: RuntimeInfo, job: TrainJob) -> Obj | None:
     """resourcesPerNode of the TrainJob if set, else the runtime's trainer ``node`` container resources."""
-    trainer = or_default(spec_of(job).trainer, None)
-    if trainer is not None and is_set(trainer.resources_per_node):
+    trainer = trainer_of(job)
+    if trainer is not None and trainer.resources_per_node is not UNSET:
         resources: Obj = builtins(trainer.resources_per_node)
         return resources
     for rjob in info.jobset_spec.get("replicatedJobs") or []:
@@ -79,7 +81,7 @@ def go_string_list(items: Iterable[str]) -> str:
 
 def is_torchtune(trainer: Trainer | None) -> bool:
     """The TrainJob's own command is exactly ``tune run``."""
-    return trainer is not None and is_set(trainer.command) and tuple(trainer.command) == t.TORCHTUNE_ENTRYPOINT
+    return trainer is not None and trainer.command is not UNSET and tuple(trainer.command) == t.TORCHTUNE_ENTRYPOINT
 
 
 def torchtune_model(runtime_name: str) -> str:
@@ -128,8 +130,7 @@ def qlora_enabled(args: Sequence[str]) -> bool:
     return _bool_arg_enabled(args, t.TORCHTUNE_QUANTIZE_BASE)
 
 
-@dataclass(frozen=True)
-class ProcsPerNode:
+class ProcsPerNode(msgspec.Struct, frozen=True):
     """Trainer's int-or-string ``numProcPerNode``: a number, or ``auto`` (``value is None``)."""
 
     value: int | None
@@ -242,13 +243,17 @@ def validate_torchtune(info: RuntimeInfo, job: TrainJob, trainer: Trainer) -> li
 class Torch:
     name = "torch"
 
+    def enabled(self, info: RuntimeInfo) -> bool:
+        policy = info.ml_policy
+        return policy is not None and policy.torch is not UNSET
+
     def validate(self, info: RuntimeInfo, job: TrainJob) -> list[FieldError]:
         policy = info.ml_policy
-        if policy is None or not is_set(policy.torch):
+        if policy is None or policy.torch is UNSET:
             return []
         errors: list[FieldError] = []
         injection = policy.torch.env_injection
-        if is_set(injection) and is_set(injection.targets):
+        if injection is not UNSET and injection.targets is not UNSET:
             for target in injection.targets:
                 job_name = or_default(target.job_name, "")
                 for cname in target.container_names if is_set(target.container_names) else []:
@@ -261,9 +266,10 @@ class Torch:
                                 "not found in runtime template",
                             )
                         )
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         if trainer is not None:
-            reserved = sorted({e.name for e in or_default(trainer.env, []) if e.name in t.TORCH_RESERVED_ENV_NAMES})
+            env = trainer.env
+            reserved = sorted({e.name for e in env if e.name in t.TORCH_RESERVED_ENV_NAMES}) if env else []
             if reserved:
                 errors.append(
                     FieldError(
@@ -277,17 +283,17 @@ class Torch:
 
     def enforce_ml_policy(self, info: RuntimeInfo, job: TrainJob) -> None:
         policy = info.ml_policy
-        if policy is None or not is_set(policy.torch):
+        if policy is None or policy.torch is UNSET:
             return
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         trainer_ps = info.pod_set_by_ancestor(t.ANCESTOR_TRAINER)
-        if trainer_ps is not None and trainer is not None and is_set(trainer.num_nodes):
+        if trainer_ps is not None and trainer is not None and trainer.num_nodes is not UNSET:
             trainer_ps.count = trainer.num_nodes
 
         resources = node_resources(info, job)
         gpus = gpus_per_node(resources)
         procs: ProcsPerNode
-        if trainer is not None and is_set(trainer.num_proc_per_node):
+        if trainer is not None and trainer.num_proc_per_node is not UNSET:
             procs = ProcsPerNode(trainer.num_proc_per_node)
         elif gpus > 0:
             procs = ProcsPerNode(None)
@@ -308,18 +314,18 @@ class Torch:
         # Trainer v2.3.0 injects nothing when spec.trainer is omitted (upstream #4076); we inject the
         # rendezvous env whenever the runtime has a trainer node, which is what the runtime promises.
         if container is not None:
-            if trainer is not None and is_set(trainer.env):
+            if trainer is not None and trainer.env is not UNSET:
                 upsert_env(container.env, builtins(trainer.env))
-            upsert_env(container.env, pet_env)
             if trainer is not None and is_torchtune(trainer):
+                upsert_env(container.env, pet_env)
                 self._rewrite_torchtune_command(info, job, trainer, count, procs, gpus)
             else:
-                upsert_env(container.env, master_env)
+                upsert_env(container.env, pet_env + master_env)
             upsert_ports(container.ports, [{"containerPort": t.CONTAINER_TRAINER_PORT}])
 
         # envInjection targets (sidecars, preflight checks) get the master address even under torchtune.
         injection = policy.torch.env_injection
-        if is_set(injection) and is_set(injection.targets):
+        if injection is not UNSET and injection.targets is not UNSET:
             for target in injection.targets:
                 ps = info.pod_set_by_name(or_default(target.job_name, ""))
                 for cname in target.container_names if is_set(target.container_names) else []:

@@ -18,22 +18,26 @@ from __future__ import annotations
 
 from contracts import trainer as t
 from contracts.trainer import TrainJob
-from contracts.values import is_set, name_of, or_default
+from contracts.values import is_set, or_default
 from planner.framework import FieldError
 from planner.info import RuntimeInfo
 from planner.merge import env_field_ref, env_value, gpus_per_node, upsert_env, upsert_ports
 from planner.plugins.torch import node_resources
-from planner.runtime_info import spec_of
+from planner.runtime_info import name_of, trainer_of
 
 
 class XGBoost:
     name = "xgboost"
 
+    def enabled(self, info: RuntimeInfo) -> bool:
+        policy = info.ml_policy
+        return policy is not None and is_set(policy.xgboost)
+
     def validate(self, info: RuntimeInfo, job: TrainJob) -> list[FieldError]:
         policy = info.ml_policy
         if policy is None or not is_set(policy.xgboost):
             return []
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         if trainer is None:
             return []
         return [
@@ -49,7 +53,7 @@ class XGBoost:
         trainer_ps = info.pod_set_by_ancestor(t.ANCESTOR_TRAINER)
         if trainer_ps is None:
             return
-        trainer = or_default(spec_of(job).trainer, None)
+        trainer = trainer_of(job)
         if trainer is not None and is_set(trainer.num_nodes):
             trainer_ps.count = trainer.num_nodes
 

@@ -1224,3 +1224,32 @@ def test_torchtune_command_rewritten_and_no_master_env() -> None:
     ]
     assert [e["name"] for e in c["env"]] == ["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK"]
     assert env_dict(c)["PET_NPROC_PER_NODE"] == "auto"
+
+
+# ------------------------------------------------------------------------------- observed absence
+
+
+def test_components_the_observation_shows_absent_are_marked_so() -> None:
+    """A new TrainJob: no JobSet and no snapshot yet, so the applier may create both without reading them."""
+    rt = runtime(ml_policy=TORCH)
+    job = trainjob({"trainer": {}, "suspend": False})
+    fresh = plan(
+        trainjob_observed(job, rt, runtime_source="live", observed_at=OBSERVED_AT, cause="TrainJob ADDED"),
+        source_seq=SEQ,
+    )
+    marked = {(a.target.kind, a.target.name): a.observed_absent for a in fresh.applies}
+    assert marked == {("ConfigMap", f"{NAME}-runtime-snapshot"): True, ("JobSet", NAME): True}
+
+
+def test_components_the_observation_holds_are_not_marked() -> None:
+    rt = runtime(ml_policy=TORCH)
+    job = trainjob({"trainer": {}, "suspend": True})
+    suspended_jobset = {
+        "apiVersion": JOBSET_API,
+        "kind": "JobSet",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "resourceVersion": "77"},
+        "spec": {"suspend": True},
+    }
+    again = plan(observed(job, rt, suspended_jobset), source_seq=SEQ)
+    assert [a.target.kind for a in again.applies if isinstance(a, m.ApplyJobSet)] == ["JobSet"]
+    assert not any(a.observed_absent for a in again.applies)
