@@ -692,6 +692,8 @@ def _render_memory(m: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) ->
 # ----------------------------------------------------------------------------------------------- checks
 
 PACED_P99 = Target("<=", 0.050, "s")
+E2E_THROUGHPUT = Target(">=", 0.8, "x")
+"""End-to-end TrainJobs/s as a share of the raw SSA ceiling's, for every end-to-end run."""
 NO_WRITES = Target("<=", 0.0, "writes/TJ")
 PLANNER_TORCH = Target(">=", 20_000.0, "plans/s")
 SERVICE_RSS = Target("<=", 150.0, "MB")
@@ -730,7 +732,7 @@ def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
         rat = run.get("ratios") or {}
         out.append(check("end to end", f"{label}: built with the right spec", run.get("good_percent"), "%", ALL_BUILT))
         out.append(check("end to end", f"{label}: TrainJobs/s", run.get("trainjobs_per_s"), "", None))
-        out.append(check("end to end", f"{label}: TJ/s ÷ ceiling", rat.get("throughput"), "x", None))
+        out.append(check("end to end", f"{label}: TJ/s ÷ ceiling", rat.get("throughput"), "x", E2E_THROUGHPUT))
         for q in ("p50", "p95", "p99"):
             out.append(check("end to end", f"{label}: {q} latency", lat.get(q), "s", None))
             out.append(check("end to end", f"{label}: {q} ÷ ceiling", rat.get(q), "x", None))

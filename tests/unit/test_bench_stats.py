@@ -409,7 +409,8 @@ def test_render_markdown_puts_each_figure_next_to_its_target() -> None:
     assert "| planner | 151.0 MB | 160.0 MB | ≤ 150.0 MB | not met |" in text.replace("| 11 ", "")
     assert "Test CPU" in text
     assert "0.250" in text  # the throughput ratio
-    assert "6 of 8 targets met." in text
+    assert "TJ/s ÷ ceiling | 0.250x | ≥ 0.800x | not met |" in text  # the 80% target, in the table
+    assert "6 of 9 targets met." in text
 
 
 def test_render_markdown_of_an_empty_report() -> None:
