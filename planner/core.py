@@ -91,14 +91,10 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
         observed_at=event.observed_at,
         trainjob_suspended=job_spec.suspend is True,
     )
-    applies: list[ApplyMessage] = [_message(c, common) for c in decision.components]
     absent = _seen_absent(event)
-    if absent:
-        applies = [
-            msgspec.structs.replace(a, observed_absent=True) if (a.target.kind, a.target.name) in absent else a
-            for a in applies
-        ]
-    applies.extend(_deletion(d, common) for d in decision.deletions)
+    applies: list[ApplyMessage] = [_message(c, common, absent) for c in decision.components]
+    if decision.deletions:
+        applies.extend(_deletion(d, common) for d in decision.deletions)
     desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=decision.conditions)
     if desired and status_rules.status_changed(job, desired):
         applies.append(_status_message(job, desired, common))
@@ -321,11 +317,13 @@ _OBJECT_MESSAGES: tuple[
 )
 
 
-def _message(component: Component, common: _Common) -> ApplyMessage:
+def _message(component: Component, common: _Common, absent: frozenset[tuple[str, str]]) -> ApplyMessage:
+    """``absent``: the (kind, name) of components the observation shows do not exist (``_seen_absent``)."""
     obj = component.object
     target = Target(
         api_version=obj.api_version, kind=obj.kind, namespace=common.trainjob.namespace, name=str(obj.metadata.name)
     )
+    observed_absent = (target.kind, target.name) in absent
     if isinstance(obj, Secret):
         return ApplySecret(
             object=obj,
@@ -339,6 +337,7 @@ def _message(component: Component, common: _Common) -> ApplyMessage:
             trace_id=common.trace_id,
             observed_at=common.observed_at,
             trainjob_suspended=common.trainjob_suspended,
+            observed_absent=observed_absent,
         )
     for object_type, message_type in _OBJECT_MESSAGES:
         if isinstance(obj, object_type):
@@ -353,6 +352,7 @@ def _message(component: Component, common: _Common) -> ApplyMessage:
                 trace_id=common.trace_id,
                 observed_at=common.observed_at,
                 trainjob_suspended=common.trainjob_suspended,
+                observed_absent=observed_absent,
             )
     raise TypeError(f"no apply message for {type(obj).__name__}")
 

@@ -35,7 +35,7 @@ def _upsert(items: list[Obj], new: Iterable[Obj], same: Any) -> None:
 def _upsert_by(items: list[Obj], new: Iterable[Obj], key: str) -> None:
     """``_upsert`` for lists whose items are the same when one field is equal (missing equals missing)."""
     if not items:
-        new = list(new)
+        new = new if isinstance(new, list) else list(new)
         try:
             distinct = len({item.get(key) for item in new}) == len(new)
         except TypeError:  # an unhashable key: take the general path

@@ -99,5 +99,20 @@ def canonical_resources(resources: Any) -> Any:
     for field in ("limits", "requests"):
         values = out.get(field)
         if isinstance(values, dict):
-            out[field] = {name: canonical_quantity(v) for name, v in values.items()}
+            canonical = {}
+            for name, value in values.items():
+                text = _CANONICAL.get(value)
+                if text is None:
+                    text = canonical_quantity(value)
+                    if len(_CANONICAL) >= _CANONICAL_SIZE:
+                        _CANONICAL.clear()
+                    _CANONICAL[value] = text
+                canonical[name] = text
+            out[field] = canonical
     return out
+
+
+_CANONICAL: dict[str | int | float, str] = {}
+"""``canonical_quantity`` as a plain dict: every plan renders the same few quantities, and a dict lookup
+costs half the call through ``lru_cache``. Keyed like it (``2`` and ``2.0`` are one key)."""
+_CANONICAL_SIZE = 4096

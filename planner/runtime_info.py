@@ -98,8 +98,8 @@ class RuntimeTemplate:
     """The whole runtime as msgspec JSON: the cache key, and what the runtime snapshot is rendered from."""
     spec_json: bytes
     """``spec.template.spec`` as JSON (``{}`` when unset); every plan decodes its own mutable copy."""
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
+    labels: MappingProxyType[str, str]
+    annotations: MappingProxyType[str, str]
     container_names: Mapping[str, frozenset[str]]
     """Replicated job name → names of its containers and init containers, as the runtime declares them."""
 
@@ -130,8 +130,8 @@ def new_runtime_info(job: TrainJob, runtime: Runtime, template: RuntimeTemplate 
     if template is None:
         template = runtime_template(runtime)
     rspec = runtime.spec if runtime.spec is not UNSET else _EMPTY_RUNTIME_SPEC
-    labels = dict(template.labels)
-    annotations = dict(template.annotations)
+    labels = template.labels.copy()
+    annotations = template.annotations.copy()
     job_spec_ = spec_of(job)
 
     patches: list[Obj] = []

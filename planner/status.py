@@ -93,7 +93,8 @@ def desired_status(
 ) -> Obj:
     """The status fields this planner owns: ``conditions`` and, once a JobSet exists, ``jobsStatus``."""
     current = current_status(job)
-    conditions: list[Obj] = [dict(c) for c in current.get("conditions") or []]
+    current_conditions = current.get("conditions")
+    conditions: list[Obj] = [dict(c) for c in current_conditions] if current_conditions else []
     if spec_of(job).suspend is True:
         set_condition(
             conditions,

@@ -35,8 +35,6 @@ from planner.info import RuntimeInfo
 from planner.merge import (
     Obj,
     cpus_per_node,
-    env_field_ref,
-    env_value,
     gpus_per_node,
     upsert_env,
     upsert_ports,
@@ -59,6 +57,9 @@ def node_resources(info: RuntimeInfo, job: TrainJob) -> Obj | None:
                     found: Obj = container["resources"]
                     return found
     return None
+
+
+_TRAINER_PORT = str(t.CONTAINER_TRAINER_PORT)
 
 
 def rendezvous_host(job: TrainJob) -> str:
@@ -301,14 +302,18 @@ class Torch:
             procs = ProcsPerNode(max(1, cpus_per_node(resources)))
 
         count = trainer_ps.count if trainer_ps is not None else 1
-        pet_env = [
-            env_value(t.TORCH_ENV_NUM_NODES, str(count)),
-            env_value(t.TORCH_ENV_NUM_PROC_PER_NODE, str(procs)),
-            env_field_ref(t.TORCH_ENV_NODE_RANK, t.JOB_COMPLETION_INDEX_FIELD_PATH),
+        # Literal dicts rather than env_value/env_field_ref: the same entries, built on every plan.
+        pet_env: list[Obj] = [
+            {"name": t.TORCH_ENV_NUM_NODES, "value": str(count)},
+            {"name": t.TORCH_ENV_NUM_PROC_PER_NODE, "value": str(procs)},
+            {
+                "name": t.TORCH_ENV_NODE_RANK,
+                "valueFrom": {"fieldRef": {"fieldPath": t.JOB_COMPLETION_INDEX_FIELD_PATH}},
+            },
         ]
-        master_env = [
-            env_value(t.TORCH_ENV_MASTER_ADDR, rendezvous_host(job)),
-            env_value(t.TORCH_ENV_MASTER_PORT, str(t.CONTAINER_TRAINER_PORT)),
+        master_env: list[Obj] = [
+            {"name": t.TORCH_ENV_MASTER_ADDR, "value": rendezvous_host(job)},
+            {"name": t.TORCH_ENV_MASTER_PORT, "value": _TRAINER_PORT},
         ]
         container = info.trainer_container(t.NODE)
         # Trainer v2.3.0 injects nothing when spec.trainer is omitted (upstream #4076); we inject the
