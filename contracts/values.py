@@ -38,17 +38,32 @@ def meta(obj: HasMetadata) -> ObjectMeta:
     return or_default(obj.metadata, _EMPTY_META)
 
 
+# The identity accessors are read a dozen times per plan; spelled out, each is one call instead of four.
+
+
 def name_of(obj: HasMetadata) -> str:
-    return or_default(meta(obj).name, "")
+    metadata = obj.metadata
+    if metadata is msgspec.UNSET or metadata.name is msgspec.UNSET or metadata.name is None:
+        return ""
+    return metadata.name
 
 
 def namespace_of(obj: HasMetadata) -> str:
-    return or_default(meta(obj).namespace, "")
+    metadata = obj.metadata
+    if metadata is msgspec.UNSET or metadata.namespace is msgspec.UNSET or metadata.namespace is None:
+        return ""
+    return metadata.namespace
 
 
 def uid_of(obj: HasMetadata) -> str:
-    return or_default(meta(obj).uid, "")
+    metadata = obj.metadata
+    if metadata is msgspec.UNSET or metadata.uid is msgspec.UNSET or metadata.uid is None:
+        return ""
+    return metadata.uid
 
 
 def resource_version_of(obj: HasMetadata) -> str:
-    return or_default(meta(obj).resource_version, "")
+    metadata = obj.metadata
+    if metadata is msgspec.UNSET or metadata.resource_version is msgspec.UNSET or metadata.resource_version is None:
+        return ""
+    return metadata.resource_version

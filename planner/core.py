@@ -38,22 +38,13 @@ from contracts.messages import (
 )
 from contracts.scheduling import PodGroup, VolcanoPodGroup
 from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob
-from contracts.values import is_set, meta, or_default
+from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
 from planner import status as status_rules
 from planner.framework import BuildError, FieldError, Framework
 from planner.immutability import restrict_to_mutable
 from planner.info import Component, Deletion
 from planner.plugins import REGISTRY
-from planner.runtime_info import (
-    RUNTIME_CACHE_SIZE,
-    name_of,
-    namespace_of,
-    new_runtime_info,
-    resource_version_of,
-    runtime_template,
-    spec_of,
-    uid_of,
-)
+from planner.runtime_info import RUNTIME_CACHE_SIZE, new_runtime_info, runtime_template, spec_of
 from planner.snapshot import runtime_snapshot, snapshot_name
 from planner.validation import validate_runtime, validate_trainjob
 

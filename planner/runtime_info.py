@@ -25,7 +25,7 @@ from msgspec import UNSET
 
 from contracts import trainer as t
 from contracts.trainer import Runtime, Trainer, TrainingRuntime, TrainingRuntimeSpec, TrainJob, TrainJobSpec
-from contracts.values import HasMetadata, is_set, or_default
+from contracts.values import is_set, or_default
 from planner.info import Container, PodSet, RuntimeInfo
 from planner.merge import merge_resources, parse_quantity
 from planner.patches import apply_runtime_patches
@@ -52,38 +52,6 @@ def trainer_of(job: TrainJob) -> Trainer | None:
     if spec is msgspec.UNSET or spec is None or spec.trainer is msgspec.UNSET:
         return None
     return spec.trainer
-
-
-# ``contracts.values``' metadata accessors, flattened: a plan reads the TrainJob's name a dozen times, and
-# each read through ``meta`` and two ``or_default`` calls costs four calls instead of one.
-
-
-def name_of(obj: HasMetadata) -> str:
-    metadata = obj.metadata
-    if metadata is msgspec.UNSET or metadata.name is msgspec.UNSET:
-        return ""
-    return metadata.name
-
-
-def namespace_of(obj: HasMetadata) -> str:
-    metadata = obj.metadata
-    if metadata is msgspec.UNSET or metadata.namespace is msgspec.UNSET:
-        return ""
-    return metadata.namespace
-
-
-def uid_of(obj: HasMetadata) -> str:
-    metadata = obj.metadata
-    if metadata is msgspec.UNSET or metadata.uid is msgspec.UNSET:
-        return ""
-    return metadata.uid
-
-
-def resource_version_of(obj: HasMetadata) -> str:
-    metadata = obj.metadata
-    if metadata is msgspec.UNSET or metadata.resource_version is msgspec.UNSET:
-        return ""
-    return metadata.resource_version
 
 
 RUNTIME_CACHE_SIZE = 64

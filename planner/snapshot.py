@@ -17,9 +17,9 @@ import yaml
 from contracts import trainer as t
 from contracts.kube import ConfigMap, ObjectMeta
 from contracts.trainer import TrainingRuntime, TrainJob
+from contracts.values import name_of, namespace_of
 from planner.info import Component
 from planner.plugins.jobset import owner_reference_struct
-from planner.runtime_info import name_of, namespace_of
 
 
 def snapshot_name(job_name: str) -> str:

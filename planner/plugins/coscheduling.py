@@ -34,13 +34,12 @@ from contracts.scheduling import (
     PodGroup,
 )
 from contracts.trainer import TrainJob
-from contracts.values import is_set, or_default
+from contracts.values import is_set, name_of, namespace_of, or_default
 from planner.framework import BuildError
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, parse_quantity
 from planner.plugins.jobset import owner_reference
 from planner.quantities import EXACT, NANO, QuantityFormat, format_quantity, quantity_format
-from planner.runtime_info import name_of, namespace_of
 
 DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
 """The runtime CRD's default for ``podGroupPolicy.coscheduling.scheduleTimeoutSeconds``."""

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from contracts import trainer as t
 from contracts.trainer import TrainJob
-from contracts.values import is_set
+from contracts.values import is_set, name_of
 from planner.info import RuntimeInfo
 from planner.merge import env_field_ref, env_value, upsert_env, upsert_ports
-from planner.runtime_info import name_of, trainer_of
+from planner.runtime_info import trainer_of
 
 
 class JAX:

@@ -21,12 +21,12 @@ from contracts import trainer as t
 from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
 from contracts.kube import OwnerReference
 from contracts.trainer import Initializer, Trainer, TrainJob
-from contracts.values import is_set, or_default
+from contracts.values import is_set, name_of, namespace_of, or_default, uid_of
 from planner.framework import BuildError
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
 from planner.quantities import canonical_quantity, canonical_resources
-from planner.runtime_info import builtins, name_of, namespace_of, spec_of, uid_of
+from planner.runtime_info import builtins, spec_of
 
 
 def owner_reference(job: TrainJob) -> Obj:

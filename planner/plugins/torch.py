@@ -29,7 +29,7 @@ from msgspec import UNSET
 
 from contracts import trainer as t
 from contracts.trainer import RuntimeRef, Trainer, TrainJob
-from contracts.values import is_set, or_default
+from contracts.values import is_set, name_of, or_default
 from planner.framework import FieldError
 from planner.info import RuntimeInfo
 from planner.merge import (
@@ -39,7 +39,7 @@ from planner.merge import (
     upsert_env,
     upsert_ports,
 )
-from planner.runtime_info import builtins, name_of, spec_of, trainer_of
+from planner.runtime_info import builtins, spec_of, trainer_of
 
 
 def node_resources(info: RuntimeInfo, job: TrainJob) -> Obj | None:

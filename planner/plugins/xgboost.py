@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from contracts import trainer as t
 from contracts.trainer import TrainJob
-from contracts.values import is_set, or_default
+from contracts.values import is_set, name_of, or_default
 from planner.framework import FieldError
 from planner.info import RuntimeInfo
 from planner.merge import env_field_ref, env_value, gpus_per_node, upsert_env, upsert_ports
 from planner.plugins.torch import node_resources
-from planner.runtime_info import name_of, trainer_of
+from planner.runtime_info import trainer_of
 
 
 class XGBoost:
