@@ -298,11 +298,15 @@ class _Common(msgspec.Struct, frozen=True):
 
 
 _OBJECT_MESSAGES: tuple[
-    tuple[type[Any], type[ApplyJobSet] | type[ApplyConfigMap] | type[ApplyPodGroup] | type[ApplyVolcanoPodGroup]],
+    tuple[
+        type[Any],
+        type[ApplyJobSet] | type[ApplyConfigMap] | type[ApplySecret] | type[ApplyPodGroup] | type[ApplyVolcanoPodGroup],
+    ],
     ...,
 ] = (
     (JobSet, ApplyJobSet),
     (ConfigMap, ApplyConfigMap),
+    (Secret, ApplySecret),
     (PodGroup, ApplyPodGroup),
     (VolcanoPodGroup, ApplyVolcanoPodGroup),
 )
@@ -314,25 +318,9 @@ def _message(component: Component, common: _Common, absent: frozenset[tuple[str,
     target = Target(
         api_version=obj.api_version, kind=obj.kind, namespace=common.trainjob.namespace, name=str(obj.metadata.name)
     )
-    observed_absent = (target.kind, target.name) in absent
-    if isinstance(obj, Secret):
-        return ApplySecret(
-            object=obj,
-            generate=component.generate,
-            target=target,
-            policy=component.policy,
-            trainjob=common.trainjob,
-            trainjob_uid=common.trainjob_uid,
-            source_seq=common.source_seq,
-            source_version=common.source_version,
-            trace_id=common.trace_id,
-            observed_at=common.observed_at,
-            trainjob_suspended=common.trainjob_suspended,
-            observed_absent=observed_absent,
-        )
     for object_type, message_type in _OBJECT_MESSAGES:
         if isinstance(obj, object_type):
-            return message_type(
+            message = message_type(
                 object=obj,
                 target=target,
                 policy=component.policy,
@@ -343,8 +331,11 @@ def _message(component: Component, common: _Common, absent: frozenset[tuple[str,
                 trace_id=common.trace_id,
                 observed_at=common.observed_at,
                 trainjob_suspended=common.trainjob_suspended,
-                observed_absent=observed_absent,
+                observed_absent=(target.kind, target.name) in absent,
             )
+            if isinstance(message, ApplySecret) and component.generate is not None:
+                return msgspec.structs.replace(message, generate=component.generate)
+            return message
     raise TypeError(f"no apply message for {type(obj).__name__}")
 
 
