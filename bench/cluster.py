@@ -24,12 +24,10 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js import api as js_api
 
 from bench import stats
 from contracts import resources, streams
 from contracts.resources import Resource
-from plumbing import bus
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig, Response
 from tjpipe.stack import SERVICES, Stack
 
@@ -371,46 +369,6 @@ async def wait_quiet(
         if now - still_since >= quiet_seconds and now - started >= min_seconds:
             return still_since - started
     return None
-
-
-async def read_last_per_subject(js: JetStreamContext, stream: str, subject: str) -> list[bus.StoredMessage]:
-    """The newest stored message of every subject matching ``subject``, without touching any durable.
-
-    Like ``plumbing.bus.read_stream`` (an ephemeral, unacknowledged, in-memory consumer) but with the
-    server picking the last message per subject, so a TrainJob's history is not read to find its end.
-    """
-    config = js_api.ConsumerConfig(
-        ack_policy=js_api.AckPolicy.NONE,
-        deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
-        inactive_threshold=30,
-        mem_storage=True,
-        num_replicas=1,
-    )
-    sub = await js.pull_subscribe(subject, stream=stream, config=config)
-    out: list[bus.StoredMessage] = []
-    try:
-        for _ in range(100_000):  # bounded: 25 million messages at most
-            try:
-                msgs = await sub.fetch(256, timeout=1.0)
-            except (nats.errors.TimeoutError, TimeoutError):
-                break
-            for msg in msgs:
-                meta = msg.metadata
-                out.append(
-                    bus.StoredMessage(
-                        stream=stream,
-                        seq=meta.sequence.stream,
-                        subject=msg.subject,
-                        data=msg.data,
-                        headers=dict(msg.headers or {}),
-                        time=meta.timestamp.timestamp(),
-                    )
-                )
-            if msgs and msgs[-1].metadata.num_pending == 0:
-                break
-    finally:
-        await sub.unsubscribe()
-    return out
 
 
 class ResultTracker:

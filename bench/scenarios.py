@@ -33,7 +33,6 @@ from bench.cluster import (
     create_namespace,
     last_seq,
     list_items,
-    read_last_per_subject,
     scrape_apiserver,
     wait_quiet,
 )
@@ -513,7 +512,9 @@ async def replay_latest_events(ctx: Context) -> dict[str, Any]:
     async def action() -> str:
         latest: dict[str, tuple[int, str, bytes]] = {}
         for namespace in ctx.namespaces:
-            for message in await read_last_per_subject(ctx.js, streams.EVENTS.name, f"tj.ev.*.{namespace}.*"):
+            for message in await bus.read_stream(
+                ctx.js, streams.EVENTS.name, f"tj.ev.*.{namespace}.*", last_per_subject=True
+            ):
                 latest[message.subject] = (message.seq, message.subject, message.data)
         token = secrets.token_hex(4)
         sent = 0

@@ -181,18 +181,22 @@ async def read_stream(
     *,
     start_seq: int | None = None,
     start_time: float | None = None,
+    last_per_subject: bool = False,
     batch: int = 256,
 ) -> list[StoredMessage]:
     """Every stored message on ``subject`` (wildcards allowed), oldest first, without touching any durable.
 
     An ephemeral, unacknowledged, in-memory consumer reads the history; the production consumers and the
     stream are left exactly as they were, which is what makes history and replay safe on a live system.
+    ``last_per_subject`` has the server pick only the newest message of each subject instead.
     """
     import datetime as dt
 
     policy = js_api.DeliverPolicy.ALL
     options: dict[str, object] = {}
-    if start_seq is not None:
+    if last_per_subject:
+        policy = js_api.DeliverPolicy.LAST_PER_SUBJECT
+    elif start_seq is not None:
         policy = js_api.DeliverPolicy.BY_START_SEQUENCE
         options["opt_start_seq"] = start_seq
     elif start_time is not None:
