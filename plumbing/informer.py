@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from contracts.resources import Resource
-from plumbing.kube import KubeApiError, KubeClient
+from plumbing.kube import LIST_PAGE_SIZE, KubeApiError, KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -45,24 +45,6 @@ class _Head(msgspec.Struct, kw_only=True):
 
 
 _head_decoder = msgspec.json.Decoder(_Head)
-
-
-class _ListMeta(msgspec.Struct, kw_only=True):
-    resourceVersion: str = ""
-    continue_: str = msgspec.field(default="", name="continue")
-
-
-class _Page(msgspec.Struct, kw_only=True):
-    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
-    items: list[msgspec.Raw] = []
-
-
-_page_decoder = msgspec.json.Decoder(_Page)
-
-LIST_PAGE_SIZE = 500
-"""Objects per list request. One answer holding every JobSet of a big cluster is tens of megabytes that the
-process keeps as resident memory long after the list, since the allocator cannot give the holes it leaves
-back; pages of this size are reused from one to the next. (client-go's pager uses the same size.)"""
 
 
 def _without_managed_fields(obj: T) -> T:
@@ -173,21 +155,13 @@ class Informer(Generic[T]):
         A continue token that expired between two pages is a 410, which ``run`` answers by listing again.
         """
         fresh: dict[Key, Cached[T]] = {}
-        path = self.resource.path(namespace=self.namespace)
-        token = ""
-        while True:
-            params = {"limit": str(self._page_size)}
-            if token:
-                params["continue"] = token
-            resp = await self.client.request("GET", path, params=params, timeout=120)
-            page = _page_decoder.decode(resp.body)
+        rv = ""
+        async for page in self.client.list_pages(self.resource, namespace=self.namespace, limit=self._page_size):
             for item in page.items:
                 decoded = self._decode(item)
                 if decoded is not None:
                     fresh[decoded[0]] = decoded[1]
-            rv, token = page.metadata.resourceVersion, page.metadata.continue_
-            if not token:
-                break
+            rv = page.metadata.resourceVersion
         gone = [key for key in self.cache if key not in fresh]
         previous = self.cache
         self.cache = fresh

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
@@ -33,16 +33,23 @@ def config_map(name: str, rv: str, *, data: Obj | None = None) -> Obj:
     }
 
 
-class PagedLists:
+class PagedLists(KubeClient):
     """Answers list requests from ``objects`` in pages of ``limit``, as the API server does."""
 
-    def __init__(self, objects: list[Obj], rv: str) -> None:
+    def __init__(self, objects: list[Obj], rv: str) -> None:  # no connection: only ``request`` is used
         self.objects = objects
         self.rv = rv
         self.requests: list[Mapping[str, str]] = []
 
     async def request(
-        self, method: str, path: str, *, params: Mapping[str, str] | None = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
     ) -> Response:
         assert method == "GET" and path == "/api/v1/namespaces/ns/configmaps"
         params = params or {}
@@ -53,8 +60,8 @@ class PagedLists:
         metadata: Obj = {"resourceVersion": self.rv}
         if end < len(self.objects):
             metadata["continue"] = str(end)
-        body = {"kind": "ConfigMapList", "metadata": metadata, "items": self.objects[start:end]}
-        return Response(status=200, body=json.dumps(body).encode())
+        answer = {"kind": "ConfigMapList", "metadata": metadata, "items": self.objects[start:end]}
+        return Response(status=200, body=json.dumps(answer).encode())
 
 
 class Recorder:
@@ -67,9 +74,7 @@ class Recorder:
 
 
 def informer(server: PagedLists, handler: Recorder, **kwargs: Any) -> Informer[ConfigMap]:
-    return Informer(
-        cast(KubeClient, server), resources.CONFIG_MAP, ConfigMap, handler, namespace="ns", page_size=2, **kwargs
-    )
+    return Informer(server, resources.CONFIG_MAP, ConfigMap, handler, namespace="ns", page_size=2, **kwargs)
 
 
 async def test_a_list_is_read_in_pages_of_one_snapshot() -> None:
