@@ -1,0 +1,309 @@
+"""Stage signatures on bus messages: who made a message is checked from the message, not from the bus.
+
+NATS permissions say which connection may publish on a subject; a leaked identity, a misconfigured
+account or a compromised server would still let a stranger's bytes through. So the stage that makes a
+message signs it with its own ed25519 key (the watcher its events, the planner its apply messages), and
+the stage that consumes it acts only on a message signed by a key it trusts. The private key never
+leaves the process that signs; public keys travel out of band (a file, a ConfigMap), never on the bus.
+
+What is signed is a fixed prefix, the subject (length-prefixed) and the payload. The subject names the TrainJob (and the
+component), so a signed message cannot be moved onto another TrainJob's subject, and an event cannot be
+passed off as a plan. Headers other than the signature are not signed: ``Nats-Msg-Id`` changes when a
+dead letter is retried, and the trace id is only for logs. A genuine message replayed later is still
+genuine; the applier's ledger fence (``source_version``) is what keeps an old plan from winning.
+
+Keys rotate without a restart: a keyring accepts every key in its file or directory at once, and both
+the keyring and the signer notice when their files change. Rotation is add the new public key to the
+consumers' trusted set, switch the signer to the new private key, and remove the old public key once
+nothing signed with it is still waiting to be consumed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "Tj-Signature"
+"""``<key id>:<base64 signature>``."""
+DOMAIN = b"tjpipe-signature-v1\n"
+"""Prefix of every signed byte string, so these signatures mean nothing to any other protocol."""
+PUBLIC_KEY_PREFIX = "ed25519"
+RECHECK_SECONDS = 5.0
+"""How often a signer or keyring looks whether its files changed."""
+UNKNOWN_KEY_RECHECK_SECONDS = 1.0
+"""How often an unknown key id may make a keyring look at its files at once (a key added moments ago)."""
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+class KeyMaterialError(Exception):
+    """A key or keyring cannot be loaded: the service must not start (or keeps its previous keys)."""
+
+
+class SignatureError(Exception):
+    """A message that must not be acted on; ``reason`` is the dead-letter reason."""
+
+    reason = "bad-signature"
+
+
+class UnsignedMessage(SignatureError):
+    reason = "unsigned"
+
+
+class BadSignature(SignatureError):
+    reason = "bad-signature"
+
+
+# ---------------------------------------------------------------------------------------------- keys
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    """16 hex digits of the SHA-256 of the raw public key: names a key in headers, files and logs."""
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def format_public_key(public: Ed25519PublicKey, comment: str = "") -> str:
+    """The one-line text form keyrings read: ``ed25519 <base64 raw key> [comment]``."""
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    line = f"{PUBLIC_KEY_PREFIX} {base64.b64encode(raw).decode()}"
+    return f"{line} {comment}".rstrip()
+
+
+def private_key_pem(private: Ed25519PrivateKey) -> bytes:
+    return private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def parse_public_keys(text: str, *, source: str = "") -> list[Ed25519PublicKey]:
+    """Every public key in ``text``: ``ed25519 <base64>`` lines and PEM ``PUBLIC KEY`` blocks (as openssl
+    writes them); blank lines and ``#`` comments are skipped. Anything else is an error, not ignored."""
+    keys: list[Ed25519PublicKey] = []
+    where = f" in {source}" if source else ""
+    pem: list[str] = []
+    for number, raw_line in enumerate(text.splitlines(), start=1):
+        line = raw_line.strip()
+        if pem or line.startswith("-----BEGIN"):
+            pem.append(line)
+            if line.startswith("-----END"):
+                keys.append(_pem_public_key("\n".join(pem) + "\n", where))
+                pem = []
+            continue
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) < 2 or parts[0] != PUBLIC_KEY_PREFIX:
+            raise KeyMaterialError(f"line {number}{where}: expected '{PUBLIC_KEY_PREFIX} <base64 key>'")
+        try:
+            raw = base64.b64decode(parts[1], validate=True)
+            keys.append(Ed25519PublicKey.from_public_bytes(raw))
+        except (binascii.Error, ValueError) as exc:
+            raise KeyMaterialError(f"line {number}{where}: not an ed25519 public key ({exc})") from None
+    if pem:
+        raise KeyMaterialError(f"unterminated PEM block{where}")
+    return keys
+
+
+def _pem_public_key(pem: str, where: str) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(pem.encode())
+    except ValueError as exc:
+        raise KeyMaterialError(f"unreadable PEM public key{where} ({exc})") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise KeyMaterialError(f"a PEM public key{where} is not ed25519")
+    return key
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise KeyMaterialError(f"cannot read the signing key {path}: {exc.strerror or exc}") from None
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise KeyMaterialError(f"{path} is not an unencrypted PEM private key ({exc})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyMaterialError(f"{path} is not an ed25519 private key")
+    return key
+
+
+def signed_bytes(subject: str, payload: bytes) -> bytes:
+    """The prefix, the subject's length, the subject, the payload: no byte can move from one to the other."""
+    encoded = subject.encode()
+    return DOMAIN + len(encoded).to_bytes(4, "big") + encoded + payload
+
+
+def _fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a key file or directory is rewritten, cheaply (stat only; symlinks followed, so a
+    ConfigMap volume's atomic swap counts)."""
+    try:
+        files = sorted(path.glob("*.pub")) if path.is_dir() else [path]
+        return tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    except OSError:
+        return ()
+
+
+# -------------------------------------------------------------------------------------------- signer
+
+
+class Signer:
+    """One stage's private key; signs (subject, payload) into a header value."""
+
+    def __init__(self, private: Ed25519PrivateKey, *, path: Path | None = None) -> None:
+        self._private = private
+        self.key_id = key_id(private.public_key())
+        self._path = path
+        self._seen = _fingerprint(path) if path is not None else ()
+        self._next_check = time.monotonic() + RECHECK_SECONDS
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str] | None, *, setting: str) -> Signer:
+        """The signer of a service; ``setting`` names the flag and variable in the error if it is unset."""
+        if not path:
+            raise KeyMaterialError(f"no signing key: set {setting} to the stage's ed25519 private key (PEM)")
+        p = Path(path)
+        return cls(load_private_key(p), path=p)
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        return self._private.public_key()
+
+    def sign(self, subject: str, payload: bytes) -> str:
+        self._reload_if_changed()
+        signature = self._private.sign(signed_bytes(subject, payload))
+        return f"{self.key_id}:{base64.b64encode(signature).decode()}"
+
+    def headers(self, subject: str, payload: bytes) -> dict[str, str]:
+        return {SIGNATURE_HEADER: self.sign(subject, payload)}
+
+    def _reload_if_changed(self) -> None:
+        if self._path is None or time.monotonic() < self._next_check:
+            return
+        self._next_check = time.monotonic() + RECHECK_SECONDS
+        seen = _fingerprint(self._path)
+        if seen == self._seen:
+            return
+        try:
+            private = load_private_key(self._path)
+        except KeyMaterialError as exc:
+            log.warning("the signing key changed but cannot be loaded (%s); still signing with %s", exc, self.key_id)
+            return
+        self._seen = seen
+        old, self._private, self.key_id = self.key_id, private, key_id(private.public_key())
+        if old != self.key_id:
+            log.info("signing key switched from %s to %s", old, self.key_id)
+
+
+# ------------------------------------------------------------------------------------------- keyring
+
+
+@dataclass(frozen=True)
+class Verified:
+    key_id: str
+
+
+class Keyring:
+    """The public keys a consumer trusts for one kind of message; any of them may have signed it.
+
+    Loaded from one file (several keys, one a line) or a directory of ``*.pub`` files. More than one key
+    at once is what makes rotation possible without a moment in which genuine messages are refused.
+    """
+
+    def __init__(self, keys: Mapping[str, Ed25519PublicKey], *, path: Path | None = None, name: str = "") -> None:
+        self._keys = dict(keys)
+        self._path = path
+        self.name = name
+        self._seen = _fingerprint(path) if path is not None else ()
+        now = time.monotonic()
+        self._next_check = now + RECHECK_SECONDS
+        self._next_unknown_check = now
+
+    @classmethod
+    def of(cls, *keys: Ed25519PublicKey, name: str = "") -> Keyring:
+        return cls({key_id(k): k for k in keys}, name=name)
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str] | None, *, setting: str, name: str = "") -> Keyring:
+        """A service's trusted keys; refuses an unset setting, a missing path and an empty set."""
+        if not path:
+            raise KeyMaterialError(f"no trusted keys: set {setting} to a file or directory of ed25519 public keys")
+        p = Path(path)
+        return cls(_read_keys(p, setting=setting), path=p, name=name)
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(self._keys))
+
+    def verify(self, subject: str, payload: bytes, headers: Mapping[str, str] | None) -> Verified:
+        """Who signed this message, or ``UnsignedMessage`` / ``BadSignature``."""
+        value = (headers or {}).get(SIGNATURE_HEADER)
+        if not value:
+            raise UnsignedMessage(f"no {SIGNATURE_HEADER} header")
+        kid, sep, encoded = value.partition(":")
+        if not sep or not kid or not encoded:
+            raise BadSignature(f"malformed {SIGNATURE_HEADER} header (want '<key id>:<base64>')")
+        try:
+            signature = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            raise BadSignature(f"malformed {SIGNATURE_HEADER} header (signature is not base64)") from None
+        self._reload_if_changed(unknown=kid not in self._keys)
+        public = self._keys.get(kid)
+        if public is None:
+            raise BadSignature(f"signed by key {kid[:32]!r}, which is not among the trusted {self.name} keys")
+        try:
+            public.verify(signature, signed_bytes(subject, payload))
+        except InvalidSignature:
+            raise BadSignature(f"the signature of key {kid} does not match this subject and payload") from None
+        return Verified(key_id=kid)
+
+    def _reload_if_changed(self, *, unknown: bool) -> None:
+        if self._path is None:
+            return
+        now = time.monotonic()
+        if not (now >= self._next_check or (unknown and now >= self._next_unknown_check)):
+            return
+        self._next_check = now + RECHECK_SECONDS
+        self._next_unknown_check = now + UNKNOWN_KEY_RECHECK_SECONDS
+        seen = _fingerprint(self._path)
+        if seen == self._seen:
+            return
+        try:
+            keys = _read_keys(self._path, setting=str(self._path))
+        except KeyMaterialError as exc:
+            log.warning("the trusted %s keys changed but cannot be loaded (%s); keeping the old set", self.name, exc)
+            return
+        self._seen = seen
+        if set(keys) != set(self._keys):
+            log.info("trusted %s keys now: %s", self.name, ", ".join(sorted(keys)))
+        self._keys = keys
+
+
+def _read_keys(path: Path, *, setting: str) -> dict[str, Ed25519PublicKey]:
+    try:
+        files = sorted(path.glob("*.pub")) if path.is_dir() else [path]
+        texts = [(f, f.read_text()) for f in files]
+    except OSError as exc:
+        raise KeyMaterialError(f"cannot read trusted keys from {path} ({setting}): {exc.strerror or exc}") from None
+    keys: dict[str, Ed25519PublicKey] = {}
+    for f, text in texts:
+        for key in parse_public_keys(text, source=str(f)):
+            keys[key_id(key)] = key
+    if not keys:
+        raise KeyMaterialError(f"no ed25519 public key in {path} ({setting})")
+    return keys
