@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from contracts import labels
 from contracts.messages import AppliedRecord, ApplyAction, ApplyMessage
 
 
@@ -107,6 +108,33 @@ def policy_allows(message: ApplyMessage, live: LiveState) -> tuple[bool, str]:
     if live.suspended or message.trainjob_suspended:
         return True, ""
     return False, "running and not suspended; left as it is"
+
+
+class _LabelsMeta(msgspec.Struct, kw_only=True):
+    labels: dict[str, str] = {}
+
+
+class _Labelled(msgspec.Struct, kw_only=True):
+    metadata: _LabelsMeta = msgspec.field(default_factory=_LabelsMeta)
+
+
+_labelled_decoder = msgspec.json.Decoder(_Labelled)
+
+
+def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | None:
+    """A merge patch adding this pipeline's label to an existing, unlabelled object, or None.
+
+    An ``if-absent`` object is never changed once it exists, but one made before the label existed (by
+    Trainer, or an older version of this pipeline) would stay invisible to the watcher, which selects
+    ConfigMaps and Secrets by that label. Metadata is the one thing even an immutable Secret lets change,
+    so the label alone is added, once; nothing the object holds is touched.
+    """
+    kind = message.target.kind
+    if live_raw is None or message.policy != "if-absent" or kind not in labels.LABELLED_KINDS:
+        return None
+    if _labelled_decoder.decode(live_raw).metadata.labels.get(labels.MANAGED_BY_LABEL) == labels.MANAGED_BY:
+        return None
+    return msgspec.json.encode({"metadata": {"labels": {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}}})
 
 
 def outcome(http_status: int, *, before: str, after: str) -> ApplyAction:

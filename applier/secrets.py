@@ -8,14 +8,14 @@ and in the cluster. Log ``redact(data)``, never the data.
 the SEC1 ("EC PRIVATE KEY") PEM, ``ssh-publickey`` the authorized_keys line (``ecdsa-sha2-nistp521 …``,
 no comment, one trailing newline). Random, so it is made once, when the Secret does not exist yet.
 
-``flux-curve``: the ZeroMQ CURVE certificate Trainer's Flux plugin writes. The X25519 secret key is the
-SHA-256 of the TrainJob's UID, so every applier replica (and Trainer itself) writes the same bytes; the
-keys are Z85-encoded and the certificate names the TrainJob.
+``flux-curve``: the ZeroMQ CURVE certificate Trainer's Flux plugin writes, in Trainer's exact text
+(``flux keygen``'s layout: the TrainJob's name, then the Z85-encoded X25519 public and secret keys). Trainer
+derives the secret key from the SHA-256 of the TrainJob's UID; here it is a fresh random X25519 key, since
+the UID is no secret (it travels on the bus, in every event) and anyone who knows it could compute
+Trainer's key. Being random, it is made once, when the Secret does not exist yet, like the MPI key.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, x25519
@@ -29,16 +29,17 @@ _Z85_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.
 _Z85_INDEX = {c: i for i, c in enumerate(_Z85_ALPHABET)}
 
 
-def generated_data(
-    generator: SecretGenerator, *, trainjob_uid: str, trainjob_name: str | None = None
-) -> dict[str, bytes]:
-    """The data of a generated Secret. ``flux-curve`` needs ``trainjob_name``: the certificate names it."""
+def generated_data(generator: SecretGenerator, *, trainjob_name: str | None = None) -> dict[str, bytes]:
+    """Fresh key material for a generated Secret; ``flux-curve`` needs ``trainjob_name``: the certificate names it.
+
+    Nothing here depends on the TrainJob's identity beyond that name: every call makes new keys.
+    """
     if generator == "mpi-ssh-auth":
         return ssh_auth_data()
     if generator == "flux-curve":
         if trainjob_name is None:
             raise ValueError("flux-curve needs the TrainJob's name: the certificate's metadata names it")
-        return {CURVE_CERT_KEY: curve_certificate(trainjob_uid=trainjob_uid, trainjob_name=trainjob_name)}
+        return {CURVE_CERT_KEY: curve_certificate(trainjob_name=trainjob_name)}
     raise ValueError(f"unknown secret generator {generator!r}")
 
 
@@ -53,9 +54,10 @@ def ssh_auth_data() -> dict[str, bytes]:
     return {t.MPI_SSH_PRIVATE_KEY: private_pem, t.MPI_SSH_PUBLIC_KEY: public_line + b"\n"}
 
 
-def curve_certificate(*, trainjob_uid: str, trainjob_name: str) -> bytes:
-    seed = hashlib.sha256(trainjob_uid.encode()).digest()
-    secret = x25519.X25519PrivateKey.from_private_bytes(seed)
+def curve_certificate(*, trainjob_name: str, secret: x25519.X25519PrivateKey | None = None) -> bytes:
+    """The certificate for ``secret``, a fresh random X25519 key unless one is given (tests give one)."""
+    if secret is None:
+        secret = x25519.X25519PrivateKey.generate()
     public = secret.public_key().public_bytes_raw()
     lines = (
         "#  ZeroMQ CURVE Secret Certificate",

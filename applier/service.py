@@ -46,7 +46,7 @@ from contracts.messages import (
 )
 from contracts.values import or_default
 from plumbing import bus
-from plumbing.kube import KubeApiError, KubeClient, KubeConfig
+from plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import APPLIES, DEAD_LETTERS, END_TO_END, RETRIES, HealthServer
 from plumbing.partitions import consume_partitioned, default_replica_id
 
@@ -54,6 +54,8 @@ log = logging.getLogger("applier")
 
 _CLAIM_ROUNDS = 5
 EVENT_REASON = "ComponentApplyFailed"
+LABEL_FIELD_MANAGER = "trainjob-pipeline-label"
+"""The field manager that adds this pipeline's label to objects made before it (``_add_owned_label``)."""
 
 
 @dataclass
@@ -234,6 +236,9 @@ class Applier:
                 live = core.live_state(live_raw)
                 allowed, why = core.policy_allows(message, live)
                 if not allowed:
+                    label = core.owned_label_patch(message, live_raw)
+                    if label is not None:
+                        return "skipped", await self._add_owned_label(message, resource, label), why + "; labelled"
                     return "skipped", live.resource_version, why
             claim = AppliedRecord(
                 source_version=message.source_version, source_seq=message.source_seq, digest=digest, state="claimed"
@@ -279,6 +284,26 @@ class Applier:
             await self.ledger.write(lkey, done, revision=claimed)
             return core.outcome(resp.status, before=before, after=after), after, ""
         raise core.TransientError("the target kept changing under concurrent writers")
+
+    async def _add_owned_label(self, message: ApplyMessage, resource: resources.Resource, patch: bytes) -> str:
+        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``); its new resourceVersion.
+
+        A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
+        ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
+        """
+        target = message.target
+        try:
+            resp = await self.kube.request(
+                "PATCH",
+                resource.path(namespace=target.namespace, name=target.name),
+                params={"fieldManager": LABEL_FIELD_MANAGER},
+                body=patch,
+                content_type=MERGE_PATCH,
+            )
+        except KubeApiError as exc:
+            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+        log.info("%s: labelled an existing object, which is kept as it is otherwise", target)
+        return _resource_version(resp.body)
 
     async def _explain_on_trainjob(self, message: ApplyMessage, error: str) -> None:
         """A Warning Event on the TrainJob, so `kubectl describe` shows why a component is missing."""
@@ -427,11 +452,7 @@ def _body(message: ObjectApply, *, resource_version: str = "") -> bytes:
     obj: Any = message.object
     if isinstance(message, ApplySecret) and message.generate is not None:
         data = dict(or_default(message.object.data, {}))
-        data.update(
-            secrets.generated_data(
-                message.generate, trainjob_uid=message.trainjob_uid, trainjob_name=message.trainjob.name
-            )
-        )
+        data.update(secrets.generated_data(message.generate, trainjob_name=message.trainjob.name))
         obj = msgspec.structs.replace(message.object, data=data)
     if resource_version:
         meta = msgspec.structs.replace(obj.metadata, resource_version=resource_version)

@@ -59,11 +59,14 @@ class CountingKube(KubeClient):
         body: bytes | None = None,
         content_type: str | None = None,
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> Response:
         key = stats.classify_request(method, path, params=params, content_type=content_type)
         if key is not None:
             self.counts[key] += 1
-        return await super().request(method, path, params=params, body=body, content_type=content_type, timeout=timeout)
+        return await super().request(
+            method, path, params=params, body=body, content_type=content_type, timeout=timeout, accept=accept
+        )
 
 
 class _Meta(msgspec.Struct, kw_only=True):

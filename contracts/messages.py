@@ -154,9 +154,10 @@ class ApplyConfigMap(_Apply, frozen=True, kw_only=True, tag="configmap"):
 SecretGenerator = Literal["mpi-ssh-auth", "flux-curve"]
 """Key material the applier makes itself when it writes the Secret, so no key is ever planned or published.
 
+Both are random and made only when the Secret does not exist (policy ``if-absent``):
 ``mpi-ssh-auth``: a fresh ECDSA P-521 key pair (``ssh-privatekey`` PEM, ``ssh-publickey`` authorized_keys
-line), only when the Secret does not exist. ``flux-curve``: the CURVE certificate Trainer derives from the
-TrainJob's UID, so every replica computes the same one.
+line). ``flux-curve``: a ZeroMQ CURVE certificate in Trainer's format around a fresh X25519 key; Trainer
+derives that key from the TrainJob's UID, which every event carries, so it is not derived here.
 """
 
 

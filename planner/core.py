@@ -20,6 +20,7 @@ from contracts import conditions as t_ext
 from contracts import trainer as t
 from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
 from contracts.kube import ConfigMap, Secret
+from contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
 from contracts.messages import (
     ApplyConfigMap,
     ApplyJobSet,
@@ -315,6 +316,8 @@ _OBJECT_MESSAGES: tuple[
 def _message(component: Component, common: _Common, absent: frozenset[tuple[str, str]]) -> ApplyMessage:
     """``absent``: the (kind, name) of components the observation shows do not exist (``_seen_absent``)."""
     obj = component.object
+    if isinstance(obj, ConfigMap | Secret):
+        obj = _labelled(obj)
     target = Target(
         api_version=obj.api_version, kind=obj.kind, namespace=common.trainjob.namespace, name=str(obj.metadata.name)
     )
@@ -337,6 +340,17 @@ def _message(component: Component, common: _Common, absent: frozenset[tuple[str,
                 return msgspec.structs.replace(message, generate=component.generate)
             return message
     raise TypeError(f"no apply message for {type(obj).__name__}")
+
+
+def _labelled(obj: ConfigMap | Secret) -> ConfigMap | Secret:
+    """The object with this pipeline's label, which the watcher selects ConfigMaps and Secrets by.
+
+    The one place it is added (see ``contracts.labels``): the golden tests compare with Trainer modulo it.
+    """
+    metadata = meta(obj)
+    labels = dict(or_default(metadata.labels, {}))
+    labels[MANAGED_BY_LABEL] = MANAGED_BY
+    return msgspec.structs.replace(obj, metadata=msgspec.structs.replace(metadata, labels=labels))
 
 
 def _deletion(deletion: Deletion, common: _Common) -> DeleteComponent:

@@ -105,6 +105,11 @@ class Informer(Generic[T]):
 
     ``keep`` chooses the objects worth caching (and reporting); ``trim`` cuts each kept one down to what the
     consumer reads, so what is cached and what the handler is given are the same trimmed object.
+
+    ``label_selector`` and ``metadata_only`` are filters the API server applies, so what they leave out
+    never reaches this process: ``metadata_only`` lists ``PartialObjectMetadataList`` and watches
+    ``PartialObjectMetadata`` (decode those as a type with only ``metadata``). With a selector, an object
+    whose label is removed is reported as deleted: the server's watch says so, as client-go's informers do.
     """
 
     def __init__(
@@ -119,6 +124,8 @@ class Informer(Generic[T]):
         page_size: int = LIST_PAGE_SIZE,
         keep: Callable[[T], bool] | None = None,
         trim: Callable[[T], T] | None = None,
+        label_selector: str | None = None,
+        metadata_only: bool = False,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -132,6 +139,8 @@ class Informer(Generic[T]):
         self._page_size = page_size
         self._keep = keep
         self._trim = trim
+        self._label_selector = label_selector
+        self._metadata_only = metadata_only
 
     def _decode(self, raw: bytes | msgspec.Raw) -> tuple[Key, Cached[T]] | None:
         head = _head_decoder.decode(raw).metadata
@@ -156,7 +165,13 @@ class Informer(Generic[T]):
         """
         fresh: dict[Key, Cached[T]] = {}
         rv = ""
-        async for page in self.client.list_pages(self.resource, namespace=self.namespace, limit=self._page_size):
+        async for page in self.client.list_pages(
+            self.resource,
+            namespace=self.namespace,
+            limit=self._page_size,
+            label_selector=self._label_selector,
+            metadata_only=self._metadata_only,
+        ):
             for item in page.items:
                 decoded = self._decode(item)
                 if decoded is not None:
@@ -191,6 +206,8 @@ class Informer(Generic[T]):
                     namespace=self.namespace,
                     resource_version=rv,
                     timeout_seconds=self._watch_timeout,
+                    label_selector=self._label_selector,
+                    metadata_only=self._metadata_only,
                 ):
                     failures = 0
                     raw = bytes(event.object)

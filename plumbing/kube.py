@@ -24,6 +24,14 @@ from contracts.resources import Resource
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+"""Asks the API server for a list of metadata only (``PartialObjectMetadataList``): no spec, no data."""
+METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+"""The same for a watch (each event's object is a ``PartialObjectMetadata``) or a single GET.
+
+No plain ``application/json`` fallback is offered: a server that cannot answer with metadata only must
+refuse (406), not quietly send whole objects, Secret data included.
+"""
 
 
 class KubeApiError(Exception):
@@ -101,6 +109,11 @@ class RawList(msgspec.Struct, kw_only=True):
     items: list[msgspec.Raw] = []
 
 
+class _RawListWire(msgspec.Struct, kw_only=True):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[msgspec.Raw] | None = None
+
+
 class RawWatchEvent(msgspec.Struct, kw_only=True):
     type: str
     object: msgspec.Raw
@@ -113,7 +126,7 @@ class Response:
 
 
 _status_decoder = msgspec.json.Decoder(Status)
-_list_decoder = msgspec.json.Decoder(RawList)
+_list_decoder = msgspec.json.Decoder(_RawListWire)
 
 LIST_PAGE_SIZE = 500
 """Objects per list request, as client-go's pager."""
@@ -159,16 +172,19 @@ class KubeClient:
         body: bytes | None = None,
         content_type: str | None = None,
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> Response:
         session = self._ensure_session()
-        headers = {"Content-Type": content_type} if content_type else None
+        headers = {"Content-Type": content_type} if content_type else {}
+        if accept:
+            headers["Accept"] = accept
         try:
             async with session.request(
                 method,
                 path,
                 params=params,
                 data=body,
-                headers=headers,
+                headers=headers or None,
                 timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
             ) as resp:
                 data = await resp.read()
@@ -234,21 +250,38 @@ class KubeClient:
         )
 
     async def list_pages(
-        self, resource: Resource, *, namespace: str | None = None, limit: int = LIST_PAGE_SIZE
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        limit: int = LIST_PAGE_SIZE,
+        label_selector: str | None = None,
+        metadata_only: bool = False,
     ) -> AsyncIterator[RawList]:
         """Every object of ``resource``, one page of one consistent snapshot at a time.
 
         One answer holding every JobSet of a big cluster is tens of megabytes that the process keeps as
         resident memory long after the list, since the allocator cannot return the holes it leaves; pages
         are small and reused. A continue token that expired between two pages surfaces as a 410.
+        ``label_selector`` and ``metadata_only`` are applied by the server: what they leave out is never sent.
         """
         token = ""
         while True:
             params = {"limit": str(limit)}
+            if label_selector:
+                params["labelSelector"] = label_selector
             if token:
                 params["continue"] = token
-            resp = await self.request("GET", resource.path(namespace=namespace), params=params, timeout=120)
-            page = _list_decoder.decode(resp.body)
+            resp = await self.request(
+                "GET",
+                resource.path(namespace=namespace),
+                params=params,
+                timeout=120,
+                accept=METADATA_LIST_ACCEPT if metadata_only else None,
+            )
+            wire = _list_decoder.decode(resp.body)
+            # An empty PartialObjectMetadataList says `"items": null` where an empty list says `[]`.
+            page = RawList(metadata=wire.metadata, items=wire.items or [])
             yield page
             token = page.metadata.continue_
             if not token:
@@ -261,6 +294,8 @@ class KubeClient:
         namespace: str | None = None,
         resource_version: str,
         timeout_seconds: int = 300,
+        label_selector: str | None = None,
+        metadata_only: bool = False,
     ) -> AsyncIterator[RawWatchEvent]:
         """Stream watch events, bookmarks included; a 410 surfaces as ``KubeApiError(410)``."""
         session = self._ensure_session()
@@ -270,10 +305,13 @@ class KubeClient:
             "resourceVersion": resource_version,
             "timeoutSeconds": str(timeout_seconds),
         }
+        if label_selector:
+            params["labelSelector"] = label_selector
         try:
             async with session.get(
                 resource.path(namespace=namespace),
                 params=params,
+                headers={"Accept": METADATA_ACCEPT} if metadata_only else None,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30),
             ) as resp:
                 if resp.status >= 400:

@@ -26,7 +26,7 @@ import msgspec
 import nats.errors
 from nats.js import JetStreamContext
 
-from contracts import resources, streams, subjects, trainer
+from contracts import labels, resources, streams, subjects, trainer
 from contracts.deadlines import deadline_of
 from contracts.jobset import JobSet
 from contracts.kube import ConfigMap, ObjectMeta
@@ -100,6 +100,11 @@ class Watcher:
         self.cluster_runtimes = Informer(
             kube, resources.CLUSTER_TRAINING_RUNTIME, TrainingRuntime, self._on_cluster_runtime
         )
+        # ConfigMaps and Secrets: only the ones this pipeline wrote, by its label; the API server sends no
+        # other (see contracts.labels). ConfigMaps are read whole because the runtime snapshot's data is
+        # needed and only ConfigMaps this pipeline wrote arrive, none holding a secret; only the snapshot's
+        # data is kept (trim.config_map). Metadata only plus a GET per snapshot would cost one more request
+        # per TrainJob, and one per TrainJob at every watcher start.
         self.config_maps = [
             Informer(
                 kube,
@@ -109,17 +114,32 @@ class Watcher:
                 namespace=ns,
                 keep=_controlled_by_trainjob,
                 trim=trim.config_map,
+                label_selector=labels.OWNED_SELECTOR,
             )
             for ns in namespaces
         ]
-        # Secrets and PodGroups matter only as "still there, still ours": metadata is all that is decoded,
-        # and only name and owners are kept (an annotation such as last-applied-configuration may repeat a
-        # Secret's data), so no key material stays in the watcher's memory.
+        # Secrets and PodGroups matter only as "still there, still ours". Secrets are listed and watched as
+        # metadata only (PartialObjectMetadata): their data never leaves the API server. Of the metadata
+        # only name and owners are kept (an annotation such as last-applied-configuration may repeat a
+        # Secret's data), so no key material reaches the watcher's memory.
         self.owned = [
+            Informer(
+                kube,
+                resources.SECRET,
+                _Named,
+                self._on_owned,
+                namespace=ns,
+                keep=_controlled_by_trainjob,
+                trim=_named_identity,
+                label_selector=labels.OWNED_SELECTOR,
+                metadata_only=True,
+            )
+            for ns in namespaces
+        ] + [
             Informer(
                 kube, resource, _Named, self._on_owned, namespace=ns, keep=_controlled_by_trainjob, trim=_named_identity
             )
-            for resource in (resources.SECRET, resources.POD_GROUP, resources.VOLCANO_POD_GROUP)
+            for resource in (resources.POD_GROUP, resources.VOLCANO_POD_GROUP)
             for ns in namespaces
         ]
         self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore, trim=_named_identity)

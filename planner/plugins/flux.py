@@ -10,9 +10,11 @@ The scripts are the same text Trainer v2.3.0 writes, byte for byte, so pods buil
 behave alike. Three settings can be changed through env of the runtime's trainer ``node`` container,
 overridden by ``spec.trainer.env``: the installer image, the network device and the queue policy.
 
-The certificate is derived from the TrainJob's UID (so every replica computes the same one), but it is
-still key material: the Secret is planned without data and marked ``generate="flux-curve"``, and the
-applier fills it in. Like Trainer, both objects are applied on every plan.
+The certificate is key material: the Secret is planned without data and marked ``generate="flux-curve"``,
+and the applier fills it in. Trainer derives the key from the TrainJob's UID and applies the Secret on
+every reconcile; the UID is no secret (every event on the bus carries it), so here the key is random and
+the Secret is created once (``if-absent``), like the MPI key. Trainer's Flux Secret is not immutable, and
+neither is this one. The ConfigMap is applied on every plan, as Trainer does.
 """
 
 from __future__ import annotations
@@ -551,4 +553,4 @@ class Flux:
             {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": curve_secret_name(name_of(job)), **meta}},
             Secret,
         )
-        return [Component(object=config_map), Component(object=secret, policy="always", generate="flux-curve")]
+        return [Component(object=config_map), Component(object=secret, policy="if-absent", generate="flux-curve")]

@@ -3,7 +3,9 @@
 For each case the planner plans the same TrainJob and runtime, and its components must equal what Trainer
 built, object by object and key by key; only the MPI Secret's key is left out, since it is random in
 Trainer and made later, by the applier, here. Documented deviations are applied explicitly, each with its
-upstream issue, so a difference that is not a deliberate fix fails the test.
+upstream issue, so a difference that is not a deliberate fix fails the test. One is this pipeline's own:
+every ConfigMap and Secret carries the label the watcher selects them by (``contracts.labels``); it is
+checked to be there and then removed, and nothing else is.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import yaml
 
 from contracts.jobset import JobSet
+from contracts.labels import LABELLED_KINDS, MANAGED_BY, MANAGED_BY_LABEL
 from contracts.messages import ApplyTrainJobStatus, ObjectApply, TrainJobObserved
 from contracts.trainer import TrainingRuntime, TrainJob
 from planner.core import plan
@@ -62,6 +65,18 @@ def by_identity(objects: list[Obj]) -> dict[tuple[str, str], Obj]:
             obj.pop("data", None)  # random in Trainer; made by our applier, never planned
         out[(obj["kind"], obj["metadata"]["name"])] = obj
     return out
+
+
+def without_our_label(ours: dict[tuple[str, str], Obj]) -> None:
+    """Remove this pipeline's label from our ConfigMaps and Secrets, asserting it is there to remove."""
+    for (kind, name), obj in ours.items():
+        labels = obj["metadata"].get("labels", {})
+        if kind not in LABELLED_KINDS:
+            assert MANAGED_BY_LABEL not in labels, (kind, name)
+            continue
+        assert labels.pop(MANAGED_BY_LABEL) == MANAGED_BY, (kind, name)
+        if not labels:
+            del obj["metadata"]["labels"]
 
 
 def without_framework_env(ours: dict[tuple[str, str], Obj], runtime: Obj) -> None:
@@ -122,6 +137,7 @@ def test_planner_builds_what_trainer_builds(case: Path) -> None:
     ours = by_identity(
         [msgspec.to_builtins(m.object) for m in result.applies if not isinstance(m, ApplyTrainJobStatus)]
     )
+    without_our_label(ours)
     if "trainer" not in job["spec"]:
         without_framework_env(ours, runtime)
     if jobset is not None:

@@ -39,7 +39,7 @@ def _as_applied(message: Any) -> dict[str, Any]:
     """The object as the applier sends it: a generated Secret gets its key material here."""
     obj: dict[str, Any] = msgspec.to_builtins(message.object)
     if isinstance(message, ApplySecret) and message.generate:
-        generated = generated_data(message.generate, trainjob_uid=message.trainjob_uid, trainjob_name="job")
+        generated = generated_data(message.generate, trainjob_name="job")
         obj["data"] = {k: base64.b64encode(v).decode() for k, v in generated.items()}
     return obj
 

@@ -13,7 +13,7 @@ from contracts.jobset import JobSet
 from contracts.kube import ConfigMap
 from contracts.values import meta, name_of
 from plumbing.informer import Cached, Informer, Key
-from plumbing.kube import KubeClient, Response
+from plumbing.kube import METADATA_LIST_ACCEPT, KubeClient, Response
 
 Obj = dict[str, Any]
 
@@ -40,6 +40,7 @@ class PagedLists(KubeClient):
         self.objects = objects
         self.rv = rv
         self.requests: list[Mapping[str, str]] = []
+        self.accepts: list[str | None] = []
 
     async def request(
         self,
@@ -50,10 +51,12 @@ class PagedLists(KubeClient):
         body: bytes | None = None,
         content_type: str | None = None,
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> Response:
         assert method == "GET" and path == "/api/v1/namespaces/ns/configmaps"
         params = params or {}
         self.requests.append(dict(params))
+        self.accepts.append(accept)
         start = int(params.get("continue", "0"))
         limit = int(params["limit"])
         end = start + limit
@@ -90,6 +93,44 @@ async def test_a_list_is_read_in_pages_of_one_snapshot() -> None:
     assert (cached.resource_version, cached.uid) == ("13", "uid-cm-3")
     assert cached.obj.data == {"k": "cm-3"}
     assert meta(cached.obj).managed_fields is msgspec.UNSET
+
+
+async def test_selector_and_metadata_only_go_to_the_server_on_every_page() -> None:
+    server = PagedLists([config_map(f"cm-{i}", str(10 + i)) for i in range(3)], rv="99")
+    inf: Informer[ConfigMap] = Informer(
+        server,
+        resources.CONFIG_MAP,
+        ConfigMap,
+        Recorder(),
+        namespace="ns",
+        page_size=2,
+        label_selector="app.kubernetes.io/managed-by=trainjob-pipeline",
+        metadata_only=True,
+    )
+    await inf._list()
+    assert server.requests == [
+        {"limit": "2", "labelSelector": "app.kubernetes.io/managed-by=trainjob-pipeline"},
+        {"limit": "2", "labelSelector": "app.kubernetes.io/managed-by=trainjob-pipeline", "continue": "2"},
+    ]
+    assert server.accepts == [METADATA_LIST_ACCEPT] * 2
+    assert METADATA_LIST_ACCEPT == "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+    # Without them, a plain list: every object, whole.
+    plain = PagedLists([config_map("cm-0", "1")], rv="5")
+    await informer(plain, Recorder())._list()
+    assert plain.requests == [{"limit": "2"}] and plain.accepts == [None]
+
+
+async def test_an_empty_metadata_list_with_null_items_is_an_empty_list() -> None:
+    """The API server answers an empty PartialObjectMetadataList with ``"items": null``."""
+
+    class NullItems(PagedLists):
+        async def request(self, method: str, path: str, **kwargs: Any) -> Response:
+            body = {"kind": "PartialObjectMetadataList", "metadata": {"resourceVersion": "3"}, "items": None}
+            return Response(status=200, body=json.dumps(body).encode())
+
+    inf = informer(NullItems([], rv="3"), Recorder(), metadata_only=True)
+    assert await inf._list() == "3"
+    assert inf.cache == {} and inf.synced.is_set()
 
 
 async def test_a_relist_reports_what_changed_and_what_went() -> None:

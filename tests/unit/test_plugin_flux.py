@@ -13,9 +13,11 @@ import hashlib
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric import x25519
 
-from applier.secrets import generated_data
+from applier.secrets import curve_certificate
 from contracts import messages as m
+from contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
 from planner.framework import FieldError
 from planner.plugins.flux import FLUX_VIEW_IMAGE_DEFAULT, Flux, hostlist, index_range
 
@@ -84,7 +86,9 @@ def sha(text: str) -> str:
 
 
 def assert_no_key_material(p: m.Plan, *, name: str, uid: str) -> None:
-    cert = generated_data("flux-curve", trainjob_uid=uid, trainjob_name=name)["curve.cert"].decode()
+    """No certificate in the plan, and not even the key Trainer would derive from the UID."""
+    trainers = x25519.X25519PrivateKey.from_private_bytes(hashlib.sha256(uid.encode()).digest())
+    cert = curve_certificate(trainjob_name=name, secret=trainers).decode()
     keys = [line.split('"')[1] for line in cert.splitlines() if "-key = " in line]
     assert len(keys) == 2
     for message in p.applies:
@@ -126,17 +130,24 @@ def test_flux_exact_outputs() -> None:
             "name": "test-job-flux-entrypoint",
             "namespace": "default",
             "ownerReferences": [OWNER],
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
         },
         "data": {},
     }
 
-    assert secret.policy == "always"
+    # Random key, created once (Trainer derives it from the UID and applies it every reconcile).
+    assert secret.policy == "if-absent"
     assert secret.generate == "flux-curve"
     assert secret.target == m.Target(api_version="v1", kind="Secret", namespace="default", name="test-job-flux-curve")
     assert msgspec.to_builtins(secret.object) == {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": "test-job-flux-curve", "namespace": "default", "ownerReferences": [OWNER]},
+        "metadata": {
+            "name": "test-job-flux-curve",
+            "namespace": "default",
+            "ownerReferences": [OWNER],
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        },
     }
 
     config_mount = {"mountPath": "/etc/flux-config", "name": "test-job-flux-entrypoint", "readOnly": True}

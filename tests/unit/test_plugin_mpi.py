@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from contracts import messages as m
+from contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
 from contracts.trainer import TrainingRuntime, TrainJob
 from planner.framework import FieldError
 from planner.plugins.mpi import MPI
@@ -187,7 +188,12 @@ def test_deepspeed_exact_outputs() -> None:
     assert msgspec.to_builtins(secret.object) == {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": "ds-mpi-ssh-auth", "namespace": NAMESPACE, "ownerReferences": [OWNER]},
+        "metadata": {
+            "name": "ds-mpi-ssh-auth",
+            "namespace": NAMESPACE,
+            "ownerReferences": [OWNER],
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        },
         "type": "kubernetes.io/ssh-auth",
         "immutable": True,
     }
@@ -200,7 +206,12 @@ def test_deepspeed_exact_outputs() -> None:
     assert msgspec.to_builtins(config_map.object) == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": "ds-mpi-hostfile", "namespace": NAMESPACE, "ownerReferences": [OWNER]},
+        "metadata": {
+            "name": "ds-mpi-hostfile",
+            "namespace": NAMESPACE,
+            "ownerReferences": [OWNER],
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        },
         "data": {"hostfile": "ds-node-0-0.ds slots=1\nds-node-0-1.ds slots=1\nds-launcher-0-0.ds slots=1\n"},
     }
 
