@@ -3,7 +3,8 @@
 Two things are checked per case. The schemas accept what the planner builds for every shipped runtime and
 variant. And applying Trainer's own output afterwards, with the same field manager, changes nothing: the
 resourceVersion stays put, so the server sees the two apply configurations as the same set of owned
-fields and values — list-map merges, defaults and all.
+fields and values — list-map merges, defaults and all. The one deliberate difference, the label this
+pipeline puts on its ConfigMaps and Secrets (``contracts.labels``), is added to Trainer's objects first.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from golden.test_golden import by_identity, case_dirs, event, load
 from kubernetes import dynamic
 
 from applier.secrets import generated_data
+from contracts.labels import LABELLED_KINDS, MANAGED_BY, MANAGED_BY_LABEL
 from contracts.messages import ApplySecret, ApplyTrainJobStatus
 from planner.core import plan
 
@@ -66,6 +68,9 @@ def test_components_are_accepted_and_equal_to_trainers_under_ssa(kube: Any, case
             identity = (obj["kind"], obj["metadata"]["name"])
             if identity not in theirs or obj["kind"] == "Secret" or (deliberate_difference and obj["kind"] == "JobSet"):
                 continue  # Trainer's Secret carries its random key; ours is keyed by the applier later
-            upstream = dict(theirs[identity])
+            upstream = json.loads(json.dumps(theirs[identity]))
+            if obj["kind"] in LABELLED_KINDS:
+                # Our one deliberate addition (the label the watcher selects by), and nothing else.
+                upstream["metadata"].setdefault("labels", {})[MANAGED_BY_LABEL] = MANAGED_BY
             again = _apply(dyn, upstream, namespace)
             assert again["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"], identity
