@@ -86,7 +86,8 @@ Event = TrainJobObserved | TrainJobDeleted
 ApplyPolicy = Literal["always", "if-absent", "while-suspended"]
 """How the applier treats a live object that already exists.
 
-``always``: apply. ``if-absent``: create only, never touch an existing object (e.g. immutable Secrets).
+``always``: apply. ``if-absent``: create only, never change what an existing object holds (e.g. immutable
+Secrets, generated keys); the applier only adds this pipeline's label to one made without it.
 ``while-suspended``: create if absent; otherwise apply only while the TrainJob or the live object is
 suspended, which is Trainer's rule for JobSets and PodGroups of running jobs.
 """
