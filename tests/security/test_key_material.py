@@ -46,12 +46,21 @@ from kubernetes import client as kube_client
 
 from applier.secrets import curve_certificate, z85_decode
 from contracts import labels, resources, streams
-from plumbing.kube import METADATA_ACCEPT, METADATA_LIST_ACCEPT, KubeClient, KubeConfig, RawWatchEvent, Response
+from plumbing.kube import (
+    METADATA_ACCEPT,
+    METADATA_LIST_ACCEPT,
+    KubeApiError,
+    KubeClient,
+    KubeConfig,
+    RawWatchEvent,
+    Response,
+)
 from watcher.service import Watcher, WatcherSettings
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 OWNED = {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}
+RBAC = Path(__file__).parents[2] / "deploy" / "base" / "rbac.yaml"
 
 
 # ------------------------------------------------------------------------ what the watcher asks for
@@ -180,6 +189,77 @@ async def test_the_watcher_asks_only_for_labelled_configmaps_and_secret_metadata
     assert marker.encode() not in everything
     assert b"theirs" not in everything
     assert text_marker.encode() in everything  # ConfigMaps are read whole, but only the pipeline's own
+
+
+async def test_the_watcher_runs_on_its_narrowed_role_and_may_not_get_a_secret(kube: Any, namespace: str) -> None:
+    """Every watcher informer syncs with only deploy/base/rbac.yaml's watcher role (list and watch, no get),
+    and a GET of a Secret or ConfigMap is refused. A plain list of Secrets is not: RBAC cannot tell a list
+    of metadata from a list of data, which is why the watcher's own requests are checked above."""
+    if kube.local is None:
+        pytest.skip("creates ClusterRoles and a ServiceAccount token: local apiserver only")
+    rbac = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    watcher_rbac = [d for d in rbac if d["metadata"]["name"] == "tjpipe-watcher"]
+    assert {d["kind"] for d in watcher_rbac} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    sa_namespace = watcher_rbac[-1]["subjects"][0]["namespace"]
+    with kube.api_client() as api:
+        core = kube_client.CoreV1Api(api)
+        authz = kube_client.RbacAuthorizationV1Api(api)
+        if sa_namespace not in {n.metadata.name for n in core.list_namespace().items}:
+            core.create_namespace({"metadata": {"name": sa_namespace}})
+        for doc in watcher_rbac:
+            if doc["kind"] == "ServiceAccount":
+                core.create_namespaced_service_account(sa_namespace, doc)
+            elif doc["kind"] == "ClusterRole":
+                authz.create_cluster_role(doc)
+            else:
+                authz.create_cluster_role_binding(doc)
+        core.create_namespaced_secret(
+            namespace, _object("Secret", "s-ours", namespace, labelled=True, data={"k": "eA=="})
+        )
+        token = core.create_namespaced_service_account_token(
+            "tjpipe-watcher", sa_namespace, {"spec": {"expirationSeconds": 600}}
+        ).status.token
+    try:
+        admin = KubeConfig.load(str(kube.kubeconfig))
+        as_watcher = KubeConfig(server=admin.server, token=token, ca_file=admin.ca_file)
+        async with KubeClient(as_watcher) as client:
+            watcher = _watcher(client, namespace)
+            informers = [
+                *watcher.trainjobs,
+                *watcher.jobsets,
+                *watcher.runtimes,
+                watcher.cluster_runtimes,
+                *watcher.config_maps,
+                *watcher.owned,
+                watcher.priority_classes,
+            ]
+            tasks = [asyncio.create_task(inf.run()) for inf in informers]
+            try:
+                for inf in informers:
+                    await asyncio.wait_for(inf.synced.wait(), 30)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            secret_informer = next(inf for inf in watcher.owned if inf.resource is resources.SECRET)
+            assert set(secret_informer.cache) == {(namespace, "s-ours")}
+            # No get, on anything...
+            with pytest.raises(KubeApiError) as refused:
+                await client.get(resources.SECRET, namespace=namespace, name="s-ours")
+            assert refused.value.status == 403
+            with pytest.raises(KubeApiError) as refused:
+                await client.get(resources.CONFIG_MAP, namespace=namespace, name="any")
+            assert refused.value.status == 403
+            # ...but the role's list still returns whole Secrets to whoever holds the token: RBAC cannot
+            # restrict a list to metadata or to a label. The watcher's code is what asks for less.
+            full = await client.request("GET", resources.SECRET.path(namespace=namespace))
+            assert json.loads(full.body)["items"][0]["data"] == {"k": "eA=="}
+    finally:
+        with kube.api_client() as api:
+            authz = kube_client.RbacAuthorizationV1Api(api)
+            authz.delete_cluster_role_binding("tjpipe-watcher")
+            authz.delete_cluster_role("tjpipe-watcher")
+            kube_client.CoreV1Api(api).delete_namespaced_service_account("tjpipe-watcher", sa_namespace)
 
 
 # ---------------------------------------------------------------------------------- the Flux Secret
