@@ -1,8 +1,12 @@
 """The planner microbenchmark: what the planner service does per event, minus I/O, on one core.
 
-Per event, as ``planner.service.Planner.handle`` does it: decode the event bytes, ``plan()``, and for every
-apply message encode it, compute its ``Nats-Msg-Id`` (a SHA-256 of the payload) and its subject. What is
-left out is the I/O around it: fetching, publishing, acking, the log line and the metric increments.
+Per event, as ``planner.service.Planner.handle`` does it: verify the watcher's signature, decode the event
+bytes, ``plan()``, and for every apply message encode it, compute its ``Nats-Msg-Id`` (a SHA-256 of the
+payload) and its subject, and sign it. What is left out is the I/O around it: fetching, publishing, acking,
+the log line and the metric increments.
+
+The signing microbenchmark times one ed25519 signature and one verification on the very bytes a TrainJob
+produces (its event and its apply messages), so the cost of signatures per TrainJob can be stated.
 
 Rates are per CPU-second of this process (``time.process_time``), which is what "per core" means on a
 shared machine: time the scheduler gave to other processes does not count against the planner. The wall
@@ -16,11 +20,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from bench import workload
 from contracts import subjects
 from contracts.messages import component_of, decode_event, encode
 from planner.core import plan
 from planner.service import apply_message_id
+from plumbing.signing import Keyring, Signer
+
+_WATCHER = Signer(Ed25519PrivateKey.generate())
+_PLANNER = Signer(Ed25519PrivateKey.generate())
+_TRUSTED_EVENTS = Keyring.of(_WATCHER.public_key)
 
 EVENTS_PER_RUNTIME = 32
 """Distinct events cycled through, so nothing can be served from a cache keyed by the last input."""
@@ -44,15 +55,25 @@ def encoded_events(runtime_name: str, runtime: Mapping[str, Any], count: int = E
     return events
 
 
-def handle_once(data: bytes, seq: int) -> tuple[int, int]:
+def handle_once(data: bytes, seq: int, headers: dict[str, str]) -> tuple[int, int]:
     """One event through the planner's CPU path; returns (messages, warnings)."""
+    _TRUSTED_EVENTS.verify(EVENT_SUBJECT, data, headers)
     event = decode_event(data)
     result = plan(event, source_seq=seq)
     for message in result.applies:
         payload = encode(message)
         apply_message_id(message, payload)
-        subjects.apply_subject(message.trainjob.namespace, message.trainjob.name, component_of(message))
+        subject = subjects.apply_subject(message.trainjob.namespace, message.trainjob.name, component_of(message))
+        _PLANNER.sign(subject, payload)
     return len(result.applies), len(result.warnings)
+
+
+EVENT_SUBJECT = subjects.event_subject("bench-micro", "job")
+"""One subject for every event: the subject's length, not its text, is what costs."""
+
+
+def signed(events: list[bytes]) -> list[tuple[bytes, dict[str, str]]]:
+    return [(data, _WATCHER.headers(EVENT_SUBJECT, data)) for data in events]
 
 
 def bench_runtime(
@@ -64,10 +85,11 @@ def bench_runtime(
     clock: Callable[[], float] = time.process_time,
 ) -> dict[str, Any]:
     """Plans per CPU-second for one runtime, run for ``seconds`` of CPU or ``max_plans``, whichever first."""
-    events = encoded_events(runtime_name, runtime)
-    messages, warnings = handle_once(events[0], 1)
+    events = signed(encoded_events(runtime_name, runtime))
+    messages, warnings = handle_once(events[0][0], 1, events[0][1])
     for i in range(min(200, max_plans)):  # warm-up: imports, caches, first-call costs
-        handle_once(events[i % len(events)], i + 1)
+        data, headers = events[i % len(events)]
+        handle_once(data, i + 1, headers)
     gc.collect()
     plans = 0
     cpu_start = clock()
@@ -75,7 +97,8 @@ def bench_runtime(
     cpu_elapsed = 0.0
     while plans < max_plans:
         for _ in range(16):
-            handle_once(events[plans % len(events)], plans + 1)
+            data, headers = events[plans % len(events)]
+            handle_once(data, plans + 1, headers)
             plans += 1
         cpu_elapsed = clock() - cpu_start
         if cpu_elapsed >= seconds:
@@ -91,7 +114,7 @@ def bench_runtime(
         "us_per_plan": cpu_elapsed / plans * 1e6 if plans else None,
         "messages_per_plan": messages,
         "warnings": warnings,
-        "event_bytes": len(events[0]),
+        "event_bytes": len(events[0][0]),
     }
 
 
@@ -108,4 +131,57 @@ def run_planner_micro(
         result = bench_runtime(name, runtimes[name], seconds=seconds)
         progress(f"planner: {name}: {result['plans_per_cpu_s']:,.0f} plans/s/core ({result['plans']:,} plans)")
         results.append(result)
-    return {"event": EVENT_SHAPE, "seconds_per_runtime": seconds, "runtimes": results}
+    signatures = bench_signatures(workload.TORCH_RUNTIME, runtimes[workload.TORCH_RUNTIME], seconds=seconds)
+    progress(f"signatures: {signatures['us_per_trainjob_plan']:.0f} µs of CPU per TrainJob plan (sign + verify)")
+    return {"event": EVENT_SHAPE, "seconds_per_runtime": seconds, "runtimes": results, "signatures": signatures}
+
+
+def bench_signatures(
+    runtime_name: str, runtime: Mapping[str, Any], *, seconds: float, clock: Callable[[], float] = time.process_time
+) -> dict[str, Any]:
+    """µs of CPU per ed25519 signature and per verification, on a new TrainJob's event and apply messages.
+
+    Per TrainJob change the watcher signs one event and the planner verifies it; the planner signs each
+    apply message and the applier verifies it. The figure per TrainJob is that sum for the first plan.
+    """
+    data = encoded_events(runtime_name, runtime, count=1)[0]
+    event = decode_event(data)
+    applies = [
+        (component_of(m), subjects.apply_subject(m.trainjob.namespace, m.trainjob.name, component_of(m)), encode(m))
+        for m in plan(event, source_seq=1).applies
+    ]
+    trusted_plans = Keyring.of(_PLANNER.public_key)
+    messages = [
+        ("event", EVENT_SUBJECT, data, _WATCHER, _TRUSTED_EVENTS),
+        *((f"apply {c}", s, p, _PLANNER, trusted_plans) for c, s, p in applies),
+    ]
+
+    def timed(step: Callable[[], object]) -> float:
+        for _ in range(50):
+            step()
+        count = 0
+        start = clock()
+        while (elapsed := clock() - start) < seconds / (2 * len(messages)) or count < 200:
+            for _ in range(50):
+                step()
+            count += 50
+        return elapsed / count * 1e6
+
+    rows = []
+    for label, subject, payload, signer, ring in messages:
+        header = signer.headers(subject, payload)
+        rows.append(
+            {
+                "message": label,
+                "bytes": len(payload),
+                "us_sign": timed(lambda s=subject, p=payload, g=signer: g.sign(s, p)),
+                "us_verify": timed(lambda s=subject, p=payload, r=ring, h=header: r.verify(s, p, h)),
+            }
+        )
+    per_trainjob = sum(r["us_sign"] + r["us_verify"] for r in rows)
+    return {
+        "runtime": runtime_name,
+        "messages": rows,
+        "us_per_trainjob_plan": per_trainjob,
+        "note": "one event and its apply messages, each signed once and verified once",
+    }

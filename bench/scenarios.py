@@ -510,18 +510,20 @@ async def replay_latest_events(ctx: Context) -> dict[str, Any]:
     """
 
     async def action() -> str:
-        latest: dict[str, tuple[int, str, bytes]] = {}
+        latest: dict[str, bus.StoredMessage] = {}
         for namespace in ctx.namespaces:
             for message in await bus.read_stream(
                 ctx.js, streams.EVENTS.name, f"tj.ev.*.{namespace}.*", last_per_subject=True
             ):
-                latest[message.subject] = (message.seq, message.subject, message.data)
+                latest[message.subject] = message
         token = secrets.token_hex(4)
         sent = 0
-        for seq, subject, data in sorted(latest.values()):
-            if not isinstance(decode_event(data), TrainJobObserved):
+        for message in sorted(latest.values(), key=lambda m: m.seq):
+            if not isinstance(decode_event(message.data), TrainJobObserved):
                 continue
-            await ctx.js.publish(subject, data, headers={bus.MSG_ID: f"bench-resync/{token}/{seq}"})
+            # The watcher's signature stays: only the message id is new, as in a real re-publication.
+            headers = {**message.headers, bus.MSG_ID: f"bench-resync/{token}/{message.seq}"}
+            await ctx.js.publish(message.subject, message.data, headers=headers)
             sent += 1
         return f"{sent} latest events republished under fresh message ids (as after the duplicate window)"
 

@@ -636,8 +636,9 @@ def _render_planner(p: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -
     out = [
         "## 4. Planner microbenchmark",
         "",
-        "Per event, what the planner service does minus I/O: decode the event bytes, `plan()`, then for each "
-        "apply message encode it, hash its message id and build its subject. One thread; plans per CPU-second "
+        "Per event, what the planner service does minus I/O: verify the event's signature, decode it, `plan()`, "
+        "then for each apply message encode it, hash its message id, build its subject and sign it. One thread; "
+        "plans per CPU-second "
         f"of this process (so other load on the machine does not count against it). Event: a new TrainJob "
         f"({p.get('event', '')}), {format_value(p.get('seconds_per_runtime'), 's')} per runtime.",
         "",
@@ -665,6 +666,22 @@ def _render_planner(p: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -
         )
     )
     out.append("")
+    sig = p.get("signatures")
+    if sig:
+        out += [
+            f"Signatures (ed25519, CPU µs) on a new TrainJob's messages ({sig.get('runtime', '')}); the planner's "
+            "figures above include verifying the event and signing its apply messages. Per TrainJob plan, "
+            f"signing and verifying every message once costs {sig.get('us_per_trainjob_plan', 0):.0f} µs in all.",
+            "",
+            table(
+                ["message", "bytes", "µs sign", "µs verify"],
+                [
+                    (m["message"], m["bytes"], f"{m['us_sign']:.1f}", f"{m['us_verify']:.1f}")
+                    for m in sig.get("messages", [])
+                ],
+            ),
+            "",
+        ]
     return out
 
 

@@ -23,6 +23,9 @@ DOCKERFILE = REPO / "Dockerfile"
 # Read by every service but different in every replica (the holder's name in partition leases), so a shared
 # configuration must not set it: it defaults to host-pid, and Kubernetes sets it to the pod name.
 PER_REPLICA_ENV = frozenset({"TJPIPE_REPLICA_ID"})
+# Paths of key material that one service alone is given: set per service, next to what it points at,
+# never in a configuration every service shares.
+PER_SERVICE_ENV = frozenset({"TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", "TJPIPE_TRUSTED_PLAN_KEYS"})
 
 _ENV_IN_HELP = re.compile(r"\benv(?:ironment)?:?\s+([A-Z][A-Z0-9_]+)")
 

@@ -37,7 +37,7 @@ COMPOSE_SPEC_VALIDATOR = GoTool(
     version=COMPOSE_GO_VERSION,
     package=f"{COMPOSE_GO_MODULE}/cmd",
 )
-INFRASTRUCTURE = {"nats", "k3s", "crds"}
+INFRASTRUCTURE = {"nats", "k3s", "crds", "keys"}
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ def test_services_set_what_the_cli_reads_and_nothing_else(model: dict[str, Any])
         assert not environment & PER_REPLICA_ENV, f"{service}: a shared setting for a per-replica name"
     # The planner never talks to the API server, so it gets no credentials.
     assert "KUBECONFIG" not in model["services"]["planner"]["environment"]
-    assert not model["services"]["planner"].get("volumes")
+    assert not {v["source"] for v in model["services"]["planner"].get("volumes") or []} & {"kube", "k3s-output"}
 
 
 def test_one_nats_server_so_streams_keep_one_replica(model: dict[str, Any]) -> None:
@@ -208,6 +208,32 @@ def test_the_services_get_the_kubeconfig_the_crds_step_writes(model: dict[str, A
         assert mounts[str(written.parent)]["read_only"] is True
 
 
+KEY_VOLUMES = {
+    "watcher": {"watcher-signing-key"},
+    "planner": {"planner-signing-key", "trusted-event-keys"},
+    "applier": {"trusted-plan-keys"},
+}
+
+
+def test_each_service_mounts_only_its_own_keys(model: dict[str, Any]) -> None:
+    """A private key only where it signs, public keys only where they verify; read-only; paths that exist."""
+    every = set().union(*KEY_VOLUMES.values())
+    for service in SERVICES:
+        spec = model["services"][service]
+        mounts = {v["source"]: v for v in spec.get("volumes") or []}
+        assert set(mounts) & every == KEY_VOLUMES[service], service
+        targets = [Path(mounts[name]["target"]) for name in KEY_VOLUMES[service]]
+        assert all(mounts[name]["read_only"] is True for name in KEY_VOLUMES[service]), service
+        for name in ("TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", "TJPIPE_TRUSTED_PLAN_KEYS"):
+            if name in spec["environment"]:
+                path = Path(spec["environment"][name])
+                assert any(path == t or t in path.parents for t in targets), (service, name, path)
+    keys = model["services"]["keys"]
+    assert {v["source"] for v in keys["volumes"]} == every
+    assert keys["network_mode"] == "none"
+    assert keys["command"][0].startswith("tjpipe keys init --dir /keys")
+
+
 def test_startup_order(model: dict[str, Any]) -> None:
     services = model["services"]
 
@@ -215,10 +241,12 @@ def test_startup_order(model: dict[str, Any]) -> None:
         return {dep: spec["condition"] for dep, spec in (services[name].get("depends_on") or {}).items()}
 
     assert conditions("crds") == {"k3s": "service_healthy"}
-    assert conditions("watcher") == {"nats": "service_healthy", "crds": "service_completed_successfully"}
-    assert conditions("applier") == {"nats": "service_healthy", "crds": "service_completed_successfully"}
-    assert conditions("planner") == {"nats": "service_healthy"}
+    keys = {"keys": "service_completed_successfully"}
+    assert conditions("watcher") == {"nats": "service_healthy", "crds": "service_completed_successfully", **keys}
+    assert conditions("applier") == {"nats": "service_healthy", "crds": "service_completed_successfully", **keys}
+    assert conditions("planner") == {"nats": "service_healthy", **keys}
     assert services["crds"]["restart"] == "no"
+    assert services["keys"]["restart"] == "no"
     for name in ("nats", "k3s"):
         assert services[name]["healthcheck"]["test"]
 

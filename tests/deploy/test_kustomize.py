@@ -28,7 +28,7 @@ from contracts import resources
 from tjpipe.local.crds import APPLY_PATCH_CONTENT_TYPE, _dynamic_client, _resources_by_kind
 from tjpipe.local.kustomize import kustomize_build
 
-from . import PER_REPLICA_ENV, REPO, known_env_names, service_env_names
+from . import PER_REPLICA_ENV, PER_SERVICE_ENV, REPO, known_env_names, service_env_names
 
 BASE = REPO / "deploy" / "base"
 DEV = REPO / "deploy" / "overlays" / "dev"
@@ -145,18 +145,56 @@ def test_deployments_are_probed_sized_and_locked_down(overlay: str, request: pyt
         assert security["capabilities"] == {"drop": ["ALL"]}
         assert container["envFrom"] == [{"configMapRef": {"name": config_name}}]
         per_replica = {env["name"]: env for env in container.get("env", [])}
-        assert set(per_replica) == PER_REPLICA_ENV
+        assert set(per_replica) == PER_REPLICA_ENV | (service_env_names()[service] & PER_SERVICE_ENV)
         assert per_replica["TJPIPE_REPLICA_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+SIGNING_MOUNTS = {
+    "watcher": {("secret", "tjpipe-watcher-signing-key")},
+    "planner": {("secret", "tjpipe-planner-signing-key"), ("configMap", "tjpipe-trusted-event-keys")},
+    "applier": {("configMap", "tjpipe-trusted-plan-keys")},
+}
+
+
+@pytest.mark.parametrize("overlay", ["base", "dev"])
+def test_each_service_mounts_only_its_own_signing_keys(overlay: str, request: pytest.FixtureRequest) -> None:
+    """A private key (Secret) only in the service that signs with it, public keys (ConfigMap) only where they
+    are verified; read-only, group-readable by the pod's fsGroup only, and the variables point into them."""
+    objects: list[Obj] = request.getfixturevalue(overlay)
+    every = set().union(*SIGNING_MOUNTS.values())
+    for service in SERVICES:
+        pod = _deployment(objects, service)["spec"]["template"]["spec"]
+        volumes = {}
+        for volume in pod.get("volumes", []):
+            if "secret" in volume:
+                volumes[volume["name"]] = ("secret", volume["secret"]["secretName"], volume["secret"])
+            elif "configMap" in volume:
+                volumes[volume["name"]] = ("configMap", volume["configMap"]["name"], volume["configMap"])
+        mounted = {(kind, name) for kind, name, _ in volumes.values()} & every
+        assert mounted == SIGNING_MOUNTS[service], service
+        for kind, _, source in volumes.values():
+            if kind == "secret":
+                assert source["defaultMode"] == 0o440
+                assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+        [container] = pod["containers"]
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        targets = [Path(mounts[name]["mountPath"]) for name, (k, n, _) in volumes.items() if (k, n) in every]
+        assert all(mounts[name]["readOnly"] for name, (k, n, _) in volumes.items() if (k, n) in every)
+        for env in container.get("env", []):
+            if env["name"] in PER_SERVICE_ENV:
+                path = Path(env["value"])
+                assert any(path == t or t in path.parents for t in targets), (service, env)
 
 
 def test_settings_use_the_names_the_services_read(base: list[Obj]) -> None:
     data = _config_map(base, "tjpipe-config")["data"]
     wanted = service_env_names()
-    shared = set().union(*wanted.values()) - PER_REPLICA_ENV - {"KUBECONFIG"}
+    shared = set().union(*wanted.values()) - PER_REPLICA_ENV - PER_SERVICE_ENV - {"KUBECONFIG"}
     assert {"NATS_URL", "TJPIPE_LOG_LEVEL"} <= shared, "the CLI parser was not read"
     assert shared <= set(data), f"not set: {sorted(shared - set(data))}"
     assert set(data) <= known_env_names(), f"no service reads {sorted(set(data) - known_env_names())}"
     assert "KUBECONFIG" not in data  # in-cluster credentials
+    assert not set(data) & PER_SERVICE_ENV, "key paths belong to one service, not to the shared configuration"
     assert data["TJPIPE_STREAM_REPLICAS"] == "3"
     assert data["TJPIPE_METRICS_PORT"] == str(METRICS_PORT)
     match = re.fullmatch(r"nats://([a-z0-9-]+):(\d+)", data["NATS_URL"])

@@ -152,7 +152,8 @@ def test_key_folder_layout_and_modes(tmp_path: Path) -> None:
     assert set(folder.service_env("watcher")) == {"TJPIPE_SIGNING_KEY"}
     assert set(folder.service_env("planner")) == {"TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS"}
     assert set(folder.service_env("applier")) == {"TJPIPE_TRUSTED_PLAN_KEYS"}
-    assert folder.service_env("planner")["TJPIPE_SIGNING_KEY"].endswith("planner.key")
+    assert folder.service_env("planner")["TJPIPE_SIGNING_KEY"].endswith("planner/signing.key")
+    assert stat.S_IMODE(folder.signing_key("planner").parent.stat().st_mode) == 0o700
 
 
 def test_sign_headers_uses_the_stage_of_the_subject(tmp_path: Path) -> None:

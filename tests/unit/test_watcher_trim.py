@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contracts import messages as m
 from contracts.jobset import JobSet
@@ -22,6 +23,7 @@ from contracts.trainer import TrainingRuntime, TrainJob
 from planner.core import plan
 from plumbing.informer import Cached, Informer
 from plumbing.kube import KubeClient
+from plumbing.signing import Signer
 from watcher import core, trim
 from watcher.service import Watcher, WatcherSettings
 
@@ -298,7 +300,12 @@ def _watcher() -> tuple[Watcher, _FakeJetStream]:
     js = _FakeJetStream()
     # The informers are never run: their caches are filled through the same decode-and-trim path a list or
     # a watch event takes.
-    watcher = Watcher(WatcherSettings(nats_url="nats://unused"), cast(KubeClient, None), cast(Any, js))
+    watcher = Watcher(
+        WatcherSettings(nats_url="nats://unused"),
+        cast(KubeClient, None),
+        cast(Any, js),
+        signer=Signer(Ed25519PrivateKey.generate()),
+    )
     return watcher, js
 
 

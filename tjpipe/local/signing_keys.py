@@ -1,11 +1,14 @@
 """Stage signing keys on disk: made for the local stack, and by ``tjpipe keys`` for a real deployment.
 
-Layout of a key folder (``<state>/keys`` for ``tjpipe up``; mode 0700):
+Layout of a key folder (``<state>/keys`` for ``tjpipe up``; folders holding private keys are 0700):
 
-    watcher.key                       the watcher's ed25519 private key, PKCS#8 PEM, mode 0600
-    planner.key                       the planner's
+    watcher/signing.key               the watcher's ed25519 private key, PKCS#8 PEM, mode 0600
+    planner/signing.key               the planner's
     trusted-events/watcher-<id>.pub   public keys the planner accepts events from, one file each
     trusted-plans/planner-<id>.pub    public keys the applier accepts apply messages from
+
+One folder per thing a service is given, so each can be mounted alone (a Secret, a ConfigMap, a
+compose volume) into the one service that needs it.
 
 Public keys are one line, ``ed25519 <base64 raw key> <stage>``; a folder of them is a keyring
 (``plumbing.signing.Keyring``), so a rotation is a file added and, later, a file removed. Files are written
@@ -60,6 +63,7 @@ def write_key_pair(private_path: Path, public_dir: Path, stage: str) -> str:
         mode=0o644,
     )
     private_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(private_path.parent, 0o700)
     _write_atomically(private_path, signing.private_key_pem(private), mode=0o600)
     return kid
 
@@ -71,7 +75,7 @@ class KeyFolder:
     root: Path
 
     def signing_key(self, stage: str) -> Path:
-        return self.root / f"{stage}.key"
+        return self.root / stage / "signing.key"
 
     def trusted(self, stage: str) -> Path:
         """The keyring of the keys ``stage`` signs with (what its consumer trusts)."""
@@ -88,7 +92,6 @@ class KeyFolder:
     def ensure(self) -> KeyFolder:
         """Every stage has a signing key trusted by its consumer; existing keys are kept."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.root, 0o700)
         for stage in STAGES:
             key = self.signing_key(stage)
             if not key.exists():
