@@ -179,9 +179,15 @@ def bench_signatures(
             }
         )
     per_trainjob = sum(r["us_sign"] + r["us_verify"] for r in rows)
+    event, plans = rows[0], rows[1:]
     return {
         "runtime": runtime_name,
         "messages": rows,
         "us_per_trainjob_plan": per_trainjob,
+        "us_by_service": {
+            "watcher": event["us_sign"],
+            "planner": event["us_verify"] + sum(r["us_sign"] for r in plans),
+            "applier": sum(r["us_verify"] for r in plans),
+        },
         "note": "one event and its apply messages, each signed once and verified once",
     }

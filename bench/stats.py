@@ -671,7 +671,9 @@ def _render_planner(p: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -
         out += [
             f"Signatures (ed25519, CPU µs) on a new TrainJob's messages ({sig.get('runtime', '')}); the planner's "
             "figures above include verifying the event and signing its apply messages. Per TrainJob plan, "
-            f"signing and verifying every message once costs {sig.get('us_per_trainjob_plan', 0):.0f} µs in all.",
+            f"signing and verifying every message once costs {sig.get('us_per_trainjob_plan', 0):.0f} µs in all ("
+            + ", ".join(f"{k} {v:.0f} µs" for k, v in (sig.get("us_by_service") or {}).items())
+            + ").",
             "",
             table(
                 ["message", "bytes", "µs sign", "µs verify"],
