@@ -10,12 +10,27 @@ Outcomes use fluxcd ssa's words: created, configured, unchanged, plus skipped an
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 
-from contracts import labels
-from contracts.messages import AppliedRecord, ApplyAction, ApplyMessage
+from contracts import conditions, labels, resources
+from contracts import trainer as t
+from contracts.messages import (
+    FIELD_MANAGER,
+    AppliedRecord,
+    ApplyAction,
+    ApplyConfigMap,
+    ApplyJobSet,
+    ApplyMessage,
+    ApplyPodGroup,
+    ApplySecret,
+    ApplyTrainJobStatus,
+    ApplyVolcanoPodGroup,
+    DeleteComponent,
+)
 
 
 class TransientError(Exception):
@@ -26,9 +41,20 @@ class TransientError(Exception):
 
 
 class PermanentError(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, api_reason: str = "", api_message: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.api_reason = api_reason
+        """The API server's own status reason (``Invalid``, ``Forbidden``, ...) when it refused the write."""
+        self.api_message = api_message
+
+
+class Unauthorized(Exception):
+    """The message asks for a write no real TrainJob justifies: dead-lettered, and nothing is written."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 TRANSIENT_STATUSES = frozenset({0, 408, 409, 425, 429, 500, 502, 503, 504})
@@ -41,8 +67,8 @@ def classify(status: int, reason: str, message: str, *, retry_after: float | Non
     if status in TRANSIENT_STATUSES or status >= 500:
         return TransientError(text, retry_after=retry_after)
     if status == 404 and ("the server could not find the requested resource" in message or "page not found" in message):
-        return PermanentError(f"{text} (is the CRD installed?)")
-    return PermanentError(text)
+        return PermanentError(f"{text} (is the CRD installed?)", api_reason=reason or "NotFound", api_message=message)
+    return PermanentError(text, api_reason=reason or str(status), api_message=message)
 
 
 @dataclass(frozen=True)
@@ -192,3 +218,267 @@ def managed_digest(raw: bytes, *, manager: str, subresource: str | None) -> str:
         if entry.manager == manager and entry.operation == "Apply" and entry.subresource == (subresource or ""):
             return hashlib.sha256(bytes(entry.fieldsV1)).hexdigest()[:32]
     return ""
+
+
+# ------------------------------------------------------------------------------ what a message may touch
+#
+# The bus is not trusted to say what may be written: an apply message only names a TrainJob, and the
+# applier checks, against the message and then against the live cluster, that a real TrainJob managed by
+# this controller justifies the write. Each check returns a Verdict; the service turns a refusal into a
+# dead letter with reason ``unauthorized`` and writes nothing at all.
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    why: str = ""
+
+
+ALLOWED = Verdict(True)
+
+COMPONENT_RESOURCES: dict[type, resources.Resource] = {
+    ApplyJobSet: resources.JOBSET,
+    ApplyConfigMap: resources.CONFIG_MAP,
+    ApplySecret: resources.SECRET,
+    ApplyPodGroup: resources.POD_GROUP,
+    ApplyVolcanoPodGroup: resources.VOLCANO_POD_GROUP,
+}
+"""The only kinds a component message may write, each bound to its own message type."""
+DELETABLE = frozenset((r.api_version, r.kind) for r in COMPONENT_RESOURCES.values())
+
+
+class _Ref(msgspec.Struct, kw_only=True):
+    apiVersion: str = ""
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
+class _ClaimMeta(msgspec.Struct, kw_only=True):
+    name: str = ""
+    namespace: str = ""
+    ownerReferences: list[_Ref] = []
+
+
+class _Claimed(msgspec.Struct, kw_only=True):
+    apiVersion: str = ""
+    kind: str = ""
+    metadata: _ClaimMeta = msgspec.field(default_factory=_ClaimMeta)
+
+
+_claimed_decoder = msgspec.json.Decoder(_Claimed)
+
+
+def authorize_message(message: ApplyMessage, body: bytes) -> Verdict:
+    """What the message itself must say before any request is made; ``body`` is its encoded object.
+
+    The target lives in the TrainJob's namespace and is of a component kind bound to the message's type;
+    the object names the target and carries exactly one owner reference, the controller reference to the
+    TrainJob; a status is for that TrainJob itself; the field manager is Trainer's.
+    """
+    target, job = message.target, message.trainjob
+    if target.namespace != job.namespace:
+        return Verdict(False, f"target namespace {target.namespace!r} is not the TrainJob's ({job.namespace!r})")
+    if message.field_manager != FIELD_MANAGER:
+        return Verdict(False, f"field manager {message.field_manager!r} is not {FIELD_MANAGER!r}")
+    gvk = (target.api_version, target.kind)
+    if isinstance(message, DeleteComponent):
+        if gvk not in DELETABLE or target.subresource is not None:
+            return Verdict(False, f"{target.kind} in {target.api_version} is not a component kind")
+        return ALLOWED
+    try:
+        claimed = _claimed_decoder.decode(body)
+    except msgspec.DecodeError as exc:  # pragma: no cover - the body was encoded from a decoded struct
+        return Verdict(False, f"unreadable object: {exc}")
+    if (claimed.apiVersion, claimed.kind) != gvk:
+        return Verdict(False, f"object is {claimed.kind} in {claimed.apiVersion}, target is {target.kind}")
+    if claimed.metadata.name != target.name or claimed.metadata.namespace not in ("", target.namespace):
+        return Verdict(False, "object metadata does not name the target")
+    if isinstance(message, ApplyTrainJobStatus):
+        if gvk != (resources.TRAINJOB.api_version, resources.TRAINJOB.kind) or target.subresource != "status":
+            return Verdict(False, "a status apply must target a TrainJob's status subresource")
+        if target.name != job.name:
+            return Verdict(False, f"status for TrainJob {target.name!r}, but the message is for {job.name!r}")
+        if claimed.metadata.ownerReferences:
+            return Verdict(False, "a status apply carries no owner references")
+        return ALLOWED
+    expected = COMPONENT_RESOURCES.get(type(message))
+    if expected is None or gvk != (expected.api_version, expected.kind) or target.subresource is not None:
+        return Verdict(False, f"{target.kind} in {target.api_version} is not a component kind for this message")
+    refs = claimed.metadata.ownerReferences
+    if len(refs) != 1 or refs[0].controller is not True:
+        return Verdict(False, "the object must carry exactly one owner reference, the controller reference")
+    ref = refs[0]
+    if (ref.apiVersion, ref.kind, ref.name, ref.uid) != (
+        t.API_VERSION,
+        t.TRAINJOB_KIND,
+        job.name,
+        message.trainjob_uid,
+    ):
+        return Verdict(False, f"the controller reference points to {ref.kind} {ref.name} ({ref.uid}), not the TrainJob")
+    return ALLOWED
+
+
+@dataclass(frozen=True)
+class TrainJobFacts:
+    """The TrainJob as the live cluster has it: who may ask for writes, and our own condition on it."""
+
+    uid: str
+    managed_by: str = ""
+    resource_version: str = ""
+    applier_condition: str = ""
+    """The message of the applier-owned condition, empty when the TrainJob does not have it."""
+
+
+class _Condition(msgspec.Struct, kw_only=True):
+    type: str = ""
+    message: str = ""
+
+
+class _JobStatus(msgspec.Struct, kw_only=True):
+    conditions: list[_Condition] = []
+
+
+class _JobSpec(msgspec.Struct, kw_only=True):
+    managedBy: str = ""
+
+
+class _JobMeta(msgspec.Struct, kw_only=True):
+    uid: str = ""
+    resourceVersion: str = ""
+
+
+class _Job(msgspec.Struct, kw_only=True):
+    metadata: _JobMeta = msgspec.field(default_factory=_JobMeta)
+    spec: _JobSpec = msgspec.field(default_factory=_JobSpec)
+    status: _JobStatus = msgspec.field(default_factory=_JobStatus)
+
+
+_job_decoder = msgspec.json.Decoder(_Job)
+
+
+def trainjob_facts(raw: bytes | None) -> TrainJobFacts | None:
+    if raw is None:
+        return None
+    job = _job_decoder.decode(raw)
+    ours = next((c.message for c in job.status.conditions if c.type == conditions.CONDITION_COMPONENTS_APPLIED), "")
+    return TrainJobFacts(
+        uid=job.metadata.uid,
+        managed_by=job.spec.managedBy,
+        resource_version=job.metadata.resourceVersion,
+        applier_condition=ours,
+    )
+
+
+def authorize_trainjob(message: ApplyMessage, facts: TrainJobFacts | None) -> Verdict:
+    """The TrainJob the message names exists, is the same object (uid), and is ours to manage."""
+    if facts is None:
+        return Verdict(False, f"TrainJob {message.trainjob} does not exist")
+    if facts.uid != message.trainjob_uid:
+        return Verdict(
+            False, f"TrainJob {message.trainjob} has uid {facts.uid}, the message names {message.trainjob_uid}"
+        )
+    if facts.managed_by not in ("", t.MANAGED_BY_TRAINJOB_CONTROLLER):
+        return Verdict(False, f"TrainJob {message.trainjob} is managed by {facts.managed_by}")
+    return ALLOWED
+
+
+def authorize_live(message: ApplyMessage, live: bytes | None) -> Verdict:
+    """An existing target is written (or deleted) only when this TrainJob controls it: nothing is taken over."""
+    if live is None or isinstance(message, ApplyTrainJobStatus):
+        return ALLOWED
+    refs = [r for r in _claimed_decoder.decode(live).metadata.ownerReferences if r.controller is True]
+    if any(r.uid == message.trainjob_uid for r in refs):
+        return ALLOWED
+    owner = f"{refs[0].kind} {refs[0].name}" if refs else "nobody"
+    return Verdict(False, f"existing {message.target} is controlled by {owner}, not by TrainJob {message.trainjob}")
+
+
+# ------------------------------------------------------------------------------- the applier's condition
+
+
+def component_label(message: ApplyMessage) -> str:
+    """How the applier's condition names a component: ``<Kind> <name>``."""
+    return f"{message.target.kind} {message.target.name}"
+
+
+def condition_message(message: ApplyMessage, text: str) -> str:
+    full = f"{component_label(message)}: {text}"
+    limit = conditions.CONDITION_MESSAGE_LIMIT
+    return full if len(full) <= limit else full[: limit - 3] + "..."
+
+
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+FALLBACK_REASON = "ApplyRejected"
+
+
+def condition_reason(api_reason: str) -> str:
+    """The API server's status reason when it is a valid condition reason (``Invalid``), else a fixed one."""
+    return api_reason if len(api_reason) <= 1024 and _REASON.match(api_reason) else FALLBACK_REASON
+
+
+def applier_condition(message: ApplyMessage, *, reason: str, text: str, now: str) -> bytes:
+    """The status apply that sets the applier's condition, under the applier's own field manager.
+
+    ``metadata.uid`` makes it a precondition: a TrainJob of the same name but another uid refuses it.
+    """
+    condition = {
+        "type": conditions.CONDITION_COMPONENTS_APPLIED,
+        "status": "False",
+        "reason": condition_reason(reason),
+        "message": condition_message(message, text),
+        "lastTransitionTime": now,
+    }
+    return _trainjob_status(message, {"conditions": [condition]})
+
+
+def applier_condition_cleared(message: ApplyMessage) -> bytes:
+    """The status apply that lists nothing: SSA then removes the condition only this manager owned."""
+    return _trainjob_status(message, None)
+
+
+def _trainjob_status(message: ApplyMessage, status: dict[str, object] | None) -> bytes:
+    job = message.trainjob
+    body: dict[str, object] = {
+        "apiVersion": t.API_VERSION,
+        "kind": t.TRAINJOB_KIND,
+        "metadata": {"name": job.name, "namespace": job.namespace, "uid": message.trainjob_uid},
+    }
+    if status is not None:
+        body["status"] = status
+    return msgspec.json.encode(body)
+
+
+def condition_names(message: ApplyMessage, condition: str) -> bool:
+    """Whether the applier's condition on the TrainJob is about this message's component."""
+    return bool(condition) and condition.startswith(component_label(message) + ": ")
+
+
+# ----------------------------------------------------------------------------------- poisoned ledger claims
+
+
+def _version(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def claim_beyond_cluster(record: AppliedRecord, *, live_version: str, trainjob_version: str) -> bool:
+    """A claim newer than both the live target and the TrainJob: nothing the cluster holds accounts for it.
+
+    A record's source_version is the newest resourceVersion of an observation it was planned from, and one
+    etcd counter numbers every object, so a genuine claim is normally at most the newer of the two. (A
+    runtime edit can make it newer for a while, which is why such a claim is only distrusted once it has
+    lasted longer than a resync: every resync brings a plan at least as new as any genuine claim.)
+    """
+    return record.source_version > max(_version(live_version), _version(trainjob_version))
+
+
+StaleClaimAction = Literal["overwrite", "hold"]
+
+
+def stale_claim_action(first_seen: float, now: float, *, grace_seconds: float) -> StaleClaimAction:
+    """A claim beyond the cluster is held to be corrupt, and overwritten, once it outlasted the grace."""
+    return "overwrite" if now - first_seen >= grace_seconds else "hold"

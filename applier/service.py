@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -30,13 +31,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from applier import core, secrets
 from applier.ledger import Ledger, ledger_key
-from contracts import resources, streams, subjects
+from contracts import conditions, resources, streams, subjects
 from contracts.messages import (
     AppliedRecord,
     ApplyAction,
     ApplyMessage,
     ApplyResult,
     ApplySecret,
+    ApplyTrainJobStatus,
     DeleteComponent,
     ObjectApply,
     Target,
@@ -45,9 +47,17 @@ from contracts.messages import (
     encode,
 )
 from contracts.values import or_default
-from plumbing import bus
+from plumbing import bus, publishing, signing
 from plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient, KubeConfig
-from plumbing.observability import APPLIES, DEAD_LETTERS, END_TO_END, RETRIES, HealthServer
+from plumbing.observability import (
+    APPLIES,
+    DEAD_LETTERS,
+    END_TO_END,
+    RETRIES,
+    STALE_CLAIMS,
+    UNAUTHORIZED,
+    HealthServer,
+)
 from plumbing.partitions import consume_partitioned, default_replica_id
 
 log = logging.getLogger("applier")
@@ -70,6 +80,17 @@ class ApplierSettings:
     replica: str = field(default_factory=default_replica_id)
     lease_ttl: float = 6.0
     metrics_port: int = 0
+    trainjob_cache_seconds: float = 5.0
+    """How long a TrainJob verified against the cluster is trusted without reading it again."""
+    stale_claim_grace_seconds: float = 330.0
+    """How long a ledger claim newer than the cluster may hold a target before it is deemed corrupt and
+    overwritten: a bit over the watcher's resync (5 min), since every resync brings a plan at least as new
+    as any genuine claim."""
+    nats_creds: str | None = None
+    """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
+    nats_tls: bus.TlsFiles | None = None
+    trusted_plan_keys: str | None = None
+    """The planner public keys an apply message must be signed with: a file, or a directory of ``*.pub``."""
 
 
 @dataclass
@@ -95,14 +116,27 @@ def _wait(settings: ApplierSettings) -> Any:
 
 
 class Applier:
-    def __init__(self, settings: ApplierSettings, kube: KubeClient, js: JetStreamContext, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        settings: ApplierSettings,
+        kube: KubeClient,
+        js: JetStreamContext,
+        ledger: Ledger,
+        *,
+        trusted_plans: signing.Keyring,
+    ) -> None:
         self.settings = settings
+        self.trusted_plans = trusted_plans
         self.kube = kube
         self.js = js
         self.ledger = ledger
         self.stats = ApplierStats()
         self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(settings.concurrency)
+        self._trainjobs: dict[tuple[str, str], tuple[core.TrainJobFacts, float]] = {}
+        """Positive TrainJob verifications (namespace, name) -> (facts, trusted until, monotonic)."""
+        self._stale_claims: dict[str, tuple[int, float]] = {}
+        """Ledger keys holding a claim beyond the cluster -> (its source_version, first seen, monotonic)."""
 
     @staticmethod
     def _key(target: Target) -> tuple[str, str, str, str]:
@@ -111,6 +145,12 @@ class Applier:
     # ------------------------------------------------------------------------------------------ the work
 
     async def handle(self, msg: Msg) -> None:
+        try:  # first of all: only a plan the planner signed is read, let alone applied
+            self.trusted_plans.verify(msg.subject, msg.data, msg.headers)
+        except signing.SignatureError as exc:
+            await self._dead_letter(msg, reason=exc.reason, error=str(exc), key=None)
+            await msg.term()
+            return
         try:
             message = decode_apply(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -125,6 +165,11 @@ class Applier:
     async def _handle_decoded(self, msg: Msg, message: ApplyMessage, key: tuple[str, str, str, str]) -> None:
         started = time.perf_counter()
         attempts = 0
+        body = b"{}" if isinstance(message, DeleteComponent) else msgspec.json.encode(message.object)
+        verdict = core.authorize_message(message, body)
+        if not verdict.allowed:
+            await self._refuse(msg, message, verdict.why, attempts, started)
+            return
         try:
             resource = resources.resource_for(message.target.api_version, message.target.kind)
         except LookupError as exc:
@@ -135,6 +180,7 @@ class Applier:
         action: ApplyAction = "configured"
         resource_version = ""
         reason = ""
+        facts: core.TrainJobFacts | None = None
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(core.TransientError),
@@ -147,10 +193,18 @@ class Applier:
                     if attempts > 1:
                         self.stats.retries += 1
                         RETRIES.labels(service="applier").inc()
+                    facts = await self._authorize(message)
                     if isinstance(message, DeleteComponent):
                         action, resource_version, reason = await self._delete_once(message, resource)
                     else:
                         action, resource_version, reason = await self._apply_once(message, resource, key)
+        except core.Unauthorized as exc:
+            await self._refuse(msg, message, exc.why, attempts, started)
+            return
+        except _Held as exc:
+            self.stats.naks += 1
+            await msg.nak(delay=exc.delay)
+            return
         except core.TransientError as exc:
             delay = min(60.0, 2.0 ** min(msg.metadata.num_delivered or 1, 6))
             self.stats.naks += 1
@@ -166,10 +220,137 @@ class Applier:
         except core.PermanentError as exc:
             await self._dead_letter(msg, reason="permanent", error=exc.reason, key=message)
             await self._explain_on_trainjob(message, exc.reason)
+            if exc.api_reason and not isinstance(message, ApplyTrainJobStatus | DeleteComponent):
+                # The API server refused the component (e.g. a webhook's 422): say so on the TrainJob.
+                await self._set_condition(message, reason=exc.api_reason, text=exc.api_message or exc.reason)
             await self._finish(msg, message, "failed", attempts, started, reason=exc.reason, ack=False)
             await msg.term()
             return
+        if (
+            facts is not None
+            and action in ("created", "configured", "unchanged")
+            and core.condition_names(message, facts.applier_condition)
+        ):
+            await self._clear_condition(message)
         await self._finish(msg, message, action, attempts, started, resource_version=resource_version, reason=reason)
+
+    # --------------------------------------------------------------------------------- authorization
+
+    async def _authorize(self, message: ApplyMessage) -> core.TrainJobFacts:
+        """The TrainJob the message names, verified against the cluster; raises Unauthorized otherwise.
+
+        A positive answer is trusted for a few seconds, so a TrainJob's components cost one read between
+        them. A refusal is never taken from memory (the TrainJob may have been created or replaced since),
+        and a delete always asks the cluster.
+        """
+        fresh = isinstance(message, DeleteComponent)
+        facts = await self._trainjob(message, fresh=fresh)
+        verdict = core.authorize_trainjob(message, facts)
+        if not verdict.allowed and not fresh:
+            facts = await self._trainjob(message, fresh=True)
+            verdict = core.authorize_trainjob(message, facts)
+        if not verdict.allowed or facts is None:
+            raise core.Unauthorized(verdict.why)
+        return facts
+
+    async def _trainjob(self, message: ApplyMessage, *, fresh: bool) -> core.TrainJobFacts | None:
+        key = (message.trainjob.namespace, message.trainjob.name)
+        now = time.monotonic()
+        if not fresh:
+            cached = self._trainjobs.get(key)
+            if cached is not None and cached[1] > now:
+                return cached[0]
+        try:
+            raw = await self.kube.get(resources.TRAINJOB, namespace=key[0], name=key[1])
+        except KubeApiError as exc:
+            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+        facts = core.trainjob_facts(raw)
+        if facts is not None and core.authorize_trainjob(message, facts).allowed:
+            if len(self._trainjobs) > 8192:
+                self._trainjobs = {k: v for k, v in self._trainjobs.items() if v[1] > now}
+            self._trainjobs[key] = (facts, now + self.settings.trainjob_cache_seconds)
+        else:
+            self._trainjobs.pop(key, None)
+        return facts
+
+    async def _add_owned_label(self, message: ApplyMessage, resource: resources.Resource, patch: bytes) -> str:
+        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``); its new resourceVersion.
+
+        A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
+        ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
+        """
+        target = message.target
+        try:
+            resp = await self.kube.request(
+                "PATCH",
+                resource.path(namespace=target.namespace, name=target.name),
+                params={"fieldManager": LABEL_FIELD_MANAGER},
+                body=patch,
+                content_type=MERGE_PATCH,
+            )
+        except KubeApiError as exc:
+            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+        log.info("%s: labelled an existing object, which is kept as it is otherwise", target)
+        return _resource_version(resp.body)
+
+    def _require_controlled(self, message: ApplyMessage, live: bytes | None) -> None:
+        verdict = core.authorize_live(message, live)
+        if not verdict.allowed:
+            raise core.Unauthorized(verdict.why)
+
+    async def _refuse(self, msg: Msg, message: ApplyMessage, why: str, attempts: int, started: float) -> None:
+        """Nothing is written for a message no TrainJob justifies, not even an Event on the TrainJob."""
+        UNAUTHORIZED.labels(kind=message.target.kind).inc()
+        await self._dead_letter(msg, reason="unauthorized", error=why, key=message)
+        await self._finish(msg, message, "failed", attempts, started, reason=f"unauthorized: {why}", ack=False)
+        await msg.term()
+
+    # ------------------------------------------------------------------------ the applier's condition
+
+    async def _set_condition(self, message: ApplyMessage, *, reason: str, text: str) -> None:
+        """``ComponentsApplied=False`` on the TrainJob, unless it already says exactly this.
+
+        Writing the same condition again would change the TrainJob, which makes a new event and a new plan
+        that fails the same way: the check against what the TrainJob already shows is what ends that loop.
+        """
+        key = (message.trainjob.namespace, message.trainjob.name)
+        wanted = core.condition_message(message, text)
+        cached = self._trainjobs.get(key)
+        if cached is not None and cached[0].applier_condition == wanted:
+            return
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = core.applier_condition(message, reason=reason, text=text, now=now)
+        if await self._apply_condition(message, body) and cached is not None:
+            self._trainjobs[key] = (dataclasses.replace(cached[0], applier_condition=wanted), cached[1])
+
+    async def _clear_condition(self, message: ApplyMessage) -> None:
+        key = (message.trainjob.namespace, message.trainjob.name)
+        if await self._apply_condition(message, core.applier_condition_cleared(message)):
+            cached = self._trainjobs.get(key)
+            if cached is not None:
+                self._trainjobs[key] = (dataclasses.replace(cached[0], applier_condition=""), cached[1])
+
+    async def _apply_condition(self, message: ApplyMessage, body: bytes) -> bool:
+        try:
+            await self.kube.apply(
+                resources.TRAINJOB,
+                namespace=message.trainjob.namespace,
+                name=message.trainjob.name,
+                body=body,
+                field_manager=conditions.APPLIER_FIELD_MANAGER,
+                force=True,
+                subresource="status",
+            )
+        except KubeApiError as exc:
+            log.warning(
+                "could not update the %s condition on %s: %s",
+                conditions.CONDITION_COMPONENTS_APPLIED,
+                message.trainjob,
+                exc,
+                extra={"trainjob": str(message.trainjob)},
+            )
+            return False
+        return True
 
     async def _delete_once(
         self, message: DeleteComponent, resource: resources.Resource
@@ -182,8 +363,7 @@ class Applier:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
             if raw is None:
                 return "skipped", "", "already gone"
-            if not core.controlled_by(raw, message.trainjob_uid):
-                return "skipped", "", "not controlled by this TrainJob; left alone"
+            self._require_controlled(message, raw)
             await self.kube.delete(resource, namespace=target.namespace, name=target.name)
         except KubeApiError as exc:
             raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
@@ -207,11 +387,28 @@ class Applier:
                 record, revision = await self.ledger.read(lkey, assume_absent=True)
             else:
                 record, revision = await self.ledger.read_fresh(lkey)
-            if core.is_stale(record, message):
-                return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
+            if record is not None and core.is_stale(record, message):
+                if not await self._claim_is_corrupt(message, resource, lkey, record):
+                    return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
+                reset = AppliedRecord(
+                    source_version=message.source_version, source_seq=message.source_seq, digest="", state="claimed"
+                )
+                if await self.ledger.write(lkey, reset, revision=revision) is not None:
+                    STALE_CLAIMS.labels(action="overwritten").inc()
+                    log.warning(
+                        "%s: overwrote a ledger claim for source version %d that nothing in the cluster accounts for",
+                        target,
+                        record.source_version,
+                        extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
+                    )
+                    await self._clear_condition(message)
+                continue  # look again, with the claim replaced (or someone else's newer one)
             live_raw: bytes | None = None
+            read_live = False
             if record is not None:
                 live_raw = await self._get(resource, target)
+                read_live = True
+                self._require_controlled(message, live_raw)
                 if (
                     live_raw is not None
                     and record.state == "applied"
@@ -230,9 +427,14 @@ class Applier:
                     if advanced is None:
                         continue  # another applier wrote the record meanwhile: look again
                     return "unchanged", live_rv, "already applied; the live object still holds it"
+            if not read_live and not target.subresource:
+                # Whether it exists, and whose it is: an object this TrainJob does not control is not taken
+                # over. Not even a plan that saw the target absent moments ago is taken at its word here: the
+                # API server has no create-only apply, so only a read tells an object of that name apart.
+                live_raw = await self._get(resource, target)
+                read_live = True
+                self._require_controlled(message, live_raw)
             if message.policy != "always":
-                if live_raw is None and not (record is None and _freshly_seen_absent(message)):
-                    live_raw = await self._get(resource, target)
                 live = core.live_state(live_raw)
                 allowed, why = core.policy_allows(message, live)
                 if not allowed:
@@ -285,25 +487,50 @@ class Applier:
             return core.outcome(resp.status, before=before, after=after), after, ""
         raise core.TransientError("the target kept changing under concurrent writers")
 
-    async def _add_owned_label(self, message: ApplyMessage, resource: resources.Resource, patch: bytes) -> str:
-        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``); its new resourceVersion.
+    async def _claim_is_corrupt(
+        self, message: ObjectApply, resource: resources.Resource, lkey: str, record: AppliedRecord
+    ) -> bool:
+        """Whether a claim newer than this plan is corrupt: newer than the cluster, for longer than a resync.
 
-        A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
-        ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
+        A plan older than the claim is normally just stale. But a claim newer than both the live target
+        and the TrainJob that lasts longer than the grace is not explained by anything the cluster holds
+        (a ledger written by something other than an applier): it would stall the target for good, so it
+        is overwritten. While it lasts the message is held (nak'd) and the TrainJob carries a condition.
         """
-        target = message.target
-        try:
-            resp = await self.kube.request(
-                "PATCH",
-                resource.path(namespace=target.namespace, name=target.name),
-                params={"fieldManager": LABEL_FIELD_MANAGER},
-                body=patch,
-                content_type=MERGE_PATCH,
+        live = await self._get(resource, message.target)
+        facts = await self._trainjob(message, fresh=True)
+        live_version = core.live_state(live).resource_version if live is not None else ""
+        trainjob_version = facts.resource_version if facts is not None else ""
+        if not core.claim_beyond_cluster(record, live_version=live_version, trainjob_version=trainjob_version):
+            self._stale_claims.pop(lkey, None)
+            return False
+        now = time.monotonic()
+        seen = self._stale_claims.get(lkey)
+        if seen is None or seen[0] != record.source_version:
+            seen = (record.source_version, now)
+            self._stale_claims[lkey] = seen
+            log.warning(
+                "%s: the ledger claims source version %d, newer than the TrainJob (%s) and the target (%s)",
+                message.target,
+                record.source_version,
+                trainjob_version or "-",
+                live_version or "absent",
+                extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
             )
-        except KubeApiError as exc:
-            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
-        log.info("%s: labelled an existing object, which is kept as it is otherwise", target)
-        return _resource_version(resp.body)
+            await self._set_condition(
+                message,
+                reason=conditions.REASON_STALE_LEDGER_CLAIM,
+                text=(
+                    f"a ledger claim for source version {record.source_version} is newer than anything the cluster"
+                    f" holds; it is re-checked and overwritten after {self.settings.stale_claim_grace_seconds:.0f}s"
+                ),
+            )
+        grace = self.settings.stale_claim_grace_seconds
+        if core.stale_claim_action(seen[1], now, grace_seconds=grace) == "hold":
+            STALE_CLAIMS.labels(action="held").inc()
+            raise _Held(min(30.0, max(0.5, seen[1] + grace - now + 0.1)))
+        self._stale_claims.pop(lkey, None)
+        return True
 
     async def _explain_on_trainjob(self, message: ApplyMessage, error: str) -> None:
         """A Warning Event on the TrainJob, so `kubectl describe` shows why a component is missing."""
@@ -388,7 +615,9 @@ class Applier:
         if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
             END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
         subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
-        await self.js.publish(subject, encode(result), headers={bus.TRACE_ID: message.trace_id})
+        await publishing.publish_stored(
+            self.js, subject, encode(result), stream=streams.RESULTS.name, headers={bus.TRACE_ID: message.trace_id}
+        )
         log.info(
             "%s %s (%d attempt%s, %.1f ms)%s",
             action,
@@ -428,19 +657,12 @@ class Applier:
             log.exception("unexpected failure handling %s", msg.subject)
 
 
-ABSENCE_TRUSTED_SECONDS = 30.0
-"""How long an observation that a component was absent is taken as true (see ``_freshly_seen_absent``)."""
+class _Held(Exception):
+    """The message waits (nak with a delay) for something that resolves itself, e.g. a claim's grace."""
 
-
-def _freshly_seen_absent(message: ObjectApply) -> bool:
-    """The plan saw no such object moments ago, so the read before a conditional create can be left out.
-
-    Only together with no ledger record: every applier claims a record before it writes, so an object that
-    exists without one was made by someone else, or the ledger was lost. For an old message (a replay, a
-    dead letter retried) after a ledger loss that could be wrong, hence the age limit. Were the record only
-    assumed absent and exist after all, the claim fails and the next round reads the object.
-    """
-    return message.observed_absent and 0.0 <= time.time() - message.observed_at <= ABSENCE_TRUSTED_SECONDS
+    def __init__(self, delay: float) -> None:
+        super().__init__(f"held for {delay:.1f}s")
+        self.delay = delay
 
 
 def _body(message: ObjectApply, *, resource_version: str = "") -> bytes:
@@ -479,18 +701,19 @@ def _resource_version(body: bytes) -> str:
 
 
 async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
-    nc = await bus.connect(settings.nats_url, name="tjpipe-applier")
+    trusted_plans = signing.Keyring.from_path(
+        settings.trusted_plan_keys, setting="--trusted-plan-keys / TJPIPE_TRUSTED_PLAN_KEYS", name="plan"
+    )
+    log.info("trusting apply messages signed by %s", ", ".join(trusted_plans.key_ids))
+    nc = await bus.connect(settings.nats_url, name="tjpipe-applier", creds=settings.nats_creds, tls=settings.nats_tls)
     js = nc.jetstream()
-    await bus.ensure_streams(js, streams.configured_streams())
     health = HealthServer(port=settings.metrics_port)
     health.add_check("nats", lambda: nc.is_connected)
     async with KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency) as kube:
         health.add_check("kubernetes", kube.reachable)
         await health.start()
-        ledger = await bus.until_done(
-            lambda: Ledger.open(js, replicas=streams.stream_replicas()), what="opening the ledger"
-        )
-        applier = Applier(settings, kube, js, ledger)
+        ledger = await Ledger.open(js)
+        applier = Applier(settings, kube, js, ledger, trusted_plans=trusted_plans)
         try:
             await consume_partitioned(
                 nc,

@@ -133,11 +133,11 @@ class _Apply(msgspec.Struct, frozen=True, kw_only=True, tag_field="component"):
     observed_at: float = 0.0
     """When the watcher saw the change this plan answers; the start of the end-to-end latency."""
     observed_absent: bool = False
-    """The observation this plan came from showed no such object.
+    """The observation this plan came from showed no such object (a hint, kept for history and replay).
 
-    For an ``if-absent`` or ``while-suspended`` component the applier must know whether the object exists.
-    When the observation says it did not and the ledger holds no record of it (every write claims a record
-    first), the applier creates it without reading it first; any record sends it back to reading."""
+    The applier no longer acts on it: an observation only covers objects the TrainJob controls, so an object
+    of the same name owned by someone else, or by nobody, would look absent. Before a first write the
+    applier reads the target itself, and refuses to take over what the TrainJob does not control."""
 
 
 class ApplyJobSet(_Apply, frozen=True, kw_only=True, tag="jobset"):

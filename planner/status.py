@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts import trainer as t
+from contracts.conditions import APPLIER_CONDITION_TYPES
 from contracts.deadlines import deadline_of
 from contracts.jobset import JobSet
 from contracts.trainer import TrainJob
@@ -56,7 +57,15 @@ def is_true(conditions: list[Obj], kind: str) -> bool:
 
 
 def current_status(job: TrainJob) -> Obj:
+    """The TrainJob's status without the conditions the applier owns under its own field manager.
+
+    The planner neither sends those (sending them as ``trainer`` would make it co-own them, so the applier
+    could never clear them) nor counts them as a difference from what it wants.
+    """
     status: Obj = builtins(job.status) if is_set(job.status) else {}
+    conditions = status.get("conditions")
+    if conditions and any(c.get("type") in APPLIER_CONDITION_TYPES for c in conditions):
+        status["conditions"] = [c for c in conditions if c.get("type") not in APPLIER_CONDITION_TYPES]
     return status
 
 

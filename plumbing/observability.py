@@ -29,6 +29,24 @@ PLANNED_MESSAGES = Counter(
 APPLIES = Counter("tjpipe_applies_total", "Apply outcomes", ["kind", "action"], registry=REGISTRY)
 RETRIES = Counter("tjpipe_retries_total", "Retried API calls", ["service"], registry=REGISTRY)
 DEAD_LETTERS = Counter("tjpipe_dead_letters_total", "Messages dead-lettered", ["stage", "reason"], registry=REGISTRY)
+UNAUTHORIZED = Counter(
+    "tjpipe_unauthorized_total",
+    "Apply messages refused because no real TrainJob justifies the write they ask for",
+    ["kind"],
+    registry=REGISTRY,
+)
+STALE_CLAIMS = Counter(
+    "tjpipe_stale_ledger_claims_total",
+    "Ledger claims newer than anything the cluster holds, by what the applier did: held, or overwritten",
+    ["action"],
+    registry=REGISTRY,
+)
+PUBLISH_REFUSED = Counter(
+    "tjpipe_publish_refused_total",
+    "Publishes a full stream refused (maximum bytes or messages exceeded); each is retried with backoff",
+    ["stream"],
+    registry=REGISTRY,
+)
 CONSUMER_LAG = Gauge(
     "tjpipe_consumer_lag", "Messages waiting in a consumer (num_pending at last fetch)", ["consumer"], registry=REGISTRY
 )

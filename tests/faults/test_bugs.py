@@ -23,6 +23,7 @@ import pytest
 from contracts import streams, subjects
 from contracts.messages import TrainJobObserved, decode_dead_letter, encode
 from plumbing import bus as plumbing_bus
+from plumbing.signing import Keyring
 
 from .support import (
     JOBSET,
@@ -55,7 +56,7 @@ async def _dead_letter_for(js: Any, subject: str, *, timeout: float) -> Any:
 async def test_apply_for_an_unmapped_kind_is_dead_lettered(pipeline: Pipeline) -> None:
     p = pipeline
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         js = nc.jetstream()
         await services_ready(js)
@@ -67,10 +68,11 @@ async def test_apply_for_an_unmapped_kind_is_dead_lettered(pipeline: Pipeline) -
             "name": "x-widget",
         }
         subject = subjects.apply_subject(p.namespace, "x-widget", "jobset")
-        await js.publish(subject, json.dumps(message).encode())
+        data = json.dumps(message).encode()
+        await js.publish(subject, data, headers=p.sign_headers(subject, data))
         letter = await _dead_letter_for(js, subject, timeout=12)
         assert letter is not None, "no dead letter: " + p.processes["applier"].log_tail(5)
-        assert (letter.stage, letter.reason) == ("applier", "permanent")
+        assert (letter.stage, letter.reason) == ("applier", "unauthorized")  # not a component kind
     finally:
         await nc.close()
 
@@ -78,7 +80,7 @@ async def test_apply_for_an_unmapped_kind_is_dead_lettered(pipeline: Pipeline) -
 async def test_payload_just_under_the_server_max_is_dead_lettered(pipeline: Pipeline) -> None:
     p = pipeline
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         js = nc.jetstream()
         await services_ready(js)
@@ -87,13 +89,14 @@ async def test_payload_just_under_the_server_max_is_dead_lettered(pipeline: Pipe
         assert len(payload) < max_payload
         event_subject = subjects.event_subject(p.namespace, "x-huge-event")
         apply_subject = subjects.apply_subject(p.namespace, "x-huge-apply", "jobset")
-        await js.publish(event_subject, payload)
-        await js.publish(apply_subject, payload)
+        await js.publish(event_subject, payload, headers=p.sign_headers(event_subject, payload))
+        await js.publish(apply_subject, payload, headers=p.sign_headers(apply_subject, payload))
         letters = [
             await _dead_letter_for(js, event_subject, timeout=10),
             await _dead_letter_for(js, apply_subject, timeout=2),
         ]
         assert all(letters), f"dead letters: {[bool(x) for x in letters]} (event, apply)"
+        assert [x.reason for x in letters] == ["undecodable", "undecodable"]
     finally:
         await nc.close()
 
@@ -101,7 +104,7 @@ async def test_payload_just_under_the_server_max_is_dead_lettered(pipeline: Pipe
 async def test_a_large_trainjob_on_the_watch_does_not_kill_the_trainjob_informer(pipeline: Pipeline) -> None:
     p = pipeline
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         js = nc.jetstream()
         await services_ready(js)
@@ -126,7 +129,7 @@ async def test_a_large_trainjob_on_the_watch_does_not_kill_the_trainjob_informer
 
 async def test_a_trainjob_larger_than_max_payload_does_not_stall_the_watcher(pipeline: Pipeline) -> None:
     p = pipeline
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         chunk = "a" * 400_000  # one string may not exceed 1 MiB; together they do
         p.create(trainjob("x-big", trainer={"numNodes": 1, "args": [chunk, chunk, chunk]}))
@@ -163,7 +166,7 @@ async def test_planner_publish_timeout_is_retried_not_dead_lettered(pipeline: Pi
     from planner.service import Planner, PlannerSettings
 
     p = pipeline
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         js = nc.jetstream()
         await plumbing_bus.ensure_streams(js, streams.ALL_STREAMS)
@@ -173,12 +176,17 @@ async def test_planner_publish_timeout_is_retried_not_dead_lettered(pipeline: Pi
             {"type": "trainjob.observed", "trainjob": job, "observed_at": time.time()}, TrainJobObserved
         )
         subject = subjects.event_subject(p.namespace, "x-timeout")
-        await js.publish(subject, encode(event))
+        await js.publish(subject, encode(event), headers=p.sign_headers(subject, encode(event)))
         sub = await js.pull_subscribe(
             subject, durable="x-timeout", stream=streams.EVENTS.name, config=nats.js.api.ConsumerConfig(ack_wait=3.0)
         )
         (msg,) = await sub.fetch(1, timeout=5)
-        planner = Planner(PlannerSettings(nats_url=p.nats.url), _PubAckTimesOut(js))  # type: ignore[arg-type]
+        planner = Planner(
+            PlannerSettings(nats_url=p.nats.url),
+            _PubAckTimesOut(js),  # type: ignore[arg-type]
+            signer=p.stack.keys.signer("planner"),
+            trusted_events=Keyring.from_path(p.stack.keys.trusted_events, setting="trusted events"),
+        )
         await planner.handle_batch([msg])  # what a partition's pull loop does with a fetched batch
         # Expected: no dead letter, and the event comes back to be planned again.
         assert await _dead_letter_for(js, subject, timeout=1) is None, "a transient publish failure was dead-lettered"
@@ -191,7 +199,7 @@ async def test_planner_publish_timeout_is_retried_not_dead_lettered(pipeline: Pi
 async def test_a_suspended_trainjob_that_never_changed_has_no_immutable_fields_condition(pipeline: Pipeline) -> None:
     p = pipeline
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         js = nc.jetstream()
         await services_ready(js)
@@ -210,13 +218,14 @@ async def test_an_apply_for_a_kind_whose_crd_is_missing_says_so(pipeline: Pipeli
 
     p = pipeline
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         js = nc.jetstream()
         await services_ready(js)
-        label, subject, payload, _, _ = refused_applies(p.namespace, str(uuid.uuid4()))[0]
+        victim = p.create(trainjob("h-victim", num_nodes=1, suspend=True))  # the TrainJob that justifies it
+        label, subject, payload, _, _ = refused_applies(p.namespace, victim["metadata"]["uid"])[0]
         assert label == "apply: CRD not installed"
-        await js.publish(subject, payload)
+        await js.publish(subject, payload, headers=p.sign_headers(subject, payload))
         letter = await _dead_letter_for(js, subject, timeout=15)
         assert letter is not None
         assert "is the CRD installed?" in letter.error and "PodGroup" in letter.error, letter.error
@@ -232,7 +241,7 @@ async def test_two_observations_of_the_same_version_cost_one_status_write(pipeli
 
     p = pipeline
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         js = nc.jetstream()
         await services_ready(js)
@@ -249,7 +258,8 @@ async def test_two_observations_of_the_same_version_cost_one_status_write(pipeli
         assert isinstance(event, TrainJobObserved)
         # The same TrainJob at the same resourceVersion, observed 7 s later for another cause.
         later = msgspec.structs.replace(event, observed_at=event.observed_at + 7, cause="ConfigMap ADDED")
-        ack = await js.publish(first.subject, encode(later), headers={"Nats-Msg-Id": f"x-same-{uuid.uuid4()}"})
+        headers = {"Nats-Msg-Id": f"x-same-{uuid.uuid4()}", **p.sign_headers(first.subject, encode(later))}
+        ack = await js.publish(first.subject, encode(later), headers=headers)
         expected = len(plan(later, source_seq=ack.seq).applies)
         assert expected >= 1
 

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import msgspec
-import nats
 import pytest
 
 from contracts import streams, subjects
@@ -261,7 +260,13 @@ def valid_apply(
         {
             "apiVersion": JOBSET,
             "kind": "JobSet",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "ownerReferences": [
+                    {"apiVersion": TRAINER, "kind": "TrainJob", "name": name, "uid": uid, "controller": True}
+                ],
+            },
             "spec": {
                 "replicatedJobs": [
                     {
@@ -327,16 +332,22 @@ def refused_applies(namespace: str, victim_uid: str) -> list[tuple[str, str, byt
     volcano["object"] = {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "PodGroup",
-        "metadata": {"name": "h-victim", "namespace": namespace},
+        "metadata": {
+            "name": "h-victim",
+            "namespace": namespace,
+            "ownerReferences": [
+                {"apiVersion": TRAINER, "kind": "TrainJob", "name": "h-victim", "uid": victim_uid, "controller": True}
+            ],
+        },
         "spec": {"minMember": 1},
     }
-    # A JobSet whose body names another object than the URL: 400.
+    # A JobSet whose body names another object than the target: the applier refuses it before any request.
     # (Its own target, h-victim-x: on h-victim's JobSet the ledger fence would skip it as older than the
     # real plan, which is right but not what this case is about.)
     renamed = valid_apply(namespace, "h-victim", uid=victim_uid)
     renamed["target"]["name"] = "h-victim-x"
     renamed["object"]["metadata"]["name"] = "somebody-else"
-    # A namespace that does not exist: 404 NotFound.
+    # A namespace that does not exist, so no TrainJob there justifies a write: refused before any request.
     elsewhere = valid_apply("h-no-such-namespace", "h-victim", uid=victim_uid)
     return [
         (
@@ -351,15 +362,15 @@ def refused_applies(namespace: str, victim_uid: str) -> list[tuple[str, str, byt
             "apply: name mismatch",
             subjects.apply_subject(namespace, "h-victim", "jobset"),
             json.dumps(renamed).encode(),
-            "permanent",
-            "does not match the name on the URL",
+            "unauthorized",
+            "does not name the target",
         ),
         (
             "apply: no such namespace",
             subjects.apply_subject("h-no-such-namespace", "h-victim", "jobset"),
             json.dumps(elsewhere).encode(),
-            "permanent",
-            "not found",
+            "unauthorized",
+            "does not exist",
         ),
     ]
 
@@ -368,7 +379,7 @@ async def test_h_malformed_inputs_each_get_a_precise_outcome_and_the_pipeline_go
     p = pipeline
     started = time.monotonic()
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         bus = nc.jetstream()
         await services_ready(bus)
@@ -382,11 +393,13 @@ async def test_h_malformed_inputs_each_get_a_precise_outcome_and_the_pipeline_go
         corrupt = corrupt_messages(p.namespace)
         refused = refused_applies(p.namespace, victim["metadata"]["uid"])
         sent: dict[int, tuple[str, str, bytes, str]] = {}
+        # Signed by the stage's own key: these are genuine messages with bad content (forged ones are
+        # tests/security's).
         for label, subject, payload, reason in corrupt:
-            ack = await bus.publish(subject, payload)
+            ack = await bus.publish(subject, payload, headers=p.sign_headers(subject, payload))
             sent[ack.seq] = (label, subject, payload, reason)
         for label, subject, payload, reason, _ in refused:
-            ack = await bus.publish(subject, payload)
+            ack = await bus.publish(subject, payload, headers=p.sign_headers(subject, payload))
             sent[ack.seq] = (label, subject, payload, reason)
 
         # Every bad TrainJob: its precise condition, and no JobSet.
@@ -432,7 +445,7 @@ async def test_h_malformed_inputs_each_get_a_precise_outcome_and_the_pipeline_go
         for label, subject, payload, _, text in refused:
             assert text in by_key[(subject, payload)].error, (label, by_key[(subject, payload)].error)
 
-        # A Warning Event on the TrainJob for each refused apply that names it (in its own namespace).
+        # A Warning Event on the TrainJob for the apply the API server refused (an unauthorized one gets none).
         def warnings() -> list[dict[str, Any]]:
             return [
                 e
@@ -443,10 +456,10 @@ async def test_h_malformed_inputs_each_get_a_precise_outcome_and_the_pipeline_go
                 and e["involvedObject"]["uid"] == victim["metadata"]["uid"]
             ]
 
-        events = await until(lambda: len(warnings()) >= 2 and warnings(), timeout=20, what="two Warning Events")
+        events = await until(lambda: warnings(), timeout=20, what="a Warning Event")
         messages = " | ".join(e["message"] for e in events)
         assert "PodGroup h-victim" in messages or f"PodGroup {p.namespace}/h-victim" in messages, messages
-        assert "does not match the name on the URL" in messages, messages
+        assert "does not name the target" not in messages, messages
         failed = [r for r in await results_of(bus, p.namespace) if r.action == "failed"]
         assert len(failed) >= 2, failed
 

@@ -149,18 +149,3 @@ def test_live_state_rejects_garbage() -> None:
 )
 def test_outcome(status: int, before: str, after: str, expected: m.ApplyAction) -> None:
     assert core.outcome(status, before=before, after=after) == expected
-
-
-def test_an_absence_is_trusted_only_when_observed_and_recent() -> None:
-    import time
-
-    from applier.service import ABSENCE_TRUSTED_SECONDS, _freshly_seen_absent
-
-    base = jobset_message("while-suspended", suspend=None)
-    now = time.time()
-    assert not _freshly_seen_absent(msgspec.structs.replace(base, observed_at=now))
-    seen = msgspec.structs.replace(base, observed_absent=True, observed_at=now - 1)
-    assert _freshly_seen_absent(seen)
-    # A replay or a retried dead letter, long after: the object may exist by now, so it is read first.
-    assert not _freshly_seen_absent(msgspec.structs.replace(seen, observed_at=now - ABSENCE_TRUSTED_SECONDS - 5))
-    assert not _freshly_seen_absent(msgspec.structs.replace(seen, observed_at=0.0))
