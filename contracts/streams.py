@@ -12,6 +12,7 @@ Each stream's duplicate window is what turns publisher-side message ids into eff
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import msgspec
 
@@ -28,6 +29,15 @@ class StreamSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_bytes: int = -1
     duplicate_window_seconds: float = 600.0
     replicas: int = 1
+    discard: Literal["new", "old"] = "new"
+    """What the stream does at its byte or message limit.
+
+    ``new`` (work streams): refuse the publish, so no unread message is ever deleted to make room; the
+    publisher keeps the message and retries with backoff (``plumbing.publishing``). ``old`` would delete
+    the oldest message instead, which on a work stream may be one nobody has consumed yet, and whose
+    message id then stays in the duplicate window, so a resync of the same observation would be dropped
+    as a repeat as well.
+    """
 
 
 class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +66,9 @@ RESULTS = StreamSpec(
     subjects=(f"{subjects.RESULTS_PREFIX}.>",),
     description="The outcome of every apply: created, configured, unchanged, skipped or failed",
     max_age_seconds=3 * DAY,
+    # History, not work: nothing consumes results to make progress, so at its limit the stream drops the
+    # oldest results rather than making the applier wait for room.
+    discard="old",
 )
 DLQ = StreamSpec(
     name="TJ_DLQ",

@@ -99,6 +99,39 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
     )
 
 
+def plan_too_large(event: TrainJobObserved, *, source_seq: int, sizes: dict[str, int], max_payload: int) -> Plan:
+    """What replaces a plan whose messages do not fit the bus: only the TrainJob's status, if it changes.
+
+    ``sizes`` is the encoded size of each component over ``max_payload``, measured by the service (this
+    function stays pure: the measurement is an input). No later delivery of the same event can fit, so
+    the service dead-letters the event; the condition ``ResourcesCreated=False``, reason
+    ``PlanTooLarge``, tells the TrainJob's owner why nothing was built. It turns True once a plan fits.
+    """
+    job = event.trainjob
+    key = ObjectKey(namespace=namespace_of(job), name=name_of(job))
+    listed = ", ".join(f"{component} is {size} bytes" for component, size in sorted(sizes.items()))
+    text = f"{listed}; the bus carries at most {max_payload} bytes per message"
+    update = status_rules.condition(t_ext.CONDITION_RESOURCES_CREATED, False, t_ext.REASON_PLAN_TOO_LARGE, text)
+    desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=[update])
+    common = _Common(
+        trainjob=key,
+        trainjob_uid=uid_of(job),
+        source_seq=source_seq,
+        source_version=observation_version(event),
+        trace_id=event.trace_id,
+        observed_at=event.observed_at,
+        trainjob_suspended=spec_of(job).suspend is True,
+    )
+    changed = status_rules.status_changed(job, desired)
+    return Plan(
+        trainjob=key,
+        trainjob_uid=common.trainjob_uid,
+        source_seq=source_seq,
+        applies=(_status_message(job, desired, common),) if changed else (),
+        warnings=(text,),
+    )
+
+
 def _seen_absent(event: TrainJobObserved) -> frozenset[tuple[str, str]]:
     """Components (kind, name) the observation shows do not exist: no JobSet, no runtime snapshot.
 

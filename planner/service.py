@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 import msgspec
@@ -23,18 +24,23 @@ from nats.js import JetStreamContext
 from contracts import streams, subjects
 from contracts.messages import (
     ApplyMessage,
+    TrainJobObserved,
     component_of,
     decode_event,
     encode,
 )
-from planner.core import plan
-from plumbing import bus
+from planner.core import plan, plan_too_large
+from plumbing import bus, publishing, signing
 from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, HealthServer
 from plumbing.partitions import consume_partitioned, default_replica_id
 
 log = logging.getLogger("planner")
 
 PUBACK_TIMEOUT_SECONDS = 10.0
+HEADER_ALLOWANCE = 1024
+"""Room kept for an apply message's headers (message id, trace id, signature) under the max payload."""
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+SYNCHRONOUS_AFTER_REFUSAL_SECONDS = 60.0
 
 
 @dataclass
@@ -44,6 +50,13 @@ class PlannerSettings:
     replica: str = field(default_factory=default_replica_id)
     lease_ttl: float = 6.0
     metrics_port: int = 0
+    signing_key: str | None = None
+    """The planner's ed25519 private key (PEM); every apply message is signed with it."""
+    trusted_event_keys: str | None = None
+    """The watcher public keys an event must be signed with: a file, or a directory of ``*.pub``."""
+    nats_creds: str | None = None
+    """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
+    nats_tls: bus.TlsFiles | None = None
 
 
 @dataclass
@@ -60,36 +73,52 @@ def apply_message_id(message: ApplyMessage, payload: bytes) -> str:
 
 
 class Planner:
-    def __init__(self, settings: PlannerSettings, js: JetStreamContext) -> None:
+    def __init__(
+        self,
+        settings: PlannerSettings,
+        js: JetStreamContext,
+        *,
+        signer: signing.Signer,
+        trusted_events: signing.Keyring,
+    ) -> None:
         self.settings = settings
         self.js = js
+        self.signer = signer
+        self.trusted_events = trusted_events
         self.stats = PlannerStats()
+        self.max_payload = DEFAULT_MAX_PAYLOAD
+        self._synchronous_until = 0.0
+        """The server's max payload (headers and body); ``run_planner`` sets it from the connection."""
 
     async def handle(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         try:
+            # Before anything reads the bytes: an event the watcher did not sign is not planned at all.
+            self.trusted_events.verify(msg.subject, msg.data, msg.headers)
+        except signing.SignatureError as exc:
+            await self._dead_letter(msg, str(exc), reason=exc.reason)
+            await msg.term()
+            return
+        try:
             event = decode_event(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await self._dead_letter(msg, str(exc))
+            await self._dead_letter(msg, str(exc), reason="undecodable")
             await msg.term()
             return
         result = plan(event, source_seq=seq)
         self.stats.events += 1
         PLANS.labels(outcome="planned").inc()
         CONSUMER_LAG.labels(consumer=msg.metadata.consumer or "planner").set(msg.metadata.num_pending or 0)
-        futures = []
-        for message in result.applies:
-            payload = encode(message)
-            subject = subjects.apply_subject(message.trainjob.namespace, message.trainjob.name, component_of(message))
-            headers = {bus.MSG_ID: apply_message_id(message, payload), bus.TRACE_ID: message.trace_id}
-            PLANNED_MESSAGES.labels(component=str(type(message).__struct_config__.tag)).inc()
-            futures.append(await self.js.publish_async(subject, payload, headers=headers))
-        if futures:
-            # Bounded: a PubAck lost with a stream leader never completes its future, and an unbounded wait
-            # would stall this partition for good while its lease is still renewed. On timeout the event is
-            # handed back (handle_batch naks it) and planned again; the message ids make repeats free.
-            await asyncio.wait_for(asyncio.gather(*futures), timeout=PUBACK_TIMEOUT_SECONDS)
-        self.stats.messages += len(futures)
+        encoded = [(message, encode(message)) for message in result.applies]
+        oversized = {
+            component_of(message): len(payload)
+            for message, payload in encoded
+            if len(payload) + HEADER_ALLOWANCE > self.max_payload
+        }
+        if oversized and isinstance(event, TrainJobObserved):
+            await self._plan_too_large(msg, event, oversized)
+            return
+        await self._publish(encoded)
         for warning in result.warnings:
             log.warning("%s: %s", result.trainjob, warning, extra={"trainjob": str(result.trainjob)})
         log.info(
@@ -101,24 +130,87 @@ class Planner:
         )
         await msg.ack()
 
-    async def _dead_letter(self, msg: Msg, error: str) -> None:
+    async def _plan_too_large(self, msg: Msg, event: TrainJobObserved, sizes: dict[str, int]) -> None:
+        """A plan that cannot fit the bus never will: its event is dead-lettered, not retried for ever.
+
+        Only the TrainJob's status is published instead, with ``ResourcesCreated=False`` reason
+        ``PlanTooLarge``; it is small, and published only when the TrainJob does not already say so, so the
+        status change's own event plans to the same answer and publishes nothing: no loop.
+        """
+        seq = msg.metadata.sequence.stream
+        replacement = plan_too_large(event, source_seq=seq, sizes=sizes, max_payload=self.max_payload)
+        await self._publish([(message, encode(message)) for message in replacement.applies])
+        error = replacement.warnings[0]
+        self.stats.dead_letters += 1
+        PLANS.labels(outcome="too-large").inc()
+        DEAD_LETTERS.labels(stage="planner", reason="plan-too-large").inc()
+        await bus.dead_letter(
+            self.js,
+            msg,
+            stage="planner",
+            reason="plan-too-large",
+            error=error,
+            namespace=replacement.trainjob.namespace,
+            name=replacement.trainjob.name,
+        )
+        await msg.term()
+
+    async def _publish(self, encoded: list[tuple[ApplyMessage, bytes]]) -> None:
+        futures = []
+        sent: list[tuple[str, bytes, dict[str, str]]] = []
+        for message, payload in encoded:
+            subject = subjects.apply_subject(message.trainjob.namespace, message.trainjob.name, component_of(message))
+            headers = {
+                bus.MSG_ID: apply_message_id(message, payload),
+                bus.TRACE_ID: message.trace_id,
+                signing.SIGNATURE_HEADER: self.signer.sign(subject, payload),
+            }
+            PLANNED_MESSAGES.labels(component=str(type(message).__struct_config__.tag)).inc()
+            sent.append((subject, payload, headers))
+            if time.monotonic() < self._synchronous_until:
+                # The stream refused a message lately: publish one at a time, so a refusal shows at once.
+                await self.js.publish(subject, payload, headers=headers, timeout=PUBACK_TIMEOUT_SECONDS)
+            else:
+                futures.append(await self.js.publish_async(subject, payload, headers=headers))
+        if futures:
+            # Bounded: a PubAck lost with a stream leader never completes its future, and an unbounded wait
+            # would stall this partition for good while its lease is still renewed. On timeout the event is
+            # handed back (handle_batch naks it) and planned again; the message ids make repeats free.
+            try:
+                await asyncio.wait_for(asyncio.gather(*futures), timeout=PUBACK_TIMEOUT_SECONDS)
+            except TimeoutError:
+                # nats-py loses a PubAck that is an error (its reply handler raises instead of failing the
+                # future), so a full stream's refusal looks like a lost PubAck. Asking again, synchronously,
+                # tells them apart: a stored message answers as a duplicate, a refused one raises. Either
+                # way the event goes back to be planned again.
+                subject, payload, headers = sent[0]
+                await self.js.publish(subject, payload, headers=headers, timeout=PUBACK_TIMEOUT_SECONDS)
+                raise
+        self.stats.messages += len(sent)
+
+    async def _dead_letter(self, msg: Msg, error: str, *, reason: str) -> None:
         self.stats.dead_letters += 1
         PLANS.labels(outcome="dead-letter").inc()
-        DEAD_LETTERS.labels(stage="planner", reason="undecodable").inc()
+        DEAD_LETTERS.labels(stage="planner", reason=reason).inc()
         namespace, name = subjects.trainjob_of_subject(msg.subject)
-        await bus.dead_letter(
-            self.js, msg, stage="planner", reason="undecodable", error=error, namespace=namespace, name=name
-        )
+        await bus.dead_letter(self.js, msg, stage="planner", reason=reason, error=error, namespace=namespace, name=name)
 
     async def handle_batch(self, msgs: list[Msg]) -> None:
         for msg in msgs:  # in order: one partition's events, one TrainJob after another
             try:
                 await self.handle(msg)
             except (TimeoutError, nats.errors.Error, ConnectionError) as exc:
-                # The bus failed us, not the plan: hand the event back to be planned again.
-                log.warning("publishing the plan for %s failed (%s); it will be redelivered", msg.subject, exc)
+                # The bus failed us, not the plan: hand the event back to be planned again. A full apply
+                # stream refused it (and stored nothing): back off further each time until there is room.
+                delay = 1.0
+                if publishing.is_refused(exc):
+                    self._synchronous_until = time.monotonic() + SYNCHRONOUS_AFTER_REFUSAL_SECONDS
+                    delay = min(30.0, 2.0 ** min(msg.metadata.num_delivered or 1, 5))
+                    publishing.note_refused(exc, stream=streams.APPLY.name, subject=msg.subject, delay=delay)
+                else:
+                    log.warning("publishing the plan for %s failed (%s); it will be redelivered", msg.subject, exc)
                 with contextlib.suppress(Exception):
-                    await msg.nak(delay=1.0)
+                    await msg.nak(delay=delay)
             except Exception as exc:
                 # A plan that raises would raise again on every redelivery: keep it aside instead.
                 log.exception("failed to plan %s", msg.subject)
@@ -136,13 +228,22 @@ class Planner:
 
 
 async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
-    nc = await bus.connect(settings.nats_url, name="tjpipe-planner")
+    signer = signing.Signer.from_file(settings.signing_key, setting="--signing-key / TJPIPE_SIGNING_KEY")
+    trusted_events = signing.Keyring.from_path(
+        settings.trusted_event_keys, setting="--trusted-event-keys / TJPIPE_TRUSTED_EVENT_KEYS", name="event"
+    )
+    log.info(
+        "signing apply messages with key %s; trusting events signed by %s",
+        signer.key_id,
+        ", ".join(trusted_events.key_ids),
+    )
+    nc = await bus.connect(settings.nats_url, name="tjpipe-planner", creds=settings.nats_creds, tls=settings.nats_tls)
     js = nc.jetstream()
-    await bus.ensure_streams(js, streams.configured_streams())
     health = HealthServer(port=settings.metrics_port)
     health.add_check("nats", lambda: nc.is_connected)
     await health.start()
-    planner = Planner(settings, js)
+    planner = Planner(settings, js, signer=signer, trusted_events=trusted_events)
+    planner.max_payload = nc.max_payload or DEFAULT_MAX_PAYLOAD
     try:
         await consume_partitioned(
             nc,

@@ -1,8 +1,15 @@
-"""JetStream plumbing shared by the services: connecting, and bringing streams and consumers into shape.
+"""JetStream plumbing shared by the services: connecting with credentials, setting the bus up, binding to it.
 
-Streams and consumers are created or updated by whichever service starts first, from the definitions in
-``contracts.streams``; there is no separate provisioning step to forget. ``add_consumer`` is already
-create-or-update on the server; streams need an explicit update when their settings changed.
+Every connection is authenticated: a service presents its own NATS identity (an nkey seed file, or a JWT
+``.creds`` file) and, where the server asks for it, TLS. Its replies come to an inbox prefix derived from
+its public key (:func:`inbox_prefix`), which the server lets only that identity subscribe to.
+
+Streams, durable consumers and KV buckets are made in one place, :func:`setup_bus`, run with the admin
+identity at set-up (``tjpipe bus-setup``, ``tjpipe up``, the test fixtures, the deployment's set-up Job).
+The services' identities may not create, change or delete any of them: a service only binds to what
+exists, and waits with a log line that says what is missing until the set-up has run
+(:func:`until_set_up`). ``add_consumer`` is create-or-update on the server; streams need an explicit update
+when their settings changed.
 """
 
 from __future__ import annotations
@@ -10,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import nats
@@ -25,7 +35,9 @@ from nats.js.errors import BadRequestError
 
 from contracts import subjects
 from contracts.messages import DeadLetter, encode
-from contracts.streams import ConsumerSpec, StreamSpec
+from contracts.streams import APPLIED_BUCKET, APPLIER, DLQ, PLANNER, ConsumerSpec, StreamSpec
+from contracts.subjects import PARTITIONS
+from plumbing import publishing
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +49,80 @@ MAX_DEAD_LETTER_PAYLOAD = 640 * 1024
 TRACE_ID = "Tj-Trace-Id"
 
 
-async def connect(url: str, *, name: str) -> NATS:
+LEASE_BUCKET = "tj_leases"
+"""KV bucket of partition leases, keys ``<role>.p<partition>`` and ``<role>.member.<replica>``."""
+LEASE_TTL_SECONDS = 6.0
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for a TLS connection: the CA that signed the server, and a client certificate if required."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cafile=self.ca)
+        if self.cert:
+            context.load_cert_chain(self.cert, self.key)
+        return context
+
+    @classmethod
+    def from_options(cls, ca: str | None, cert: str | None, key: str | None) -> TlsFiles | None:
+        if not (ca or cert or key):
+            return None
+        if bool(cert) != bool(key):
+            raise ValueError("a TLS client certificate needs both --nats-tls-cert and --nats-tls-key")
+        return cls(ca=ca or None, cert=cert or None, key=key or None)
+
+
+class CredentialsError(ValueError):
+    """The credentials file is missing, unreadable or not a NATS seed or .creds file."""
+
+
+def _seed_in(text: str) -> str:
+    """The user nkey seed in a bare seed file, or in the ``USER NKEY SEED`` part of a ``.creds`` file."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if any("BEGIN USER NKEY SEED" in line for line in lines):
+        lines = lines[next(i for i, line in enumerate(lines) if "BEGIN USER NKEY SEED" in line) + 1 :]
+    for line in lines:
+        if line.startswith("SU"):
+            return line
+    raise CredentialsError("no user nkey seed (a line starting with SU) found")
+
+
+def public_key_of_credentials(path: str | Path) -> str:
+    """The user's public nkey (``U…``) for a seed file or a ``.creds`` file."""
+    import nkeys
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CredentialsError(f"cannot read NATS credentials {path}: {exc.strerror}") from exc
+    try:
+        pair = nkeys.from_seed(bytearray(_seed_in(text).encode()))
+    except CredentialsError as exc:
+        raise CredentialsError(f"{path}: {exc}") from None
+    except Exception as exc:  # nkeys raises its own error types for a bad encoding or checksum
+        raise CredentialsError(f"{path}: not a valid nkey seed ({type(exc).__name__})") from None
+    try:
+        return str(pair.public_key.decode())
+    finally:
+        pair.wipe()
+
+
+def inbox_prefix(public_key: str) -> str:
+    """The inbox prefix of one identity; the server lets only that identity subscribe below it."""
+    return f"_INBOX_{public_key}"
+
+
+async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: TlsFiles | None = None) -> NATS:
+    """Connect as the identity in ``creds`` (an nkey seed file or a JWT ``.creds`` file), over TLS if given.
+
+    Without ``creds`` the connection is anonymous, which a server configured by this project refuses.
+    """
+
     async def on_error(exc: Exception) -> None:
         log.warning("nats: %s", exc)
 
@@ -47,6 +132,16 @@ async def connect(url: str, *, name: str) -> NATS:
     async def on_reconnect() -> None:
         log.info("nats: reconnected")
 
+    options: dict[str, object] = {}
+    if creds:
+        path = str(creds)
+        options["inbox_prefix"] = inbox_prefix(public_key_of_credentials(path))
+        if "BEGIN NATS USER JWT" in Path(path).read_text():
+            options["user_credentials"] = path
+        else:
+            options["nkeys_seed"] = path
+    if tls is not None:
+        options["tls"] = tls.context()
     return await nats.connect(
         servers=[u.strip() for u in url.split(",")],
         name=name,
@@ -55,6 +150,7 @@ async def connect(url: str, *, name: str) -> NATS:
         error_cb=on_error,
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
+        **options,
     )
 
 
@@ -69,7 +165,7 @@ def _stream_config(spec: StreamSpec) -> js_api.StreamConfig:
         max_bytes=spec.max_bytes,
         duplicate_window=spec.duplicate_window_seconds,
         num_replicas=spec.replicas,
-        discard=js_api.DiscardPolicy.OLD,
+        discard=js_api.DiscardPolicy.NEW if spec.discard == "new" else js_api.DiscardPolicy.OLD,
         allow_direct=True,
     )
 
@@ -117,6 +213,108 @@ async def _ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) -
             await js.update_stream(config)
 
 
+async def setup_bus(
+    js: JetStreamContext,
+    specs: tuple[StreamSpec, ...],
+    *,
+    replicas: int = 1,
+    lease_ttl: float = LEASE_TTL_SECONDS,
+    consumers: tuple[ConsumerSpec, ...] = (PLANNER, APPLIER),
+) -> None:
+    """Create or update everything the services bind to: streams, per-partition durables, KV buckets.
+
+    Needs the admin identity; idempotent, so it runs at every start of the stack and in every deployment.
+    """
+    await ensure_streams(js, specs)
+    for durable in [partition_consumer(spec, p) for spec in consumers for p in range(PARTITIONS)]:
+        await until_done(_bound(ensure_consumer, js, durable), what=f"creating consumer {durable.durable}")
+    await until_done(
+        lambda: _ensure_bucket(js, LEASE_BUCKET, ttl=lease_ttl, replicas=replicas), what="creating the lease bucket"
+    )
+    await until_done(
+        lambda: _ensure_bucket(js, APPLIED_BUCKET, ttl=None, replicas=replicas), what="creating the ledger bucket"
+    )
+
+
+async def _ensure_bucket(js: JetStreamContext, bucket: str, *, ttl: float | None, replicas: int) -> None:
+    """The bucket, with direct gets allowed: the services read keys and list lease holders with them."""
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+    except (nats.js.errors.NotFoundError, BadRequestError):
+        options: dict[str, object] = {"ttl": ttl} if ttl else {}
+        await js.create_key_value(
+            bucket=bucket,
+            history=1,
+            replicas=replicas,
+            direct=True,
+            **options,  # type: ignore[arg-type]
+        )
+        return
+    if not info.config.allow_direct:  # made by an older version, which did not ask for it
+        await js.update_stream(info.config.evolve(allow_direct=True))
+
+
+def _bound(
+    step: Callable[[JetStreamContext, ConsumerSpec], Awaitable[T]], js: JetStreamContext, spec: ConsumerSpec
+) -> Callable[[], Awaitable[T]]:
+    return lambda: step(js, spec)
+
+
+def partition_consumer(spec: ConsumerSpec, partition: int) -> ConsumerSpec:
+    """The durable of one partition: ``<durable>-p<partition>``, filtered to that partition's subjects."""
+    import msgspec
+
+    prefix = spec.filter_subject.split(".*.", 1)[0]
+    return msgspec.structs.replace(
+        spec, durable=f"{spec.durable}-p{partition}", filter_subject=f"{prefix}.{partition}.>"
+    )
+
+
+async def until_set_up(step: Callable[[], Awaitable[T]], *, what: str, max_delay: float = 5.0) -> T:
+    """Run a binding step until what it binds to exists: the admin set-up may not have run yet.
+
+    A service may not create streams, consumers or buckets itself, so it waits, saying what it waits for,
+    and goes on once ``tjpipe bus-setup`` (or the deployment's set-up Job) has made them.
+    """
+    delay = 0.5
+    waited = 0.0
+    while True:
+        try:
+            return await step()
+        except (
+            nats.js.errors.NotFoundError,
+            TimeoutError,
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.ServiceUnavailableError,
+        ) as exc:
+            log.warning(
+                "%s is not there yet (%s); waiting for the bus set-up (tjpipe bus-setup, admin identity); "
+                "waited %.0fs so far",
+                what,
+                type(exc).__name__,
+                waited,
+            )
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, max_delay)
+
+
+async def bind_stream(js: JetStreamContext, stream: str) -> None:
+    await until_set_up(lambda: js.stream_info(stream), what=f"stream {stream}")
+
+
+async def bind_consumers(js: JetStreamContext, spec: ConsumerSpec) -> None:
+    """Wait until every partition durable of ``spec`` exists."""
+    for partition in range(PARTITIONS):
+        durable = partition_consumer(spec, partition)
+        await until_set_up(_bound(_consumer_info, js, durable), what=f"consumer {spec.stream}/{durable.durable}")
+
+
+async def _consumer_info(js: JetStreamContext, spec: ConsumerSpec) -> object:
+    return await js.consumer_info(spec.stream, spec.durable)
+
+
 async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
     await js.add_consumer(
         spec.stream,
@@ -155,7 +353,9 @@ async def dead_letter(
         dead_at=time.time(),
     )
     log.error("dead-lettered %s (%s): %s", msg.subject, reason, error)
-    await js.publish(subjects.dlq_subject(stage, namespace, name), encode(letter))
+    # A full dead-letter stream makes the caller wait for room: a dead letter is never dropped.
+    subject = subjects.dlq_subject(stage, namespace, name)
+    await publishing.publish_stored(js, subject, encode(letter), stream=DLQ.name)
 
 
 class StoredMessage:
@@ -184,54 +384,107 @@ async def read_stream(
     last_per_subject: bool = False,
     batch: int = 256,
 ) -> list[StoredMessage]:
-    """Every stored message on ``subject`` (wildcards allowed), oldest first, without touching any durable.
+    """Every stored message on ``subject`` (wildcards allowed), oldest first, without touching any consumer.
 
-    An ephemeral, unacknowledged, in-memory consumer reads the history; the production consumers and the
-    stream are left exactly as they were, which is what makes history and replay safe on a live system.
-    ``last_per_subject`` has the server pick only the newest message of each subject instead.
+    The messages are read with batched direct gets (``$JS.API.DIRECT.GET.<stream>``), which only read: no
+    consumer is created, so the production consumers and the stream stay exactly as they were, which is what
+    makes history and replay safe on a live system, and a read-only identity needs no right to create
+    consumers (with which it could re-point a service's durable). ``last_per_subject`` has the server pick
+    only the newest message of each subject instead.
     """
     import datetime as dt
 
-    policy = js_api.DeliverPolicy.ALL
-    options: dict[str, object] = {}
+    request: dict[str, object] = {"next_by_subj": subject, "batch": batch}
     if last_per_subject:
-        policy = js_api.DeliverPolicy.LAST_PER_SUBJECT
-    elif start_seq is not None:
-        policy = js_api.DeliverPolicy.BY_START_SEQUENCE
-        options["opt_start_seq"] = start_seq
+        found = await _direct_get_batch(js, stream, {"multi_last": [subject], "batch": 1 << 20})
+        if found is not None:
+            return found
+        # The server would not answer that many subjects at once: read everything, keep the newest of each.
+        newest: dict[str, StoredMessage] = {}
+        for message in await read_stream(js, stream, subject):
+            newest[message.subject] = message
+        return sorted(newest.values(), key=lambda m: m.seq)
+    if start_seq is not None:
+        request["seq"] = start_seq
     elif start_time is not None:
-        policy = js_api.DeliverPolicy.BY_START_TIME
-        options["opt_start_time"] = dt.datetime.fromtimestamp(start_time, tz=dt.UTC).isoformat()
-    config = js_api.ConsumerConfig(
-        ack_policy=js_api.AckPolicy.NONE,
-        deliver_policy=policy,
-        inactive_threshold=30,
-        mem_storage=True,
-        num_replicas=1,
-        **options,  # type: ignore[arg-type]
-    )
-    sub = await js.pull_subscribe(subject, stream=stream, config=config)
+        request["start_time"] = dt.datetime.fromtimestamp(start_time, tz=dt.UTC).isoformat()
+    else:
+        request["seq"] = 1
+    out: list[StoredMessage] = []
+    while True:
+        page = await _direct_get_batch(js, stream, request)
+        if not page:
+            return out
+        out += page
+        request.pop("start_time", None)
+        request["seq"] = page[-1].seq + 1
+
+
+_DIRECT_GET_HEADERS = frozenset(
+    {
+        "Nats-Stream",
+        "Nats-Subject",
+        "Nats-Sequence",
+        "Nats-Time-Stamp",
+        "Nats-Num-Pending",
+        "Nats-Last-Sequence",
+        "Nats-UpTo-Sequence",
+    }
+)
+
+
+def _timestamp(text: str) -> float:
+    """RFC 3339 with up to nanoseconds, as the server writes ``Nats-Time-Stamp``."""
+    import datetime as dt
+
+    head, _, rest = text.rstrip("Z").partition(".")
+    fraction = "".join(ch for ch in rest if ch.isdigit())
+    when = dt.datetime.fromisoformat(head).replace(tzinfo=dt.UTC)
+    return when.timestamp() + (int(fraction[:9].ljust(9, "0")) / 1e9 if fraction else 0.0)
+
+
+async def _direct_get_batch(
+    js: JetStreamContext, stream: str, request: dict[str, object], *, timeout: float = 5.0
+) -> list[StoredMessage] | None:
+    """One batched direct get: the messages it returns, until the server's end-of-batch marker.
+
+    ``[]`` when nothing matches; ``None`` when the server refuses the request (too large, not supported).
+    """
+    import json
+
+    nc: NATS = js._nc
+    inbox = nc.new_inbox()
+    arrived: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_message(msg: Msg) -> None:
+        await arrived.put(msg)
+
+    sub = await nc.subscribe(inbox, cb=on_message)
     out: list[StoredMessage] = []
     try:
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
         while True:
-            try:
-                msgs = await sub.fetch(batch, timeout=1.0)
-            except (nats.errors.TimeoutError, TimeoutError):
-                break
-            for msg in msgs:
-                meta = msg.metadata
-                out.append(
-                    StoredMessage(
-                        stream=stream,
-                        seq=meta.sequence.stream,
-                        subject=msg.subject,
-                        data=msg.data,
-                        headers=dict(msg.headers or {}),
-                        time=meta.timestamp.timestamp(),
-                    )
+            msg = await asyncio.wait_for(arrived.get(), timeout=timeout)
+            headers = dict(msg.headers or {})
+            status = headers.get("Status")
+            if status == "204":  # end of batch
+                return out
+            if status == "404":  # nothing (more) matches
+                return out
+            if status:
+                if out:
+                    return out
+                log.debug("direct get on %s refused: %s %s", stream, status, headers.get("Description"))
+                return None
+            out.append(
+                StoredMessage(
+                    stream=stream,
+                    seq=int(headers["Nats-Sequence"]),
+                    subject=headers["Nats-Subject"],
+                    data=msg.data,
+                    headers={k: v for k, v in headers.items() if k not in _DIRECT_GET_HEADERS},
+                    time=_timestamp(headers["Nats-Time-Stamp"]),
                 )
-            if msgs and msgs[-1].metadata.num_pending == 0:
-                break
+            )
     finally:
         await sub.unsubscribe()
-    return out

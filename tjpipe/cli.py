@@ -43,6 +43,32 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _nats(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"), help="env: NATS_URL")
+    parser.add_argument(
+        "--nats-creds",
+        default=os.environ.get("NATS_CREDS"),
+        help="this process's NATS identity: an nkey seed file or a JWT .creds file (env NATS_CREDS)",
+    )
+    parser.add_argument(
+        "--nats-tls-ca",
+        default=os.environ.get("NATS_TLS_CA"),
+        help="CA file that signed the NATS server (env NATS_TLS_CA)",
+    )
+    parser.add_argument(
+        "--nats-tls-cert",
+        default=os.environ.get("NATS_TLS_CERT"),
+        help="client certificate, if the server asks for one (env NATS_TLS_CERT)",
+    )
+    parser.add_argument(
+        "--nats-tls-key", default=os.environ.get("NATS_TLS_KEY"), help="its private key (env NATS_TLS_KEY)"
+    )
+
+
+def nats_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``plumbing.bus.connect`` keyword arguments the NATS flags name."""
+    from plumbing.bus import TlsFiles
+
+    tls = TlsFiles.from_options(args.nats_tls_ca, args.nats_tls_cert, args.nats_tls_key)
+    return {"creds": args.nats_creds or None, "tls": tls}
 
 
 def _kube(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +76,23 @@ def _kube(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG"),
         help="env: KUBECONFIG; unset inside a cluster means in-cluster credentials",
+    )
+
+
+def _signing_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--signing-key",
+        default=os.environ.get("TJPIPE_SIGNING_KEY"),
+        help="this stage's ed25519 private key, PEM (env TJPIPE_SIGNING_KEY); required",
+    )
+
+
+def _trusted_keys(parser: argparse.ArgumentParser, kind: str, made_by: str) -> None:
+    parser.add_argument(
+        f"--trusted-{kind}-keys",
+        default=os.environ.get(f"TJPIPE_TRUSTED_{kind.upper()}_KEYS"),
+        help=f"the {made_by}'s ed25519 public keys: a file, or a directory of *.pub files "
+        f"(env TJPIPE_TRUSTED_{kind.upper()}_KEYS); required",
     )
 
 
@@ -68,21 +111,53 @@ def build_parser() -> argparse.ArgumentParser:
         help="namespace to watch (repeatable; env TJPIPE_NAMESPACES, comma-separated); default: all",
     )
     watcher.add_argument("--resync-seconds", type=float, default=300.0)
+    _signing_key(watcher)
 
     planner = sub.add_parser("planner", help="turn events into per-component apply configurations")
     _common(planner)
     _nats(planner)
+    _signing_key(planner)
+    _trusted_keys(planner, "event", "watcher")
 
     applier = sub.add_parser("applier", help="server-side apply each planned component")
     _common(applier)
     _nats(applier)
     _kube(applier)
     applier.add_argument("--concurrency", type=int, default=int(os.environ.get("TJPIPE_APPLY_CONCURRENCY", "16")))
+    applier.add_argument(
+        "--stale-claim-grace",
+        type=float,
+        default=float(os.environ.get("TJPIPE_STALE_CLAIM_GRACE", "330")),
+        help="seconds a ledger claim newer than the cluster may hold a target before it is overwritten",
+    )
+    applier.add_argument(
+        "--trainjob-cache-seconds",
+        type=float,
+        default=float(os.environ.get("TJPIPE_TRAINJOB_CACHE_SECONDS", "5")),
+        help="seconds a TrainJob verified against the cluster is trusted without reading it again",
+    )
+    _trusted_keys(applier, "plan", "planner")
 
     up = sub.add_parser("up", help="run the embedded local stack (NATS, kube-apiserver, the three services)")
     up.add_argument("--demo", action="store_true", help="install torch-distributed and create a sample TrainJob")
     up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
     up.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
+
+    setup = sub.add_parser(
+        "bus-setup",
+        help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
+    )
+    _nats(setup)
+
+    creds = sub.add_parser(
+        "nats-credentials",
+        help="make an nkey seed per NATS identity (kept if present) and the server's authorization block",
+    )
+    creds.add_argument("--dir", type=Path, required=True, help="folder for <identity>.nk (mode 0700, files 0600)")
+    creds.add_argument(
+        "--authorization", type=Path, help="write the nats-server authorization block (public keys only) here"
+    )
+    creds.add_argument("--rotate", action="store_true", help="replace every seed with a new one")
 
     down = sub.add_parser("down", help="stop a stack started with 'tjpipe up --detach'")
     down.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
@@ -119,6 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--all", action="store_true")
     for p in dlq_sub.choices.values():
         _nats(p)
+
+    keys = sub.add_parser("keys", help="the stages' message-signing keys: make, rotate, retire")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    keys_sub.add_parser("init", help="a signing key for the watcher and the planner, and the keyrings trusting them")
+    rot = keys_sub.add_parser("rotate", help="trust a new key for STAGE, then sign with it (the old stays trusted)")
+    rot.add_argument("stage", choices=("watcher", "planner"))
+    ret = keys_sub.add_parser("retire", help="stop trusting an old key of STAGE")
+    ret.add_argument("stage", choices=("watcher", "planner"))
+    ret.add_argument("key_id")
+    keys_sub.add_parser("list", help="the key each stage signs with, and the keys trusted")
+    for p in keys_sub.choices.values():
+        p.add_argument(
+            "--dir",
+            type=Path,
+            default=Path(".tjpipe/keys"),
+            help="key folder: watcher.key, planner.key (0600), trusted-events/ and trusted-plans/ (*.pub)",
+        )
     return parser
 
 
@@ -131,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         return _up(args)
     if command == "down":
         return _down(args)
+    if command == "keys":
+        return _keys(args)
+    if command == "bus-setup":
+        return asyncio.run(_bus_setup(args))
+    if command == "nats-credentials":
+        return _nats_credentials(args)
     from tjpipe import opscli
 
     return opscli.run(command, args)
@@ -140,6 +238,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_service(command: str, args: argparse.Namespace) -> int:
+    from plumbing.signing import KeyMaterialError
+
+    try:
+        return _start_service(command, args)
+    except KeyMaterialError as exc:  # secure by default: no keys, no service
+        print(f"tjpipe {command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _start_service(command: str, args: argparse.Namespace) -> int:
     from plumbing.runner import configure_logging, run_service
 
     fmt = {"json": True, "text": False, "auto": None}[args.log_format]
@@ -153,12 +261,22 @@ def _run_service(command: str, args: argparse.Namespace) -> int:
             namespaces=tuple(dict.fromkeys(args.namespace)),
             resync_seconds=args.resync_seconds,
             metrics_port=args.metrics_port,
+            signing_key=args.signing_key,
+            nats_creds=args.nats_creds or None,
+            nats_tls=nats_options(args)["tls"],
         )
         return run_service(lambda stop: run_watcher(ws, stop))
     if command == "planner":
         from planner.service import PlannerSettings, run_planner
 
-        ps = PlannerSettings(nats_url=args.nats_url, metrics_port=args.metrics_port)
+        ps = PlannerSettings(
+            nats_url=args.nats_url,
+            metrics_port=args.metrics_port,
+            signing_key=args.signing_key,
+            trusted_event_keys=args.trusted_event_keys,
+            nats_creds=args.nats_creds or None,
+            nats_tls=nats_options(args)["tls"],
+        )
         if args.replica_id:
             ps.replica = args.replica_id
         return run_service(lambda stop: run_planner(ps, stop))
@@ -169,10 +287,42 @@ def _run_service(command: str, args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         concurrency=args.concurrency,
         metrics_port=args.metrics_port,
+        stale_claim_grace_seconds=args.stale_claim_grace,
+        trainjob_cache_seconds=args.trainjob_cache_seconds,
+        trusted_plan_keys=args.trusted_plan_keys,
+        nats_creds=args.nats_creds or None,
+        nats_tls=nats_options(args)["tls"],
     )
     if args.replica_id:
         aps.replica = args.replica_id
     return run_service(lambda stop: run_applier(aps, stop))
+
+
+# ------------------------------------------------------------------------------------------- the bus
+
+
+async def _bus_setup(args: argparse.Namespace) -> int:
+    from contracts import streams
+    from plumbing import bus
+
+    nc = await bus.connect(args.nats_url, name="tjpipe-bus-setup", **nats_options(args))
+    try:
+        await bus.setup_bus(nc.jetstream(), streams.configured_streams(), replicas=streams.stream_replicas())
+    finally:
+        await nc.close()
+    console.print("bus set up: streams, per-partition consumers, KV buckets")
+    return 0
+
+
+def _nats_credentials(args: argparse.Namespace) -> int:
+    from tjpipe import credentials
+
+    creds = credentials.generate_credentials(args.dir, replace=args.rotate)
+    console.print(f"NATS identities in {creds.root}: {', '.join(credentials.IDENTITIES)}")
+    if args.authorization:
+        credentials.write_authorization(creds, args.authorization)
+        console.print(f"authorization block (public keys only): {args.authorization}")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------- up / down
@@ -231,6 +381,35 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from plumbing.signing import KeyMaterialError
+    from tjpipe.local.signing_keys import STAGES, KeyFolder
+
+    sub: str = args.keys_command
+    folder = KeyFolder(args.dir.resolve())
+    try:
+        if sub == "init":
+            folder.ensure()
+            console.print(f"keys in {folder.root}: " + ", ".join(f"{s} {folder.current_key_id(s)}" for s in STAGES))
+        elif sub == "rotate":
+            old, new = folder.rotate(args.stage)
+            console.print(
+                f"{args.stage} now signs with {new} (running services pick it up within seconds); {old} is still "
+                f"trusted for messages signed before. Once they are consumed: tjpipe keys retire {args.stage} {old}"
+            )
+        elif sub == "retire":
+            removed = folder.retire(args.stage, args.key_id)
+            console.print(f"{args.stage} key {args.key_id} is no longer trusted (removed {removed})")
+        else:
+            for stage in STAGES:
+                trusted = ", ".join(folder.trusted_key_ids(stage))
+                console.print(f"{stage}: signs with {folder.current_key_id(stage)}; trusted: {trusted}")
+    except (KeyMaterialError, ValueError) as exc:
+        console.print(f"[red]{exc}[/]")
+        return 1
+    return 0
+
+
 async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
     """Print every apply result as it happens, and the demo JobSet's shape once it exists."""
     import logging
@@ -242,11 +421,11 @@ async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
     from plumbing import bus
 
     logging.getLogger("plumbing.bus").setLevel(logging.ERROR)
-    nc = await bus.connect(stack.nats_url, name="tjpipe-up")
+    # Read-only: the results are polled with direct gets, as the reader identity.
+    nc = await bus.connect(stack.nats_url, name="tjpipe-up", **stack.nats_connect_options("reader"))
     js = nc.jetstream()
-    await bus.ensure_streams(js, streams.configured_streams())
-    sub = await js.subscribe(f"{subjects.RESULTS_PREFIX}.>", ordered_consumer=True)
     shown = False
+    next_seq = 1
     try:
         while True:
             for process in stack.services:
@@ -254,24 +433,31 @@ async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
                     console.print(f"[red]{process.name} exited[/]; last log lines:\n{process.log_tail()}")
                     return
             try:
-                msg = await sub.next_msg(timeout=1.0)
+                stored = await bus.read_stream(
+                    js, streams.RESULTS.name, f"{subjects.RESULTS_PREFIX}.>", start_seq=next_seq
+                )
             except Exception:
+                stored = []
+            if not stored:
+                await asyncio.sleep(0.5)
                 continue
-            try:
-                result = decode_result(msg.data)
-            except msgspec.DecodeError:
-                continue
-            colour = {"created": "green", "configured": "cyan", "unchanged": "dim", "failed": "red"}.get(
-                result.action, "yellow"
-            )
-            console.print(
-                f"[{colour}]{result.action:>10}[/] {result.target}  "
-                f"({result.attempts} attempt{'s' if result.attempts != 1 else ''}, {result.duration_ms:.0f} ms)"
-                + (f" — {result.reason}" if result.reason else "")
-            )
-            if demo and not shown and result.component == "jobset" and result.action in ("created", "configured"):
-                shown = True
-                _show_jobset(stack, *demo)
+            next_seq = stored[-1].seq + 1
+            for msg in stored:
+                try:
+                    result = decode_result(msg.data)
+                except msgspec.DecodeError:
+                    continue
+                colour = {"created": "green", "configured": "cyan", "unchanged": "dim", "failed": "red"}.get(
+                    result.action, "yellow"
+                )
+                console.print(
+                    f"[{colour}]{result.action:>10}[/] {result.target}  "
+                    f"({result.attempts} attempt{'s' if result.attempts != 1 else ''}, {result.duration_ms:.0f} ms)"
+                    + (f" — {result.reason}" if result.reason else "")
+                )
+                if demo and not shown and result.component == "jobset" and result.action in ("created", "configured"):
+                    shown = True
+                    _show_jobset(stack, *demo)
     finally:
         await nc.close()
 

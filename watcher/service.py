@@ -33,7 +33,7 @@ from contracts.kube import ConfigMap, ObjectMeta
 from contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
 from contracts.trainer import TrainingRuntime, TrainJob
 from contracts.values import meta, name_of, namespace_of
-from plumbing import bus
+from plumbing import bus, publishing, signing
 from plumbing.informer import Cached, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
 from plumbing.observability import EVENTS, HealthServer
@@ -68,6 +68,11 @@ class WatcherSettings:
     """Namespaces to watch; empty means all."""
     resync_seconds: float = 300.0
     metrics_port: int = 0
+    signing_key: str | None = None
+    """The watcher's ed25519 private key (PEM); every event is signed with it."""
+    nats_creds: str | None = None
+    """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
+    nats_tls: bus.TlsFiles | None = None
 
 
 @dataclass
@@ -79,10 +84,13 @@ class WatcherStats:
 
 
 class Watcher:
-    def __init__(self, settings: WatcherSettings, kube: KubeClient, js: JetStreamContext) -> None:
+    def __init__(
+        self, settings: WatcherSettings, kube: KubeClient, js: JetStreamContext, *, signer: signing.Signer
+    ) -> None:
         self.settings = settings
         self.kube = kube
         self.js = js
+        self.signer = signer
         self.stats = WatcherStats()
         namespaces: tuple[str | None, ...] = settings.namespaces or (None,)
         self.trainjobs = [
@@ -326,6 +334,7 @@ class Watcher:
         if trace_id:
             headers[bus.TRACE_ID] = trace_id
         subject = subjects.event_subject(key[0], key[1])
+        headers[signing.SIGNATURE_HEADER] = self.signer.sign(subject, payload)
         delay = 0.2
         while True:
             try:
@@ -343,9 +352,10 @@ class Watcher:
                     extra={"trainjob": f"{key[0]}/{key[1]}"},
                 )
                 return
-            except Exception as exc:  # the bus is down or slow: keep the event, try again
+            except Exception as exc:  # the bus is down or slow, or the stream is full: keep the event, try again
                 self.stats.publish_retries += 1
-                log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, delay)
+                if not publishing.note_refused(exc, stream=streams.EVENTS.name, subject=subject, delay=delay):
+                    log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         EVENTS.labels(cause=cause.split()[0], outcome="duplicate" if ack.duplicate else "published").inc()
@@ -396,13 +406,15 @@ class Watcher:
 
 
 async def run_watcher(settings: WatcherSettings, stop: asyncio.Event) -> None:
-    nc = await bus.connect(settings.nats_url, name="tjpipe-watcher")
+    signer = signing.Signer.from_file(settings.signing_key, setting="--signing-key / TJPIPE_SIGNING_KEY")
+    log.info("signing events with key %s", signer.key_id)
+    nc = await bus.connect(settings.nats_url, name="tjpipe-watcher", creds=settings.nats_creds, tls=settings.nats_tls)
     js = nc.jetstream()
-    await bus.ensure_streams(js, streams.configured_streams())
+    await bus.bind_stream(js, streams.EVENTS.name)
     health = HealthServer(port=settings.metrics_port)
     health.add_check("nats", lambda: nc.is_connected)
     async with KubeClient(KubeConfig.load(settings.kubeconfig)) as kube:
-        watcher = Watcher(settings, kube, js)
+        watcher = Watcher(settings, kube, js, signer=signer)
         health.add_check("kubernetes", kube.reachable)
         health.add_check("synced", lambda: all(inf.synced.is_set() for inf in watcher.trainjobs))
         await health.start()

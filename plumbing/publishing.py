@@ -1,0 +1,76 @@
+"""Publishing to a stream that may be full: wait for room, never drop, never spin.
+
+Work streams (events, apply messages, dead letters) discard *new* messages at their byte or message
+limit: JetStream refuses the publish (503, error code 10077, "maximum bytes exceeded") and stores nothing,
+instead of silently deleting the oldest unread message to make room. A refused message is still only in
+the publisher's hands, so the publisher keeps it and tries again with a growing delay, counting each
+refusal in ``tjpipe_publish_refused_total{stream}`` and logging a warning, until consumers or retention
+make room. A refusal is safe to retry with the same ``Nats-Msg-Id``: the server registers an id only for a
+message it stored (checked on a real server in ``tests/security/test_stalls.py``), so the retried copy, or
+a later resync of the same observation, is not taken for a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from plumbing.observability import PUBLISH_REFUSED
+
+log = logging.getLogger(__name__)
+
+STREAM_FULL_CODE = 10077
+"""JetStream's error code for a publish refused at a stream's limit (bytes, messages, per subject)."""
+MAX_REFUSED_DELAY_SECONDS = 10.0
+
+
+def is_refused(exc: BaseException) -> bool:
+    """Whether the stream refused the message because it is full (and stored nothing)."""
+    if not isinstance(exc, nats.js.errors.APIError):
+        return False
+    description = (exc.description or "").lower()
+    return (
+        exc.err_code == STREAM_FULL_CODE
+        or "maximum bytes exceeded" in description
+        or ("maximum messages" in description and "exceeded" in description)
+    )
+
+
+def note_refused(exc: BaseException, *, stream: str, subject: str, delay: float) -> bool:
+    """Count and log a refusal; ``False`` (nothing noted) when ``exc`` is another failure."""
+    if not is_refused(exc):
+        return False
+    PUBLISH_REFUSED.labels(stream=stream).inc()
+    log.warning(
+        "stream %s is full (%s); keeping %s and trying again in %.1fs",
+        stream,
+        getattr(exc, "description", exc),
+        subject,
+        delay,
+    )
+    return True
+
+
+async def publish_stored(
+    js: JetStreamContext,
+    subject: str,
+    payload: bytes,
+    *,
+    stream: str,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+) -> js_api.PubAck:
+    """Publish and wait for the PubAck, waiting out a full stream with backoff; other errors propagate."""
+    delay = 0.2
+    while True:
+        try:
+            return await js.publish(subject, payload, headers=headers, timeout=timeout)
+        except nats.js.errors.APIError as exc:
+            if not note_refused(exc, stream=stream, subject=subject, delay=delay):
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, MAX_REFUSED_DELAY_SECONDS)
