@@ -10,7 +10,8 @@ carry: a JobSet with privileged, hostPID, hostNetwork pods mounting the host's `
 TrainJob; the forged event carries a malicious runtime for a TrainJob that waits for its runtime. The
 same JobSet signed with the planner's key is applied, which shows that the signature, and nothing else,
 is what stops it. Rotation is exercised on the running services: a new key is trusted and used without a
-restart, the old one keeps working until it is retired, and refused after.
+restart, the old one keeps working until it is retired, and refused after; a dead letter keeps its
+signature, so ``dlq retry`` sends back a message that still verifies.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ from faults.support import (
 from contracts import streams, subjects
 from contracts.messages import ApplyJobSet, ObjectKey, Target, TrainJobObserved, decode_dead_letter, encode
 from contracts.trainer import TrainingRuntime, TrainJob
-from plumbing.signing import SIGNATURE_HEADER, Signer, load_private_key
+from plumbing.signing import SIGNATURE_HEADER, Signer, format_public_key, load_private_key
+from tjpipe import ops
 from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube
 from tjpipe.local.procs import free_port
+from tjpipe.local.signing_keys import public_key_file_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(180)]
 
@@ -322,6 +325,26 @@ async def test_genuine_messages_flow_and_keys_rotate_without_a_restart(pipeline:
         assert "not among the trusted plan keys" in letters[0].error
         after = await quiet(p, js)
         assert _all_writes(after - before) == {}, (after - before).summary()
+
+        # A dead letter keeps the signature it came with: trusted again, `dlq retry` makes it verify.
+        (keys.trusted("planner") / public_key_file_name("planner", old_id)).write_text(
+            format_public_key(old_planner.public_key, "planner") + "\n"
+        )
+        results = f"{subjects.RESULTS_PREFIX}.*.{ns}.s-before.jobset"
+        before_results = len(await stream_messages(js, streams.RESULTS.name, results))
+        operator = await p.connect("dlq-operator")
+        try:
+            [letter] = await stream_messages(js, streams.DLQ.name, dlq_filter(ns))
+            await ops.retry_dead_letter(operator.jetstream(), int(letter.seq))
+        finally:
+            await operator.close()
+
+        async def retried() -> bool:
+            return len(await stream_messages(js, streams.RESULTS.name, results)) > before_results
+
+        await until_async(retried, timeout=20, what="the retried message's result")
+        assert not await _letters(js, ns)
+        assert _all_writes(await quiet(p, js) - before) == {}
     finally:
         await nc.close()
 
