@@ -62,6 +62,7 @@ from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNatsCluster, start_nats_cluster
 from tjpipe.local.procs import ManagedProcess, read_log_tail, spawn, wait_until
+from tjpipe.local.signing_keys import KeyFolder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(600)]
 
@@ -554,10 +555,12 @@ def test_multi_replica_crash_converges(scale_kube: LocalKube, tmp_path: Path) ->
         # to be killed get the whole cluster.
         victim = pick_victim(cluster)
         others_url = ",".join(s.url for i, s in enumerate(cluster.servers) if i != victim)
+        keys = KeyFolder(tmp_path / "keys").ensure()
         for role, count in (("watcher", WATCHERS), ("planner", PLANNERS), ("applier", APPLIERS)):
             for i in range(count):
                 survivor_upstream = role in ("watcher", "planner") and i > 0
                 replica_env = {**env, "NATS_URL": others_url} if survivor_upstream else env
+                replica_env = {**replica_env, **keys.service_env(role)}
                 replicas.append(start_replica(role, f"{role}-{i}", env=replica_env, log_dir=log_dir))
 
         def spread() -> bool:
@@ -817,14 +820,15 @@ def one_name_per_partition(namespace: str) -> dict[int, str]:
     return names
 
 
-def publish_events(url: str, namespace: str, names: dict[int, str], *, version: int) -> None:
+def publish_events(url: str, namespace: str, names: dict[int, str], *, version: int, keys: KeyFolder) -> None:
     runtime = crds.shipped_runtimes()[RUNTIME]
 
     async def publish(js: Any) -> None:
         for name in names.values():
             payload = observed_event(namespace, name, version=version, runtime=runtime)
-            headers = {bus.MSG_ID: f"uid-{namespace}-{name}/{version}"}
-            await js.publish(subjects.event_subject(namespace, name), payload, headers=headers, timeout=5)
+            subject = subjects.event_subject(namespace, name)
+            headers = {bus.MSG_ID: f"uid-{namespace}-{name}/{version}", **keys.sign_headers(subject, payload)}
+            await js.publish(subject, payload, headers=headers, timeout=5)
 
     _run(publish, url)
 
@@ -845,6 +849,7 @@ def test_planner_survives_lost_puback(tmp_path: Path) -> None:
     others = ",".join(s.url for i, s in enumerate(cluster.servers) if i != victim_index)
     namespace = "probe"
     names = one_name_per_partition(namespace)
+    keys = KeyFolder(tmp_path / "keys").ensure()
     try:
         env = {"TJPIPE_STREAM_REPLICAS": str(NATS_NODES)}
 
@@ -876,7 +881,8 @@ def test_planner_survives_lost_puback(tmp_path: Path) -> None:
 
         _run(setup, others)
         move_stream_leader_to(others, streams.APPLY.name, victim)
-        planner = start_replica("planner", "planner-0", env={**env, "NATS_URL": others}, log_dir=log_dir)
+        planner_env = {**env, "NATS_URL": others, **keys.service_env("planner")}
+        planner = start_replica("planner", "planner-0", env=planner_env, log_dir=log_dir)
         wait_until(
             lambda: len(owners(read_leases(others), "planner")) == PARTITIONS,
             timeout=READY_TIMEOUT,
@@ -890,11 +896,11 @@ def test_planner_survives_lost_puback(tmp_path: Path) -> None:
 
         os.killpg(cluster.servers[victim_index].process.pid, signal.SIGSTOP)
         frozen = victim_index
-        publish_events(others, namespace, names, version=1)
+        publish_events(others, namespace, names, version=1, keys=keys)
         time.sleep(FREEZE_SECONDS)
         cluster.kill(victim_index)
         frozen = None
-        publish_events(others, namespace, names, version=2)
+        publish_events(others, namespace, names, version=2, keys=keys)
 
         left: dict[str, tuple[int, int]] = {}
 
