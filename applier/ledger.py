@@ -21,11 +21,12 @@ from collections import OrderedDict
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from contracts.messages import AppliedRecord, Target
 from contracts.streams import APPLIED_BUCKET
+from plumbing.bus import until_set_up
 
 _decoder = msgspec.json.Decoder(AppliedRecord)
 
@@ -42,11 +43,9 @@ class Ledger:
         self._known: OrderedDict[str, tuple[AppliedRecord | None, int]] = OrderedDict()
 
     @classmethod
-    async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> Ledger:
-        try:
-            kv = await js.key_value(APPLIED_BUCKET)
-        except (NotFoundError, BadRequestError):
-            kv = await js.create_key_value(bucket=APPLIED_BUCKET, history=1, replicas=replicas)
+    async def open(cls, js: JetStreamContext) -> Ledger:
+        """Bind to the ledger bucket the admin set-up made (``plumbing.bus.setup_bus``); wait until it exists."""
+        kv = await until_set_up(lambda: js.key_value(APPLIED_BUCKET), what=f"KV bucket {APPLIED_BUCKET}")
         return cls(kv)
 
     async def read(self, key: str, *, assume_absent: bool = False) -> tuple[AppliedRecord | None, int]:

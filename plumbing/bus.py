@@ -81,6 +81,10 @@ class CredentialsError(ValueError):
     """The credentials file is missing, unreadable or not a NATS seed or .creds file."""
 
 
+class NotAuthorized(Exception):
+    """The NATS server refused this connection's credentials (or their absence)."""
+
+
 def _seed_in(text: str) -> str:
     """The user nkey seed in a bare seed file, or in the ``USER NKEY SEED`` part of a ``.creds`` file."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -121,9 +125,15 @@ async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: 
     """Connect as the identity in ``creds`` (an nkey seed file or a JWT ``.creds`` file), over TLS if given.
 
     Without ``creds`` the connection is anonymous, which a server configured by this project refuses.
+    A refusal of the credentials on the first connection raises :class:`NotAuthorized` at once instead of
+    retrying forever: wrong credentials do not fix themselves. Later (after a server restart) the client
+    keeps trying, so a rotation that reloads the server and then the services heals by itself.
     """
+    connected = False
 
     async def on_error(exc: Exception) -> None:
+        if not connected and "authorization violation" in str(exc).lower():
+            raise NotAuthorized(f"the NATS server at {url} refused the credentials of {name} ({creds or 'none'})")
         log.warning("nats: %s", exc)
 
     async def on_disconnect() -> None:
@@ -142,7 +152,7 @@ async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: 
             options["nkeys_seed"] = path
     if tls is not None:
         options["tls"] = tls.context()
-    return await nats.connect(
+    nc = await nats.connect(
         servers=[u.strip() for u in url.split(",")],
         name=name,
         max_reconnect_attempts=-1,
@@ -152,6 +162,8 @@ async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: 
         reconnected_cb=on_reconnect,
         **options,
     )
+    connected = True
+    return nc
 
 
 def _stream_config(spec: StreamSpec) -> js_api.StreamConfig:

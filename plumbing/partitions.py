@@ -23,32 +23,31 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
-import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from contracts.streams import ConsumerSpec
 from contracts.subjects import PARTITIONS
+from plumbing.bus import LEASE_BUCKET, bind_consumers, partition_consumer, read_stream, until_set_up
 from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
 from plumbing.pull import StreamingPull
 
 log = logging.getLogger(__name__)
 
-LEASE_BUCKET = "tj_leases"
+_DELETED = frozenset({"DEL", "PURGE"})
+_MARKER = "Nats-Marker-Reason"
 
 
 def default_replica_id() -> str:
     return os.environ.get("TJPIPE_REPLICA_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-async def open_lease_bucket(js: JetStreamContext, *, ttl: float, replicas: int = 1) -> KeyValue:
-    try:
-        return await js.key_value(LEASE_BUCKET)
-    except (NotFoundError, BadRequestError):
-        return await js.create_key_value(bucket=LEASE_BUCKET, ttl=ttl, history=1, replicas=replicas)
+async def open_lease_bucket(js: JetStreamContext) -> KeyValue:
+    """Bind to the lease bucket the admin set-up made (``plumbing.bus.setup_bus``); wait until it exists."""
+    return await until_set_up(lambda: js.key_value(LEASE_BUCKET), what=f"KV bucket {LEASE_BUCKET}")
 
 
 class PartitionLeases:
@@ -79,12 +78,15 @@ class PartitionLeases:
         return f"{self.role}.p{partition}"
 
     async def _members(self) -> int:
-        prefix = f"{self.role}.member."
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            return 1
-        return max(1, sum(1 for k in keys if k.startswith(prefix)))
+        """Live members of this role: the newest entry of each member key that is not a delete marker.
+
+        Read with one batched direct get, which needs no consumer (the services may not create one).
+        """
+        found = await read_stream(
+            self.kv._js, self.kv._stream, f"{self.kv._pre}{self.role}.member.>", last_per_subject=True
+        )
+        live = [m for m in found if m.headers.get("KV-Operation") not in _DELETED and not m.headers.get(_MARKER)]
+        return max(1, len(live))
 
     async def tick(self) -> None:
         """One round: announce, renew, rebalance. Public so tests can drive it step by step."""
@@ -162,10 +164,7 @@ class PartitionedConsumer:
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
     async def acquire(self, partition: int) -> None:
-        from plumbing.bus import ensure_consumer
-
-        spec = partition_consumer(self.spec, partition)
-        await ensure_consumer(self.js, spec)
+        spec = partition_consumer(self.spec, partition)  # made by the admin set-up; bound, never created here
         pull = StreamingPull(self.nc, stream=spec.stream, durable=spec.durable, batch=self.batch)
         await pull.start()
         self._tasks[partition] = asyncio.create_task(self._loop(pull, spec.durable))
@@ -196,13 +195,6 @@ class PartitionedConsumer:
             await pull.stop()
 
 
-def partition_consumer(spec: ConsumerSpec, partition: int) -> ConsumerSpec:
-    prefix = spec.filter_subject.split(".*.", 1)[0]
-    return msgspec.structs.replace(
-        spec, durable=f"{spec.durable}-p{partition}", filter_subject=f"{prefix}.{partition}.>"
-    )
-
-
 async def consume_partitioned(
     nc: NATS,
     js: JetStreamContext,
@@ -216,13 +208,9 @@ async def consume_partitioned(
     stop: asyncio.Event,
 ) -> None:
     """Hold a fair share of the partitions of ``spec`` until ``stop``, feeding each one's batches in order."""
-    from contracts.streams import stream_replicas
-    from plumbing.bus import until_done
-
     consumer = PartitionedConsumer(nc, js, spec, handle_batch, batch=batch)
-    bucket = await until_done(
-        lambda: open_lease_bucket(js, ttl=lease_ttl, replicas=stream_replicas()), what="opening the lease bucket"
-    )
+    await bind_consumers(js, spec)
+    bucket = await open_lease_bucket(js)
     leases = PartitionLeases(
         bucket,
         role=role,

@@ -11,16 +11,20 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes import client as kube_client
+from nats.aio.client import Client as NATS
 
+from plumbing import bus
+from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.local.crds import crd_manifests, install_crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import start_nats
+from tjpipe.stack import nats_connect_options, setup_bus_as_admin
 
 
 @dataclass(frozen=True)
@@ -40,16 +44,48 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def nats_url(state_dir: Path) -> Iterator[str]:
+def nats_credentials(state_dir: Path) -> Credentials | None:
+    """The NATS identities' seeds the session's server trusts; ``TJPIPE_NATS_CREDS_DIR`` with ``NATS_URL``."""
+    if os.environ.get("NATS_URL"):
+        folder = os.environ.get("TJPIPE_NATS_CREDS_DIR")
+        return Credentials(Path(folder)) if folder else None
+    return generate_credentials(state_dir / "creds")
+
+
+@pytest.fixture(scope="session")
+def nats_url(state_dir: Path, nats_credentials: Credentials | None) -> Iterator[str]:
+    """A server that refuses anonymous clients, with the bus set up by the admin identity.
+
+    Connect with ``nats_connect`` (or ``plumbing.bus.connect(..., creds=nats_credentials.seed_file(id))``);
+    a bare ``nats.connect(nats_url)`` is refused, as it is in production.
+    """
     configured = os.environ.get("NATS_URL")
     if configured:
+        setup_bus_as_admin(configured, nats_credentials)
         yield configured
         return
-    local = start_nats(store_dir=state_dir / "nats" / "store", log_dir=state_dir / "logs")
+    assert nats_credentials is not None
+    local = start_nats(
+        store_dir=state_dir / "nats" / "store",
+        log_dir=state_dir / "logs",
+        authorization=server_authorization(nats_credentials),
+    )
     try:
+        setup_bus_as_admin(local.url, nats_credentials)
         yield local.url
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_connect(nats_url: str, nats_credentials: Credentials | None) -> Callable[..., Awaitable[NATS]]:
+    """``await nats_connect()`` is an admin connection to the session's server; ``nats_connect("reader")``
+    connects as another identity."""
+
+    async def connect(identity: str = "admin") -> NATS:
+        return await bus.connect(nats_url, name=f"test-{identity}", **nats_connect_options(nats_credentials, identity))
+
+    return connect
 
 
 @pytest.fixture(scope="session")

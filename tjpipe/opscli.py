@@ -35,8 +35,9 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 async def _with_bus(command: str, args: argparse.Namespace) -> int:
     from plumbing import bus
+    from tjpipe.cli import nats_options
 
-    nc = await bus.connect(args.nats_url, name=f"tjpipe-{command}")
+    nc = await bus.connect(args.nats_url, name=f"tjpipe-{command}", **nats_options(args))
     try:
         js = nc.jetstream()
         if command == "history":

@@ -9,24 +9,40 @@ the state folder, so ``tjpipe down`` from another shell finds and ends exactly t
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tjpipe.credentials import (
+    ADMIN,
+    DLQ_OPERATOR,
+    IDENTITIES,
+    READER,
+    SERVICE_IDENTITY,
+    Credentials,
+    generate_credentials,
+    server_authorization,
+    write_authorization,
+)
 from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNats, start_nats
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, stop_from_pid_files
+from tjpipe.local.signing_keys import KeyFolder
 
 SERVICES = ("watcher", "planner", "applier")
 DEMO_NAMESPACE = "tjpipe-demo"
 DEMO_TRAINJOB = "mnist"
 DEMO_RUNTIME = "torch-distributed"
+_SIGNING_ENV = ("TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", "TJPIPE_TRUSTED_PLAN_KEYS")
+"""Set per service by the stack, never inherited: a service gets only the key material it needs."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,16 @@ class StatePaths:
     def kube_work(self) -> Path:
         return self.root / "kube"
 
+    @property
+    def creds(self) -> Path:
+        """One NATS nkey seed per identity (``tjpipe.credentials``), mode 0600 in a 0700 folder."""
+        return self.root / "creds"
+
+    @property
+    def keys(self) -> Path:
+        """The stages' signing keys and the keyrings that trust them (``tjpipe.local.signing_keys``)."""
+        return self.root / "keys"
+
 
 def docker_available() -> bool:
     """Whether a Docker engine answers (not just a client binary being installed)."""
@@ -76,6 +102,8 @@ class Stack:
     local_kube: LocalKube | None = None
     services: list[ManagedProcess] = field(default_factory=list)
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    credentials: Credentials | None = None
+    """The NATS identities' seeds; None only for an adopted server that was given none (anonymous)."""
     _containers: list[Any] = field(default_factory=list)
 
     # ---------------------------------------------------------------------------------- infrastructure
@@ -86,8 +114,14 @@ class Stack:
         install_crds: bool | None = None,
         nats_url: str | None = None,
         kubeconfig: Path | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
-        """Start or adopt the backends; explicit arguments win over NATS_URL and KUBECONFIG."""
+        """Start or adopt the backends; explicit arguments win over NATS_URL and KUBECONFIG.
+
+        A server the stack starts gets freshly made credentials (``<state>/creds``) and runs with them
+        only. An adopted server (``nats_url``/``NATS_URL``) needs ``credentials`` or ``TJPIPE_NATS_CREDS_DIR``
+        naming a folder of seeds it trusts. Either way the admin identity then sets the bus up.
+        """
         self.paths.root.mkdir(parents=True, exist_ok=True)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
         existing_nats = nats_url or os.environ.get("NATS_URL")
@@ -100,14 +134,27 @@ class Stack:
 
         if existing_nats:
             self.nats_url = existing_nats
-            self.progress(f"NATS: using NATS_URL={existing_nats}")
-        elif use_containers:
-            self.nats_url = self._nats_container()
+            given = credentials or _credentials_from_env()
+            self.credentials = given
+            self.progress(
+                f"NATS: using NATS_URL={existing_nats}"
+                + (f" with the identities in {given.root}" if given else " without credentials (anonymous)")
+            )
         else:
-            self.progress("NATS: starting nats-server with JetStream on 127.0.0.1")
-            self.local_nats = start_nats(store_dir=self.paths.nats_store, log_dir=self.paths.logs)
-            self.nats_url = self.local_nats.url
-            self.progress(f"NATS: ready at {self.nats_url}")
+            self.credentials = generate_credentials(self.paths.creds)
+            self.progress(f"NATS: credentials for {', '.join(IDENTITIES)} in {self.paths.creds} (mode 0600)")
+            if use_containers:
+                self.nats_url = self._nats_container()
+            else:
+                self.progress("NATS: starting nats-server with JetStream on 127.0.0.1, authorization on")
+                self.local_nats = start_nats(
+                    store_dir=self.paths.nats_store,
+                    log_dir=self.paths.logs,
+                    authorization=server_authorization(self.credentials),
+                )
+                self.nats_url = self.local_nats.url
+                self.progress(f"NATS: ready at {self.nats_url}")
+        self.setup_bus()
 
         if existing_kube:
             self.kubeconfig = Path(existing_kube)
@@ -131,12 +178,36 @@ class Stack:
             crds.install_crds(new_api_client(self.kubeconfig), manifests)
             names = ", ".join(m["metadata"]["name"] for m in manifests)
             self.progress(f"CRDs installed from the owning Go modules in {time.monotonic() - started:.1f}s: {names}")
+        self.keys.ensure()
         self.write_env()
+
+    def setup_bus(self) -> None:
+        """Create or update the streams, per-partition consumers and KV buckets, as the admin identity."""
+        setup_bus_as_admin(self.nats_url, self.credentials)
+        self.progress("NATS: bus set up as admin (streams, partition consumers, KV buckets)")
+
+    def nats_connect_options(self, identity: str) -> dict[str, Any]:
+        """``plumbing.bus.connect`` keyword arguments for connecting as ``identity`` (TLS files from NATS_TLS_*)."""
+        return nats_connect_options(self.credentials, identity)
+
+    async def connect(self, identity: str = ADMIN, *, name: str | None = None) -> Any:
+        """A NATS connection as ``identity`` (default admin), for tools and tests."""
+        from plumbing import bus
+
+        return await bus.connect(
+            self.nats_url, name=name or f"tjpipe-{identity}", **self.nats_connect_options(identity)
+        )
 
     def _nats_container(self) -> str:
         from testcontainers.nats import NatsContainer
 
-        container = NatsContainer(image="nats:2.11-alpine").with_command("-js")
+        assert self.credentials is not None
+        config = write_authorization(self.credentials, self.paths.root / "nats-auth.conf")
+        container = (
+            NatsContainer(image="nats:2.11-alpine")
+            .with_volume_mapping(str(config), "/etc/nats/auth.conf", "ro")
+            .with_command("-js -c /etc/nats/auth.conf")
+        )
         container.start()
         self._containers.append(container)
         url = str(container.nats_uri())
@@ -155,15 +226,32 @@ class Stack:
 
     def write_env(self) -> None:
         lines = [f"export NATS_URL={shlex.quote(self.nats_url)}"]
+        if self.credentials is not None:
+            # The CLI reads as the read-only identity; `tjpipe dlq retry` needs the dlq-operator's.
+            lines.append(f"export NATS_CREDS={shlex.quote(str(self.credentials.seed_file(READER).resolve()))}")
+            dlq = shlex.quote(str(self.credentials.seed_file(DLQ_OPERATOR).resolve()))
+            lines.append(f"# for 'tjpipe dlq retry': NATS_CREDS={dlq} tjpipe dlq retry SEQ")
         if self.kubeconfig is not None:
             lines.append(f"export KUBECONFIG={shlex.quote(str(self.kubeconfig.resolve()))}")
         self.paths.env_file.write_text("\n".join(lines) + "\n")
 
     # ----------------------------------------------------------------------------------------- services
 
-    def service_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+    @property
+    def keys(self) -> KeyFolder:
+        return KeyFolder(self.paths.keys)
+
+    def sign_headers(self, subject: str, payload: bytes, *, stage: str | None = None) -> dict[str, str]:
+        """The signature a genuine message on ``subject`` carries, for tools and tests that publish one."""
+        return self.keys.sign_headers(subject, payload, stage=stage)
+
+    def service_env(self, service: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _SIGNING_ENV}
+        env.update(self.keys.service_env(service))
         env["NATS_URL"] = self.nats_url
+        if self.credentials is not None:
+            # Its own identity only; never the admin's, never another stage's.
+            env["NATS_CREDS"] = str(self.credentials.seed_file(SERVICE_IDENTITY[service]).resolve())
         if self.kubeconfig is not None:
             env["KUBECONFIG"] = str(self.kubeconfig.resolve())
         env["PYTHONUNBUFFERED"] = "1"
@@ -185,7 +273,7 @@ class Stack:
             *self.service_args,
             *extra,
         ]
-        process = spawn(name=name or service, argv=argv, log_dir=self.paths.logs, env=self.service_env())
+        process = spawn(name=name or service, argv=argv, log_dir=self.paths.logs, env=self.service_env(service))
         self.services.append(process)
         self.metrics_ports[name or service] = port
         return process
@@ -235,6 +323,43 @@ class Stack:
         for container in self._containers:
             container.stop()
         self._containers.clear()
+
+
+def nats_connect_options(credentials: Credentials | None, identity: str) -> dict[str, Any]:
+    """``plumbing.bus.connect`` keyword arguments for ``identity``; TLS files from NATS_TLS_CA/_CERT/_KEY."""
+    from plumbing.bus import TlsFiles
+
+    tls = TlsFiles.from_options(
+        os.environ.get("NATS_TLS_CA"), os.environ.get("NATS_TLS_CERT"), os.environ.get("NATS_TLS_KEY")
+    )
+    creds = str(credentials.seed_file(identity)) if credentials is not None else None
+    return {"creds": creds, "tls": tls}
+
+
+def setup_bus_as_admin(
+    nats_url: str, credentials: Credentials | None, *, environ: Mapping[str, str] | None = None
+) -> None:
+    """``plumbing.bus.setup_bus`` as the admin identity, from sync code (its own thread and event loop, so a
+    caller already inside an event loop, such as an async fixture, can use it too)."""
+    from contracts import streams
+    from plumbing import bus
+
+    async def run() -> None:
+        nc = await bus.connect(nats_url, name="tjpipe-bus-setup", **nats_connect_options(credentials, ADMIN))
+        try:
+            await bus.setup_bus(
+                nc.jetstream(), streams.configured_streams(environ), replicas=streams.stream_replicas(environ)
+            )
+        finally:
+            await nc.close()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, run()).result()
+
+
+def _credentials_from_env() -> Credentials | None:
+    folder = os.environ.get("TJPIPE_NATS_CREDS_DIR")
+    return Credentials(Path(folder)) if folder else None
 
 
 def demo_trainjob() -> dict[str, Any]:

@@ -15,9 +15,13 @@ RUNTIMES = ("torch-distributed", "deepspeed-distributed")
 
 
 @pytest.fixture(scope="module")
-def pipeline(kube: Any, nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def pipeline(
+    kube: Any, nats_url: str, nats_credentials: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     stack = Stack(paths=StatePaths(tmp_path_factory.mktemp("stack")), progress=lambda _: None)
-    stack.start_infrastructure(nats_url=nats_url, kubeconfig=Path(kube.kubeconfig), install_crds=False)
+    stack.start_infrastructure(
+        nats_url=nats_url, kubeconfig=Path(kube.kubeconfig), install_crds=False, credentials=nats_credentials
+    )
     for name in RUNTIMES:
         stack.install_runtime(name)
     stack.start_services()

@@ -56,6 +56,11 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
         env_lines = (state / "env").read_text().splitlines()
         assert any(line.startswith("export NATS_URL=nats://127.0.0.1:") for line in env_lines)
         assert f"export KUBECONFIG={state / 'kubeconfig'}" in env_lines
+        assert f"export NATS_CREDS={state / 'creds' / 'reader.nk'}" in env_lines
+        assert (state / "creds").stat().st_mode & 0o777 == 0o700
+        assert {p.name: p.stat().st_mode & 0o777 for p in (state / "creds").iterdir()} == {
+            f"{identity}.nk": 0o600 for identity in ("admin", "watcher", "planner", "applier", "reader", "dlq-operator")
+        }
         _check_demo_jobset(state)
     finally:
         down = _tjpipe("down", cwd=tmp_path, env=env, timeout=120)

@@ -29,11 +29,9 @@ def job(name: str, namespace: str, runtime: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-async def _stream_bytes(nats_url: str) -> bytes:
+async def _stream_bytes(stack: Stack) -> bytes:
     """Every message body and header in every pipeline stream, concatenated."""
-    import nats
-
-    nc = await nats.connect(nats_url)
+    nc = await stack.connect()
     js = nc.jetstream()
     collected = bytearray()
     try:
@@ -70,7 +68,7 @@ async def test_mpi_secret_is_generated_by_the_applier_and_never_on_the_bus(
     ]
     eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "ds"), what="the JobSet")
     # The key exists only in the Secret: no stream holds it, in any form.
-    recorded = await _stream_bytes(pipeline.nats_url)
+    recorded = await _stream_bytes(pipeline)
     assert b"PRIVATE KEY" not in recorded
     assert secret["data"]["ssh-privatekey"].encode() not in recorded
     assert private.split(b"\n")[1] not in recorded

@@ -30,8 +30,11 @@ from .support import TRAINER, create, eventually, get
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
 
-def tjpipe(*args: str, stack: Stack, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def tjpipe(*args: str, stack: Stack, timeout: float = 60, identity: str = "reader") -> subprocess.CompletedProcess[str]:
+    """``tjpipe`` as an operator runs it: the read-only NATS identity unless told otherwise."""
     env = dict(os.environ, NATS_URL=stack.nats_url, KUBECONFIG=str(stack.kubeconfig))
+    if stack.credentials is not None:
+        env["NATS_CREDS"] = str(stack.credentials.seed_file(identity))
     return subprocess.run(
         [sys.executable, "-m", "tjpipe", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -111,7 +114,16 @@ def test_a_changed_planner_makes_replay_report_the_fields_and_fail(
     namespace, name = recorded
     monkeypatch.setattr(planner_core, "FRAMEWORK", Framework([*REGISTRY, ("extra-label", _ExtraLabel)]))
     args = argparse.Namespace(
-        trainjob=f"{namespace}/{name}", all=False, since=None, from_seq=None, output="json", nats_url=pipeline.nats_url
+        trainjob=f"{namespace}/{name}",
+        all=False,
+        since=None,
+        from_seq=None,
+        output="json",
+        nats_url=pipeline.nats_url,
+        nats_creds=str(pipeline.credentials.seed_file("reader")) if pipeline.credentials else None,
+        nats_tls_ca=None,
+        nats_tls_cert=None,
+        nats_tls_key=None,
     )
     code = opscli.run("replay", args)
     assert code == 1
@@ -133,9 +145,7 @@ async def test_plan_prints_what_the_pipeline_applies(
     done = tjpipe("plan", "-f", str(job_file), "--from-cluster", stack=pipeline)
     assert done.returncode == 0, done.stderr
     planned = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
-    import nats
-
-    nc = await nats.connect(pipeline.nats_url)
+    nc = await pipeline.connect("reader")
     try:
         stored = await read_stream(nc.jetstream(), streams.APPLY.name, subjects.trainjob_apply_filter(namespace, name))
     finally:
@@ -149,11 +159,9 @@ async def test_plan_prints_what_the_pipeline_applies(
 async def test_a_fixed_dead_letter_retried_converges(
     pipeline: Stack, dyn: dynamic.DynamicClient, recorded: tuple[str, str]
 ) -> None:
-    import nats
-
     namespace, name = recorded
     missing_ns = "later-" + os.urandom(3).hex()
-    nc = await nats.connect(pipeline.nats_url)
+    nc = await pipeline.connect()
     try:
         js = nc.jetstream()
         stored = await read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(namespace, name))
@@ -168,7 +176,8 @@ async def test_a_fixed_dead_letter_retried_converges(
             ),
             source_version=0,
         )
-        await js.publish(subjects.apply_subject(missing_ns, name, "jobset"), msgspec.json.encode(moved))
+        subject, data = subjects.apply_subject(missing_ns, name, "jobset"), msgspec.json.encode(moved)
+        await js.publish(subject, data, headers=pipeline.sign_headers(subject, data))
     finally:
         await nc.close()
 
@@ -185,7 +194,9 @@ async def test_a_fixed_dead_letter_retried_converges(
     dyn.resources.get(api_version="v1", kind="Namespace").create(
         body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": missing_ns}}
     )  # the fix
-    retried = tjpipe("dlq", "retry", str(seq), stack=pipeline)
+    refused = tjpipe("dlq", "retry", str(seq), stack=pipeline)  # the read-only identity may not
+    assert refused.returncode != 0
+    retried = tjpipe("dlq", "retry", str(seq), stack=pipeline, identity="dlq-operator")
     assert retried.returncode == 0, retried.stderr
     eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", missing_ns, name), what="the retried JobSet")
     assert dead_letter_seq() is None

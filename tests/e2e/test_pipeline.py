@@ -178,16 +178,18 @@ def test_completed_jobset_makes_the_trainjob_complete(
 async def test_undecodable_messages_are_dead_lettered_and_the_pipeline_goes_on(
     pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
 ) -> None:
-    import nats
-
     from contracts import subjects
     from contracts.messages import decode_dead_letter
 
-    nc = await nats.connect(pipeline.nats_url)
+    nc = await pipeline.connect()
     try:
         js = nc.jetstream()
-        await js.publish(subjects.event_subject(namespace, "garbage"), b"{not json")
-        await js.publish(subjects.apply_subject(namespace, "garbage", "jobset"), b'{"component": "nope"}')
+        # Signed as the stages sign: genuine messages whose content is garbage.
+        for subject, data in (
+            (subjects.event_subject(namespace, "garbage"), b"{not json"),
+            (subjects.apply_subject(namespace, "garbage", "jobset"), b'{"component": "nope"}'),
+        ):
+            await js.publish(subject, data, headers=pipeline.sign_headers(subject, data))
         sub = await js.subscribe(f"{subjects.DLQ_PREFIX}.*.{namespace}.garbage", ordered_consumer=True)
         letters = [decode_dead_letter((await sub.next_msg(timeout=20)).data) for _ in range(2)]
         by_stage = {letter.stage: letter for letter in letters}

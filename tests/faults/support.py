@@ -30,11 +30,13 @@ from typing import Any
 import msgspec
 from kubernetes import client as kube_client
 from kubernetes import dynamic
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from contracts import streams, subjects
 from contracts.messages import AppliedRecord
+from tjpipe.credentials import generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import LocalNats, start_nats
 from tjpipe.local.procs import ManagedProcess, spawn, wait_until
@@ -237,10 +239,25 @@ class Pipeline:
         port = self.nats.port
         self.nats.stop()
         time.sleep(downtime)
-        self.nats = start_nats(store_dir=self.nats.store_dir, log_dir=self.logs, name="nats-2", port=port)
+        self.nats = start_nats(
+            store_dir=self.nats.store_dir,
+            log_dir=self.logs,
+            name="nats-2",
+            port=port,
+            authorization=self.nats.authorization,
+        )
+
+    async def connect(self, identity: str = "admin") -> NATS:
+        """A connection to the test's nats-server as ``identity``: admin (may do anything) unless told."""
+        return await self.stack.connect(identity, name=f"fault-test-{identity}")
 
     def writes(self) -> WriteCounts:
         return read_write_counts(self.kube)
+
+    def sign_headers(self, subject: str, payload: bytes, *, stage: str | None = None) -> dict[str, str]:
+        """The signature a genuine message on ``subject`` carries (watcher key for events, planner key for
+        apply messages); ``stage`` signs with another stage's key on purpose."""
+        return self.stack.sign_headers(subject, payload, stage=stage)
 
     def log_tails(self, lines: int = 40) -> str:
         parts = []
@@ -308,9 +325,17 @@ def new_namespace(api: kube_client.ApiClient, prefix: str = "f") -> str:
 
 def open_pipeline(kube: LocalKube, root: Path, *, runtimes: Iterable[str] = ("torch-distributed",)) -> Pipeline:
     root.mkdir(parents=True, exist_ok=True)
-    nats = start_nats(store_dir=root / "nats-store", log_dir=root / "logs", name="nats")
+    credentials = generate_credentials(root / "creds")
+    nats = start_nats(
+        store_dir=root / "nats-store",
+        log_dir=root / "logs",
+        name="nats",
+        authorization=server_authorization(credentials),
+    )
     stack = Stack(paths=StatePaths(root), progress=lambda _: None)
-    stack.start_infrastructure(nats_url=nats.url, kubeconfig=kube.kubeconfig, install_crds=False)
+    stack.start_infrastructure(
+        nats_url=nats.url, kubeconfig=kube.kubeconfig, install_crds=False, credentials=credentials
+    )
     for name in runtimes:
         stack.install_runtime(name)
     api = new_api_client(kube.kubeconfig)
@@ -562,7 +587,9 @@ async def replay_applies(pipeline: Pipeline, js: JetStreamContext, *, timeout: f
     before = await quiet(pipeline, js)
     messages = await stream_messages(js, streams.APPLY.name, apply_filter(ns))
     for msg in messages:
-        await js.publish(msg.subject, msg.data, headers={"Nats-Msg-Id": f"replay-{secrets.token_hex(8)}"})
+        # The planner's signature is kept, as `tjpipe dlq retry` keeps it; only the message id is new.
+        headers = {**(msg.headers or {}), "Nats-Msg-Id": f"replay-{secrets.token_hex(8)}"}
+        await js.publish(msg.subject, msg.data, headers=headers)
     want = before_results + len(messages)
     await until_async(
         lambda: _at_least(js, streams.RESULTS.name, results_filter(ns), want),

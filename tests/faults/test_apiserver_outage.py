@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats
 import pytest
 
 from contracts import streams, subjects
@@ -88,7 +87,7 @@ async def test_d_apiserver_down_20s_while_applies_are_pending(
     n = 10
     names = [f"d-{i:02d}" for i in range(n)]
     started = time.monotonic()
-    nc = await nats.connect(p.nats.url, max_reconnect_attempts=-1)
+    nc = await p.connect()
     try:
         bus = nc.jetstream()
         p.start("watcher")

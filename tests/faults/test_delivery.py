@@ -21,7 +21,6 @@ import threading
 import time
 from typing import Any
 
-import nats
 import pytest
 
 from contracts import streams
@@ -79,7 +78,7 @@ async def test_a_applier_sigkill_mid_batch(pipeline: Pipeline) -> None:
     n, concurrency = 30, 4
     names = [f"a-{i:02d}" for i in range(n)]
     started = time.monotonic()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         bus = nc.jetstream()
         p.start("watcher")
@@ -181,7 +180,7 @@ async def test_b_planner_sigkill_mid_stream(pipeline: Pipeline) -> None:
     n = 40
     names = [f"b-{i:02d}" for i in range(n)]
     started = time.monotonic()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         bus = nc.jetstream()
         p.start("watcher")
@@ -305,7 +304,7 @@ async def test_c_nats_restart_while_trainjobs_are_created(pipeline: Pipeline) ->
     names = [f"c-{i:02d}" for i in range(n)]
     started = time.monotonic()
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     bus = nc.jetstream()
     await services_ready(bus)
     w0 = p.writes()
@@ -338,7 +337,7 @@ async def test_c_nats_restart_while_trainjobs_are_created(pipeline: Pipeline) ->
     await asyncio.to_thread(creator.join, 30)
     assert not errors, errors
 
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         bus = nc.jetstream()
         info = await bus.stream_info(streams.EVENTS.name)
@@ -403,7 +402,7 @@ async def test_e_duplicated_and_reordered_events(pipeline: Pipeline) -> None:
     p = pipeline
     started = time.monotonic()
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         bus = nc.jetstream()
         await services_ready(bus)

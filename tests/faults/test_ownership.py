@@ -17,7 +17,6 @@ import secrets
 import time
 from typing import Any
 
-import nats
 import pytest
 
 from tjpipe.local.crds import shipped_runtimes
@@ -82,7 +81,7 @@ async def test_f_foreign_field_manager_loses_to_our_forced_apply_while_suspended
     p = pipeline
     started = time.monotonic()
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         bus = nc.jetstream()
         await services_ready(bus)
@@ -187,7 +186,7 @@ async def test_g_missing_runtime_then_created(pipeline: Pipeline) -> None:
     cluster_name = f"late-cluster-{suffix}"
     ns_name = f"late-ns-{suffix}"
     p.start_all()
-    nc = await nats.connect(p.nats.url)
+    nc = await p.connect()
     try:
         bus = nc.jetstream()
         await services_ready(bus)

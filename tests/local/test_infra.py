@@ -46,9 +46,9 @@ EXPECTED_RUNTIMES = (
 
 
 @pytest.mark.nats
-async def test_jetstream_stream_accepts_publishes(nats_url: str) -> None:
+async def test_jetstream_stream_accepts_publishes(nats_connect: Any) -> None:
     stream = f"INFRA_{secrets.token_hex(4).upper()}"
-    connection = await nats.connect(nats_url)
+    connection = await nats_connect()
     try:
         jetstream = connection.jetstream()
         await jetstream.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])

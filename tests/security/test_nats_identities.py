@@ -1,0 +1,479 @@
+"""Every NATS identity against a real nats-server: anonymous clients are refused, and each identity may do its
+stage's work and nothing else.
+
+The server runs with the authorization block ``tjpipe.credentials`` generates and the bus set up by the admin
+identity, exactly as ``tjpipe up`` runs it. A refusal is observed twice: the server's own ``Permissions
+Violation`` answer for that subject, and the state afterwards (the stream, its messages, the durables'
+configuration and the buckets are all still as they were).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client as NATS
+
+from applier.ledger import Ledger
+from contracts import streams, subjects
+from contracts.messages import DeadLetter, encode
+from plumbing import bus
+from plumbing.partitions import PartitionLeases, open_lease_bucket
+from plumbing.pull import StreamingPull
+from tjpipe import ops
+from tjpipe.credentials import IDENTITIES, Credentials, generate_credentials, new_user_seed, server_authorization
+from tjpipe.local.natsd import LocalNats, start_nats
+
+pytestmark = pytest.mark.nats
+
+API = "$JS.API"
+EVENTS, APPLY, RESULTS, DLQ = (s.name for s in streams.ALL_STREAMS)
+
+
+@pytest.fixture(scope="module")
+def creds(tmp_path_factory: pytest.TempPathFactory) -> Credentials:
+    return generate_credentials(tmp_path_factory.mktemp("creds") / "creds")
+
+
+@pytest.fixture(scope="module")
+def server(creds: Credentials, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNats]:
+    from tjpipe.stack import setup_bus_as_admin
+
+    root = tmp_path_factory.mktemp("nats-auth")
+    local = start_nats(store_dir=root / "store", log_dir=root / "logs", authorization=server_authorization(creds))
+    try:
+        setup_bus_as_admin(local.url, creds)
+        yield local
+    finally:
+        local.stop()
+
+
+class Client:
+    """A connection as one identity that records the server's permission refusals."""
+
+    def __init__(self, nc: NATS, errors: list[str]) -> None:
+        self.nc = nc
+        self.errors = errors
+
+    async def refused_publish(self, subject: str, payload: bytes = b"{}") -> bool:
+        """Publish (with a reply inbox, as an API request would) and report whether the server refused it."""
+        self.errors.clear()
+        await self.nc.publish(subject, payload, reply=self.nc.new_inbox())
+        return await self._violation(f'Publish to "{subject}"')
+
+    async def refused_subscribe(self, subject: str) -> bool:
+        self.errors.clear()
+        sub = await self.nc.subscribe(subject)
+        try:
+            return await self._violation(f'Subscription to "{subject}"')
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _violation(self, what: str) -> bool:
+        await self.nc.flush()
+        for _ in range(40):
+            if any("permissions violation" in e.lower() and what.lower() in e.lower() for e in self.errors):
+                return True
+            await asyncio.sleep(0.025)
+        return False
+
+
+async def connect_as(server: LocalNats, creds: Credentials, identity: str) -> Client:
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    seed = creds.seed_file(identity)
+    nc = await nats.connect(
+        server.url,
+        name=f"sec-{identity}",
+        nkeys_seed=str(seed),
+        inbox_prefix=bus.inbox_prefix(bus.public_key_of_credentials(seed)),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    return Client(nc, errors)
+
+
+@pytest.fixture
+async def clients(server: LocalNats, creds: Credentials) -> AsyncIterator[dict[str, Client]]:
+    made = {identity: await connect_as(server, creds, identity) for identity in IDENTITIES}
+    try:
+        yield made
+    finally:
+        for client in made.values():
+            await client.nc.close()
+
+
+async def bus_state(admin: NATS) -> dict[str, Any]:
+    """What a refused call must leave unchanged: streams and their counts, durables' filters, buckets."""
+    js = admin.jetstream()
+    state: dict[str, Any] = {}
+    for name in (EVENTS, APPLY, RESULTS, DLQ, "KV_tj_leases", "KV_tj_applied"):
+        info = await js.stream_info(name)
+        state[name] = (info.state.messages, info.config.subjects, info.config.max_bytes)
+    for spec in (streams.PLANNER, streams.APPLIER):
+        for partition in range(16):
+            durable = bus.partition_consumer(spec, partition).durable
+            info = await js.consumer_info(spec.stream, durable)
+            state[durable] = (info.config.filter_subject, info.config.durable_name, info.config.ack_wait)
+    return state
+
+
+# ------------------------------------------------------------------------------------------- connecting
+
+
+async def test_anonymous_and_unknown_clients_are_refused(server: LocalNats, tmp_path: Path) -> None:
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+    stranger = tmp_path / "stranger.nk"
+    stranger.write_bytes(new_user_seed())
+    with pytest.raises(bus.NotAuthorized):
+        await bus.connect(server.url, name="stranger", creds=stranger)  # a valid nkey the server does not list
+    with pytest.raises(bus.NotAuthorized):
+        await bus.connect(server.url, name="anonymous")
+
+
+async def test_bus_connect_refuses_a_file_that_is_no_seed(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.nk"
+    junk.write_text("not a seed\n")
+    with pytest.raises(bus.CredentialsError):
+        bus.public_key_of_credentials(junk)
+
+
+# ------------------------------------------------------------------------------------ what each may not do
+
+MANAGEMENT = [
+    f"{API}.STREAM.CREATE.EVIL",
+    f"{API}.STREAM.UPDATE.{EVENTS}",
+    f"{API}.STREAM.DELETE.{EVENTS}",
+    f"{API}.STREAM.PURGE.{EVENTS}",
+    f"{API}.STREAM.DELETE.{APPLY}",
+    f"{API}.STREAM.PURGE.{APPLY}",
+    f"{API}.STREAM.MSG.DELETE.{EVENTS}",
+    f"{API}.STREAM.DELETE.KV_tj_applied",
+    f"{API}.STREAM.PURGE.KV_tj_applied",
+    f"{API}.STREAM.DELETE.KV_tj_leases",
+    f"{API}.CONSUMER.DELETE.{EVENTS}.planner-p0",
+    f"{API}.CONSUMER.DELETE.{APPLY}.applier-p0",
+    f"{API}.CONSUMER.CREATE.{EVENTS}",  # ephemeral, whose body can name and re-point a durable
+    f"{API}.CONSUMER.CREATE.{EVENTS}.planner-p0",
+    f"{API}.CONSUMER.CREATE.{EVENTS}.planner-p0.tj.ev.>",
+    f"{API}.CONSUMER.DURABLE.CREATE.{APPLY}.applier-p0",
+    f"{API}.CONSUMER.CREATE.KV_tj_leases",
+    f"{API}.CONSUMER.PAUSE.{APPLY}.applier-p0",
+]
+
+REFUSED_PUBLISH: dict[str, list[str]] = {
+    "watcher": [
+        *MANAGEMENT,
+        "tj.apply.0.ns.name.jobset",
+        "tj.result.0.ns.name.jobset",
+        "tj.dlq.planner.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        "$KV.tj_leases.planner.p0",
+        "$KV.tj_leases.applier.p0",
+        f"{API}.CONSUMER.MSG.NEXT.{EVENTS}.planner-p0",
+        f"{API}.DIRECT.GET.{EVENTS}",
+        f"{API}.STREAM.MSG.GET.{DLQ}",
+        "$JS.ACK.TJ_EVENTS.planner-p0.1.1.1.1.0",
+    ],
+    "planner": [
+        *MANAGEMENT,
+        "tj.ev.0.ns.name",
+        "tj.result.0.ns.name.jobset",
+        "tj.dlq.applier.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        "$KV.tj_leases.applier.p0",
+        "$KV.tj_leases.applier.member.x",
+        f"{API}.CONSUMER.MSG.NEXT.{APPLY}.applier-p0",
+        f"{API}.DIRECT.GET.KV_tj_applied.$KV.tj_applied.ns.jobset.name",
+        f"{API}.DIRECT.GET.{EVENTS}",
+        "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+    ],
+    "applier": [
+        *MANAGEMENT,
+        "tj.ev.0.ns.name",
+        "tj.apply.0.ns.name.jobset",
+        "tj.dlq.planner.ns.name",
+        "$KV.tj_leases.planner.p0",
+        "$KV.tj_leases.planner.member.x",
+        f"{API}.CONSUMER.MSG.NEXT.{EVENTS}.planner-p0",
+        f"{API}.DIRECT.GET.{APPLY}",
+        "$JS.ACK.TJ_EVENTS.planner-p0.1.1.1.1.0",
+    ],
+    "reader": [
+        *MANAGEMENT,
+        "tj.ev.0.ns.name",
+        "tj.apply.0.ns.name.jobset",
+        "tj.result.0.ns.name.jobset",
+        "tj.dlq.applier.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        "$KV.tj_leases.planner.p0",
+        f"{API}.CONSUMER.MSG.NEXT.{EVENTS}.planner-p0",
+        f"{API}.CONSUMER.MSG.NEXT.{APPLY}.applier-p0",
+        f"{API}.STREAM.MSG.DELETE.{DLQ}",
+        f"{API}.DIRECT.GET.KV_tj_applied.$KV.tj_applied.ns.jobset.name",
+        "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+    ],
+    "dlq-operator": [
+        *MANAGEMENT,
+        "tj.result.0.ns.name.jobset",
+        "tj.dlq.applier.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        "$KV.tj_leases.applier.p0",
+        f"{API}.CONSUMER.MSG.NEXT.{APPLY}.applier-p0",
+        f"{API}.STREAM.MSG.DELETE.{EVENTS}",
+        f"{API}.STREAM.MSG.DELETE.{APPLY}",
+        "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+    ],
+}
+
+
+@pytest.mark.parametrize("identity", sorted(REFUSED_PUBLISH))
+async def test_each_identity_is_refused_every_publish_outside_its_permissions(
+    identity: str, clients: dict[str, Client]
+) -> None:
+    before = await bus_state(clients["admin"].nc)
+    client = clients[identity]
+    allowed = [subject for subject in REFUSED_PUBLISH[identity] if not await client.refused_publish(subject)]
+    assert allowed == [], f"{identity} may publish to {allowed}"
+    # The attempts the server might have acted on had it let them through: a re-pointed durable, a purge.
+    repoint = {"stream_name": EVENTS, "config": {"name": "planner-p0", "filter_subject": "tj.ev.>"}}
+    assert await client.refused_publish(f"{API}.CONSUMER.CREATE.{EVENTS}", json.dumps(repoint).encode())
+    assert await bus_state(clients["admin"].nc) == before
+
+
+@pytest.mark.parametrize("identity", [i for i in IDENTITIES if i != "admin"])
+async def test_no_identity_but_admin_may_subscribe_outside_its_own_inbox(
+    identity: str, clients: dict[str, Client], creds: Credentials
+) -> None:
+    client = clients[identity]
+    others = [
+        bus.inbox_prefix(creds.public_key(other)) + ".>" for other in IDENTITIES if other != identity
+    ]  # another identity's replies: pulled messages, API answers, KV values
+    for subject in [">", "tj.>", "tj.ev.>", "tj.apply.>", "$KV.>", "$JS.>", "$JS.ACK.>", "_INBOX.>", *others]:
+        assert await client.refused_subscribe(subject), f"{identity} may subscribe to {subject}"
+    assert not await client.refused_subscribe(bus.inbox_prefix(creds.public_key(identity)) + ".x")
+
+
+async def test_a_stolen_reply_inbox_is_useless(server: LocalNats, creds: Credentials) -> None:
+    """A reader's API answers go to its own inbox prefix; the planner cannot listen there, so its direct
+    gets' answers (the message bodies) do not reach anyone else."""
+    reader = await connect_as(server, creds, "reader")
+    planner = await connect_as(server, creds, "planner")
+    try:
+        assert reader.nc._inbox_prefix.decode().startswith("_INBOX_U")
+        assert await planner.refused_subscribe(reader.nc._inbox_prefix.decode() + ".>")
+    finally:
+        await reader.nc.close()
+        await planner.nc.close()
+
+
+# ------------------------------------------------------------------------------------- what each may do
+
+
+async def test_the_watcher_publishes_events(server: LocalNats, creds: Credentials) -> None:
+    nc = await bus.connect(server.url, name="watcher", creds=creds.seed_file("watcher"))
+    try:
+        js = nc.jetstream()
+        await bus.bind_stream(js, EVENTS)
+        ack = await js.publish(subjects.event_subject("sec", "w"), b"{}", headers={bus.MSG_ID: os.urandom(4).hex()})
+        assert ack.stream == EVENTS
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize(("role", "spec", "inbound", "outbound"), [
+    ("planner", streams.PLANNER, subjects.event_subject, lambda ns, n: subjects.apply_subject(ns, n, "jobset")),
+    ("applier", streams.APPLIER, lambda ns, n: subjects.apply_subject(ns, n, "jobset"),
+     lambda ns, n: subjects.result_subject(ns, n, "jobset")),
+])  # fmt: skip
+async def test_a_stage_consumes_its_partitions_publishes_its_output_and_holds_its_leases(
+    server: LocalNats, creds: Credentials, role: str, spec: streams.ConsumerSpec, inbound: Any, outbound: Any
+) -> None:
+    admin = await bus.connect(server.url, name="admin", creds=creds.seed_file("admin"))
+    nc = await bus.connect(server.url, name=role, creds=creds.seed_file(role))
+    name = f"s{os.urandom(3).hex()}"
+    partition = subjects.partition_of("sec", name)
+    try:
+        await admin.jetstream().publish(inbound("sec", name), b"work")
+        js = nc.jetstream()
+        await bus.bind_consumers(js, spec)
+        durable = bus.partition_consumer(spec, partition)
+        pull = StreamingPull(nc, stream=spec.stream, durable=durable.durable, batch=8)
+        await pull.start()
+        try:
+            got: list[Any] = []
+            for _ in range(20):
+                got += [m for m in await pull.next_batch(timeout=0.5) if m.subject == inbound("sec", name)]
+                if got:
+                    break
+            assert [m.data for m in got] == [b"work"]
+            await got[0].in_progress()
+            await got[0].ack_sync()
+        finally:
+            await pull.stop()
+        assert (await js.publish(outbound("sec", name), b"{}")).seq > 0
+        letter = DeadLetter(
+            stage=role, reason="test", error="", subject=inbound("sec", name), payload=b"", headers={},
+            stream_seq=1, deliveries=1, dead_at=0.0,
+        )  # fmt: skip
+        assert (await js.publish(subjects.dlq_subject(role, "sec", name), encode(letter))).stream == DLQ
+
+        acquired: list[int] = []
+
+        async def on_acquire(p: int) -> None:
+            acquired.append(p)
+
+        async def on_release(p: int) -> None:
+            acquired.remove(p)
+
+        leases = PartitionLeases(
+            await open_lease_bucket(js), role=role, replica="r1", on_acquire=on_acquire, on_release=on_release
+        )
+        await leases.tick()
+        assert sorted(acquired) == list(range(16))
+    finally:
+        await nc.close()
+        await admin.close()
+
+
+async def test_the_applier_uses_its_ledger_and_no_one_else_may(server: LocalNats, creds: Credentials) -> None:
+    nc = await bus.connect(server.url, name="applier", creds=creds.seed_file("applier"))
+    try:
+        ledger = await Ledger.open(nc.jetstream())
+        key = f"sec.jobset.{os.urandom(3).hex()}"
+        revision = await ledger.kv.create(key, b"{}")
+        assert (await ledger.kv.get(key)).revision == revision
+    finally:
+        await nc.close()
+    for identity in ("planner", "watcher", "reader", "dlq-operator"):
+        client = await connect_as(server, creds, identity)
+        try:
+            assert await client.refused_publish(f"$KV.{streams.APPLIED_BUCKET}.{key}")
+            assert await client.refused_publish(f"{API}.DIRECT.GET.KV_{streams.APPLIED_BUCKET}.$KV.tj_applied.{key}")
+        finally:
+            await client.nc.close()
+
+
+async def test_the_reader_reads_every_stream_and_the_dlq_operator_retries(
+    server: LocalNats, creds: Credentials
+) -> None:
+    admin = await bus.connect(server.url, name="admin", creds=creds.seed_file("admin"))
+    name = f"d{os.urandom(3).hex()}"
+    original = subjects.apply_subject("sec", name, "jobset")
+    letter = DeadLetter(
+        stage="applier", reason="permanent", error="404", subject=original, payload=b"the plan", headers={},
+        stream_seq=1, deliveries=1, dead_at=0.0,
+    )  # fmt: skip
+    ack = await admin.jetstream().publish(subjects.dlq_subject("applier", "sec", name), encode(letter))
+    await admin.close()
+
+    reader = await bus.connect(server.url, name="reader", creds=creds.seed_file("reader"))
+    try:
+        js = reader.jetstream()
+        for spec in streams.ALL_STREAMS:
+            await js.stream_info(spec.name)
+            await bus.read_stream(js, spec.name, f"{spec.subjects[0]}")
+        assert any(d.seq == ack.seq for d in await ops.dead_letters(js))
+        with pytest.raises(Exception):  # noqa: B017 - refused by the server; surfaces as a timeout
+            await ops.retry_dead_letter(js, ack.seq)
+    finally:
+        await reader.close()
+
+    operator = await bus.connect(server.url, name="dlq-operator", creds=creds.seed_file("dlq-operator"))
+    try:
+        js = operator.jetstream()
+        assert await ops.retry_dead_letter(js, ack.seq) == original
+        stored = await bus.read_stream(js, APPLY, original)
+        assert [m.data for m in stored] == [b"the plan"]
+        assert all(d.seq != ack.seq for d in await ops.dead_letters(js))
+    finally:
+        await operator.close()
+
+
+# --------------------------------------------------------------------------------------- the config itself
+
+
+def test_the_server_config_holds_public_keys_only(creds: Credentials) -> None:
+    config = server_authorization(creds)
+    for identity in IDENTITIES:
+        seed = creds.seed_file(identity).read_text().strip()
+        assert seed.startswith("SU") and seed not in config
+        assert creds.public_key(identity) in config
+        assert creds.seed_file(identity).stat().st_mode & 0o777 == 0o600
+    assert creds.root.stat().st_mode & 0o777 == 0o700
+    assert "no_auth_user" not in config
+
+
+# ---------------------------------------------------------------------------------------------------- TLS
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1, the documented self-signed path in miniature."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tjpipe test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    paths = (tmp / "ca.pem", tmp / "server.pem", tmp / "server-key.pem")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    os.chmod(paths[2], 0o600)
+    return paths
+
+
+async def test_tls_with_the_ca_connects_and_without_it_does_not(creds: Credentials, tmp_path: Path) -> None:
+    ca, cert, key = _self_signed(tmp_path)
+    tls_block = f"tls {{\n  cert_file: {json.dumps(str(cert))}\n  key_file: {json.dumps(str(key))}\n}}\n"
+    local = start_nats(
+        store_dir=tmp_path / "store",
+        log_dir=tmp_path / "logs",
+        name="nats-tls",
+        authorization=server_authorization(creds) + tls_block,
+    )
+    try:
+        url = local.url.replace("nats://", "tls://")
+        nc = await bus.connect(url, name="tls", creds=creds.seed_file("reader"), tls=bus.TlsFiles(ca=str(ca)))
+        await nc.flush()
+        assert nc.is_connected and nc.connected_url is not None and nc.connected_url.scheme == "tls"
+        await nc.close()
+        with pytest.raises((ssl.SSLError, nats.errors.Error, OSError)):
+            await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+    finally:
+        local.stop()

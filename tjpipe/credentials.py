@@ -1,0 +1,238 @@
+"""Who may do what on the bus: one NATS nkey identity per stage, and the server's authorization block.
+
+Why nkeys and not decentralized JWT accounts: the set of identities is fixed (six, one per stage and role),
+so JWT's one advantage, adding or changing users without touching the server's configuration, buys nothing
+here, while it costs an operator key, an account key, a resolver and signed JWTs to run and rotate. With
+nkeys the server configuration holds only public keys, the seeds never leave the process that uses them,
+and the whole trust set is one readable ``authorization`` block. Every identity lives in the one account,
+and there is no ``no_auth_user``, so a connection without a valid signature is refused.
+
+Why a permission per JetStream API subject: JetStream's API is NATS subjects (``$JS.API.<verb>.<stream>``),
+so publish permissions are what decide which streams, consumers and buckets an identity may touch. A
+service may only bind to what the ``admin`` identity created at set-up (``plumbing.bus.setup_bus``); none
+may create, change or delete a stream, a consumer or a bucket. That includes ephemeral consumers: the
+server accepts a consumer *name* in the body of an ephemeral create request and then updates the existing
+consumer of that name, so the right to create an ephemeral consumer is the right to re-point a service's
+durable (tested). Reading history and listing lease holders therefore use batched direct gets
+(``$JS.API.DIRECT.GET.<stream>``), which can only read. Each identity's replies come to its own inbox prefix,
+derived from its public key (:func:`inbox_prefix`), and only it may subscribe there, so no identity can
+read another's replies or pulled messages.
+
+The seeds are written with mode 0600 in a 0700 folder and never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import nkeys
+
+from contracts import streams, subjects
+from contracts.subjects import PARTITIONS
+from plumbing.bus import LEASE_BUCKET, inbox_prefix
+
+ADMIN = "admin"
+WATCHER = "watcher"
+PLANNER = "planner"
+APPLIER = "applier"
+READER = "reader"
+DLQ_OPERATOR = "dlq-operator"
+IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR)
+SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER}
+"""``tjpipe`` service command → the identity it runs as."""
+
+SEED_SUFFIX = ".nk"
+
+_API = "$JS.API"
+_WORK_STREAMS = tuple(spec.name for spec in streams.ALL_STREAMS)
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...] = ()
+    publish_deny: tuple[str, ...] = ()
+    subscribe_deny: tuple[str, ...] = ()
+
+
+def _durables(spec: streams.ConsumerSpec) -> list[str]:
+    return [f"{spec.durable}-p{p}" for p in range(PARTITIONS)]
+
+
+def _consume_durables(spec: streams.ConsumerSpec) -> list[str]:
+    """Bind to, pull from and acknowledge the per-partition durables of ``spec``, and nothing else."""
+    out = [f"{_API}.STREAM.INFO.{spec.stream}"]
+    for durable in _durables(spec):
+        out += [
+            f"{_API}.CONSUMER.INFO.{spec.stream}.{durable}",
+            f"{_API}.CONSUMER.MSG.NEXT.{spec.stream}.{durable}",
+            f"$JS.ACK.{spec.stream}.{durable}.>",
+        ]
+    return out
+
+
+def _leases(role: str) -> list[str]:
+    """Write this role's own lease keys; read the bucket's keys with (batched) direct gets."""
+    stream = f"KV_{LEASE_BUCKET}"
+    return [
+        f"$KV.{LEASE_BUCKET}.{role}.>",
+        f"{_API}.STREAM.INFO.{stream}",
+        f"{_API}.DIRECT.GET.{stream}",
+    ]
+
+
+def _read_streams() -> list[str]:
+    """Read every work stream with direct gets: no consumer is created, so none can be re-pointed."""
+    allow: list[str] = []
+    for stream in _WORK_STREAMS:
+        allow += [f"{_API}.STREAM.INFO.{stream}", f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.>"]
+    return allow
+
+
+def permissions() -> dict[str, Permissions | None]:
+    """Identity → what it may publish and subscribe to, beyond its own inbox; ``None`` means everything.
+
+    ``admin`` is the account's administrator: stream, consumer and bucket set-up, and break-glass
+    operations. Its seed belongs to the set-up step only and is mounted into no service.
+    """
+    read_allow = _read_streams()
+    applied = f"KV_{streams.APPLIED_BUCKET}"
+    return {
+        ADMIN: None,
+        WATCHER: Permissions(
+            publish=(f"{subjects.EVENTS_PREFIX}.>", f"{_API}.STREAM.INFO.{streams.EVENTS.name}"),
+        ),
+        PLANNER: Permissions(
+            publish=(
+                *_consume_durables(streams.PLANNER),
+                f"{subjects.APPLY_PREFIX}.>",
+                f"{subjects.DLQ_PREFIX}.planner.>",
+                *_leases("planner"),
+            ),
+        ),
+        APPLIER: Permissions(
+            publish=(
+                *_consume_durables(streams.APPLIER),
+                f"{subjects.RESULTS_PREFIX}.>",
+                f"{subjects.DLQ_PREFIX}.applier.>",
+                f"$KV.{streams.APPLIED_BUCKET}.>",
+                f"{_API}.STREAM.INFO.{applied}",
+                f"{_API}.DIRECT.GET.{applied}.>",
+                f"{_API}.STREAM.MSG.GET.{applied}",
+                *_leases("applier"),
+            ),
+        ),
+        READER: Permissions(publish=tuple(read_allow)),
+        DLQ_OPERATOR: Permissions(
+            publish=(
+                *read_allow,
+                f"{_API}.STREAM.MSG.GET.{streams.DLQ.name}",
+                f"{_API}.STREAM.MSG.DELETE.{streams.DLQ.name}",
+                f"{subjects.EVENTS_PREFIX}.>",
+                f"{subjects.APPLY_PREFIX}.>",
+            ),
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A folder of nkey seeds, one file per identity: ``<root>/<identity>.nk``."""
+
+    root: Path
+
+    def seed_file(self, identity: str) -> Path:
+        if identity not in IDENTITIES:
+            raise ValueError(f"unknown NATS identity {identity!r}; one of {', '.join(IDENTITIES)}")
+        return self.root / f"{identity}{SEED_SUFFIX}"
+
+    def public_key(self, identity: str) -> str:
+        return public_key_of(self.seed_file(identity).read_bytes())
+
+    def public_keys(self) -> dict[str, str]:
+        return {identity: self.public_key(identity) for identity in IDENTITIES}
+
+    def exists(self) -> bool:
+        return all(self.seed_file(identity).is_file() for identity in IDENTITIES)
+
+
+def new_user_seed() -> bytes:
+    """A fresh user nkey seed (``SU…``): 32 random bytes, nkey-encoded."""
+    return bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+
+
+def public_key_of(seed: bytes) -> str:
+    pair = nkeys.from_seed(bytearray(seed.strip()))
+    try:
+        return str(pair.public_key.decode())
+    finally:
+        pair.wipe()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(path, 0o600)
+
+
+def generate_credentials(root: Path, *, identities: Iterable[str] = IDENTITIES, replace: bool = False) -> Credentials:
+    """Create a seed for every identity that has none (all of them with ``replace``) in ``root`` (mode 0700)."""
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    creds = Credentials(root)
+    for identity in identities:
+        path = creds.seed_file(identity)
+        if replace or not path.is_file():
+            _write_private(path, new_user_seed() + b"\n")
+        else:
+            os.chmod(path, 0o600)
+    return creds
+
+
+def _quoted(values: Iterable[str]) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def authorization_block(public_keys: Mapping[str, str], *, indent: str = "") -> str:
+    """The server's ``authorization`` block: every identity's public key and permissions, nothing else.
+
+    Every user may subscribe to its own inbox prefix only; ``admin`` may do anything.
+    """
+    table = permissions()
+    lines = [f"{indent}authorization {{", f"{indent}  users = ["]
+    for identity in IDENTITIES:
+        key = public_keys[identity]
+        rules = table[identity]
+        lines.append(f"{indent}    # {identity}")
+        if rules is None:
+            lines.append(f"{indent}    {{nkey: {json.dumps(key)}}}")
+            continue
+        inbox = f"{inbox_prefix(key)}.>"
+        publish = f"{{allow: {_quoted(rules.publish)}"
+        publish += f", deny: {_quoted(rules.publish_deny)}}}" if rules.publish_deny else "}"
+        subscribe = f"{{allow: {_quoted((inbox, *rules.subscribe))}"
+        subscribe += f", deny: {_quoted(rules.subscribe_deny)}}}" if rules.subscribe_deny else "}"
+        lines.append(
+            f"{indent}    {{nkey: {json.dumps(key)}, permissions: {{publish: {publish}, subscribe: {subscribe}}}}}"
+        )
+    lines += [f"{indent}  ]", f"{indent}}}"]
+    return "\n".join(lines) + "\n"
+
+
+def server_authorization(creds: Credentials) -> str:
+    return authorization_block(creds.public_keys())
+
+
+def write_authorization(creds: Credentials, path: Path) -> Path:
+    """Write the ``authorization`` block to ``path`` (public keys only), for an ``include`` in nats.conf."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(server_authorization(creds))
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o644)
+    return path
