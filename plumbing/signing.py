@@ -149,12 +149,16 @@ def signed_bytes(subject: str, payload: bytes) -> bytes:
     return DOMAIN + len(encoded).to_bytes(4, "big") + encoded + payload
 
 
-def _fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+def _fingerprint(path: Path) -> Fingerprint:
     """What changes when a key file or directory is rewritten, cheaply (stat only; symlinks followed, so a
-    ConfigMap volume's atomic swap counts)."""
+    ConfigMap volume's atomic swap counts, and so does a file replaced by rename)."""
     try:
         files = sorted(path.glob("*.pub")) if path.is_dir() else [path]
-        return tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+        stats = [(str(f), f.stat()) for f in files]
+        return tuple((name, st.st_ino, st.st_mtime_ns, st.st_size) for name, st in stats)
     except OSError:
         return ()
 
@@ -165,11 +169,11 @@ def _fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
 class Signer:
     """One stage's private key; signs (subject, payload) into a header value."""
 
-    def __init__(self, private: Ed25519PrivateKey, *, path: Path | None = None) -> None:
+    def __init__(self, private: Ed25519PrivateKey, *, path: Path | None = None, seen: Fingerprint = ()) -> None:
         self._private = private
         self.key_id = key_id(private.public_key())
         self._path = path
-        self._seen = _fingerprint(path) if path is not None else ()
+        self._seen = seen
         self._next_check = time.monotonic() + RECHECK_SECONDS
 
     @classmethod
@@ -178,7 +182,8 @@ class Signer:
         if not path:
             raise KeyMaterialError(f"no signing key: set {setting} to the stage's ed25519 private key (PEM)")
         p = Path(path)
-        return cls(load_private_key(p), path=p)
+        seen = _fingerprint(p)  # before reading: a change made meanwhile is noticed later, not missed
+        return cls(load_private_key(p), path=p, seen=seen)
 
     @property
     def public_key(self) -> Ed25519PublicKey:
@@ -225,11 +230,18 @@ class Keyring:
     at once is what makes rotation possible without a moment in which genuine messages are refused.
     """
 
-    def __init__(self, keys: Mapping[str, Ed25519PublicKey], *, path: Path | None = None, name: str = "") -> None:
+    def __init__(
+        self,
+        keys: Mapping[str, Ed25519PublicKey],
+        *,
+        path: Path | None = None,
+        name: str = "",
+        seen: Fingerprint = (),
+    ) -> None:
         self._keys = dict(keys)
         self._path = path
         self.name = name
-        self._seen = _fingerprint(path) if path is not None else ()
+        self._seen = seen
         now = time.monotonic()
         self._next_check = now + RECHECK_SECONDS
         self._next_unknown_check = now
@@ -244,7 +256,8 @@ class Keyring:
         if not path:
             raise KeyMaterialError(f"no trusted keys: set {setting} to a file or directory of ed25519 public keys")
         p = Path(path)
-        return cls(_read_keys(p, setting=setting), path=p, name=name)
+        seen = _fingerprint(p)  # before reading, as in Signer.from_file
+        return cls(_read_keys(p, setting=setting), path=p, name=name, seen=seen)
 
     @property
     def key_ids(self) -> tuple[str, ...]:
