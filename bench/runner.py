@@ -253,7 +253,6 @@ async def run(settings: Settings, report: dict[str, Any], clock: Clock) -> None:
 async def run_with_stack(
     settings: Settings, report: dict[str, Any], runtimes: dict[str, dict[str, Any]], progress: Any
 ) -> None:
-    import nats
 
     from bench import scenarios as sc
     from bench.cluster import CountingKube, Services, apply_object, cpu_seconds
@@ -304,7 +303,8 @@ async def run_with_stack(
         )
         await services.start_all()
         progress(f"services ready: {', '.join(f'{p.name} pid {p.pid}' for p in stack.services)}")
-        nc = await nats.connect(stack.nats_url, name="tjpipe-bench")
+        # Admin: the benchmark reads consumer state and stream sequences; the services run as their own identities.
+        nc = await stack.connect(name="tjpipe-bench")
         js = nc.jetstream()
         ctx = sc.Context(
             kube=kube,

@@ -159,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     creds.add_argument("--rotate", action="store_true", help="replace every seed with a new one")
 
+    tls = sub.add_parser(
+        "nats-tls",
+        help="make a private CA and a NATS server certificate (ca.crt, tls.crt, tls.key): the self-signed path",
+    )
+    tls.add_argument("--dir", type=Path, required=True, help="folder for ca.crt, tls.crt and tls.key (0600)")
+    tls.add_argument(
+        "--host", action="append", required=True, help="a DNS name or IP address the certificate is for (repeatable)"
+    )
+
     down = sub.add_parser("down", help="stop a stack started with 'tjpipe up --detach'")
     down.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
 
@@ -229,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_bus_setup(args))
     if command == "nats-credentials":
         return _nats_credentials(args)
+    if command == "nats-tls":
+        from tjpipe.credentials import write_self_signed_tls
+
+        written = write_self_signed_tls(args.dir, args.host)
+        console.print(f"NATS TLS: {', '.join(str(p) for p in written.values())} for {', '.join(args.host)}")
+        return 0
     from tjpipe import opscli
 
     return opscli.run(command, args)
@@ -238,11 +253,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_service(command: str, args: argparse.Namespace) -> int:
+    from plumbing.bus import CredentialsError, NotAuthorized
     from plumbing.signing import KeyMaterialError
 
     try:
         return _start_service(command, args)
-    except KeyMaterialError as exc:  # secure by default: no keys, no service
+    except (KeyMaterialError, CredentialsError, NotAuthorized) as exc:  # secure by default: no keys, no service
         print(f"tjpipe {command}: {exc}", file=sys.stderr)
         return 2
 

@@ -236,3 +236,86 @@ def write_authorization(creds: Credentials, path: Path) -> Path:
     with contextlib.suppress(OSError):
         os.chmod(path, 0o644)
     return path
+
+
+# --------------------------------------------------------------------------------------------------- TLS
+
+TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
+"""The names cert-manager gives a Certificate's Secret keys; the self-signed path writes the same."""
+
+
+def write_self_signed_tls(root: Path, hosts: Iterable[str], *, days: int = 825) -> dict[str, Path]:
+    """A private CA and a server certificate signed by it, for ``hosts`` (DNS names or IP addresses).
+
+    The documented path where cert-manager is not available. The certificate serves clients and, with
+    ``verify: true`` on the cluster port, authenticates the servers' routes to each other, so it carries
+    both usages. The CA's key is not kept: a new server certificate means a new CA (run it again and roll
+    the servers and services). Keys are written with mode 0600.
+    """
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainjob-pipeline NATS CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    paths = {name: root / name for name in TLS_FILES}
+    paths["ca.crt"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["tls.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(
+        paths["tls.key"],
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
+    return paths

@@ -28,9 +28,15 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def run(command: str, args: argparse.Namespace) -> int:
+    from plumbing.bus import CredentialsError, NotAuthorized
+
     if command == "plan":
         return _plan(args)
-    return asyncio.run(_with_bus(command, args))
+    try:
+        return asyncio.run(_with_bus(command, args))
+    except (CredentialsError, NotAuthorized) as exc:
+        err.print(f"[red]tjpipe {command}: {exc}[/] (set NATS_CREDS, e.g. from .tjpipe/env)")
+        return 2
 
 
 async def _with_bus(command: str, args: argparse.Namespace) -> int:

@@ -58,6 +58,7 @@ from contracts.subjects import PARTITIONS
 from contracts.trainer import RUNTIME_SNAPSHOT_SUFFIX, TrainingRuntime, TrainJob
 from plumbing import bus
 from plumbing.partitions import LEASE_BUCKET, partition_consumer
+from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNatsCluster, start_nats_cluster
@@ -252,11 +253,28 @@ def convergence_problems(
 # -------------------------------------------------------------------------------------------- reading NATS
 
 
+ADMIN: list[Credentials] = []
+"""The current test's NATS identities; the test's own reads and set-up connect as their admin."""
+
+
+def start_cluster(tmp_path: Path, log_dir: Path) -> LocalNatsCluster:
+    """A JetStream cluster with client authorization on (and authenticated routes), and its credentials."""
+    creds = generate_credentials(tmp_path / "creds")
+    ADMIN[:] = [creds]
+    return start_nats_cluster(
+        size=NATS_NODES, base_dir=tmp_path / "nats", log_dir=log_dir, authorization=server_authorization(creds)
+    )
+
+
+def identity_env(role: str) -> dict[str, str]:
+    return {"NATS_CREDS": str(ADMIN[0].seed_file(role))}
+
+
 def _run(coro_factory: Callable[[Any], Any], url: str, *, timeout: float = 30.0, raw: bool = False) -> Any:
     """Run one read against the bus on a fresh connection, retrying while the cluster elects new leaders."""
 
     async def main() -> Any:
-        nc = await bus.connect(url, name="tjpipe-scale-test")
+        nc = await bus.connect(url, name="tjpipe-scale-test", creds=ADMIN[0].seed_file("admin"))
         try:
             return await coro_factory(nc if raw else nc.jetstream())
         finally:
@@ -541,7 +559,7 @@ def test_multi_replica_crash_converges(scale_kube: LocalKube, tmp_path: Path) ->
                 )
 
     try:
-        cluster = start_nats_cluster(size=NATS_NODES, base_dir=tmp_path / "nats", log_dir=log_dir)
+        cluster = start_cluster(tmp_path, log_dir)
         live_url = cluster.url
         say(f"NATS cluster ready ({cluster.url}, meta leader {cluster.meta_leader()})")
         env = {
@@ -550,6 +568,7 @@ def test_multi_replica_crash_converges(scale_kube: LocalKube, tmp_path: Path) ->
             "TJPIPE_STREAM_REPLICAS": str(NATS_NODES),
             "PYTHONUNBUFFERED": "1",
         }
+        _run(lambda js: bus.setup_bus(js, streams.configured_streams(env), replicas=NATS_NODES), cluster.url)
         # The watcher and planners that survive talk to the nodes that survive, so events keep being published
         # and planned while the node leading the planners' output stream hangs; the appliers and the replicas
         # to be killed get the whole cluster.
@@ -560,7 +579,7 @@ def test_multi_replica_crash_converges(scale_kube: LocalKube, tmp_path: Path) ->
             for i in range(count):
                 survivor_upstream = role in ("watcher", "planner") and i > 0
                 replica_env = {**env, "NATS_URL": others_url} if survivor_upstream else env
-                replica_env = {**replica_env, **keys.service_env(role)}
+                replica_env = {**replica_env, **keys.service_env(role), **identity_env(role)}
                 replicas.append(start_replica(role, f"{role}-{i}", env=replica_env, log_dir=log_dir))
 
         def spread() -> bool:
@@ -841,7 +860,7 @@ def test_planner_survives_lost_puback(tmp_path: Path) -> None:
     throughout: a lost lease would restart the partition's loop and hide a hang by luck.
     """
     log_dir = tmp_path / "logs"
-    cluster = start_nats_cluster(size=NATS_NODES, base_dir=tmp_path / "nats", log_dir=log_dir)
+    cluster = start_cluster(tmp_path, log_dir)
     planner: Replica | None = None
     frozen: int | None = None
     victim_index = pick_victim(cluster)
@@ -854,7 +873,6 @@ def test_planner_survives_lost_puback(tmp_path: Path) -> None:
         env = {"TJPIPE_STREAM_REPLICAS": str(NATS_NODES)}
 
         async def setup(js: Any) -> None:
-            await bus.ensure_streams(js, streams.configured_streams(env))
             keep_on = cluster.names[(victim_index + 1) % NATS_NODES]
             # The lease bucket as nats-py's create_key_value makes it, plus a placement (which it would drop).
             await js.add_stream(
@@ -878,10 +896,12 @@ def test_planner_survives_lost_puback(tmp_path: Path) -> None:
             )
             info = await js.stream_info(f"KV_{LEASE_BUCKET}")
             assert info.cluster is not None and info.cluster.leader == keep_on, info.cluster
+            # Everything else as the admin set-up makes it (it keeps the placed bucket as it is).
+            await bus.setup_bus(js, streams.configured_streams(env), replicas=NATS_NODES)
 
         _run(setup, others)
         move_stream_leader_to(others, streams.APPLY.name, victim)
-        planner_env = {**env, "NATS_URL": others, **keys.service_env("planner")}
+        planner_env = {**env, "NATS_URL": others, **keys.service_env("planner"), **identity_env("planner")}
         planner = start_replica("planner", "planner-0", env=planner_env, log_dir=log_dir)
         wait_until(
             lambda: len(owners(read_leases(others), "planner")) == PARTITIONS,

@@ -30,7 +30,14 @@ from plumbing import bus
 from plumbing.partitions import PartitionLeases, open_lease_bucket
 from plumbing.pull import StreamingPull
 from tjpipe import ops
-from tjpipe.credentials import IDENTITIES, Credentials, generate_credentials, new_user_seed, server_authorization
+from tjpipe.credentials import (
+    IDENTITIES,
+    Credentials,
+    generate_credentials,
+    new_user_seed,
+    server_authorization,
+    write_self_signed_tls,
+)
 from tjpipe.local.natsd import LocalNats, start_nats
 
 pytestmark = pytest.mark.nats
@@ -421,46 +428,14 @@ def test_the_server_config_holds_public_keys_only(creds: Credentials) -> None:
 # ---------------------------------------------------------------------------------------------------- TLS
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for 127.0.0.1, the documented self-signed path in miniature."""
-    import datetime as dt
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tjpipe test CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats")]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    paths = (tmp / "ca.pem", tmp / "server.pem", tmp / "server-key.pem")
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    os.chmod(paths[2], 0o600)
-    return paths
-
-
 async def test_tls_with_the_ca_connects_and_without_it_does_not(creds: Credentials, tmp_path: Path) -> None:
-    ca, cert, key = _self_signed(tmp_path)
-    tls_block = f"tls {{\n  cert_file: {json.dumps(str(cert))}\n  key_file: {json.dumps(str(key))}\n}}\n"
+    """The self-signed path (``tjpipe nats-tls``): a server certificate for 127.0.0.1 from a private CA. A
+    ``nats://`` URL is upgraded to TLS because the server requires it; only a client that trusts the CA
+    gets through, and it still needs its nkey."""
+    tls = write_self_signed_tls(tmp_path / "tls", ["127.0.0.1", "localhost"])
+    tls_block = (
+        f"tls {{\n  cert_file: {json.dumps(str(tls['tls.crt']))}\n  key_file: {json.dumps(str(tls['tls.key']))}\n}}\n"
+    )
     local = start_nats(
         store_dir=tmp_path / "store",
         log_dir=tmp_path / "logs",
@@ -468,12 +443,14 @@ async def test_tls_with_the_ca_connects_and_without_it_does_not(creds: Credentia
         authorization=server_authorization(creds) + tls_block,
     )
     try:
-        url = local.url.replace("nats://", "tls://")
-        nc = await bus.connect(url, name="tls", creds=creds.seed_file("reader"), tls=bus.TlsFiles(ca=str(ca)))
+        trusted = bus.TlsFiles(ca=str(tls["ca.crt"]))
+        nc = await bus.connect(local.url, name="tls", creds=creds.seed_file("reader"), tls=trusted)
         await nc.flush()
-        assert nc.is_connected and nc.connected_url is not None and nc.connected_url.scheme == "tls"
+        assert nc.is_connected and nc._server_info.get("tls_required") is True
         await nc.close()
         with pytest.raises((ssl.SSLError, nats.errors.Error, OSError)):
-            await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+            await nats.connect(local.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+        with pytest.raises(bus.NotAuthorized):
+            await bus.connect(local.url, name="no-nkey", tls=trusted)
     finally:
         local.stop()

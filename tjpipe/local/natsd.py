@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import sysconfig
@@ -137,6 +138,7 @@ def _answers_ok(url: str) -> bool:
 # ------------------------------------------------------------------------------------ a JetStream cluster
 
 _CLUSTER_NAME = "tjpipe"
+_ROUTE_USER = "route"
 
 
 @dataclass(frozen=True)
@@ -238,12 +240,18 @@ class LocalNatsCluster:
             server.stop(timeout=timeout)
 
 
-def start_nats_cluster(*, size: int = 3, base_dir: Path, log_dir: Path) -> LocalNatsCluster:
+def start_nats_cluster(
+    *, size: int = 3, base_dir: Path, log_dir: Path, authorization: str | None = None
+) -> LocalNatsCluster:
     """Start a JetStream cluster of ``size`` nats-servers on 127.0.0.1; return once it has a meta leader.
 
     Ready means: every member answers ``/healthz?js-enabled-only=true``, every member's ``/jsz`` names the
     same meta leader, and that leader reports every other member as current, which is when streams with
     ``size`` replicas can be created.
+
+    ``authorization`` (the clients' ``authorization`` block) goes into every member's config. Routes are
+    authenticated too, with a user and a random password only the members' configs (mode 0600) hold: an
+    unauthenticated route port would let any local process join as a "server" and bypass client auth.
     """
     if size < 1:
         raise ValueError(f"a cluster needs at least one server, not {size}")
@@ -259,10 +267,14 @@ def start_nats_cluster(*, size: int = 3, base_dir: Path, log_dir: Path) -> Local
         )
         for i in range(size)
     ]
+    route_password = secrets.token_urlsafe(24)
     for member in members:
         member.store_dir.mkdir(parents=True, exist_ok=True)
         routes = [other.cluster_port for other in members if other is not member]
-        member.config_path.write_text(_member_config(member, routes=routes))
+        config = _member_config(member, routes=routes, route_password=route_password) + (authorization or "")
+        fd = os.open(member.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(config)
     servers: list[LocalNats] = []
     try:
         for member in members:
@@ -276,10 +288,12 @@ def start_nats_cluster(*, size: int = 3, base_dir: Path, log_dir: Path) -> Local
     return cluster
 
 
-def _member_config(member: _Member, *, routes: list[int]) -> str:
+def _member_config(member: _Member, *, routes: list[int], route_password: str) -> str:
     # JSON string literals are valid quoted strings in the NATS config format, and quoting keeps a `$` or a
     # space in a path from being read as a variable or a separator.
-    route_lines = "\n".join(f"    {json.dumps(f'nats-route://127.0.0.1:{port}')}" for port in routes)
+    route_lines = "\n".join(
+        f"    {json.dumps(f'nats-route://{_ROUTE_USER}:{route_password}@127.0.0.1:{port}')}" for port in routes
+    )
     return (
         f"server_name: {json.dumps(member.name)}\n"
         # The name as a tag too, so that a test can place a stream or bucket on chosen members.
@@ -292,6 +306,7 @@ def _member_config(member: _Member, *, routes: list[int]) -> str:
         "cluster {\n"
         f"  name: {json.dumps(_CLUSTER_NAME)}\n"
         f"  listen: {json.dumps(f'127.0.0.1:{member.cluster_port}')}\n"
+        f"  authorization {{\n    user: {json.dumps(_ROUTE_USER)}\n    password: {json.dumps(route_password)}\n  }}\n"
         "  routes: [\n"
         f"{route_lines}\n"
         "  ]\n"
