@@ -197,7 +197,7 @@ class Applier:
                     if isinstance(message, DeleteComponent):
                         action, resource_version, reason = await self._delete_once(message, resource)
                     else:
-                        action, resource_version, reason = await self._apply_once(message, resource, key)
+                        action, resource_version, reason = await self._apply_once(message, resource, key, body)
         except core.Unauthorized as exc:
             await self._refuse(msg, message, exc.why, attempts, started)
             return
@@ -370,7 +370,7 @@ class Applier:
         return "deleted", "", message.reason
 
     async def _apply_once(
-        self, message: ObjectApply, resource: resources.Resource, key: tuple[str, str, str, str]
+        self, message: ObjectApply, resource: resources.Resource, key: tuple[str, str, str, str], planned: bytes
     ) -> tuple[ApplyAction, str, str]:
         """One fenced apply: claim the target in the ledger, then write conditionally, then record it.
 
@@ -379,7 +379,7 @@ class Applier:
         """
         target = message.target
         lkey = ledger_key(target)
-        planned = msgspec.json.encode(message.object)  # generated key material is never part of the digest
+        # ``planned`` is the encoded object, without generated key material, which is never part of the digest
         digest = core.content_digest(planned)
         for round_ in range(_CLAIM_ROUNDS):
             # After a lost compare-and-set, remembering is what went wrong: ask the server.

@@ -26,6 +26,10 @@ PER_REPLICA_ENV = frozenset({"TJPIPE_REPLICA_ID"})
 # Paths of key material that one service alone is given: set per service, next to what it points at,
 # never in a configuration every service shares.
 PER_SERVICE_ENV = frozenset({"TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", "TJPIPE_TRUSTED_PLAN_KEYS"})
+# The NATS identity of one service (its nkey seed file): set per service, next to its own Secret.
+NATS_IDENTITY_ENV = frozenset({"NATS_CREDS"})
+# A client certificate for NATS, for servers that ask for one; this deployment authenticates with nkeys.
+OPTIONAL_ENV = frozenset({"NATS_TLS_CERT", "NATS_TLS_KEY"})
 
 _ENV_IN_HELP = re.compile(r"\benv(?:ironment)?:?\s+([A-Z][A-Z0-9_]+)")
 

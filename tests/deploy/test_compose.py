@@ -25,7 +25,15 @@ from tjpipe.local.kustomize import GoTool, ensure_go_tool
 from tjpipe.local.toolchain import go_module_dir
 from tjpipe.stack import SERVICES
 
-from . import DOCKERFILE, PER_REPLICA_ENV, REPO, dockerfile_stages, known_env_names, service_env_names
+from . import (
+    DOCKERFILE,
+    OPTIONAL_ENV,
+    PER_REPLICA_ENV,
+    REPO,
+    dockerfile_stages,
+    known_env_names,
+    service_env_names,
+)
 
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
 COMPOSE_GO_MODULE = "github.com/compose-spec/compose-go/v2"
@@ -37,7 +45,7 @@ COMPOSE_SPEC_VALIDATOR = GoTool(
     version=COMPOSE_GO_VERSION,
     package=f"{COMPOSE_GO_MODULE}/cmd",
 )
-INFRASTRUCTURE = {"nats", "k3s", "crds", "keys"}
+INFRASTRUCTURE = {"nats", "k3s", "crds", "keys", "nats-credentials", "bus-setup"}
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +152,7 @@ def test_services_set_what_the_cli_reads_and_nothing_else(model: dict[str, Any])
     assert {"NATS_URL", "KUBECONFIG"} <= wanted["watcher"] | wanted["applier"], "the CLI parser was not read"
     for service in SERVICES:
         environment = set(model["services"][service]["environment"])
-        missing = wanted[service] - PER_REPLICA_ENV - environment
+        missing = wanted[service] - PER_REPLICA_ENV - OPTIONAL_ENV - environment
         assert not missing, f"{service} does not set {sorted(missing)}"
         unknown = environment - known
         assert not unknown, f"{service} sets variables no service reads: {sorted(unknown)}"
@@ -168,8 +176,12 @@ def test_one_nats_server_so_streams_keep_one_replica(model: dict[str, Any]) -> N
 def test_nats_runs_jetstream_on_a_named_volume_with_a_healthcheck(model: dict[str, Any]) -> None:
     nats = model["services"]["nats"]
     assert nats["image"].startswith("nats:")
-    assert nats["command"] == ["-js", "-sd", "/data", "-m", "8222"]
-    assert {(v["type"], v["source"], v["target"]) for v in nats["volumes"]} == {("volume", "nats-data", "/data")}
+    assert nats["command"] == ["-js", "-sd", "/data", "-m", "8222", "-c", "/etc/nats/conf/nats.conf"]
+    assert {(v["type"], v["source"], v["target"]) for v in nats["volumes"]} == {
+        ("volume", "nats-data", "/data"),
+        ("volume", "nats-conf", "/etc/nats/conf"),
+        ("volume", "nats-tls", "/etc/nats/tls"),
+    }
     assert "http://localhost:8222/healthz?js-enabled-only=true" in nats["healthcheck"]["test"]
 
 
@@ -234,6 +246,29 @@ def test_each_service_mounts_only_its_own_keys(model: dict[str, Any]) -> None:
     assert keys["command"][0].startswith("tjpipe keys init --dir /keys")
 
 
+NATS_CREDS_VOLUMES = {identity: f"{identity}-nats-creds" for identity in ("watcher", "planner", "applier", "admin")}
+
+
+def test_each_service_connects_as_its_own_nats_identity_over_tls(model: dict[str, Any]) -> None:
+    """Its own nkey seed only (the admin's only in bus-setup), read-only, and the CA to verify the server."""
+    services = model["services"]
+    every = set(NATS_CREDS_VOLUMES.values())
+    for name, identity in (*((s, s) for s in SERVICES), ("bus-setup", "admin")):
+        spec = services[name]
+        mounts = {v["source"]: v for v in spec.get("volumes") or []}
+        assert set(mounts) & every == {NATS_CREDS_VOLUMES[identity]}, name
+        creds = mounts[NATS_CREDS_VOLUMES[identity]]
+        assert creds["read_only"] is True
+        assert Path(spec["environment"]["NATS_CREDS"]).parent == Path(creds["target"])
+        assert Path(spec["environment"]["NATS_TLS_CA"]).parent == Path(mounts["nats-ca"]["target"])
+    for name in set(services) - set(SERVICES) - {"bus-setup", "nats-credentials"}:
+        assert not {v["source"] for v in services[name].get("volumes") or []} & every, name
+    maker = services["nats-credentials"]
+    assert maker["network_mode"] == "none"
+    assert maker["command"][0].startswith("tjpipe nats-credentials --dir /creds/all --authorization /nats-conf/")
+    assert services["bus-setup"]["command"] == ["bus-setup"]
+
+
 def test_startup_order(model: dict[str, Any]) -> None:
     services = model["services"]
 
@@ -245,6 +280,8 @@ def test_startup_order(model: dict[str, Any]) -> None:
     assert conditions("watcher") == {"nats": "service_healthy", "crds": "service_completed_successfully", **keys}
     assert conditions("applier") == {"nats": "service_healthy", "crds": "service_completed_successfully", **keys}
     assert conditions("planner") == {"nats": "service_healthy", **keys}
+    assert conditions("nats") == {"nats-credentials": "service_completed_successfully"}
+    assert conditions("bus-setup") == {"nats": "service_healthy"}
     assert services["crds"]["restart"] == "no"
     assert services["keys"]["restart"] == "no"
     for name in ("nats", "k3s"):

