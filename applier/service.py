@@ -356,9 +356,13 @@ class Applier:
         self, message: DeleteComponent, resource: resources.Resource
     ) -> tuple[ApplyAction, str, str]:
         target = message.target
-        record, _ = await self.ledger.read_fresh(ledger_key(target))
-        if core.is_stale(record, message):
-            return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
+        lkey = ledger_key(target)
+        record, revision = await self.ledger.read_fresh(lkey)
+        if record is not None and core.is_stale(record, message):
+            if not await self._claim_is_corrupt(message, resource, lkey, record):
+                return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
+            if not await self._replace_claim(message, lkey, record, revision):
+                raise core.TransientError("the ledger record changed while it was being replaced")
         try:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
             if raw is None:
@@ -390,18 +394,7 @@ class Applier:
             if record is not None and core.is_stale(record, message):
                 if not await self._claim_is_corrupt(message, resource, lkey, record):
                     return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
-                reset = AppliedRecord(
-                    source_version=message.source_version, source_seq=message.source_seq, digest="", state="claimed"
-                )
-                if await self.ledger.write(lkey, reset, revision=revision) is not None:
-                    STALE_CLAIMS.labels(action="overwritten").inc()
-                    log.warning(
-                        "%s: overwrote a ledger claim for source version %d that nothing in the cluster accounts for",
-                        target,
-                        record.source_version,
-                        extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
-                    )
-                    await self._clear_condition(message)
+                await self._replace_claim(message, lkey, record, revision)
                 continue  # look again, with the claim replaced (or someone else's newer one)
             live_raw: bytes | None = None
             read_live = False
@@ -487,8 +480,25 @@ class Applier:
             return core.outcome(resp.status, before=before, after=after), after, ""
         raise core.TransientError("the target kept changing under concurrent writers")
 
+    async def _replace_claim(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> bool:
+        """Overwrite a corrupt claim with this message's (compare-and-set); ``False`` if the key changed first."""
+        reset = AppliedRecord(
+            source_version=message.source_version, source_seq=message.source_seq, digest="", state="claimed"
+        )
+        if await self.ledger.write(lkey, reset, revision=revision) is None:
+            return False
+        STALE_CLAIMS.labels(action="overwritten").inc()
+        log.warning(
+            "%s: overwrote a ledger claim for source version %d that nothing in the cluster accounts for",
+            message.target,
+            record.source_version,
+            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
+        )
+        await self._clear_condition(message)
+        return True
+
     async def _claim_is_corrupt(
-        self, message: ObjectApply, resource: resources.Resource, lkey: str, record: AppliedRecord
+        self, message: ApplyMessage, resource: resources.Resource, lkey: str, record: AppliedRecord
     ) -> bool:
         """Whether a claim newer than this plan is corrupt: newer than the cluster, for longer than a resync.
 
