@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import yaml
 from kubernetes import dynamic
 
 from contracts import streams, subjects
-from contracts.messages import ApplyJobSet, ObjectKey, decode_apply
+from contracts.messages import ApplyJobSet, decode_apply
 from planner import core as planner_core
 from planner.framework import Framework
 from planner.info import RuntimeInfo
@@ -156,47 +157,75 @@ async def test_plan_prints_what_the_pipeline_applies(
     assert ("ConfigMap", f"{name}-runtime-snapshot") in planned
 
 
-async def test_a_fixed_dead_letter_retried_converges(
-    pipeline: Stack, dyn: dynamic.DynamicClient, recorded: tuple[str, str]
-) -> None:
-    namespace, name = recorded
-    missing_ns = "later-" + os.urandom(3).hex()
-    nc = await pipeline.connect()
-    try:
-        js = nc.jetstream()
-        stored = await read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(namespace, name))
-        original = next(m for m in map(lambda s: decode_apply(s.data), stored) if isinstance(m, ApplyJobSet))
-        # The same JobSet, aimed at a namespace that does not exist yet: a permanent 404, so a dead letter.
-        moved = msgspec.structs.replace(
-            original,
-            trainjob=ObjectKey(namespace=missing_ns, name=name),
-            target=msgspec.structs.replace(original.target, namespace=missing_ns),
-            object=msgspec.structs.replace(
-                original.object, metadata=msgspec.structs.replace(original.object.metadata, namespace=missing_ns)
-            ),
-            source_version=0,
-        )
-        subject, data = subjects.apply_subject(missing_ns, name, "jobset"), msgspec.json.encode(moved)
-        await js.publish(subject, data, headers=pipeline.sign_headers(subject, data))
-    finally:
-        await nc.close()
-
-    def dead_letter_seq() -> int | None:
-        listed = tjpipe("dlq", "list", "-o", "json", stack=pipeline)
-        for row in json.loads(listed.stdout):
-            if missing_ns in row["subject"] and row["reason"] == "permanent":
-                return int(row["seq"])
-        return None
-
-    seq = eventually(dead_letter_seq, what="the dead letter")
-    shown = tjpipe("dlq", "show", str(seq), stack=pipeline)
-    assert shown.returncode == 0 and "payload:" in shown.stdout and missing_ns in shown.stdout
+async def test_a_fixed_dead_letter_retried_converges(pipeline: Stack, dyn: dynamic.DynamicClient) -> None:
+    """An admission policy refuses a TrainJob's JobSet for good (a dead letter); the operator relaxes the
+    policy and sends the dead letter back; the JobSet is made."""
+    namespace = "later-" + os.urandom(3).hex()
+    name = "held"
     dyn.resources.get(api_version="v1", kind="Namespace").create(
-        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": missing_ns}}
-    )  # the fix
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    admission = "admissionregistration.k8s.io/v1"
+    policy = f"tjpipe-test-no-jobsets-{namespace}"
+    dyn.resources.get(api_version=admission, kind="ValidatingAdmissionPolicy").create(
+        body={
+            "apiVersion": admission,
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": policy},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["jobset.x-k8s.io"],
+                            "apiVersions": ["*"],
+                            "operations": ["CREATE"],
+                            "resources": ["jobsets"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": "false", "message": "no JobSets here yet", "reason": "Invalid"}],
+            },
+        }
+    )
+    binding = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+    dyn.resources.get(api_version=admission, kind="ValidatingAdmissionPolicyBinding").create(
+        body={
+            "apiVersion": admission,
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": policy},
+            "spec": {"policyName": policy, "validationActions": ["Deny"], "matchResources": binding},
+        }
+    )
+    jobsets = dyn.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
+    probe = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "probe"}, "spec": {}}
+
+    def enforced() -> bool:
+        try:
+            jobsets.create(body=probe, namespace=namespace, dry_run="All")
+        except dynamic.exceptions.DynamicApiError as exc:
+            return exc.status == 422 and policy in str(exc.body)
+        return False
+
+    eventually(enforced, what="the admission policy to be enforced")
+    create(dyn, trainjob(name, namespace))
+
+    def dead_letter_seqs() -> list[int]:
+        listed = tjpipe("dlq", "list", "-o", "json", stack=pipeline)
+        rows = json.loads(listed.stdout)
+        return sorted(int(r["seq"]) for r in rows if f".{namespace}." in r["subject"] and r["reason"] == "permanent")
+
+    eventually(dead_letter_seqs, what="the dead letter")
+    time.sleep(2)  # the TrainJob's condition makes one more plan, refused the same way: retry the newest
+    seq = dead_letter_seqs()[-1]
+    shown = tjpipe("dlq", "show", str(seq), stack=pipeline)
+    assert shown.returncode == 0 and "payload:" in shown.stdout and namespace in shown.stdout
+    dyn.resources.get(api_version=admission, kind="ValidatingAdmissionPolicyBinding").delete(name=policy)
+    dyn.resources.get(api_version=admission, kind="ValidatingAdmissionPolicy").delete(name=policy)
+    eventually(lambda: not enforced(), what="the policy to be gone")  # the fix
     refused = tjpipe("dlq", "retry", str(seq), stack=pipeline)  # the read-only identity may not
     assert refused.returncode != 0
     retried = tjpipe("dlq", "retry", str(seq), stack=pipeline, identity="dlq-operator")
     assert retried.returncode == 0, retried.stderr
-    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", missing_ns, name), what="the retried JobSet")
-    assert dead_letter_seq() is None
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, name), what="the retried JobSet")
+    assert seq not in dead_letter_seqs()
