@@ -383,6 +383,10 @@ def _where(stack: Any) -> None:
     if stack.local_kube is not None:
         console.print(f"  kubeconfig: {paths.kubeconfig}")
     console.print(f"  env:        {paths.env_file}   (source it: . {paths.env_file})")
+    if getattr(stack, "credentials", None) is not None:
+        console.print(
+            f"  NATS ids:   {stack.credentials.root}   (the env file picks reader.nk; dlq retry needs dlq-operator.nk)"
+        )
     console.print(f"  logs, pids: {paths.logs}")
 
 
