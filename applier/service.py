@@ -136,6 +136,7 @@ class Applier:
         self._trainjobs: dict[tuple[str, str], tuple[core.TrainJobFacts, float]] = {}
         """Positive TrainJob verifications (namespace, name) -> (facts, trusted until, monotonic)."""
         self._stale_claims: dict[str, tuple[int, float]] = {}
+        self._reading: dict[tuple[str, str], asyncio.Future[bytes | None]] = {}
         """Ledger keys holding a claim beyond the cluster -> (its source_version, first seen, monotonic)."""
 
     @staticmethod
@@ -261,7 +262,7 @@ class Applier:
             if cached is not None and cached[1] > now:
                 return cached[0]
         try:
-            raw = await self.kube.get(resources.TRAINJOB, namespace=key[0], name=key[1])
+            raw = await self._read_trainjob(key, share=not fresh)
         except KubeApiError as exc:
             raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
         facts = core.trainjob_facts(raw)
@@ -292,6 +293,26 @@ class Applier:
             raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
         log.info("%s: labelled an existing object, which is kept as it is otherwise", target)
         return _resource_version(resp.body)
+
+    async def _read_trainjob(self, key: tuple[str, str], *, share: bool) -> bytes | None:
+        """One GET of the TrainJob; with ``share``, the GET another message of it has in flight, if any.
+
+        A TrainJob's components arrive together and are applied in parallel: without sharing, each would
+        miss the cache and read the same TrainJob at the same moment.
+        """
+        task = self._reading.get(key) if share else None
+        if task is None:
+            task = asyncio.ensure_future(self.kube.get(resources.TRAINJOB, namespace=key[0], name=key[1]))
+            self._reading[key] = task
+
+            def done(finished: asyncio.Future[bytes | None], key: tuple[str, str] = key) -> None:
+                if self._reading.get(key) is finished:
+                    del self._reading[key]
+                if not finished.cancelled():
+                    finished.exception()  # retrieved here too, so no waiter left is not an error
+
+            task.add_done_callback(done)
+        return await asyncio.shield(task)
 
     def _require_controlled(self, message: ApplyMessage, live: bytes | None) -> None:
         verdict = core.authorize_live(message, live)

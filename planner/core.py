@@ -102,8 +102,9 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
 def plan_too_large(event: TrainJobObserved, *, source_seq: int, sizes: dict[str, int], max_payload: int) -> Plan:
     """What replaces a plan whose messages do not fit the bus: only the TrainJob's status, if it changes.
 
-    ``sizes`` is the encoded size of each component over ``max_payload``, measured by the service (this
-    function stays pure: the measurement is an input). No later delivery of the same event can fit, so
+    ``sizes`` is the encoded size of each component whose message is over ``max_payload``, measured by the
+    service (this function stays pure: the measurement is an input) on the component's object alone, so
+    the same TrainJob always gets the same condition message. No later delivery of the same event can fit, so
     the service dead-letters the event; the condition ``ResourcesCreated=False``, reason
     ``PlanTooLarge``, tells the TrainJob's owner why nothing was built. It turns True once a plan fits.
     """

@@ -110,8 +110,11 @@ class Planner:
         PLANS.labels(outcome="planned").inc()
         CONSUMER_LAG.labels(consumer=msg.metadata.consumer or "planner").set(msg.metadata.num_pending or 0)
         encoded = [(message, encode(message)) for message in result.applies]
+        # Sized by the component's object, not the whole message: the message also carries the event's
+        # sequence and time, and a condition naming a size that changes with every plan would make every
+        # status change a new event, planned again to another size, for ever.
         oversized = {
-            component_of(message): len(payload)
+            component_of(message): len(encode(getattr(message, "object", message)))
             for message, payload in encoded
             if len(payload) + HEADER_ALLOWANCE > self.max_payload
         }
