@@ -77,12 +77,17 @@ def _consume_durables(spec: streams.ConsumerSpec) -> list[str]:
 
 
 def _leases(role: str) -> list[str]:
-    """Write this role's own lease keys; read the bucket's keys with (batched) direct gets."""
+    """Write and read this role's own lease keys; list the bucket's keys with a batched direct get.
+
+    A ``create`` that finds the key taken reads it (nats.py checks for a delete marker), hence the direct
+    get of one key; the batch request (no key in the subject) lists members.
+    """
     stream = f"KV_{LEASE_BUCKET}"
     return [
         f"$KV.{LEASE_BUCKET}.{role}.>",
         f"{_API}.STREAM.INFO.{stream}",
         f"{_API}.DIRECT.GET.{stream}",
+        f"{_API}.DIRECT.GET.{stream}.$KV.{LEASE_BUCKET}.{role}.>",
     ]
 
 

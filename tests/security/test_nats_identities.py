@@ -216,6 +216,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         "tj.dlq.planner.ns.name",
         "$KV.tj_leases.planner.p0",
         "$KV.tj_leases.planner.member.x",
+        f"{API}.DIRECT.GET.KV_tj_leases.$KV.tj_leases.planner.p0",
         f"{API}.CONSUMER.MSG.NEXT.{EVENTS}.planner-p0",
         f"{API}.DIRECT.GET.{APPLY}",
         "$JS.ACK.TJ_EVENTS.planner-p0.1.1.1.1.0",
@@ -352,9 +353,31 @@ async def test_a_stage_consumes_its_partitions_publishes_its_output_and_holds_it
         )
         await leases.tick()
         assert sorted(acquired) == list(range(16))
+        # A second replica of the role: its claims collide with r1's keys (read back), then it gets a share.
+        second: list[int] = []
+
+        async def on_acquire_2(p: int) -> None:
+            second.append(p)
+
+        async def on_release_2(p: int) -> None:
+            second.remove(p)
+
+        other = PartitionLeases(leases.kv, role=role, replica="r2", on_acquire=on_acquire_2, on_release=on_release_2)
+        await other.tick()  # every create collides: no error, nothing held
+        await leases.tick()  # r1 sees two members and lets go of half
+        await other.tick()
+        assert len(second) == 8 and sorted(acquired + second) == list(range(16))
+        await leases.run(_stopped())
+        await other.run(_stopped())
     finally:
         await nc.close()
         await admin.close()
+
+
+def _stopped() -> asyncio.Event:
+    stop = asyncio.Event()
+    stop.set()
+    return stop
 
 
 async def test_the_applier_uses_its_ledger_and_no_one_else_may(server: LocalNats, creds: Credentials) -> None:
