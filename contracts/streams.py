@@ -1,8 +1,9 @@
 """Streams and durable consumers, as data every service agrees on.
 
 The definitions are plain msgspec Structs rather than nats-py config objects so that this package stays
-free of any client library: services translate them at start and create or update them idempotently,
-which makes the first service to start bring the bus into shape and later ones confirm it.
+free of any client library. The admin set-up (``plumbing.bus.setup_bus``: ``tjpipe bus-setup``, ``tjpipe
+up``, the deployment's set-up Job) translates them and creates or updates them idempotently; the services'
+own NATS identities may only bind to what it made.
 
 All streams use limits retention. It is the only retention that keeps what was consumed, and the event
 history is a product feature here (``tjpipe history`` and ``tjpipe replay`` read it), not just a queue.
@@ -136,8 +137,8 @@ def parse_size(text: str) -> int:
 def configured_streams(environ: Mapping[str, str] | None = None) -> tuple[StreamSpec, ...]:
     """The streams with retention from ``TJPIPE_<STREAM>_MAX_AGE`` / ``TJPIPE_<STREAM>_MAX_BYTES``.
 
-    ``<STREAM>`` is EVENTS, APPLY, RESULTS or DLQ, e.g. ``TJPIPE_EVENTS_MAX_AGE=30d``. Every service
-    reads the same variables, so whichever starts first configures the streams the same way.
+    ``<STREAM>`` is EVENTS, APPLY, RESULTS or DLQ, e.g. ``TJPIPE_EVENTS_MAX_AGE=30d``. The bus set-up
+    (``tjpipe bus-setup``, admin identity) reads them and configures the streams.
     """
     import os
 
