@@ -232,6 +232,8 @@ async def test_b_planner_sigkill_mid_stream(pipeline: Pipeline) -> None:
         kill_group(p.processes["planner-2"], signal.SIGKILL)
         for info in await bus.consumers_info(streams.EVENTS.name):
             await bus.delete_consumer(streams.EVENTS.name, info.name)
+        # Made afresh by the admin set-up, as an operator would: the services may only bind to consumers.
+        await asyncio.to_thread(p.stack.setup_bus)
         before = await quiet_after_kill(p, bus)
         p.start("planner", name="planner-3")
         await until(
