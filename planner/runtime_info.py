@@ -54,6 +54,26 @@ def trainer_of(job: TrainJob) -> Trainer | None:
     return spec.trainer
 
 
+def node_resources(info: RuntimeInfo, job: TrainJob) -> Obj | None:
+    """resourcesPerNode of the TrainJob if set, else the runtime's trainer ``node`` container resources.
+
+    Every ML policy that counts GPUs or CPUs per node (torch, MPI, XGBoost, Flux) reads it the same way.
+    """
+    trainer = trainer_of(job)
+    if trainer is not None and trainer.resources_per_node is not UNSET:
+        resources: Obj = builtins(trainer.resources_per_node)
+        return resources
+    for rjob in info.jobset_spec.get("replicatedJobs") or []:
+        labels = ((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if rjob.get("name") == t.NODE or labels.get(t.LABEL_TRAINJOB_ANCESTOR) == t.ANCESTOR_TRAINER:
+            pod_spec = rjob["template"]["spec"]["template"]["spec"]
+            for container in pod_spec.get("containers") or []:
+                if container.get("name") == t.NODE and container.get("resources") is not None:
+                    found: Obj = container["resources"]
+                    return found
+    return None
+
+
 RUNTIME_CACHE_SIZE = 64
 """Runtime versions whose template is kept; a cluster has a handful of runtimes, each edited now and then."""
 

@@ -19,7 +19,7 @@ from contracts.kube import ConfigMap, ObjectMeta
 from contracts.trainer import TrainingRuntime, TrainJob
 from contracts.values import name_of, namespace_of
 from planner.info import Component
-from planner.plugins.jobset import owner_reference_struct
+from planner.owners import owner_reference_struct
 
 
 def snapshot_name(job_name: str) -> str:

@@ -31,9 +31,8 @@ from contracts.values import is_set, name_of, namespace_of, or_default
 from planner.framework import FieldError
 from planner.info import Component, Container, RuntimeInfo
 from planner.merge import Obj, gpus_per_node, upsert_volume_mounts, upsert_volumes
-from planner.plugins.jobset import owner_reference
-from planner.plugins.torch import node_resources
-from planner.runtime_info import trainer_of
+from planner.owners import owner_reference
+from planner.runtime_info import node_resources, trainer_of
 
 _FLUX_VIEW_IMAGE_HOST = "ghcr.io"
 FLUX_VIEW_IMAGE_DEFAULT = f"{_FLUX_VIEW_IMAGE_HOST}/converged-computing/flux-view-ubuntu:tag-jammy"

@@ -19,37 +19,14 @@ from msgspec import UNSET
 
 from contracts import trainer as t
 from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
-from contracts.kube import OwnerReference
 from contracts.trainer import Initializer, Trainer, TrainJob
-from contracts.values import is_set, name_of, namespace_of, or_default, uid_of
+from contracts.values import is_set, name_of, namespace_of, or_default
 from planner.framework import BuildError
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
+from planner.owners import owner_reference
 from planner.quantities import canonical_quantity, canonical_resources
 from planner.runtime_info import builtins, spec_of
-
-
-def owner_reference(job: TrainJob) -> Obj:
-    return {
-        "apiVersion": t.API_VERSION,
-        "kind": t.TRAINJOB_KIND,
-        "name": name_of(job),
-        "uid": uid_of(job),
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def owner_reference_struct(job: TrainJob) -> OwnerReference:
-    """``owner_reference`` as the wire struct, for components built without a dict to convert."""
-    return OwnerReference(
-        api_version=t.API_VERSION,
-        kind=t.TRAINJOB_KIND,
-        name=name_of(job),
-        uid=uid_of(job),
-        controller=True,
-        block_owner_deletion=True,
-    )
 
 
 def _pod_spec(rjob: Obj) -> Obj:

@@ -23,9 +23,8 @@ from contracts.values import is_set, name_of, namespace_of, or_default
 from planner.framework import BuildError, FieldError
 from planner.info import Component, PodSet, RuntimeInfo
 from planner.merge import Obj, env_value, gpus_per_node, upsert_env, upsert_volume_mounts, upsert_volumes
-from planner.plugins.jobset import owner_reference
-from planner.plugins.torch import node_resources
-from planner.runtime_info import trainer_of
+from planner.owners import owner_reference
+from planner.runtime_info import node_resources, trainer_of
 
 SSH_AUTH_SECRET_TYPE = "kubernetes.io/ssh-auth"
 DEFAULT_SSH_AUTH_MOUNT_PATH = "/root/.ssh"

@@ -21,8 +21,7 @@ be, for the command to be ``tune run``).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 from msgspec import UNSET
@@ -31,6 +30,7 @@ from contracts import trainer as t
 from contracts.trainer import RuntimeRef, Trainer, TrainJob
 from contracts.values import is_set, name_of, or_default
 from planner.framework import FieldError
+from planner.gofmt import go_quote, go_string_list
 from planner.info import RuntimeInfo
 from planner.merge import (
     Obj,
@@ -39,25 +39,7 @@ from planner.merge import (
     upsert_env,
     upsert_ports,
 )
-from planner.runtime_info import builtins, spec_of, trainer_of
-
-
-def node_resources(info: RuntimeInfo, job: TrainJob) -> Obj | None:
-    """resourcesPerNode of the TrainJob if set, else the runtime's trainer ``node`` container resources."""
-    trainer = trainer_of(job)
-    if trainer is not None and trainer.resources_per_node is not UNSET:
-        resources: Obj = builtins(trainer.resources_per_node)
-        return resources
-    for rjob in info.jobset_spec.get("replicatedJobs") or []:
-        labels = ((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}
-        if rjob.get("name") == t.NODE or labels.get(t.LABEL_TRAINJOB_ANCESTOR) == t.ANCESTOR_TRAINER:
-            pod_spec = rjob["template"]["spec"]["template"]["spec"]
-            for container in pod_spec.get("containers") or []:
-                if container.get("name") == t.NODE and container.get("resources") is not None:
-                    found: Obj = container["resources"]
-                    return found
-    return None
-
+from planner.runtime_info import builtins, node_resources, spec_of, trainer_of
 
 _TRAINER_PORT = str(t.CONTAINER_TRAINER_PORT)
 
@@ -65,16 +47,6 @@ _TRAINER_PORT = str(t.CONTAINER_TRAINER_PORT)
 def rendezvous_host(job: TrainJob) -> str:
     name = name_of(job)
     return f"{name}-{t.NODE}-0-0.{name}"
-
-
-def go_quote(text: str) -> str:
-    """Go's ``%q`` for the names that appear in messages (close enough outside control characters)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-def go_string_list(items: Iterable[str]) -> str:
-    """Go's ``%v`` of a ``[]string``: ``[a b c]``."""
-    return "[" + " ".join(items) + "]"
 
 
 # ------------------------------------------------------------------------------------------ torchtune

@@ -35,11 +35,11 @@ from contracts.scheduling import (
 from contracts.trainer import TrainJob
 from contracts.values import is_set, name_of, namespace_of
 from planner.framework import BuildError, FieldError
+from planner.gofmt import go_quote
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj
-from planner.plugins.coscheduling import pod_group_totals
-from planner.plugins.jobset import owner_reference
-from planner.plugins.torch import go_quote
+from planner.owners import owner_reference
+from planner.pod_groups import pod_group_totals
 
 SYSTEM_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
 """The two built-in priority classes Kubernetes always has; Trainer stops checking when it meets one."""

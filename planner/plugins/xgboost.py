@@ -22,8 +22,7 @@ from contracts.values import is_set, name_of, or_default
 from planner.framework import FieldError
 from planner.info import RuntimeInfo
 from planner.merge import env_field_ref, env_value, gpus_per_node, upsert_env, upsert_ports
-from planner.plugins.torch import node_resources
-from planner.runtime_info import trainer_of
+from planner.runtime_info import node_resources, trainer_of
 
 
 class XGBoost:

@@ -12,12 +12,8 @@ from typing import Any
 import msgspec
 
 from contracts import messages as m
-from planner.plugins.coscheduling import (
-    QuantityFormat,
-    format_quantity,
-    pod_request_formats,
-    quantity_format,
-)
+from planner.pod_groups import pod_request_formats
+from planner.quantities import QuantityFormat, format_quantity, quantity_format
 
 from .builders import (
     FRAMEWORK_WITHOUT_FLUX_AND_MPI,

@@ -1,0 +1,20 @@
+"""Go's ``fmt`` verbs for the values Trainer's messages quote, so validation messages match Trainer's.
+
+Several plugins (torch, Volcano) format names into their error messages the way Trainer's Go code does;
+the formatting lives here so that no plugin imports another for it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+
+def go_quote(text: str) -> str:
+    """Go's ``%q`` for the names that appear in messages (close enough outside control characters)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def go_string_list(items: Iterable[str]) -> str:
+    """Go's ``%v`` of a ``[]string``: ``[a b c]``."""
+    return "[" + " ".join(items) + "]"
