@@ -5,6 +5,12 @@ framework finds them once, when it is built, and runs every phase in a fixed ord
 
     validate → ML policy → pod-group policy → pod network → parallel count → build
 
+A plugin joins a phase by having its method (``isinstance`` against the runtime-checkable Protocol), so
+each plugin module also declares the points it implements, ``_implements_<point>: <Protocol> = Plugin()``,
+as Trainer writes ``var _ framework.EnforceMLPolicyPlugin = (*Torch)(nil)``: mypy then reports a
+misspelled or mistyped method instead of the plugin silently missing from a phase, and
+tests/unit/test_plugin_phases.py ties the declarations to the phases.
+
 Trainer collects plugins by ranging over a Go map, so the order inside a phase changes from process to
 process. Here the registry is an ordered tuple, which makes plans reproducible byte for byte — a
 precondition for golden tests and for replaying history against a new planner.

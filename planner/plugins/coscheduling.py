@@ -27,7 +27,7 @@ from contracts.scheduling import (
 )
 from contracts.trainer import TrainJob
 from contracts.values import is_set, name_of, namespace_of, or_default
-from planner.framework import BuildError
+from planner.framework import BuildError, ComponentBuilder, EnforcePodGroupPolicy, RuntimeGated
 from planner.info import Component, RuntimeInfo
 from planner.owners import owner_reference
 from planner.pod_groups import pod_group_totals
@@ -81,3 +81,10 @@ class CoScheduling:
         except msgspec.ValidationError as exc:
             raise BuildError(f"the coscheduling PodGroup is not valid: {exc}") from exc
         return [Component(object=pod_group, policy="while-suspended")]
+
+
+# The extension points CoScheduling implements, checked by mypy as the Go compiler checks Trainer's
+# ``var _ framework.<Point>Plugin = (*CoScheduling)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+_implements_pod_group_policy: EnforcePodGroupPolicy = CoScheduling()
+_implements_builder: ComponentBuilder = CoScheduling()
+_implements_gate: RuntimeGated = CoScheduling()

@@ -28,7 +28,7 @@ from contracts import trainer as t
 from contracts.kube import ConfigMap, Secret
 from contracts.trainer import FluxMLPolicySource, TrainJob
 from contracts.values import is_set, name_of, namespace_of, or_default
-from planner.framework import FieldError
+from planner.framework import ComponentBuilder, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
 from planner.info import Component, Container, RuntimeInfo
 from planner.merge import Obj, gpus_per_node, upsert_volume_mounts, upsert_volumes
 from planner.owners import owner_reference
@@ -553,3 +553,11 @@ class Flux:
             Secret,
         )
         return [Component(object=config_map), Component(object=secret, policy="if-absent", generate="flux-curve")]
+
+
+# The extension points Flux implements, checked by mypy as the Go compiler checks Trainer's
+# ``var _ framework.<Point>Plugin = (*Flux)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+_implements_validation: CustomValidation = Flux()
+_implements_ml_policy: EnforceMLPolicy = Flux()
+_implements_builder: ComponentBuilder = Flux()
+_implements_gate: RuntimeGated = Flux()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from contracts import trainer as t
 from contracts.trainer import TrainJob
 from contracts.values import is_set, name_of
+from planner.framework import EnforceMLPolicy, RuntimeGated
 from planner.info import RuntimeInfo
 from planner.merge import env_field_ref, env_value, upsert_env, upsert_ports
 from planner.runtime_info import trainer_of
@@ -51,3 +52,9 @@ class JAX:
             ],
         )
         upsert_ports(container.ports, [{"containerPort": t.CONTAINER_TRAINER_PORT}])
+
+
+# The extension points JAX implements, checked by mypy as the Go compiler checks Trainer's
+# ``var _ framework.<Point>Plugin = (*JAX)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+_implements_ml_policy: EnforceMLPolicy = JAX()
+_implements_gate: RuntimeGated = JAX()

@@ -21,7 +21,7 @@ from contracts import trainer as t
 from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
 from contracts.trainer import Initializer, Trainer, TrainJob
 from contracts.values import is_set, name_of, namespace_of, or_default
-from planner.framework import BuildError
+from planner.framework import BuildError, ComponentBuilder, PodNetwork
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
 from planner.owners import owner_reference
@@ -215,3 +215,9 @@ class JobSetPlugin:
                 for container in containers:
                     if container.get("name") == t.NODE:
                         upsert_env(container.setdefault("env", []), builtins(user_env))
+
+
+# The extension points JobSetPlugin implements, checked by mypy as the Go compiler checks Trainer's
+# ``var _ framework.<Point>Plugin = (*JobSetPlugin)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+_implements_pod_network: PodNetwork = JobSetPlugin()
+_implements_builder: ComponentBuilder = JobSetPlugin()

@@ -20,7 +20,7 @@ from contracts import trainer as t
 from contracts.kube import ConfigMap, Secret
 from contracts.trainer import MPIMLPolicySource, TrainJob
 from contracts.values import is_set, name_of, namespace_of, or_default
-from planner.framework import BuildError, FieldError
+from planner.framework import BuildError, ComponentBuilder, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
 from planner.info import Component, PodSet, RuntimeInfo
 from planner.merge import Obj, env_value, gpus_per_node, upsert_env, upsert_volume_mounts, upsert_volumes
 from planner.owners import owner_reference
@@ -242,3 +242,11 @@ class MPI:
             "data": {t.MPI_HOSTFILE_NAME: "".join(lines)},
         }
         return msgspec.convert(body, ConfigMap)
+
+
+# The extension points MPI implements, checked by mypy as the Go compiler checks Trainer's
+# ``var _ framework.<Point>Plugin = (*MPI)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+_implements_validation: CustomValidation = MPI()
+_implements_ml_policy: EnforceMLPolicy = MPI()
+_implements_builder: ComponentBuilder = MPI()
+_implements_gate: RuntimeGated = MPI()

@@ -29,7 +29,7 @@ from msgspec import UNSET
 from contracts import trainer as t
 from contracts.trainer import RuntimeRef, Trainer, TrainJob
 from contracts.values import is_set, name_of, or_default
-from planner.framework import FieldError
+from planner.framework import CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
 from planner.gofmt import go_quote, go_string_list
 from planner.info import RuntimeInfo
 from planner.merge import (
@@ -324,3 +324,10 @@ class Torch:
         appended.extend(runtime_managed_overrides(info))
         base = info.trainer_command if info.trainer_command is not None else list(or_default(trainer.command, []))
         info.trainer_command = [*base, *appended]
+
+
+# The extension points Torch implements, checked by mypy as the Go compiler checks Trainer's
+# ``var _ framework.<Point>Plugin = (*Torch)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+_implements_validation: CustomValidation = Torch()
+_implements_ml_policy: EnforceMLPolicy = Torch()
+_implements_gate: RuntimeGated = Torch()

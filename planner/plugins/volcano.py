@@ -34,7 +34,14 @@ from contracts.scheduling import (
 )
 from contracts.trainer import TrainJob
 from contracts.values import is_set, name_of, namespace_of
-from planner.framework import BuildError, FieldError
+from planner.framework import (
+    BuildError,
+    ComponentBuilder,
+    CustomValidation,
+    EnforcePodGroupPolicy,
+    FieldError,
+    RuntimeGated,
+)
 from planner.gofmt import go_quote
 from planner.info import Component, RuntimeInfo
 from planner.merge import Obj
@@ -136,3 +143,11 @@ class Volcano:
         except msgspec.ValidationError as exc:
             raise BuildError(f"the Volcano PodGroup is not valid: {exc}") from exc
         return [Component(object=pod_group, policy="while-suspended")]
+
+
+# The extension points Volcano implements, checked by mypy as the Go compiler checks Trainer's
+# ``var _ framework.<Point>Plugin = (*Volcano)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+_implements_validation: CustomValidation = Volcano()
+_implements_pod_group_policy: EnforcePodGroupPolicy = Volcano()
+_implements_builder: ComponentBuilder = Volcano()
+_implements_gate: RuntimeGated = Volcano()

@@ -19,7 +19,7 @@ from __future__ import annotations
 from contracts import trainer as t
 from contracts.trainer import TrainJob
 from contracts.values import is_set, name_of, or_default
-from planner.framework import FieldError
+from planner.framework import CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
 from planner.info import RuntimeInfo
 from planner.merge import env_field_ref, env_value, gpus_per_node, upsert_env, upsert_ports
 from planner.runtime_info import node_resources, trainer_of
@@ -72,3 +72,10 @@ class XGBoost:
             ],
         )
         upsert_ports(container.ports, [{"containerPort": t.CONTAINER_TRAINER_PORT}])
+
+
+# The extension points XGBoost implements, checked by mypy as the Go compiler checks Trainer's
+# ``var _ framework.<Point>Plugin = (*XGBoost)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+_implements_validation: CustomValidation = XGBoost()
+_implements_ml_policy: EnforceMLPolicy = XGBoost()
+_implements_gate: RuntimeGated = XGBoost()
