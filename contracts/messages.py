@@ -17,7 +17,9 @@ Schema evolution follows msgspec's rules: a field added later gets a default, an
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal, get_args
 
 import msgspec
 
@@ -185,6 +187,24 @@ ObjectApply = ApplyJobSet | ApplyTrainJobStatus | ApplyConfigMap | ApplySecret |
 """The messages that carry an object to server-side apply."""
 
 ApplyMessage = ObjectApply | DeleteComponent
+
+
+def _message_for_object_type() -> Mapping[type, type[ObjectApply]]:
+    table: dict[type, type[ObjectApply]] = {}
+    for message_type in get_args(ObjectApply):
+        (field,) = (f for f in msgspec.structs.fields(message_type) if f.name == "object")
+        if not isinstance(field.type, type) or field.type in table:
+            raise TypeError(f"{message_type.__name__}.object must be one struct type no other apply message carries")
+        table[field.type] = message_type
+    return MappingProxyType(table)
+
+
+MESSAGE_FOR_OBJECT_TYPE = _message_for_object_type()
+"""The apply message that carries each object type, read off ``ObjectApply`` when this module is imported.
+
+A new member of the union is found here without a second table to keep in step; two members carrying
+the same object type, or one carrying a union, stop the import.
+"""
 
 
 def component_of(message: ApplyMessage) -> str:

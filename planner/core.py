@@ -22,13 +22,10 @@ from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
 from contracts.kube import ConfigMap, Secret
 from contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
 from contracts.messages import (
-    ApplyConfigMap,
-    ApplyJobSet,
+    MESSAGE_FOR_OBJECT_TYPE,
     ApplyMessage,
-    ApplyPodGroup,
     ApplySecret,
     ApplyTrainJobStatus,
-    ApplyVolcanoPodGroup,
     DeleteComponent,
     Event,
     ObjectKey,
@@ -37,7 +34,6 @@ from contracts.messages import (
     TrainJobDeleted,
     TrainJobObserved,
 )
-from contracts.scheduling import PodGroup, VolcanoPodGroup
 from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob
 from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
 from planner import status as status_rules
@@ -332,19 +328,15 @@ class _Common(msgspec.Struct, frozen=True):
     trainjob_suspended: bool
 
 
-_OBJECT_MESSAGES: tuple[
-    tuple[
-        type[Any],
-        type[ApplyJobSet] | type[ApplyConfigMap] | type[ApplySecret] | type[ApplyPodGroup] | type[ApplyVolcanoPodGroup],
-    ],
-    ...,
-] = (
-    (JobSet, ApplyJobSet),
-    (ConfigMap, ApplyConfigMap),
-    (Secret, ApplySecret),
-    (PodGroup, ApplyPodGroup),
-    (VolcanoPodGroup, ApplyVolcanoPodGroup),
-)
+_COMPONENT_MESSAGES = {
+    object_type: message_type
+    for object_type, message_type in MESSAGE_FOR_OBJECT_TYPE.items()
+    if message_type is not ApplyTrainJobStatus
+}
+"""The apply message for each component object type, derived from the ``ObjectApply`` union.
+
+The TrainJob's status is not a component: ``_status_message`` builds it from the planned status.
+"""
 
 
 def _message(component: Component, common: _Common, absent: frozenset[tuple[str, str]]) -> ApplyMessage:
@@ -355,25 +347,25 @@ def _message(component: Component, common: _Common, absent: frozenset[tuple[str,
     target = Target(
         api_version=obj.api_version, kind=obj.kind, namespace=common.trainjob.namespace, name=str(obj.metadata.name)
     )
-    for object_type, message_type in _OBJECT_MESSAGES:
-        if isinstance(obj, object_type):
-            message = message_type(
-                object=obj,
-                target=target,
-                policy=component.policy,
-                trainjob=common.trainjob,
-                trainjob_uid=common.trainjob_uid,
-                source_seq=common.source_seq,
-                source_version=common.source_version,
-                trace_id=common.trace_id,
-                observed_at=common.observed_at,
-                trainjob_suspended=common.trainjob_suspended,
-                observed_absent=(target.kind, target.name) in absent,
-            )
-            if isinstance(message, ApplySecret) and component.generate is not None:
-                return msgspec.structs.replace(message, generate=component.generate)
-            return message
-    raise TypeError(f"no apply message for {type(obj).__name__}")
+    message_type = _COMPONENT_MESSAGES.get(type(obj))
+    if message_type is None:
+        raise TypeError(f"no apply message for {type(obj).__name__}")
+    message = message_type(
+        object=obj,
+        target=target,
+        policy=component.policy,
+        trainjob=common.trainjob,
+        trainjob_uid=common.trainjob_uid,
+        source_seq=common.source_seq,
+        source_version=common.source_version,
+        trace_id=common.trace_id,
+        observed_at=common.observed_at,
+        trainjob_suspended=common.trainjob_suspended,
+        observed_absent=(target.kind, target.name) in absent,
+    )
+    if isinstance(message, ApplySecret) and component.generate is not None:
+        return msgspec.structs.replace(message, generate=component.generate)
+    return message
 
 
 def _labelled(obj: ConfigMap | Secret) -> ConfigMap | Secret:
