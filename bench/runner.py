@@ -275,6 +275,11 @@ async def run_with_stack(
     try:
         await asyncio.to_thread(stack.start_infrastructure)
         assert stack.kubeconfig is not None
+        report["meta"]["backend"] += (
+            "; NATS authorization on (an nkey identity per service, anonymous refused)"
+            if stack.credentials is not None
+            else "; NATS without credentials (anonymous)"
+        )
         kube = CountingKube(KubeConfig.load(str(stack.kubeconfig)), max_connections=64)
         for name in (workload.TORCH_RUNTIME, workload.MPI_RUNTIME):
             await apply_object(kube, resources.CLUSTER_TRAINING_RUNTIME, runtimes[name], field_manager="tjpipe-bench")

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import ssl
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,10 +131,15 @@ async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: 
     keeps trying, so a rotation that reloads the server and then the services heals by itself.
     """
     connected = False
+    refused: list[str] = []
 
     async def on_error(exc: Exception) -> None:
-        if not connected and "authorization violation" in str(exc).lower():
+        text = str(exc).lower()
+        if not connected and "authorization violation" in text:
             raise NotAuthorized(f"the NATS server at {url} refused the credentials of {name} ({creds or 'none'})")
+        if "permissions violation" in text:
+            refused.append(str(exc))
+            del refused[:-16]
         log.warning("nats: %s", exc)
 
     async def on_disconnect() -> None:
@@ -163,7 +169,37 @@ async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: 
         **options,
     )
     connected = True
+    _REFUSALS[nc] = refused
     return nc
+
+
+_REFUSALS: weakref.WeakKeyDictionary[NATS, list[str]] = weakref.WeakKeyDictionary()
+
+
+def refusals(nc: NATS) -> list[str]:
+    """The server's latest permission refusals on this connection (a refused request only times out)."""
+    return _REFUSALS.get(nc, [])
+
+
+async def require_admin(nc: NATS, *, timeout: float = 10.0) -> None:
+    """Fail fast when this connection may not manage the bus: ``$JS.API.INFO`` is allowed to the admin only.
+
+    A request the server refuses is never answered, so without this a wrong identity would only show as
+    set-up steps timing out and being retried for minutes.
+    """
+    request = asyncio.ensure_future(nc.request("$JS.API.INFO", b"", timeout=timeout))
+    try:
+        deadline = time.monotonic() + timeout
+        while not request.done() and time.monotonic() < deadline:
+            if any("$js.api.info" in r.lower() for r in refusals(nc)):
+                raise NotAuthorized(
+                    "this NATS identity may not manage streams, consumers or buckets; use the admin identity"
+                )
+            await asyncio.sleep(0.05)
+    finally:
+        if not request.done():
+            request.cancel()
+        await asyncio.gather(request, return_exceptions=True)
 
 
 def _stream_config(spec: StreamSpec) -> js_api.StreamConfig:
@@ -237,6 +273,7 @@ async def setup_bus(
 
     Needs the admin identity; idempotent, so it runs at every start of the stack and in every deployment.
     """
+    await require_admin(js._nc)
     await ensure_streams(js, specs)
     for durable in [partition_consumer(spec, p) for spec in consumers for p in range(PARTITIONS)]:
         await until_done(_bound(ensure_consumer, js, durable), what=f"creating consumer {durable.durable}")

@@ -321,11 +321,15 @@ async def _bus_setup(args: argparse.Namespace) -> int:
     from contracts import streams
     from plumbing import bus
 
-    nc = await bus.connect(args.nats_url, name="tjpipe-bus-setup", **nats_options(args))
     try:
-        await bus.setup_bus(nc.jetstream(), streams.configured_streams(), replicas=streams.stream_replicas())
-    finally:
-        await nc.close()
+        nc = await bus.connect(args.nats_url, name="tjpipe-bus-setup", **nats_options(args))
+        try:
+            await bus.setup_bus(nc.jetstream(), streams.configured_streams(), replicas=streams.stream_replicas())
+        finally:
+            await nc.close()
+    except (bus.NotAuthorized, bus.CredentialsError) as exc:
+        console.print(f"[red]tjpipe bus-setup: {exc}[/]")
+        return 2
     console.print("bus set up: streams, per-partition consumers, KV buckets")
     return 0
 

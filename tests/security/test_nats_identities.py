@@ -276,6 +276,19 @@ async def test_no_identity_but_admin_may_subscribe_outside_its_own_inbox(
     assert not await client.refused_subscribe(bus.inbox_prefix(creds.public_key(identity)) + ".x")
 
 
+async def test_only_the_admin_may_set_the_bus_up(server: LocalNats, creds: Credentials) -> None:
+    """Every other identity is told at once (not after minutes of retried timeouts) and changes nothing."""
+    for identity in [i for i in IDENTITIES if i != "admin"]:
+        nc = await bus.connect(server.url, name=identity, creds=creds.seed_file(identity))
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(bus.NotAuthorized):
+                await bus.setup_bus(nc.jetstream(), streams.configured_streams())
+            assert asyncio.get_running_loop().time() - started < 5, identity
+        finally:
+            await nc.close()
+
+
 async def test_a_stolen_reply_inbox_is_useless(server: LocalNats, creds: Credentials) -> None:
     """A reader's API answers go to its own inbox prefix; the planner cannot listen there, so its direct
     gets' answers (the message bodies) do not reach anyone else."""
