@@ -30,6 +30,7 @@ from contracts.messages import (
     ApplyTrainJobStatus,
     ApplyVolcanoPodGroup,
     DeleteComponent,
+    ObjectApply,
 )
 
 
@@ -169,6 +170,33 @@ def outcome(http_status: int, *, before: str, after: str) -> ApplyAction:
     if before and before == after:
         return "unchanged"
     return "configured"
+
+
+STALE_STATUS = "stale status: the TrainJob changed since this status was planned"
+CREATED_CONCURRENTLY = "created concurrently"
+
+RefusedWrite = Literal["stale-status", "look-again", "skip-if-created-concurrently", "fail"]
+"""What the applier does when the API server refuses its apply (``refused_write``):
+
+* ``stale-status``: skip it. A status is written on the TrainJob version it was planned from; 409 says the
+  TrainJob has changed since, and a newer plan carries the newer status.
+* ``look-again``: start the next claim round. The object changed between the read and the conditional write.
+* ``skip-if-created-concurrently``: read the target; skip if it now exists, otherwise ``fail``. Another
+  writer created an ``if-absent`` target between the read and the write (an immutable Secret then
+  refuses the second key with 422), and existing is all ``if-absent`` asks for.
+* ``fail``: raise what ``classify`` makes of the error, for the retry tiers.
+"""
+
+
+def refused_write(http_status: int, message: ObjectApply, *, precondition: str) -> RefusedWrite:
+    """The decision for an apply the API server refused; ``precondition`` is the resourceVersion the write sent."""
+    if http_status == 409 and message.target.subresource:
+        return "stale-status"
+    if http_status == 409 and precondition:
+        return "look-again"
+    if message.policy == "if-absent" and http_status in (409, 422):
+        return "skip-if-created-concurrently"
+    return "fail"
 
 
 def planned_resource_version(message: ApplyMessage) -> str:

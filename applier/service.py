@@ -467,7 +467,7 @@ class Applier:
             precondition = "" if target.subresource else before
             planned_from = core.planned_resource_version(message)
             if target.subresource and live_raw is not None and planned_from and planned_from != before:
-                return "skipped", before, "stale status: the TrainJob changed since this status was planned"
+                return "skipped", before, core.STALE_STATUS
             try:
                 resp = await self.kube.apply(
                     resource,
@@ -479,16 +479,15 @@ class Applier:
                     subresource=target.subresource,
                 )
             except KubeApiError as exc:
-                if exc.status == 409 and target.subresource:
-                    return "skipped", before, "stale status: the TrainJob changed since this status was planned"
-                if exc.status == 409 and before:
-                    continue  # the object changed since we read it: look at the ledger again
-                if message.policy == "if-absent" and exc.status in (409, 422):
-                    # Another writer created it between our read and our write (an immutable Secret then
-                    # refuses the second key): it exists, which is all "if-absent" asks for.
+                refusal = core.refused_write(exc.status, message, precondition=precondition)
+                if refusal == "stale-status":
+                    return "skipped", before, core.STALE_STATUS
+                if refusal == "look-again":
+                    continue
+                if refusal == "skip-if-created-concurrently":
                     raw = await self._get(resource, target)
                     if raw is not None:
-                        return "skipped", core.live_state(raw).resource_version, "created concurrently"
+                        return "skipped", core.live_state(raw).resource_version, core.CREATED_CONCURRENTLY
                 raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
             after = _resource_version(resp.body)
             done = msgspec.structs.replace(
