@@ -56,9 +56,9 @@ from plumbing.observability import (
     RETRIES,
     STALE_CLAIMS,
     UNAUTHORIZED,
-    HealthServer,
 )
 from plumbing.partitions import consume_partitioned, default_replica_id
+from plumbing.runner import ServiceSettings, started
 
 log = logging.getLogger("applier")
 
@@ -69,8 +69,7 @@ LABEL_FIELD_MANAGER = "trainjob-pipeline-label"
 
 
 @dataclass
-class ApplierSettings:
-    nats_url: str
+class ApplierSettings(ServiceSettings):
     kubeconfig: str | None = None
     batch: int = 32
     concurrency: int = 16
@@ -79,16 +78,12 @@ class ApplierSettings:
     max_backoff_seconds: float = 8.0
     replica: str = field(default_factory=default_replica_id)
     lease_ttl: float = 6.0
-    metrics_port: int = 0
     trainjob_cache_seconds: float = 5.0
     """How long a TrainJob verified against the cluster is trusted without reading it again."""
     stale_claim_grace_seconds: float = 330.0
     """How long a ledger claim newer than the cluster may hold a target before it is deemed corrupt and
     overwritten: a bit over the watcher's resync (5 min), since every resync brings a plan at least as new
     as any genuine claim."""
-    nats_creds: str | None = None
-    """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
-    nats_tls: bus.TlsFiles | None = None
     trusted_plan_keys: str | None = None
     """The planner public keys an apply message must be signed with: a file, or a directory of ``*.pub``."""
 
@@ -735,27 +730,22 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
         settings.trusted_plan_keys, setting="--trusted-plan-keys / TJPIPE_TRUSTED_PLAN_KEYS", name="plan"
     )
     log.info("trusting apply messages signed by %s", ", ".join(trusted_plans.key_ids))
-    nc = await bus.connect(settings.nats_url, name="tjpipe-applier", creds=settings.nats_creds, tls=settings.nats_tls)
-    js = nc.jetstream()
-    health = HealthServer(port=settings.metrics_port)
-    health.add_check("nats", lambda: nc.is_connected)
-    async with KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency) as kube:
-        health.add_check("kubernetes", kube.reachable)
-        await health.start()
-        ledger = await Ledger.open(js)
-        applier = Applier(settings, kube, js, ledger, trusted_plans=trusted_plans)
-        try:
-            await consume_partitioned(
-                nc,
-                js,
-                streams.APPLIER,
-                applier.handle_batch,
-                role="applier",
-                replica=settings.replica,
-                batch=settings.batch,
-                lease_ttl=settings.lease_ttl,
-                stop=stop,
-            )
-        finally:
-            await health.stop()
-            await nc.drain()
+    async with started(
+        "tjpipe-applier",
+        settings,
+        kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency),
+    ) as service:
+        await service.health.start()
+        ledger = await Ledger.open(service.js)
+        applier = Applier(settings, service.kube_client(), service.js, ledger, trusted_plans=trusted_plans)
+        await consume_partitioned(
+            service.nc,
+            service.js,
+            streams.APPLIER,
+            applier.handle_batch,
+            role="applier",
+            replica=settings.replica,
+            batch=settings.batch,
+            lease_ttl=settings.lease_ttl,
+            stop=stop,
+        )

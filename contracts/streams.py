@@ -13,6 +13,7 @@ Each stream's duplicate window is what turns publisher-side message ids into eff
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 import msgspec
@@ -134,15 +135,17 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def configured_streams(environ: Mapping[str, str] | None = None) -> tuple[StreamSpec, ...]:
+_NO_SETTINGS: Mapping[str, str] = MappingProxyType({})
+
+
+def configured_streams(environ: Mapping[str, str] = _NO_SETTINGS) -> tuple[StreamSpec, ...]:
     """The streams with retention from ``TJPIPE_<STREAM>_MAX_AGE`` / ``TJPIPE_<STREAM>_MAX_BYTES``.
 
     ``<STREAM>`` is EVENTS, APPLY, RESULTS or DLQ, e.g. ``TJPIPE_EVENTS_MAX_AGE=30d``. The bus set-up
-    (``tjpipe bus-setup``, admin identity) reads them and configures the streams.
+    (``tjpipe bus-setup``, admin identity) passes the process environment in and configures the streams;
+    contracts read no environment themselves. Without ``environ``: the defaults.
     """
-    import os
-
-    env = os.environ if environ is None else environ
+    env = environ
     out = []
     for spec in ALL_STREAMS:
         prefix = f"TJPIPE_{spec.name.removeprefix('TJ_')}_"
@@ -157,9 +160,6 @@ def configured_streams(environ: Mapping[str, str] | None = None) -> tuple[Stream
     return tuple(out)
 
 
-def stream_replicas(environ: Mapping[str, str] | None = None) -> int:
-    """``TJPIPE_STREAM_REPLICAS``: 1 for one server, 3 for a JetStream cluster of three."""
-    import os
-
-    env = os.environ if environ is None else environ
-    return int(env.get("TJPIPE_STREAM_REPLICAS", "1"))
+def stream_replicas(environ: Mapping[str, str] = _NO_SETTINGS) -> int:
+    """``TJPIPE_STREAM_REPLICAS`` in ``environ``: 1 for one server, 3 for a JetStream cluster of three."""
+    return int(environ.get("TJPIPE_STREAM_REPLICAS", "1"))

@@ -31,8 +31,9 @@ from contracts.messages import (
 )
 from planner.core import plan, plan_too_large
 from plumbing import bus, publishing, signing
-from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, HealthServer
+from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS
 from plumbing.partitions import consume_partitioned, default_replica_id
+from plumbing.runner import ServiceSettings, started
 
 log = logging.getLogger("planner")
 
@@ -44,19 +45,14 @@ SYNCHRONOUS_AFTER_REFUSAL_SECONDS = 60.0
 
 
 @dataclass
-class PlannerSettings:
-    nats_url: str
+class PlannerSettings(ServiceSettings):
     batch: int = 64
     replica: str = field(default_factory=default_replica_id)
     lease_ttl: float = 6.0
-    metrics_port: int = 0
     signing_key: str | None = None
     """The planner's ed25519 private key (PEM); every apply message is signed with it."""
     trusted_event_keys: str | None = None
     """The watcher public keys an event must be signed with: a file, or a directory of ``*.pub``."""
-    nats_creds: str | None = None
-    """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
-    nats_tls: bus.TlsFiles | None = None
 
 
 @dataclass
@@ -240,17 +236,13 @@ async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
         signer.key_id,
         ", ".join(trusted_events.key_ids),
     )
-    nc = await bus.connect(settings.nats_url, name="tjpipe-planner", creds=settings.nats_creds, tls=settings.nats_tls)
-    js = nc.jetstream()
-    health = HealthServer(port=settings.metrics_port)
-    health.add_check("nats", lambda: nc.is_connected)
-    await health.start()
-    planner = Planner(settings, js, signer=signer, trusted_events=trusted_events)
-    planner.max_payload = nc.max_payload or DEFAULT_MAX_PAYLOAD
-    try:
+    async with started("tjpipe-planner", settings) as service:
+        await service.health.start()
+        planner = Planner(settings, service.js, signer=signer, trusted_events=trusted_events)
+        planner.max_payload = service.nc.max_payload or DEFAULT_MAX_PAYLOAD
         await consume_partitioned(
-            nc,
-            js,
+            service.nc,
+            service.js,
             streams.PLANNER,
             planner.handle_batch,
             role="planner",
@@ -259,6 +251,3 @@ async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
             lease_ttl=settings.lease_ttl,
             stop=stop,
         )
-    finally:
-        await health.stop()
-        await nc.drain()

@@ -42,7 +42,8 @@ _MARKER = "Nats-Marker-Reason"
 
 
 def default_replica_id() -> str:
-    return os.environ.get("TJPIPE_REPLICA_ID") or f"{socket.gethostname()}-{os.getpid()}"
+    """Host and process: unique per replica. ``--replica-id`` / ``TJPIPE_REPLICA_ID`` (read by the CLI) replaces it."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 async def open_lease_bucket(js: JetStreamContext) -> KeyValue:

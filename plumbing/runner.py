@@ -14,7 +14,15 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from plumbing import bus
+from plumbing.kube import KubeClient
+from plumbing.observability import HealthServer
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -66,3 +74,59 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+# ------------------------------------------------------------------------------------------- start-up
+
+
+@dataclass
+class ServiceSettings:
+    """What every service is started with; the CLI parses it once (flags, env behind them) and passes it down.
+
+    Each service's own settings extend it, so the start-up below reads the same fields for all three.
+    """
+
+    nats_url: str
+    metrics_port: int = 0
+    nats_creds: str | None = None
+    """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
+    nats_tls: bus.TlsFiles | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    nc: NATS
+    js: JetStreamContext
+    health: HealthServer
+    """Not serving yet: the service adds its own readiness checks, then starts it."""
+    kube: KubeClient | None = None
+
+    def kube_client(self) -> KubeClient:
+        if self.kube is None:
+            raise RuntimeError("this service was started without a Kubernetes client")
+        return self.kube
+
+
+@contextlib.asynccontextmanager
+async def started(
+    name: str, settings: ServiceSettings, *, kube: Callable[[], KubeClient] | None = None
+) -> AsyncIterator[Started]:
+    """The start-up and shut-down the three services share.
+
+    Connects to NATS as the service's identity, makes the health server (readiness includes the
+    connection), then opens the Kubernetes client ``kube`` makes, if any (readiness includes it too). On the
+    way out, whatever happened: the health server stops and the connection drains, so that what was
+    acknowledged is flushed, and only then does the Kubernetes client close.
+    """
+    nc = await bus.connect(settings.nats_url, name=name, creds=settings.nats_creds, tls=settings.nats_tls)
+    health = HealthServer(port=settings.metrics_port)
+    health.add_check("nats", lambda: nc.is_connected)
+    async with contextlib.AsyncExitStack() as resources:
+        client = await resources.enter_async_context(kube()) if kube is not None else None
+        if client is not None:
+            health.add_check("kubernetes", client.reachable)
+        try:
+            yield Started(nc=nc, js=nc.jetstream(), health=health, kube=client)
+        finally:
+            await health.stop()
+            await nc.drain()

@@ -268,46 +268,40 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
 
     fmt = {"json": True, "text": False, "auto": None}[args.log_format]
     configure_logging(args.log_level, json_logs=fmt)
+    # What every service is started with (plumbing.runner.ServiceSettings), parsed once here.
+    common: dict[str, Any] = {
+        "nats_url": args.nats_url,
+        "metrics_port": args.metrics_port,
+        "nats_creds": args.nats_creds or None,
+        "nats_tls": nats_options(args)["tls"],
+    }
     if command == "watcher":
         from watcher.service import WatcherSettings, run_watcher
 
         ws = WatcherSettings(
-            nats_url=args.nats_url,
+            **common,
             kubeconfig=args.kubeconfig,
             namespaces=tuple(dict.fromkeys(args.namespace)),
             resync_seconds=args.resync_seconds,
-            metrics_port=args.metrics_port,
             signing_key=args.signing_key,
-            nats_creds=args.nats_creds or None,
-            nats_tls=nats_options(args)["tls"],
         )
         return run_service(lambda stop: run_watcher(ws, stop))
     if command == "planner":
         from planner.service import PlannerSettings, run_planner
 
-        ps = PlannerSettings(
-            nats_url=args.nats_url,
-            metrics_port=args.metrics_port,
-            signing_key=args.signing_key,
-            trusted_event_keys=args.trusted_event_keys,
-            nats_creds=args.nats_creds or None,
-            nats_tls=nats_options(args)["tls"],
-        )
+        ps = PlannerSettings(**common, signing_key=args.signing_key, trusted_event_keys=args.trusted_event_keys)
         if args.replica_id:
             ps.replica = args.replica_id
         return run_service(lambda stop: run_planner(ps, stop))
     from applier.service import ApplierSettings, run_applier
 
     aps = ApplierSettings(
-        nats_url=args.nats_url,
+        **common,
         kubeconfig=args.kubeconfig,
         concurrency=args.concurrency,
-        metrics_port=args.metrics_port,
         stale_claim_grace_seconds=args.stale_claim_grace,
         trainjob_cache_seconds=args.trainjob_cache_seconds,
         trusted_plan_keys=args.trusted_plan_keys,
-        nats_creds=args.nats_creds or None,
-        nats_tls=nats_options(args)["tls"],
     )
     if args.replica_id:
         aps.replica = args.replica_id
@@ -324,7 +318,9 @@ async def _bus_setup(args: argparse.Namespace) -> int:
     try:
         nc = await bus.connect(args.nats_url, name="tjpipe-bus-setup", **nats_options(args))
         try:
-            await bus.setup_bus(nc.jetstream(), streams.configured_streams(), replicas=streams.stream_replicas())
+            await bus.setup_bus(
+                nc.jetstream(), streams.configured_streams(os.environ), replicas=streams.stream_replicas(os.environ)
+            )
         finally:
             await nc.close()
     except (bus.NotAuthorized, bus.CredentialsError) as exc:

@@ -344,12 +344,12 @@ def setup_bus_as_admin(
     from contracts import streams
     from plumbing import bus
 
+    env = os.environ if environ is None else environ
+
     async def run() -> None:
         nc = await bus.connect(nats_url, name="tjpipe-bus-setup", **nats_connect_options(credentials, ADMIN))
         try:
-            await bus.setup_bus(
-                nc.jetstream(), streams.configured_streams(environ), replicas=streams.stream_replicas(environ)
-            )
+            await bus.setup_bus(nc.jetstream(), streams.configured_streams(env), replicas=streams.stream_replicas(env))
         finally:
             await nc.close()
 

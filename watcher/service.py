@@ -36,7 +36,8 @@ from contracts.values import meta, name_of, namespace_of
 from plumbing import bus, publishing, signing
 from plumbing.informer import Cached, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
-from plumbing.observability import EVENTS, HealthServer
+from plumbing.observability import EVENTS
+from plumbing.runner import ServiceSettings, started
 from watcher import core, trim
 
 log = logging.getLogger("watcher")
@@ -61,18 +62,13 @@ def _named_identity(obj: _Named) -> _Named:
 
 
 @dataclass
-class WatcherSettings:
-    nats_url: str
+class WatcherSettings(ServiceSettings):
     kubeconfig: str | None = None
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty means all."""
     resync_seconds: float = 300.0
-    metrics_port: int = 0
     signing_key: str | None = None
     """The watcher's ed25519 private key (PEM); every event is signed with it."""
-    nats_creds: str | None = None
-    """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
-    nats_tls: bus.TlsFiles | None = None
 
 
 @dataclass
@@ -408,18 +404,11 @@ class Watcher:
 async def run_watcher(settings: WatcherSettings, stop: asyncio.Event) -> None:
     signer = signing.Signer.from_file(settings.signing_key, setting="--signing-key / TJPIPE_SIGNING_KEY")
     log.info("signing events with key %s", signer.key_id)
-    nc = await bus.connect(settings.nats_url, name="tjpipe-watcher", creds=settings.nats_creds, tls=settings.nats_tls)
-    js = nc.jetstream()
-    await bus.bind_stream(js, streams.EVENTS.name)
-    health = HealthServer(port=settings.metrics_port)
-    health.add_check("nats", lambda: nc.is_connected)
-    async with KubeClient(KubeConfig.load(settings.kubeconfig)) as kube:
-        watcher = Watcher(settings, kube, js, signer=signer)
-        health.add_check("kubernetes", kube.reachable)
-        health.add_check("synced", lambda: all(inf.synced.is_set() for inf in watcher.trainjobs))
-        await health.start()
-        try:
-            await watcher.run(stop)
-        finally:
-            await health.stop()
-            await nc.drain()
+    async with started(
+        "tjpipe-watcher", settings, kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig))
+    ) as service:
+        await bus.bind_stream(service.js, streams.EVENTS.name)
+        watcher = Watcher(settings, service.kube_client(), service.js, signer=signer)
+        service.health.add_check("synced", lambda: all(inf.synced.is_set() for inf in watcher.trainjobs))
+        await service.health.start()
+        await watcher.run(stop)
