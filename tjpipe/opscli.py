@@ -338,7 +338,18 @@ async def _dlq(js: Any, args: argparse.Namespace) -> int:
     if not seqs:
         err.print("name dead letters by sequence, or pass --all")
         return 2
+    import nats.errors
+
     for seq in seqs:
-        subject = await ops.retry_dead_letter(js, seq)
+        try:
+            subject = await ops.retry_dead_letter(js, seq)
+        except (nats.errors.TimeoutError, TimeoutError):
+            # NATS never answers a request its permissions refuse; the silence is the refusal.
+            err.print(
+                f"tjpipe dlq retry: no answer for dead letter {seq}: the NATS identity in use may not resend "
+                "dead letters (use the dlq-operator identity, e.g. NATS_CREDS=.tjpipe/creds/dlq-operator.nk)",
+                markup=False,
+            )
+            return 2
         out.print(f"dead letter {seq} sent back to {subject}")
     return 0

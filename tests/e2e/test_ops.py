@@ -224,7 +224,8 @@ async def test_a_fixed_dead_letter_retried_converges(pipeline: Stack, dyn: dynam
     dyn.resources.get(api_version=admission, kind="ValidatingAdmissionPolicy").delete(name=policy)
     eventually(lambda: not enforced(), what="the policy to be gone")  # the fix
     refused = tjpipe("dlq", "retry", str(seq), stack=pipeline)  # the read-only identity may not
-    assert refused.returncode != 0
+    assert refused.returncode == 2, refused.stderr
+    assert "dlq-operator" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
     retried = tjpipe("dlq", "retry", str(seq), stack=pipeline, identity="dlq-operator")
     assert retried.returncode == 0, retried.stderr
     eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, name), what="the retried JobSet")
