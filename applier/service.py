@@ -738,6 +738,7 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
         await service.health.start()
         ledger = await Ledger.open(service.js)
         applier = Applier(settings, service.kube_client(), service.js, ledger, trusted_plans=trusted_plans)
+        # The same keyword call as run_planner's (a pair to duplicate finders): one call, each stage's own values.
         await consume_partitioned(
             service.nc,
             service.js,
