@@ -56,11 +56,15 @@ class KubeConfig:
 
     @classmethod
     def load(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeConfig:
-        """From a kubeconfig file (argument, then ``$KUBECONFIG``, then ``~/.kube/config``) or in-cluster."""
+        """From a kubeconfig file (the argument, then ``~/.kube/config``) or in-cluster.
+
+        ``$KUBECONFIG`` is read by the CLI (``--kubeconfig``'s default), which passes the path down; only
+        the in-cluster check looks at the environment Kubernetes gives every pod.
+        """
         from kubernetes import client, config
 
         cfg = client.Configuration()
-        path = kubeconfig or os.environ.get("KUBECONFIG")
+        path = kubeconfig
         default = Path.home() / ".kube" / "config"
         if path or default.exists():
             config.load_kube_config(  # type: ignore[no-untyped-call]
