@@ -36,12 +36,13 @@ from kubernetes.client import ApiClient
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
+from tjpipe.local import toolchain
 from tjpipe.local.toolchain import generated_crds_dir, go_module_dir
 
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 TRAINER_VERSION = "v2.3.0"
-JOBSET_MODULE = "sigs.k8s.io/jobset"
-JOBSET_VERSION = "v0.12.0"
+JOBSET_MODULE = toolchain.JOBSET_MODULE
+JOBSET_VERSION = f"v{toolchain.JOBSET_VERSION}"  # its manager is built from the same version
 SCHEDULER_PLUGINS_MODULE = "sigs.k8s.io/scheduler-plugins"
 SCHEDULER_PLUGINS_VERSION = "v0.35.4-devel"
 

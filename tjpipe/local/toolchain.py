@@ -394,3 +394,43 @@ def generated_crds_dir(module: str, version: str, package: str, *, progress: Cal
         os.replace(partial, out)
         shutil.rmtree(module_dir, ignore_errors=True)
     return out
+
+
+JOBSET_VERSION = "0.12.0"  # what Kubeflow Trainer v2.3.0 pins
+JOBSET_MODULE = "sigs.k8s.io/jobset"
+
+
+def jobset_manager_path() -> Path:
+    return cache_root() / "bin" / f"jobset-v{JOBSET_VERSION}" / "jobset-manager"
+
+
+def ensure_jobset_manager(*, progress: Callable[[str], None]) -> Path:
+    """Return JobSet's controller manager (controllers and admission webhooks), building it once per version.
+
+    Its main package is the module root. Built in its own wrapper module like etcd, so minimal version
+    selection keeps exactly the dependencies JobSet's release pins.
+    """
+    output = jobset_manager_path()
+    if _is_executable(output):
+        return output
+    go = _go_command(missing="the JobSet manager is not built yet")
+    with _exclusive_file_lock(cache_root() / "bin" / ".build.lock", progress=progress):
+        if _is_executable(output):
+            return output
+        version = f"v{JOBSET_VERSION}"
+        started = time.monotonic()
+        progress(f"building the JobSet manager {version} from Go modules (first time only, a few minutes)…")
+        module_dir = _fresh_build_dir(f"jobset-{version}")
+        _run_go([go, "mod", "init", "local/tjpipe-jobset"], cwd=module_dir, progress=progress)
+        _run_go([go, "get", f"{JOBSET_MODULE}@{version}"], cwd=module_dir, progress=progress)
+        _go_build(
+            go=go,
+            module_dir=module_dir,
+            package=JOBSET_MODULE,
+            ldflags=f"-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion={version}",
+            output=output,
+            progress=progress,
+        )
+        shutil.rmtree(module_dir, ignore_errors=True)  # kept only when a step fails, for inspection
+        progress(f"JobSet manager {version} built in {time.monotonic() - started:.0f}s: {output}")
+    return output

@@ -1,0 +1,235 @@
+"""JobSet's own controller manager and admission webhooks, run against a local kube-apiserver.
+
+Why the real thing: what JobSet admits on an update of an existing JobSet depends on what its mutating
+webhook added at creation (a defaulted ``retentionPolicy`` inside the atomic ``volumeClaimPolicies``, the
+``network`` and ``successPolicy`` it fills in) and on its validating webhook's and CRD's immutability
+rules. A stand-in policy that nothing mutates cannot show that (issue #17), so the tests run JobSet's
+manager, built from the pinned module (``toolchain.ensure_jobset_manager``), with both webhooks
+registered exactly as JobSet's own ``config/components/webhook/manifests.yaml`` declares them
+(``failurePolicy: Fail``), only pointed at ``https://127.0.0.1:PORT`` instead of an in-cluster Service.
+
+Everything listens on loopback. Leader election is off (one replica) and JobSet's internal certificate
+rotation is disabled: it would write a Secret and patch the webhook configurations for an in-cluster
+Service that does not exist here; a self-signed CA and serving certificate made here take its place.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import os
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes.client import ApiClient, CustomObjectsApi
+
+from tjpipe.local import toolchain
+from tjpipe.local.crds import apply_objects
+from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
+
+WEBHOOK_MANIFESTS = "config/components/webhook/manifests.yaml"
+SETUP_FIELD_MANAGER = "tjpipe-jobset-setup"
+_READY_TIMEOUT_SECONDS = 60.0
+_WEBHOOK_ADMITS_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class LocalJobSet:
+    """A running JobSet manager whose webhooks the apiserver calls."""
+
+    process: ManagedProcess
+    webhook_url: str
+    health_url: str
+    webhook_configurations: tuple[str, ...]
+    """Names of the Mutating/ValidatingWebhookConfigurations registered for it (cluster-scoped)."""
+
+    def stop(self, timeout: float = 10) -> None:
+        self.process.stop(timeout=timeout)
+
+
+def webhook_configurations(*, url: str, ca_bundle: bytes, name_prefix: str = "tjpipe-jobset-") -> list[dict[str, Any]]:
+    """JobSet's own webhook configurations at the pinned version, calling ``url`` (``https://host:port``).
+
+    Each webhook keeps its name, rules, failurePolicy and sideEffects; only the Service reference becomes
+    ``url + path`` with the given CA bundle.
+    """
+    module = toolchain.go_module_dir(toolchain.JOBSET_MODULE, f"v{toolchain.JOBSET_VERSION}")
+    documents = [d for d in yaml.safe_load_all((module / WEBHOOK_MANIFESTS).read_text()) if d]
+    bundle = _b64(ca_bundle)
+    out = []
+    for document in documents:
+        for webhook in document.get("webhooks") or []:
+            service = webhook["clientConfig"].pop("service")
+            webhook["clientConfig"] = {"url": f"{url}{service['path']}", "caBundle": bundle}
+            webhook["failurePolicy"] = "Fail"
+        document["metadata"]["name"] = name_prefix + document["metadata"]["name"]
+        out.append(document)
+    return out
+
+
+def start_jobset_manager(
+    *,
+    api_client: ApiClient,
+    kubeconfig: Path,
+    work_dir: Path,
+    log_dir: Path,
+    progress: Callable[[str], None],
+) -> LocalJobSet:
+    """Build (once) and start JobSet's manager, register its webhooks, and wait until they admit JobSets."""
+    binary = toolchain.ensure_jobset_manager(progress=progress)
+    started = time.monotonic()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    cert_dir = work_dir / "certs"
+    ca_pem = _write_serving_pki(cert_dir)
+    webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    config = {
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}", "certDir": str(cert_dir)},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+    }
+    config_path = work_dir / "jobset-config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    process = spawn(
+        name="jobset-manager",
+        argv=[str(binary), f"--config={config_path}", f"--kubeconfig={kubeconfig}", "--zap-devel=false"],
+        log_dir=log_dir,
+    )
+    health_url = f"http://127.0.0.1:{health_port}"
+    webhook_url = f"https://127.0.0.1:{webhook_port}"
+    try:
+        wait_until(
+            lambda: _http_ok(f"{health_url}/readyz"),
+            timeout=_READY_TIMEOUT_SECONDS,
+            what=f"JobSet manager /readyz on {health_url}",
+            process=process,
+        )
+        configurations = webhook_configurations(url=webhook_url, ca_bundle=ca_pem)
+        apply_objects(api_client, configurations, field_manager=SETUP_FIELD_MANAGER)
+        _wait_until_admitted(api_client, process)
+    except BaseException:
+        process.stop()
+        raise
+    progress(f"JobSet manager v{toolchain.JOBSET_VERSION} ready with its webhooks in {time.monotonic() - started:.1f}s")
+    return LocalJobSet(
+        process=process,
+        webhook_url=webhook_url,
+        health_url=health_url,
+        webhook_configurations=tuple(c["metadata"]["name"] for c in configurations),
+    )
+
+
+def _wait_until_admitted(api_client: ApiClient, process: ManagedProcess) -> None:
+    """Until a dry-run JobSet create comes back defaulted by JobSet's mutating webhook.
+
+    The apiserver picks new webhook configurations up from an informer a moment after they are written.
+    """
+    probe = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "tjpipe-webhook-probe", "namespace": "default"},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "probe",
+                    "template": {
+                        "spec": {
+                            "template": {"spec": {"containers": [{"name": "probe", "image": "example.com/probe"}]}}
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+    def defaulted() -> bool:
+        try:
+            created: Any = CustomObjectsApi(api_client).create_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", probe, dry_run="All"
+            )
+        except Exception:
+            return False
+        return isinstance(created, dict) and "successPolicy" in (created.get("spec") or {})
+
+    wait_until(
+        defaulted,
+        timeout=_WEBHOOK_ADMITS_TIMEOUT_SECONDS,
+        what="JobSet's mutating webhook to default a dry-run JobSet",
+        process=process,
+    )
+
+
+def _http_ok(url: str) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except Exception:
+        return False
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _write_serving_pki(cert_dir: Path) -> bytes:
+    """A CA and a serving certificate for 127.0.0.1 in ``cert_dir`` as tls.crt/tls.key; returns the CA PEM."""
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tjpipe-jobset-webhook-ca")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "jobset-webhook")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
+    (cert_dir / "ca.crt").write_bytes(ca_pem)
+    (cert_dir / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    descriptor = os.open(cert_dir / "tls.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    return ca_pem
