@@ -240,6 +240,8 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
         if spec_of(job).suspend is True or _suspended(event.jobset):
             _keep_immutable_fields(decision, event.jobset)
         else:
+            # Still reported while it runs: the JobSet keeps lacking what JobSet refused (issue #17).
+            _keep_immutable_fields(decision, event.jobset, report_only=True)
             # Trainer's rule: a running JobSet (and PodGroup) is left as it is. The applier would check the
             # live object and skip; not sending the message at all saves it the read.
             decision.components = [c for c in decision.components if c.policy != "while-suspended"]
@@ -274,19 +276,29 @@ def _webhook_validation_disabled(runtime: TrainingRuntime) -> bool:
     return labels.get(t.LABEL_WEBHOOK_VALIDATION) == t.WEBHOOK_VALIDATION_DISABLED
 
 
-def _keep_immutable_fields(decision: _Decision, live: JobSet) -> None:
-    """Upstream #3008: an existing JobSet only takes the changes JobSet accepts."""
+def _keep_immutable_fields(decision: _Decision, live: JobSet, *, report_only: bool = False) -> None:
+    """Upstream #3008: an existing JobSet only takes the changes JobSet accepts.
+
+    ``report_only``: the JobSet is not re-applied (it runs, Trainer's rule), but a condition the TrainJob
+    already has keeps naming what the JobSet lacks instead of turning healthy (issue #17); a TrainJob
+    without the condition gets none, so its status stays Trainer's.
+    """
     for index, component in enumerate(decision.components):
         if not isinstance(component.object, JobSet):
             continue
         restricted, dropped = restrict_to_mutable(component.object, live)
-        decision.components[index] = msgspec.structs.replace(component, object=restricted)
+        if not report_only:
+            decision.components[index] = msgspec.structs.replace(component, object=restricted)
         if dropped:
             message = "the JobSet exists; JobSet keeps these fields as created: " + ", ".join(dropped)
             decision.warnings.append(message)
             decision.conditions.append(
                 status_rules.condition(
-                    t_ext.CONDITION_RESOURCES_CREATED, True, t_ext.REASON_IMMUTABLE_FIELDS_KEPT, message
+                    t_ext.CONDITION_RESOURCES_CREATED,
+                    True,
+                    t_ext.REASON_IMMUTABLE_FIELDS_KEPT,
+                    message,
+                    only_if_present=report_only,
                 )
             )
 

@@ -8,7 +8,17 @@ server reject the whole apply, so the TrainJob can never resume.
 
 Here an update of an existing JobSet takes everything in ``replicatedJobs`` from the live object and only
 the five mutable fields from the plan; what could not be carried over is reported, so the user learns
-that those edits need a new TrainJob instead of watching the resume fail.
+that those edits need a new TrainJob instead of watching the resume fail. The five fields are taken
+exactly as planned, absent ones included: a runtime patch removed while suspended removes what it added
+(SSA drops fields this manager stops sending; values another manager set stay).
+
+The other spec fields JobSet v0.12.0 never lets change after creation (``IMMUTABLE_SPEC``, from its CRD's
+``self == oldSelf`` rules and its validating webhook's ``ValidateImmutableField`` calls) are taken whole
+from the live object, so what JobSet's mutating webhook added at creation (``retentionPolicy`` inside the
+atomic ``volumeClaimPolicies``, ``network.enableDNSHostnames``/``publishNotReadyAddresses``,
+``successPolicy``, ``startupPolicy``, failure-policy rule names) is sent back unchanged instead of being
+removed by the apply, which the API server would refuse (issue #17). A field the live object lacks is left
+out of the apply. Planned values that differ are reported like the rest.
 """
 
 from __future__ import annotations
@@ -24,6 +34,13 @@ Obj = dict[str, Any]
 
 MUTABLE_POD_METADATA = ("labels", "annotations")
 MUTABLE_POD_SPEC = ("nodeSelector", "tolerations", "schedulingGates")
+IMMUTABLE_SPEC = ("network", "successPolicy", "failurePolicy", "startupPolicy", "volumeClaimPolicies", "managedBy")
+"""JobSet v0.12.0's spec fields that may not change once the JobSet exists, besides ``replicatedJobs``.
+
+The first five carry ``XValidation:rule="self == oldSelf"`` in api/jobset/v1alpha2/jobset_types.go;
+``managedBy`` is checked by ``ValidateUpdate`` in pkg/webhooks/jobset_webhook.go. Still mutable:
+``suspend``, ``coordinator``, ``ttlSecondsAfterFinished``.
+"""
 
 
 def _pod_template(rjob: Obj) -> Obj:
@@ -97,19 +114,26 @@ def restrict_to_mutable(desired: JobSet, live: JobSet) -> tuple[JobSet, list[str
         merged = copy.deepcopy(current)
         source = _pod_template(rjob)
         target = _pod_template(merged)
-        for key in MUTABLE_POD_METADATA:
-            value = (source.get("metadata") or {}).get(key)
-            if value is not None:
-                target.setdefault("metadata", {})[key] = value
-        for key in MUTABLE_POD_SPEC:
-            value = (source.get("spec") or {}).get(key)
-            if value is not None:
-                target.setdefault("spec", {})[key] = value
+        for section, keys in (("metadata", MUTABLE_POD_METADATA), ("spec", MUTABLE_POD_SPEC)):
+            planned = source.get(section) or {}
+            live_section = target.setdefault(section, {})
+            for key in keys:
+                if planned.get(key) is not None:
+                    live_section[key] = planned[key]
+                else:
+                    live_section.pop(key, None)
+        if not target["metadata"]:
+            target.pop("metadata")
         result_jobs.append(merged)
     spec = dict(want.get("spec") or {})
     spec["replicatedJobs"] = result_jobs
-    for key in ("managedBy",):
-        if key in spec and spec[key] != (have.get("spec") or {}).get(key):
+    live_spec = have.get("spec") or {}
+    for key in IMMUTABLE_SPEC:
+        if key in live_spec:
+            if key in spec:
+                _diff_paths(spec[key], live_spec[key], f"spec.{key}", dropped)
+            spec[key] = copy.deepcopy(live_spec[key])
+        elif key in spec:
             dropped.append(f"spec.{key}")
             spec.pop(key)
     want["spec"] = spec

@@ -8,9 +8,11 @@ is left out until something reads it:
 
 * a JobSet: its identity and controller reference (``watcher.core.controlling_trainjob``; the resource
   version for the message id and ``planner.core.observation_version``), ``spec.suspend``
-  (``planner.core._suspended``), ``spec.replicatedJobs`` in full and ``spec.managedBy``
-  (``planner.immutability.restrict_to_mutable`` keeps the live replicated jobs as they are, server
-  defaults and other managers' fields included), and ``status.conditions`` and the counters of
+  (``planner.core._suspended``), ``spec.replicatedJobs`` in full and the other spec fields JobSet never
+  lets change (``planner.immutability.IMMUTABLE_SPEC``: ``network``, ``successPolicy``, ``failurePolicy``,
+  ``startupPolicy``, ``volumeClaimPolicies``, ``managedBy``), since ``restrict_to_mutable`` sends them
+  back as the live object has them, JobSet's defaults and other managers' fields included, and
+  ``status.conditions`` and the counters of
   ``status.replicatedJobsStatus`` (``planner.status.desired_status``);
 * a ConfigMap: its identity and controller reference (``watcher.service`` finds the owner to plan again,
   ``watcher.core.runtime_from_snapshot`` checks it), and the ``runtime`` key of a runtime snapshot;
@@ -66,6 +68,11 @@ def jobset(js: JobSet) -> JobSet:
         spec = JobSetSpec(
             replicated_jobs=js.spec.replicated_jobs,
             suspend=js.spec.suspend,
+            network=js.spec.network,
+            success_policy=js.spec.success_policy,
+            failure_policy=js.spec.failure_policy,
+            startup_policy=js.spec.startup_policy,
+            volume_claim_policies=js.spec.volume_claim_policies,
             managed_by=js.spec.managed_by,
         )
     status: JobSetStatus | msgspec.UnsetType = _UNSET

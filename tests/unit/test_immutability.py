@@ -85,3 +85,55 @@ def test_identical_plan_changes_nothing() -> None:
     result, dropped = restrict_to_mutable(jobset(suspend=True, node_selector={"a": "b"}), live)
     assert dropped == []
     assert msgspec.to_builtins(result) == msgspec.to_builtins(live)
+
+
+def _with_spec(js: JobSet, **fields: Any) -> JobSet:
+    raw = msgspec.to_builtins(js)
+    raw["spec"].update(fields)
+    return msgspec.convert(raw, JobSet)
+
+
+def test_a_removed_patch_removes_its_mutable_fields() -> None:
+    """Issue #17: the five fields are taken as planned, absent ones included."""
+    live = jobset(suspend=True, node_selector={"pool": "a100"}, labels={"team": "x"})
+    result, dropped = restrict_to_mutable(jobset(suspend=False), live)
+    assert dropped == []
+    assert "nodeSelector" not in pod_spec(result)
+    template = msgspec.to_builtins(result)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert "metadata" not in template
+
+
+def test_what_jobsets_defaulting_added_to_immutable_fields_is_sent_back() -> None:
+    """Issue #17: the atomic volumeClaimPolicies with its defaulted retentionPolicy, and the other
+    fields JobSet's webhook fills in at creation, come from the live object."""
+    claim = {"templates": [{"metadata": {"name": "model"}, "spec": {"accessModes": ["ReadWriteOnce"]}}]}
+    defaulted = {**claim, "retentionPolicy": {"whenDeleted": "Delete"}}
+    live = _with_spec(
+        jobset(suspend=False),
+        volumeClaimPolicies=[defaulted],
+        network={"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+        successPolicy={"operator": "All"},
+        startupPolicy={"startupPolicyOrder": "AnyOrder"},
+    )
+    desired = _with_spec(jobset(suspend=True), volumeClaimPolicies=[claim], network={"enableDNSHostnames": True})
+    result, dropped = restrict_to_mutable(desired, live)
+    assert dropped == []
+    spec = msgspec.to_builtins(result)["spec"]
+    assert spec["volumeClaimPolicies"] == [defaulted]
+    assert spec["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
+    assert spec["successPolicy"] == {"operator": "All"}
+    assert spec["startupPolicy"] == {"startupPolicyOrder": "AnyOrder"}
+    assert spec["suspend"] is True
+
+
+def test_planned_changes_to_immutable_fields_are_reported() -> None:
+    live = _with_spec(jobset(suspend=True), managedBy="example.com/a")
+    desired = _with_spec(
+        jobset(suspend=True), managedBy="example.com/b", failurePolicy={"maxRestarts": 3}, ttlSecondsAfterFinished=60
+    )
+    result, dropped = restrict_to_mutable(desired, live)
+    spec = msgspec.to_builtins(result)["spec"]
+    assert spec["managedBy"] == "example.com/a"
+    assert "failurePolicy" not in spec
+    assert spec["ttlSecondsAfterFinished"] == 60  # mutable
+    assert sorted(dropped) == ["spec.failurePolicy", "spec.managedBy"]

@@ -21,6 +21,7 @@ from contracts.jobset import JobSet
 from contracts.kube import ConfigMap
 from contracts.trainer import TrainingRuntime, TrainJob
 from planner.core import plan
+from planner.immutability import IMMUTABLE_SPEC
 from plumbing.informer import Cached, Informer
 from plumbing.kube import KubeClient
 from plumbing.signing import Signer
@@ -214,12 +215,14 @@ def test_jobset_keeps_what_the_planner_reads_and_drops_the_rest() -> None:
     assert core.controlling_trainjob(kept) == NAME
     have, had = msgspec.to_builtins(kept), msgspec.to_builtins(full)
     assert set(have["metadata"]) == {"name", "namespace", "uid", "resourceVersion", "ownerReferences"}
-    # The replicated jobs are kept whole: an update while suspended carries the live ones over as they are.
+    # The replicated jobs and the fields JobSet never lets change are kept whole: an update carries the live
+    # ones over as they are (issue #17); ttlSecondsAfterFinished, which the planner does not read, goes.
     assert have["spec"] == {
         "replicatedJobs": had["spec"]["replicatedJobs"],
         "suspend": True,
-        "managedBy": "jobset.sigs.k8s.io/jobset-controller",
+        **{key: had["spec"][key] for key in IMMUTABLE_SPEC if key in had["spec"]},
     }
+    assert set(IMMUTABLE_SPEC) - {"volumeClaimPolicies"} <= set(have["spec"])
     assert have["status"] == {
         "conditions": had["status"]["conditions"],
         "replicatedJobsStatus": [
