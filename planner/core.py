@@ -43,7 +43,7 @@ from planner.info import Component, Deletion
 from planner.plugins import REGISTRY
 from planner.runtime_info import RUNTIME_CACHE_SIZE, new_runtime_info, runtime_template, spec_of
 from planner.snapshot import runtime_snapshot, snapshot_name
-from planner.validation import validate_runtime, validate_trainjob
+from planner.validation import trainjob_errors, validate_runtime
 
 FRAMEWORK = Framework(REGISTRY)
 
@@ -223,9 +223,9 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
         return decision.not_built(t_ext.REASON_BUILD_FAILED, f"the runtime cannot be merged with the TrainJob: {exc}")
     info.priority_classes = frozenset(event.priority_classes) if event.priority_classes is not None else None
     phases = framework.phases(info, template.encoded)
-    errors = validate_trainjob(job, info, runtime=event.runtime) + phases.validate(info, job)
+    errors = trainjob_errors(job, event.runtime, info, phases)
     if errors:
-        # No webhook runs in front of this pipeline: an invalid TrainJob fails with the reasons, precisely.
+        # Created while the webhook was down (or without one): it fails with the reasons, precisely.
         return decision.failed(t_ext.REASON_VALIDATION_FAILED, "; ".join(str(e) for e in errors))
     try:
         phases.shape(info, job)

@@ -33,9 +33,11 @@ class FieldError:
 
     path: str
     message: str
+    kind: str = ""
+    """field.Error's type where its text shows it, e.g. ``Forbidden``; empty prints ``path: message``."""
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
+        return f"{self.path}: {self.kind}: {self.message}" if self.kind else f"{self.path}: {self.message}"
 
 
 class BuildError(Exception):

@@ -9,9 +9,12 @@ Rules and messages follow Trainer v2.3.0 (``pkg/webhooks``, the JobSet plugin's 
 fix for upstream #3809 (counts below 1) added. Paths are more precise than upstream's where upstream
 reports a whole list: ``spec.runtimePatches[1].manager`` rather than ``spec.runtimePatches.manager``.
 
-Not here: the rule that ``runtimePatches`` may change only while suspended, and not while the JobSet has
-active jobs. It compares the stored object with the update, and the planner only ever sees the stored
-object; ``runtime_patches_change_errors`` encodes it for a caller that has both.
+One implementation, two callers. The planner runs ``trainjob_errors`` on every plan, after the fact; the
+admission webhook (``planner.admission``, ``tjpipe webhook``) runs the same function through
+``admission_trainjob_errors`` before the object is stored, plus the update-only rule
+``runtime_patches_change_errors``: ``runtimePatches`` may change only while suspended, and not while the
+JobSet has active jobs. That rule compares the stored object with the update, so only the webhook, which
+holds both, can apply it; the planner only ever sees the stored object.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from contracts import trainer as t
 from contracts.jobset import JobSet
 from contracts.trainer import Runtime, RuntimePatch, TrainJob
 from contracts.values import is_set, or_default
-from planner.framework import FieldError
+from planner.framework import FieldError, Framework, Phases
 from planner.info import RuntimeInfo
-from planner.runtime_info import container_names, runtime_template, spec_of
+from planner.runtime_info import container_names, new_runtime_info, runtime_template, spec_of
 
 Obj = dict[str, Any]
 
@@ -49,6 +52,7 @@ MSG_PATCHES_NOT_SUSPENDED = (
     "RuntimePatches can only be modified when the TrainJob is suspended before or after the update"
 )
 MSG_REQUIRED = "Required value"
+FORBIDDEN = "Forbidden"
 
 _ANCESTOR_CONTAINERS = {
     t.ANCESTOR_TRAINER: t.NODE,
@@ -156,6 +160,27 @@ def validate_trainjob(job: TrainJob, info: RuntimeInfo, *, runtime: Runtime | No
         if trainer.num_proc_per_node is not UNSET and trainer.num_proc_per_node < 1:
             errors.append(FieldError("spec.trainer.numProcPerNode", MSG_MIN_ONE))
     return errors
+
+
+def trainjob_errors(job: TrainJob, runtime: Runtime, info: RuntimeInfo, phases: Phases) -> list[FieldError]:
+    """Every check Trainer's TrainJob webhook runs on create and update: the rules above, then each
+    CustomValidation plugin's. The planner calls it with the ``info`` and ``phases`` it goes on building
+    with; the webhook calls it through ``admission_trainjob_errors``."""
+    return validate_trainjob(job, info, runtime=runtime) + phases.validate(info, job)
+
+
+def admission_trainjob_errors(job: TrainJob, runtime: Runtime, framework: Framework) -> list[FieldError]:
+    """``trainjob_errors`` for a TrainJob not stored yet, against the live ``runtime`` it names.
+
+    Like Trainer's ``ValidateObjects``, the runtime info is built with patches merged but no plugin
+    enforcement. A TrainJob whose patches cannot be merged with the runtime is refused at ``spec.runtimePatches``.
+    """
+    template = runtime_template(runtime)
+    try:
+        info = new_runtime_info(job, runtime, template)
+    except (ValueError, TypeError) as exc:
+        return [FieldError(RUNTIME_PATCHES_PATH, f"cannot be merged with the runtime: {exc}")]
+    return trainjob_errors(job, runtime, info, framework.phases(info, template.encoded))
 
 
 def _initializer_errors(jobset_spec: Obj, names: Mapping[str, Set[str]], step: str, config: str) -> list[FieldError]:
@@ -269,17 +294,27 @@ def runtime_patches_change_errors(old: TrainJob, new: TrainJob, jobset: JobSet |
     changed, and by the time it sees the change it is already stored.
     """
     old_spec, new_spec = spec_of(old), spec_of(new)
-    if _normalized(old_spec.runtime_patches) == _normalized(new_spec.runtime_patches):
+    if not runtime_patches_changed(old, new):
         return []
     if old_spec.suspend is not True and new_spec.suspend is not True:
-        return [FieldError(RUNTIME_PATCHES_PATH, MSG_PATCHES_NOT_SUSPENDED)]
+        return [FieldError(RUNTIME_PATCHES_PATH, MSG_PATCHES_NOT_SUSPENDED, kind=FORBIDDEN)]
     if jobset is None or not is_set(jobset.status):
         return []
     return [
-        FieldError(RUNTIME_PATCHES_PATH, msg_patches_job_active(or_default(status.name, "")))
+        FieldError(RUNTIME_PATCHES_PATH, msg_patches_job_active(or_default(status.name, "")), kind=FORBIDDEN)
         for status in or_default(jobset.status.replicated_jobs_status, [])
         if or_default(status.active, 0) > 0
     ]
+
+
+def runtime_patches_changed(old: TrainJob, new: TrainJob) -> bool:
+    """Whether the update changes ``spec.runtimePatches`` (missing and empty compare equal)."""
+    return bool(_normalized(spec_of(old).runtime_patches) != _normalized(spec_of(new).runtime_patches))
+
+
+def jobset_decides_patch_change(old: TrainJob, new: TrainJob) -> bool:
+    """Whether ``runtime_patches_change_errors`` needs the JobSet: the patches changed around a suspension."""
+    return runtime_patches_changed(old, new) and (spec_of(old).suspend is True or spec_of(new).suspend is True)
 
 
 def _normalized(value: object) -> Any:

@@ -138,6 +138,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _trusted_keys(applier, "plan", "planner")
 
+    webhook = sub.add_parser(
+        "webhook", help="serve Trainer's validating admission webhooks (TrainJob, runtimes) over TLS"
+    )
+    _common(webhook)
+    _kube(webhook)
+    webhook.add_argument(
+        "--port", type=int, default=int(os.environ.get("TJPIPE_WEBHOOK_PORT", "9443")), help="env TJPIPE_WEBHOOK_PORT"
+    )
+    webhook.add_argument(
+        "--host", default=os.environ.get("TJPIPE_WEBHOOK_HOST", "0.0.0.0"), help="env TJPIPE_WEBHOOK_HOST"
+    )
+    webhook.add_argument(
+        "--tls-cert",
+        default=os.environ.get("TJPIPE_WEBHOOK_TLS_CERT", "/etc/tjpipe/webhook-tls/tls.crt"),
+        help="serving certificate, PEM (env TJPIPE_WEBHOOK_TLS_CERT)",
+    )
+    webhook.add_argument(
+        "--tls-key",
+        default=os.environ.get("TJPIPE_WEBHOOK_TLS_KEY", "/etc/tjpipe/webhook-tls/tls.key"),
+        help="its private key, PEM (env TJPIPE_WEBHOOK_TLS_KEY)",
+    )
+
     up = sub.add_parser("up", help="run the embedded local stack (NATS, kube-apiserver, the three services)")
     up.add_argument("--demo", action="store_true", help="install torch-distributed and create a sample TrainJob")
     up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
@@ -228,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     command: str = args.command
     if command in ("watcher", "planner", "applier"):
         return _run_service(command, args)
+    if command == "webhook":
+        return _run_webhook(args)
     if command == "up":
         return _up(args)
     if command == "down":
@@ -306,6 +330,26 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
     if args.replica_id:
         aps.replica = args.replica_id
     return run_service(lambda stop: run_applier(aps, stop))
+
+
+def _run_webhook(args: argparse.Namespace) -> int:
+    from planner.webhook import WebhookSettings, run_webhook
+    from plumbing.runner import configure_logging, run_service
+
+    configure_logging(args.log_level, json_logs={"json": True, "text": False, "auto": None}[args.log_format])
+    settings = WebhookSettings(
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        port=args.port,
+        host=args.host,
+        metrics_port=args.metrics_port,
+        kubeconfig=args.kubeconfig,
+    )
+    for path in (settings.tls_cert, settings.tls_key):
+        if not Path(path).is_file():
+            print(f"tjpipe webhook: no such file: {path} (--tls-cert/--tls-key)", file=sys.stderr)
+            return 2
+    return run_service(lambda stop: run_webhook(settings, stop))
 
 
 # ------------------------------------------------------------------------------------------- the bus

@@ -103,6 +103,7 @@ def active(job: str) -> FieldError:
     return FieldError(
         "spec.runtimePatches",
         f"RuntimePatches cannot be modified when the JobSet's ReplicatedJob {job} is still active",
+        kind="Forbidden",
     )
 
 
@@ -529,20 +530,20 @@ CHANGE_CASES: dict[str, tuple[Obj, Obj, JobSet | None, list[FieldError]]] = {
     "unset and empty are the same": ({}, {"runtimePatches": []}, None, []),
     "changed while running": (
         {"runtimePatches": [NODE_PATCH]}, {"runtimePatches": [OTHER_PATCH]}, None,
-        [FieldError("spec.runtimePatches", NOT_SUSPENDED)],
+        [FieldError("spec.runtimePatches", NOT_SUSPENDED, kind="Forbidden")],
     ),
     "added while running, suspend explicitly false": (
         {"suspend": False}, {"suspend": False, "runtimePatches": [NODE_PATCH]}, None,
-        [FieldError("spec.runtimePatches", NOT_SUSPENDED)],
+        [FieldError("spec.runtimePatches", NOT_SUSPENDED, kind="Forbidden")],
     ),
     "changed while running with active jobs: only the suspend rule": (
         {"runtimePatches": [NODE_PATCH]}, {"runtimePatches": [OTHER_PATCH]}, jobset(("node", 1)),
-        [FieldError("spec.runtimePatches", NOT_SUSPENDED)],
+        [FieldError("spec.runtimePatches", NOT_SUSPENDED, kind="Forbidden")],
     ),
     "time alone changed": (
         {"runtimePatches": [{**NODE_PATCH, "time": "2026-01-01T00:00:00Z"}]},
         {"runtimePatches": [{**NODE_PATCH, "time": "2026-01-02T00:00:00Z"}]}, None,
-        [FieldError("spec.runtimePatches", NOT_SUSPENDED)],
+        [FieldError("spec.runtimePatches", NOT_SUSPENDED, kind="Forbidden")],
     ),
     "changed together with suspending, no JobSet": (
         {"runtimePatches": [NODE_PATCH]}, {"suspend": True, "runtimePatches": [OTHER_PATCH]}, None, [],

@@ -1,0 +1,133 @@
+"""``tjpipe webhook``: the admission webhook's thin shell, serving ``planner.admission`` over HTTPS.
+
+It holds no state and talks to no bus, so any number of replicas can answer the API server; each review
+costs one GET of the runtime the TrainJob names (and, only when ``runtimePatches`` change around a
+suspension, one GET of its JobSet), read live as Trainer's webhook reads them. A read that fails for
+any reason other than "not found" is answered with HTTP 500, so the API server applies the
+configuration's ``failurePolicy`` (``Fail``): nothing is admitted unchecked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import Counter
+
+from contracts.resources import JOBSET
+from planner import admission
+from planner.core import FRAMEWORK
+from plumbing.kube import KubeApiError, KubeClient, KubeConfig
+from plumbing.observability import REGISTRY, HealthServer
+
+log = logging.getLogger(__name__)
+
+REVIEWS = Counter(
+    "tjpipe_admission_reviews_total",
+    "Admission reviews answered, by kind and outcome (allowed, denied, malformed, error)",
+    ["kind", "outcome"],
+    registry=REGISTRY,
+)
+
+
+@dataclass
+class WebhookSettings:
+    tls_cert: str
+    tls_key: str
+    port: int = 9443
+    host: str = "0.0.0.0"
+    metrics_port: int = 0
+    kubeconfig: str | None = None
+
+
+class Webhook:
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_post(admission.PATH_TRAINJOB, self._trainjob)
+        app.router.add_post(admission.PATH_TRAINING_RUNTIME, self._runtime)
+        app.router.add_post(admission.PATH_CLUSTER_TRAINING_RUNTIME, self._runtime)
+        return app
+
+    async def _runtime(self, request: web.Request) -> web.Response:
+        try:
+            review = admission.parse_review(await request.read())
+        except admission.MalformedReview as exc:
+            REVIEWS.labels("unknown", "malformed").inc()
+            return web.Response(status=400, text=f"{exc}\n")
+        return self._answer(review, admission.review_runtime(review))
+
+    async def _trainjob(self, request: web.Request) -> web.Response:
+        try:
+            review = admission.parse_review(await request.read())
+        except admission.MalformedReview as exc:
+            REVIEWS.labels("unknown", "malformed").inc()
+            return web.Response(status=400, text=f"{exc}\n")
+        try:
+            fetched = await self._fetch(review)
+        except KubeApiError as exc:
+            REVIEWS.labels(review.kind.kind, "error").inc()
+            log.warning("cannot read what review %s needs: %s", review.uid, exc)
+            return web.Response(status=500, text=f"cannot read from the API server: {exc}\n")
+        return self._answer(review, admission.review_trainjob(review, fetched, FRAMEWORK))
+
+    async def _fetch(self, review: admission.AdmissionRequest) -> admission.Fetched:
+        if review.operation not in (admission.CREATE, admission.UPDATE):
+            return admission.Fetched()
+        try:
+            new, old = admission.decode_trainjobs(review)
+        except Exception:
+            return admission.Fetched()  # the decision reports it
+        lookup = admission.runtime_lookup(new, review.namespace)
+        if lookup.unsupported:
+            return admission.Fetched()
+        runtime = await self.kube.get(lookup.resource, namespace=lookup.namespace, name=lookup.name)
+        jobset = None
+        if runtime is not None and admission.needs_jobset(new, old):
+            jobset = await self.kube.get(JOBSET, namespace=review.namespace, name=review.name)
+        return admission.Fetched(runtime=runtime, jobset=jobset)
+
+    def _answer(self, review: admission.AdmissionRequest, verdict: admission.Verdict) -> web.Response:
+        outcome = "allowed" if verdict.allowed else "denied"
+        REVIEWS.labels(review.kind.kind, outcome).inc()
+        if not verdict.allowed:
+            log.info(
+                "denied %s %s %s/%s: %s",
+                review.operation,
+                review.kind.kind,
+                review.namespace,
+                review.name,
+                verdict.message,
+            )
+        return web.Response(body=admission.response_body(review.uid, verdict), content_type="application/json")
+
+
+def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def run_webhook(settings: WebhookSettings, stop: asyncio.Event) -> None:
+    context = server_ssl_context(settings.tls_cert, settings.tls_key)
+    health = HealthServer(port=settings.metrics_port)
+    async with KubeClient(KubeConfig.load(settings.kubeconfig)) as kube:
+        health.add_check("kubernetes", kube.reachable)
+        runner = web.AppRunner(Webhook(kube).app(), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, settings.host, settings.port, ssl_context=context).start()
+            await health.start()
+            log.info("serving admission reviews over TLS on %s:%d", settings.host, settings.port)
+            await stop.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await health.stop()
+            await runner.cleanup()
