@@ -160,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="its private key, PEM (env TJPIPE_WEBHOOK_TLS_KEY)",
     )
 
-    up = sub.add_parser("up", help="run the embedded local stack (NATS, kube-apiserver, the three services)")
+    up = sub.add_parser(
+        "up", help="run the embedded local stack (NATS, kube-apiserver, the three services and the webhook)"
+    )
     up.add_argument("--demo", action="store_true", help="install torch-distributed and create a sample TrainJob")
     up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
     up.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
@@ -400,6 +402,7 @@ def _up(args: argparse.Namespace) -> int:
     try:
         stack.start_infrastructure()
         stack.start_services()
+        stack.start_webhook()
         demo = stack.create_demo() if args.demo else None
         _where(stack)
         if args.detach:
@@ -407,6 +410,7 @@ def _up(args: argparse.Namespace) -> int:
             stack.services.clear()  # detached: leave every process to 'tjpipe down'
             stack.local_kube = None
             stack.local_nats = None
+            stack.webhook_url = ""  # keep its configuration: the webhook keeps running
             return 0
         console.print("[green]stack running[/]; press [bold]Ctrl-C[/] to stop everything")
         asyncio.run(_follow(stack, demo))

@@ -34,7 +34,7 @@ from tjpipe.credentials import (
 from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNats, start_nats
-from tjpipe.local.procs import ManagedProcess, free_port, spawn, stop_from_pid_files
+from tjpipe.local.procs import ManagedProcess, free_port, spawn, stop_from_pid_files, wait_until
 from tjpipe.local.signing_keys import KeyFolder
 
 SERVICES = ("watcher", "planner", "applier")
@@ -104,6 +104,8 @@ class Stack:
     metrics_ports: dict[str, int] = field(default_factory=dict)
     credentials: Credentials | None = None
     """The NATS identities' seeds; None only for an adopted server that was given none (anonymous)."""
+    webhook_url: str = ""
+    """Where ``tjpipe webhook`` listens once ``start_webhook`` registered it; empty otherwise."""
     _containers: list[Any] = field(default_factory=list)
 
     # ---------------------------------------------------------------------------------- infrastructure
@@ -249,8 +251,8 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if k not in _SIGNING_ENV}
         env.update(self.keys.service_env(service))
         env["NATS_URL"] = self.nats_url
-        if self.credentials is not None:
-            # Its own identity only; never the admin's, never another stage's.
+        if self.credentials is not None and service in SERVICE_IDENTITY:
+            # Its own identity only; never the admin's, never another stage's. The webhook has none.
             env["NATS_CREDS"] = str(self.credentials.seed_file(SERVICE_IDENTITY[service]).resolve())
         if self.kubeconfig is not None:
             env["KUBECONFIG"] = str(self.kubeconfig.resolve())
@@ -284,6 +286,61 @@ class Stack:
             port = self.metrics_ports[service]
             self.progress(f"started {service} (pid {process.pid}, metrics :{port}/metrics, log {process.log_path})")
 
+    def start_webhook(self) -> ManagedProcess:
+        """``tjpipe webhook`` on loopback with a fresh CA, registered on the apiserver (failurePolicy Fail),
+        and the SDK's ``kubeflow-trainer-public`` ConfigMap; returns once the apiserver calls the webhook."""
+        from tjpipe.local import admission_webhook
+        from tjpipe.local.jobset_controller import http_ok
+        from tjpipe.local.pki import write_serving_pki
+
+        cert_dir = self.paths.root / "webhook-tls"
+        ca_pem = write_serving_pki(cert_dir, ca_name="tjpipe-webhook-ca", common_name="tjpipe-webhook")
+        port = free_port()
+        process = self.start_service(
+            "webhook",
+            extra=[
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--tls-cert",
+                str(cert_dir / "tls.crt"),
+                "--tls-key",
+                str(cert_dir / "tls.key"),
+            ],
+        )
+        health = f"http://127.0.0.1:{self.metrics_ports['webhook']}/readyz"
+        wait_until(lambda: http_ok(health), timeout=30, what=f"tjpipe webhook {health}", process=process)
+        self.webhook_url = f"https://127.0.0.1:{port}"
+        with new_api_client(self._require_kubeconfig()) as client:
+            admission_webhook.register(client, url=self.webhook_url, ca_bundle=ca_pem, process=process)
+            crds.apply_objects(client, admission_webhook.trainer_public_objects(), field_manager="tjpipe-up")
+        self.progress(
+            f"started webhook (pid {process.pid}, {self.webhook_url}, log {process.log_path}); "
+            f"ValidatingWebhookConfiguration {admission_webhook.CONFIGURATION_NAME} registered, failurePolicy Fail; "
+            f"ConfigMap {admission_webhook.PUBLIC_NAMESPACE}/{admission_webhook.PUBLIC_CONFIGMAP} "
+            f"says {admission_webhook.TRAINER_VERSION}"
+        )
+        return process
+
+    def unregister_webhook(self) -> None:
+        """Remove the webhook configuration: with failurePolicy Fail, a stopped webhook would refuse every
+        TrainJob on a cluster that outlives the stack."""
+        from kubernetes.client import AdmissionregistrationV1Api
+
+        from tjpipe.local import admission_webhook
+
+        if not self.webhook_url or self.kubeconfig is None:
+            return
+        try:
+            with new_api_client(self.kubeconfig) as client:
+                AdmissionregistrationV1Api(client).delete_validating_webhook_configuration(
+                    admission_webhook.CONFIGURATION_NAME
+                )
+        except Exception as exc:  # the apiserver may be gone already; nothing then calls the webhook
+            self.progress(f"could not remove {admission_webhook.CONFIGURATION_NAME}: {exc}")
+        self.webhook_url = ""
+
     # --------------------------------------------------------------------------------------------- demo
 
     def install_runtime(self, name: str) -> None:
@@ -311,6 +368,8 @@ class Stack:
     # --------------------------------------------------------------------------------------------- stop
 
     def stop(self) -> None:
+        if self.local_kube is None:
+            self.unregister_webhook()  # a local apiserver goes away with its configuration
         for process in reversed(self.services):
             process.stop()
         self.services.clear()

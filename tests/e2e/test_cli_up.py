@@ -49,8 +49,10 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
         pid_files = sorted((state / "logs").glob("*.pid"))
         pids = [int(p.read_text().split()[0]) for p in pid_files]
         assert [p.stem for p in pid_files] == sorted(
-            ["applier", "etcd", "kube-apiserver", "nats", "planner", "watcher"]
+            ["applier", "etcd", "kube-apiserver", "nats", "planner", "watcher", "webhook"]
         )
+        assert "ValidatingWebhookConfiguration tjpipe-validator.trainer.kubeflow.org registered" in up.stderr
+        assert "ConfigMap kubeflow-system/kubeflow-trainer-public says v2.3.0" in up.stderr
         assert f"state folder: {state}" in up.stderr
         assert (state / "kubeconfig").is_file()
         env_lines = (state / "env").read_text().splitlines()

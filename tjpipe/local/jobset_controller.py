@@ -16,9 +16,6 @@ Service that does not exist here; a self-signed CA and serving certificate made 
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
-import os
 import time
 import urllib.request
 from collections.abc import Callable
@@ -27,14 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes.client import ApiClient, CustomObjectsApi
 
 from tjpipe.local import toolchain
 from tjpipe.local.crds import apply_objects
+from tjpipe.local.pki import write_serving_pki
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
 
 WEBHOOK_MANIFESTS = "config/components/webhook/manifests.yaml"
@@ -90,7 +84,7 @@ def start_jobset_manager(
     started = time.monotonic()
     work_dir.mkdir(parents=True, exist_ok=True)
     cert_dir = work_dir / "certs"
-    ca_pem = _write_serving_pki(cert_dir)
+    ca_pem = write_serving_pki(cert_dir, ca_name="tjpipe-jobset-webhook-ca", common_name="jobset-webhook")
     webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
     config = {
         "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
@@ -112,7 +106,7 @@ def start_jobset_manager(
     webhook_url = f"https://127.0.0.1:{webhook_port}"
     try:
         wait_until(
-            lambda: _http_ok(f"{health_url}/readyz"),
+            lambda: http_ok(f"{health_url}/readyz"),
             timeout=_READY_TIMEOUT_SECONDS,
             what=f"JobSet manager /readyz on {health_url}",
             process=process,
@@ -172,7 +166,7 @@ def _wait_until_admitted(api_client: ApiClient, process: ManagedProcess) -> None
     )
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=2) as response:
@@ -183,53 +177,3 @@ def _http_ok(url: str) -> bool:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def _write_serving_pki(cert_dir: Path) -> bytes:
-    """A CA and a serving certificate for 127.0.0.1 in ``cert_dir`` as tls.crt/tls.key; returns the CA PEM."""
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tjpipe-jobset-webhook-ca")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "jobset-webhook")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
-    (cert_dir / "ca.crt").write_bytes(ca_pem)
-    (cert_dir / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    descriptor = os.open(cert_dir / "tls.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
-    return ca_pem
