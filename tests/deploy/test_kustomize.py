@@ -96,26 +96,30 @@ def test_base_renders_the_expected_objects(base: list[Obj]) -> None:
     counts = Counter(obj["kind"] for obj in base)
     assert counts == {
         "Namespace": 1,
-        "ServiceAccount": 5,  # watcher, planner, applier, nats, bus-setup
-        "ClusterRole": 2,  # watcher, applier; the planner has none
-        "ClusterRoleBinding": 2,
+        "ServiceAccount": 6,  # watcher, planner, applier, webhook, nats, bus-setup
+        "ClusterRole": 3,  # watcher, applier, webhook; the planner has none
+        "ClusterRoleBinding": 3,
         "ConfigMap": 2,  # service settings, nats.conf
-        "Service": 2,  # nats (clients), nats-headless (routes)
+        "Service": 3,  # nats (clients), nats-headless (routes), tjpipe-webhook
         "StatefulSet": 1,
-        "Deployment": 3,
+        "Deployment": 4,
         "Job": 1,  # bus set-up, the only holder of the admin NATS identity
-        "PodDisruptionBudget": 4,
-        "NetworkPolicy": 6,  # default deny, three services, bus set-up, nats
+        "PodDisruptionBudget": 5,
+        "NetworkPolicy": 7,  # default deny, three services, webhook, bus set-up, nats
+        "ValidatingWebhookConfiguration": 1,
     }
     assert {name: _deployment(base, name)["spec"]["replicas"] for name in SERVICES} == BASE_REPLICAS
     assert _named(base, "StatefulSet", "nats")["spec"]["replicas"] == 3
+    assert _deployment(base, "webhook")["spec"]["replicas"] == 2
     for obj in base:
-        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"):
             assert obj["metadata"]["namespace"] == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']}"
 
 
 def test_dev_overlay_is_one_of_everything(dev: list[Obj]) -> None:
-    assert {name: _deployment(dev, name)["spec"]["replicas"] for name in SERVICES} == dict.fromkeys(SERVICES, 1)
+    assert {name: _deployment(dev, name)["spec"]["replicas"] for name in (*SERVICES, "webhook")} == dict.fromkeys(
+        (*SERVICES, "webhook"), 1
+    )
     assert _named(dev, "StatefulSet", "nats")["spec"]["replicas"] == 1
     assert _config_map(dev, "tjpipe-config")["data"]["TJPIPE_STREAM_REPLICAS"] == "1"
     assert "cluster" not in _nats_conf_blocks(_config_map(dev, "nats-config")["data"]["nats.conf"])
@@ -428,7 +432,12 @@ def _expected_permissions() -> dict[str, set[Permission]]:
         (_group(resources.EVENT), resources.EVENT.plural, "create"),
         (_group(resources.EVENT), resources.EVENT.plural, "patch"),
     }
-    return {"tjpipe-watcher": watcher, "tjpipe-applier": applier}
+    # The admission webhook reads the runtime a TrainJob names and, for the runtimePatches rule, its JobSet.
+    webhook = {
+        (_group(r), r.plural, "get")
+        for r in (resources.TRAINING_RUNTIME, resources.CLUSTER_TRAINING_RUNTIME, resources.JOBSET)
+    }
+    return {"tjpipe-watcher": watcher, "tjpipe-applier": applier, "tjpipe-webhook": webhook}
 
 
 def _granted(role: Obj) -> set[Permission]:
@@ -460,7 +469,7 @@ def test_rbac_grants_exactly_what_the_code_uses(base: list[Obj]) -> None:
     assert not applier_verbs & {"list", "watch", "update", "deletecollection", "escalate", "bind", "impersonate"}
 
 
-def test_only_watcher_and_applier_are_bound_and_the_rest_get_no_token(base: list[Obj]) -> None:
+def test_only_watcher_applier_and_webhook_are_bound_and_the_rest_get_no_token(base: list[Obj]) -> None:
     bindings = _of_kind(base, "ClusterRoleBinding") + _of_kind(base, "RoleBinding") + _of_kind(base, "Role")
     subjects = {
         (binding["roleRef"]["name"], subject["kind"], subject["name"], subject.get("namespace"))
@@ -471,6 +480,7 @@ def test_only_watcher_and_applier_are_bound_and_the_rest_get_no_token(base: list
     assert subjects == {
         ("tjpipe-watcher", "ServiceAccount", "tjpipe-watcher", NAMESPACE),
         ("tjpipe-applier", "ServiceAccount", "tjpipe-applier", NAMESPACE),
+        ("tjpipe-webhook", "ServiceAccount", "tjpipe-webhook", NAMESPACE),
     }
     assert not _of_kind(base, "Role")
     for name in ("tjpipe-planner", "nats"):
@@ -592,7 +602,7 @@ def test_the_rbac_authorizer_agrees(
                 ("trainer.kubeflow.org", "trainjobs", "patch"),
                 ("jobset.x-k8s.io", "jobsets", "update"),
             }
-            for account in ("tjpipe-watcher", "tjpipe-applier", "tjpipe-planner", "nats"):
+            for account in ("tjpipe-watcher", "tjpipe-applier", "tjpipe-webhook", "tjpipe-planner", "nats"):
                 extra = sorted(p for p in every - expected.get(account, set()) if allowed(account, *p))
                 assert extra == [], f"{account} may do more than it needs"
     finally:

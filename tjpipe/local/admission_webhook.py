@@ -53,13 +53,15 @@ _WEBHOOKS = (
 
 
 def webhook_configuration(
-    *, ca_bundle: bytes, url: str | None = None, service: dict[str, Any] | None = None
+    *, ca_bundle: bytes | None, url: str | None = None, service: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The ValidatingWebhookConfiguration, calling ``url`` (``https://host:port``) or an in-cluster ``service``
-    (``{"name", "namespace", "port"}``)."""
+    (``{"name", "namespace", "port"}``); without ``ca_bundle`` (deploy/: injected later), no caBundle."""
     webhooks = []
     for name, path, resource, operations, opt_out in _WEBHOOKS:
-        client_config: dict[str, Any] = {"caBundle": base64.b64encode(ca_bundle).decode()}
+        client_config: dict[str, Any] = {}
+        if ca_bundle is not None:
+            client_config["caBundle"] = base64.b64encode(ca_bundle).decode()
         if url is not None:
             client_config["url"] = url + path
         else:
