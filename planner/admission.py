@@ -111,6 +111,8 @@ class Fetched:
     runtime_error: str = ""
     """The GET's error text, e.g. ``trainingruntimes.trainer.kubeflow.org "x" not found``."""
     jobset: bytes | None = None
+    priority_classes: frozenset[str] | None = None
+    """The cluster's PriorityClass names, read only for a runtime with a Volcano pod-group policy."""
 
 
 def parse_review(body: bytes) -> AdmissionRequest:
@@ -192,6 +194,20 @@ def runtime_lookup(job: TrainJob, namespace: str) -> RuntimeLookup:
     return RuntimeLookup(resource=CLUSTER_TRAINING_RUNTIME, namespace=None, name=name, unsupported=f"{kind}.{group}")
 
 
+def needs_priority_classes(runtime: bytes) -> bool:
+    """Whether the runtime's Volcano policy makes the plugin check PriorityClasses (the shell lists them then)."""
+    try:
+        decoded = decode_runtime(runtime)
+    except msgspec.DecodeError:
+        return False
+    spec = decoded.spec
+    return (
+        spec is not msgspec.UNSET
+        and spec.pod_group_policy is not msgspec.UNSET
+        and spec.pod_group_policy.volcano is not msgspec.UNSET
+    )
+
+
 def needs_jobset(new: TrainJob, old: TrainJob | None) -> bool:
     """Whether the update-only rule must look at the JobSet (the shell GETs it only then)."""
     return old is not None and jobset_decides_patch_change(old, new)
@@ -214,7 +230,7 @@ def review_trainjob(request: AdmissionRequest, fetched: Fetched, framework: Fram
         runtime = decode_runtime(fetched.runtime)
     except msgspec.DecodeError as exc:
         return _bad_request(f"cannot decode the runtime {lookup.name}: {exc}")
-    errors = admission_trainjob_errors(new, runtime, framework)
+    errors = admission_trainjob_errors(new, runtime, framework, priority_classes=fetched.priority_classes)
     if old is not None and request.operation == UPDATE:
         jobset = msgspec.json.decode(fetched.jobset, type=JobSet) if fetched.jobset is not None else None
         errors += runtime_patches_change_errors(old, new, jobset)

@@ -169,17 +169,21 @@ def trainjob_errors(job: TrainJob, runtime: Runtime, info: RuntimeInfo, phases: 
     return validate_trainjob(job, info, runtime=runtime) + phases.validate(info, job)
 
 
-def admission_trainjob_errors(job: TrainJob, runtime: Runtime, framework: Framework) -> list[FieldError]:
+def admission_trainjob_errors(
+    job: TrainJob, runtime: Runtime, framework: Framework, *, priority_classes: frozenset[str] | None = None
+) -> list[FieldError]:
     """``trainjob_errors`` for a TrainJob not stored yet, against the live ``runtime`` it names.
 
     Like Trainer's ``ValidateObjects``, the runtime info is built with patches merged but no plugin
     enforcement. A TrainJob whose patches cannot be merged with the runtime is refused at ``spec.runtimePatches``.
+    ``priority_classes``: the cluster's PriorityClass names, for the Volcano check (``None``: not checked).
     """
     template = runtime_template(runtime)
     try:
         info = new_runtime_info(job, runtime, template)
     except (ValueError, TypeError) as exc:
         return [FieldError(RUNTIME_PATCHES_PATH, f"cannot be merged with the runtime: {exc}")]
+    info.priority_classes = priority_classes
     return trainjob_errors(job, runtime, info, framework.phases(info, template.encoded))
 
 

@@ -15,10 +15,11 @@ import logging
 import ssl
 from dataclasses import dataclass
 
+import msgspec
 from aiohttp import web
 from prometheus_client import Counter
 
-from contracts.resources import JOBSET
+from contracts.resources import JOBSET, PRIORITY_CLASS
 from planner import admission
 from planner.core import FRAMEWORK
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
@@ -32,6 +33,17 @@ REVIEWS = Counter(
     ["kind", "outcome"],
     registry=REGISTRY,
 )
+
+
+class _Meta(msgspec.Struct):
+    name: str = ""
+
+
+class _Named(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+_name_decoder = msgspec.json.Decoder(_Named)
 
 
 @dataclass
@@ -88,10 +100,21 @@ class Webhook:
         if lookup.unsupported:
             return admission.Fetched()
         runtime = await self.kube.get(lookup.resource, namespace=lookup.namespace, name=lookup.name)
+        if runtime is None:
+            return admission.Fetched()
         jobset = None
-        if runtime is not None and admission.needs_jobset(new, old):
+        if admission.needs_jobset(new, old):
             jobset = await self.kube.get(JOBSET, namespace=review.namespace, name=review.name)
-        return admission.Fetched(runtime=runtime, jobset=jobset)
+        priority_classes = None
+        if admission.needs_priority_classes(runtime):
+            priority_classes = await self._priority_class_names()
+        return admission.Fetched(runtime=runtime, jobset=jobset, priority_classes=priority_classes)
+
+    async def _priority_class_names(self) -> frozenset[str]:
+        names: set[str] = set()
+        async for page in self.kube.list_pages(PRIORITY_CLASS, metadata_only=True):
+            names.update(_name_decoder.decode(item).metadata.name for item in page.items)
+        return frozenset(names)
 
     def _answer(self, review: admission.AdmissionRequest, verdict: admission.Verdict) -> web.Response:
         outcome = "allowed" if verdict.allowed else "denied"

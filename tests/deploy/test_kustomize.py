@@ -432,11 +432,12 @@ def _expected_permissions() -> dict[str, set[Permission]]:
         (_group(resources.EVENT), resources.EVENT.plural, "create"),
         (_group(resources.EVENT), resources.EVENT.plural, "patch"),
     }
-    # The admission webhook reads the runtime a TrainJob names and, for the runtimePatches rule, its JobSet.
+    # The admission webhook reads the runtime a TrainJob names, for the runtimePatches rule its JobSet, and
+    # for a Volcano runtime the PriorityClass names (metadata-only list).
     webhook = {
         (_group(r), r.plural, "get")
         for r in (resources.TRAINING_RUNTIME, resources.CLUSTER_TRAINING_RUNTIME, resources.JOBSET)
-    }
+    } | {(_group(resources.PRIORITY_CLASS), resources.PRIORITY_CLASS.plural, "list")}
     return {"tjpipe-watcher": watcher, "tjpipe-applier": applier, "tjpipe-webhook": webhook}
 
 

@@ -9,12 +9,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from contracts.resources import Resource
 from planner import admission
 from planner.webhook import Webhook
+from plumbing.kube import RawList
 
 from .builders import pod_set, replicated_job, runtime_dict, trainjob_dict
 
@@ -34,6 +36,11 @@ class StubKube:
         self.reads.append((resource.plural, namespace, name))
         found = self.objects.get((resource.plural, namespace, name))
         return json.dumps(found).encode() if found is not None else None
+
+    async def list_pages(self, resource: Resource, **_: Any) -> AsyncIterator[RawList]:
+        self.reads.append((resource.plural, None, "*"))
+        items = [json.dumps(o).encode() for (plural, _, _), o in self.objects.items() if plural == resource.plural]
+        yield RawList(items=[msgspec.Raw(i) for i in items])
 
 
 @pytest.fixture
@@ -174,3 +181,29 @@ async def test_a_malformed_review_gets_400(client: TestClient[Any, Any], body: b
     for path in (admission.PATH_TRAINJOB, admission.PATH_CLUSTER_TRAINING_RUNTIME):
         resp = await client.post(path, data=body, headers={"Content-Type": "application/json"})
         assert resp.status == 400
+
+
+async def test_volcano_priority_classes_are_read_and_checked(client: TestClient[Any, Any], kube: StubKube) -> None:
+    runtime = runtime_dict(
+        [
+            replicated_job(
+                "node", [{"name": "node", "image": "x"}], ancestor="trainer", pod={"priorityClassName": "gold"}
+            )
+        ],
+        name="volcano",
+        ml_policy={"numNodes": 1, "torch": {}},
+        pod_group_policy={"volcano": {}},
+    )
+    kube.objects[("clustertrainingruntimes", None, "volcano")] = runtime
+    obj = trainjob_dict(None, name="v", namespace="team-a", runtime="volcano")
+    response = await post(client, admission.PATH_TRAINJOB, review(obj))
+    assert response["status"]["message"] == (
+        'spec.templateSpec.priorityClassName: PriorityClass "gold" doesn\'t exist: '
+        'priorityclasses.scheduling.k8s.io "gold" not found'
+    )
+    kube.objects[("priorityclasses", None, "gold")] = {"metadata": {"name": "gold"}}
+    assert (await post(client, admission.PATH_TRAINJOB, review(obj)))["allowed"] is True
+    # A runtime without a Volcano policy does not list them.
+    kube.reads.clear()
+    await post(client, admission.PATH_TRAINJOB, review(job()))
+    assert ("priorityclasses", None, "*") not in kube.reads
