@@ -206,13 +206,23 @@ async def test_the_watcher_runs_on_its_narrowed_role_and_may_not_get_a_secret(ku
         authz = kube_client.RbacAuthorizationV1Api(api)
         if sa_namespace not in {n.metadata.name for n in core.list_namespace().items}:
             core.create_namespace({"metadata": {"name": sa_namespace}})
+        # Other tests on the shared apiserver may have created the same objects from the same file.
+        name = "tjpipe-watcher"
         for doc in watcher_rbac:
             if doc["kind"] == "ServiceAccount":
-                core.create_namespaced_service_account(sa_namespace, doc)
+                _create_or_replace(
+                    lambda d=doc: core.create_namespaced_service_account(sa_namespace, d),
+                    lambda d=doc: core.replace_namespaced_service_account(name, sa_namespace, d),
+                )
             elif doc["kind"] == "ClusterRole":
-                authz.create_cluster_role(doc)
+                _create_or_replace(
+                    lambda d=doc: authz.create_cluster_role(d), lambda d=doc: authz.replace_cluster_role(name, d)
+                )
             else:
-                authz.create_cluster_role_binding(doc)
+                _create_or_replace(
+                    lambda d=doc: authz.create_cluster_role_binding(d),
+                    lambda d=doc: authz.replace_cluster_role_binding(name, d),
+                )
         core.create_namespaced_secret(
             namespace, _object("Secret", "s-ours", namespace, labelled=True, data={"k": "eA=="})
         )
@@ -430,3 +440,12 @@ async def test_flux_key_is_random_created_once_and_trainers_is_kept(pipeline: Pi
         assert "informer failed" not in pipeline.log_text("watcher")
     finally:
         await nc.close()
+
+
+def _create_or_replace(create: Any, replace: Any) -> None:
+    try:
+        create()
+    except kube_client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        replace()
