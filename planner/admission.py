@@ -7,13 +7,16 @@ so the webhook is a second entry point of the planner package rather than a serv
 This module decides; ``planner.webhook`` serves it over TLS and does the reads (the referenced runtime, and
 the JobSet for the update-only rule), as Trainer's webhook reads them from the API server.
 
-Denials read like Trainer's: the field.ErrorList aggregated into one message (``path: message``, several
-in brackets, comma-separated), which the API server prefixes with ``admission webhook "<name>" denied the
-request:``. One difference: Kubernetes' ``Invalid value: <value>:`` part is not printed.
+Denials read like Trainer's: the field.ErrorList aggregated into one message (``FieldError.kubernetes_text``:
+``path: Invalid value: <value>: message``, several in brackets, comma-separated), which the API server
+prefixes with ``admission webhook "<name>" denied the request:``. Where a check does not record the bad
+value (the runtimePatches target checks, whose paths are more precise than Trainer's, and some plugin
+checks), the text is ``path: message``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +26,9 @@ import msgspec
 from contracts import trainer as t
 from contracts.jobset import JobSet
 from contracts.resources import CLUSTER_TRAINING_RUNTIME, TRAINING_RUNTIME, Resource
-from contracts.trainer import RuntimeRef, TrainJob, decode_runtime
-from contracts.values import or_default
-from planner.framework import FieldError, Framework
+from contracts.trainer import ClusterTrainingRuntime, Runtime, RuntimeRef, TrainJob, decode_runtime
+from contracts.values import meta, name_of, or_default
+from planner.framework import INVALID, FieldError, Framework
 from planner.runtime_info import spec_of
 from planner.validation import (
     admission_trainjob_errors,
@@ -143,7 +146,7 @@ _REASONS = {400: "BadRequest", 403: "Forbidden"}
 
 def denied(errors: Sequence[FieldError]) -> Verdict:
     """field.ErrorList.ToAggregate(): one error as it is, several in brackets."""
-    texts = list(dict.fromkeys(str(e) for e in errors))
+    texts = list(dict.fromkeys(e.kubernetes_text() for e in errors))
     message = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
     return Verdict(allowed=False, message=message, code=403)
 
@@ -156,16 +159,35 @@ def _bad_request(message: str) -> Verdict:
 
 
 def review_runtime(request: AdmissionRequest) -> Verdict:
-    """TrainingRuntime (create) and ClusterTrainingRuntime (create, update) webhooks."""
+    """TrainingRuntime (create; an update is admitted unchecked, as Trainer's ``ValidateUpdate`` does) and
+    ClusterTrainingRuntime (create and update; a create of one labelled deprecated gets Trainer's warning)."""
     obj = request.new()
     if request.operation not in (CREATE, UPDATE) or obj is None:
+        return ALLOWED
+    if request.kind.kind == t.TRAINING_RUNTIME_KIND and request.operation == UPDATE:
         return ALLOWED
     try:
         runtime = decode_runtime(obj)
     except msgspec.DecodeError as exc:
         return _bad_request(f"cannot decode {request.kind.kind}: {exc}")
+    warnings: tuple[str, ...] = ()
+    if isinstance(runtime, ClusterTrainingRuntime) and request.operation == CREATE and _deprecated(runtime):
+        warnings = (
+            f'ClusterTrainingRuntime "{name_of(runtime)}" is deprecated and will be removed in a future release '
+            f"of Kubeflow Trainer. See runtime deprecation policy: {RUNTIME_DEPRECATION_POLICY_URL}",
+        )
     errors = validate_runtime(runtime)
-    return denied(errors) if errors else ALLOWED
+    verdict = denied(errors) if errors else ALLOWED
+    return dataclasses.replace(verdict, warnings=warnings) if warnings else verdict
+
+
+RUNTIME_DEPRECATION_POLICY_URL = (
+    "https://trainer.kubeflow.org/en/latest/operator-guides/runtime.html#runtime-deprecation-policy"
+)
+
+
+def _deprecated(runtime: Runtime) -> bool:
+    return or_default(meta(runtime).labels, {}).get(t.LABEL_SUPPORT) == t.SUPPORT_DEPRECATED
 
 
 # ----------------------------------------------------------------------------------------- TrainJobs
@@ -225,23 +247,32 @@ def review_trainjob(request: AdmissionRequest, fetched: Fetched, framework: Fram
     if lookup.unsupported:
         return Verdict(allowed=False, message=f"unsupported runtime: {lookup.unsupported}", code=403)
     if fetched.runtime is None:
-        return denied([_runtime_missing(lookup, fetched.runtime_error)])
+        ref = spec_of(new).runtime_ref
+        return denied([_runtime_missing(lookup, fetched.runtime_error, msgspec.to_builtins(ref) if ref else None)])
     try:
         runtime = decode_runtime(fetched.runtime)
     except msgspec.DecodeError as exc:
         return _bad_request(f"cannot decode the runtime {lookup.name}: {exc}")
+    warnings: tuple[str, ...] = ()
+    if isinstance(runtime, ClusterTrainingRuntime) and _deprecated(runtime):
+        warnings = (
+            f'Referenced ClusterTrainingRuntime "{name_of(runtime)}" is deprecated and will be removed in a '
+            f"future release of Kubeflow Trainer. See runtime deprecation policy: {RUNTIME_DEPRECATION_POLICY_URL}",
+        )
     errors = admission_trainjob_errors(new, runtime, framework, priority_classes=fetched.priority_classes)
     if old is not None and request.operation == UPDATE:
         jobset = msgspec.json.decode(fetched.jobset, type=JobSet) if fetched.jobset is not None else None
         errors += runtime_patches_change_errors(old, new, jobset)
-    return denied(errors) if errors else ALLOWED
+    verdict = denied(errors) if errors else ALLOWED
+    return dataclasses.replace(verdict, warnings=warnings) if warnings else verdict
 
 
-def _runtime_missing(lookup: RuntimeLookup, error: str) -> FieldError:
+def _runtime_missing(lookup: RuntimeLookup, error: str, ref: object) -> FieldError:
     """Trainer's wording, including its path spelling ``spec.RuntimeRef`` for ClusterTrainingRuntimes."""
     if lookup.resource is TRAINING_RUNTIME:
         path, what = "spec.runtimeRef", "trainingRuntime"
     else:
         path, what = "spec.RuntimeRef", "clusterTrainingRuntime"
     reason = error or f'{lookup.resource.plural}.{t.GROUP} "{lookup.name}" not found'
-    return FieldError(path, f"{reason}: specified {what} must be created before the TrainJob is created")
+    message = f"{reason}: specified {what} must be created before the TrainJob is created"
+    return FieldError(path, message, kind=INVALID, value=ref)

@@ -19,12 +19,18 @@ precondition for golden tests and for replaying history against a new planner.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from contracts.trainer import TrainJob
+from planner.gofmt import go_value
 from planner.info import Component, RuntimeInfo
 from planner.runtime_info import RUNTIME_CACHE_SIZE
+
+NO_VALUE: Any = object()
+"""``FieldError.value`` when the error carries no value (Kubernetes' ``omitValue``)."""
+INVALID = "Invalid"
+FORBIDDEN = "Forbidden"
 
 
 @dataclass(frozen=True)
@@ -33,11 +39,23 @@ class FieldError:
 
     path: str
     message: str
-    kind: str = ""
-    """field.Error's type where its text shows it, e.g. ``Forbidden``; empty prints ``path: message``."""
+    kind: str = field(default="", compare=False)
+    """field.Error's type (``Invalid``, ``Forbidden``); empty where the check does not say."""
+    value: Any = field(default=NO_VALUE, compare=False)
+    """The bad value of an ``Invalid`` error, as Trainer passes it (JSON-encodable). Neither this nor ``kind``
+    takes part in equality: two errors are the same when they name the same field with the same message."""
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.kind}: {self.message}" if self.kind else f"{self.path}: {self.message}"
+        """The planner's condition text: ``path: message``, with the type only when no value goes with it."""
+        if self.kind and self.kind != INVALID:
+            return f"{self.path}: {self.kind}: {self.message}"
+        return f"{self.path}: {self.message}"
+
+    def kubernetes_text(self) -> str:
+        """``field.Error.Error()`` as Trainer's webhook aggregates it: ``path: Invalid value: <v>: message``."""
+        if self.kind == INVALID and self.value is not NO_VALUE:
+            return f"{self.path}: {INVALID} value: {go_value(self.value)}: {self.message}"
+        return str(self)
 
 
 class BuildError(Exception):

@@ -30,7 +30,7 @@ from contracts import trainer as t
 from contracts.jobset import JobSet
 from contracts.trainer import Runtime, RuntimePatch, TrainJob
 from contracts.values import is_set, or_default
-from planner.framework import FieldError, Framework, Phases
+from planner.framework import FORBIDDEN, INVALID, FieldError, Framework, Phases
 from planner.info import RuntimeInfo
 from planner.runtime_info import container_names, new_runtime_info, runtime_template, spec_of
 
@@ -52,7 +52,6 @@ MSG_PATCHES_NOT_SUSPENDED = (
     "RuntimePatches can only be modified when the TrainJob is suspended before or after the update"
 )
 MSG_REQUIRED = "Required value"
-FORBIDDEN = "Forbidden"
 
 _ANCESTOR_CONTAINERS = {
     t.ANCESTOR_TRAINER: t.NODE,
@@ -98,16 +97,24 @@ def validate_runtime(runtime: Runtime) -> list[FieldError]:
         if ancestor not in _ANCESTOR_CONTAINERS:
             continue
         path = f"{REPLICATED_JOBS_PATH}[{idx}]"
-        if rjob.get("replicas", t.DEFAULT_JOBSET_REPLICAS) != 1:
-            errors.append(FieldError(f"{path}.replicas", MSG_REPLICAS))
-        names = {c.get("name") for c in _dig(rjob, *POD_SPEC_SUFFIX.split("."), "containers") or []}
-        if _ANCESTOR_CONTAINERS[ancestor] not in names:
-            errors.append(FieldError(f"{path}.{POD_SPEC_SUFFIX}.containers", msg_missing_ancestor_container(ancestor)))
+        replicas = rjob.get("replicas", t.DEFAULT_JOBSET_REPLICAS)
+        if replicas != 1:
+            errors.append(FieldError(f"{path}.replicas", MSG_REPLICAS, kind=INVALID, value=replicas))
+        containers = _dig(rjob, *POD_SPEC_SUFFIX.split("."), "containers") or []
+        if _ANCESTOR_CONTAINERS[ancestor] not in {c.get("name") for c in containers}:
+            errors.append(
+                FieldError(
+                    f"{path}.{POD_SPEC_SUFFIX}.containers",
+                    msg_missing_ancestor_container(ancestor),
+                    kind=INVALID,
+                    value=containers,
+                )
+            )
     rspec = runtime.spec
     if is_set(rspec) and is_set(rspec.ml_policy):
         num_nodes = rspec.ml_policy.num_nodes
         if is_set(num_nodes) and num_nodes < 1:
-            errors.append(FieldError("spec.mlPolicy.numNodes", MSG_MIN_ONE))
+            errors.append(FieldError("spec.mlPolicy.numNodes", MSG_MIN_ONE, kind=INVALID, value=num_nodes))
     return errors
 
 
@@ -143,10 +150,11 @@ def validate_trainjob(job: TrainJob, info: RuntimeInfo, *, runtime: Runtime | No
     merged_names: Mapping[str, Set[str]] = (
         container_names(info.jobset_spec) if initializer is not None or (patches and runtime is None) else {}
     )
+    ref = msgspec.to_builtins(spec.runtime_ref) if is_set(spec.runtime_ref) else None
     if initializer is not None and is_set(initializer.dataset):
-        errors.extend(_initializer_errors(info.jobset_spec, merged_names, t.DATASET_INITIALIZER, "datasetConfig"))
+        errors.extend(_initializer_errors(info.jobset_spec, merged_names, t.DATASET_INITIALIZER, "datasetConfig", ref))
     if initializer is not None and is_set(initializer.model):
-        errors.extend(_initializer_errors(info.jobset_spec, merged_names, t.MODEL_INITIALIZER, "modelConfig"))
+        errors.extend(_initializer_errors(info.jobset_spec, merged_names, t.MODEL_INITIALIZER, "modelConfig", ref))
 
     if patches:
         target_names = merged_names if runtime is None else runtime_template(runtime).container_names
@@ -156,9 +164,10 @@ def validate_trainjob(job: TrainJob, info: RuntimeInfo, *, runtime: Runtime | No
     trainer = spec.trainer
     if trainer is not UNSET:
         if trainer.num_nodes is not UNSET and trainer.num_nodes < 1:
-            errors.append(FieldError("spec.trainer.numNodes", MSG_MIN_ONE))
-        if trainer.num_proc_per_node is not UNSET and trainer.num_proc_per_node < 1:
-            errors.append(FieldError("spec.trainer.numProcPerNode", MSG_MIN_ONE))
+            errors.append(FieldError("spec.trainer.numNodes", MSG_MIN_ONE, kind=INVALID, value=trainer.num_nodes))
+        nproc = trainer.num_proc_per_node
+        if nproc is not UNSET and nproc < 1:
+            errors.append(FieldError("spec.trainer.numProcPerNode", MSG_MIN_ONE, kind=INVALID, value=nproc))
     return errors
 
 
@@ -187,12 +196,26 @@ def admission_trainjob_errors(
     return trainjob_errors(job, runtime, info, framework.phases(info, template.encoded))
 
 
-def _initializer_errors(jobset_spec: Obj, names: Mapping[str, Set[str]], step: str, config: str) -> list[FieldError]:
+def _initializer_errors(
+    jobset_spec: Obj, names: Mapping[str, Set[str]], step: str, config: str, ref: object
+) -> list[FieldError]:
+    """``ref``: the TrainJob's runtimeRef, the value Trainer reports these errors with."""
     containers = names.get(step)
     if containers is None:
-        return [FieldError(RUNTIME_REF_PATH, f"must have {step} job when trainJob is configured with input {config}")]
+        return [
+            FieldError(
+                RUNTIME_REF_PATH,
+                f"must have {step} job when trainJob is configured with input {config}",
+                kind=INVALID,
+                value=ref,
+            )
+        ]
     if step not in containers:
-        return [FieldError(RUNTIME_REF_PATH, f"must have container with name - {step} in the {step} job")]
+        return [
+            FieldError(
+                RUNTIME_REF_PATH, f"must have container with name - {step} in the {step} job", kind=INVALID, value=ref
+            )
+        ]
     for rjob in _replicated_jobs(jobset_spec):
         if rjob.get("name") != step:
             continue
@@ -205,6 +228,8 @@ def _initializer_errors(jobset_spec: Obj, names: Mapping[str, Set[str]], step: s
         FieldError(
             RUNTIME_REF_PATH,
             f"must have volumeMount with name - {t.INITIALIZER_VOLUME} in container {step} of the {step} job",
+            kind=INVALID,
+            value=ref,
         )
     ]
 

@@ -20,7 +20,15 @@ from contracts import trainer as t
 from contracts.kube import ConfigMap, Secret
 from contracts.trainer import MPIMLPolicySource, TrainJob
 from contracts.values import is_set, name_of, namespace_of, or_default
-from planner.framework import BuildError, ComponentBuilder, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
+from planner.framework import (
+    INVALID,
+    BuildError,
+    ComponentBuilder,
+    CustomValidation,
+    EnforceMLPolicy,
+    FieldError,
+    RuntimeGated,
+)
 from planner.info import Component, PodSet, RuntimeInfo
 from planner.merge import Obj, env_value, gpus_per_node, upsert_env, upsert_volume_mounts, upsert_volumes
 from planner.owners import owner_reference
@@ -142,6 +150,8 @@ class MPI:
                 FieldError(
                     "spec.trainer.env",
                     f"must not have reserved envs, invalid envs configured: [{' '.join(reserved)}]",
+                    kind=INVALID,
+                    value=msgspec.to_builtins(trainer.env),
                 )
             )
         return errors

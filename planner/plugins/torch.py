@@ -29,7 +29,7 @@ from msgspec import UNSET
 from contracts import trainer as t
 from contracts.trainer import RuntimeRef, Trainer, TrainJob
 from contracts.values import is_set, name_of, or_default
-from planner.framework import CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
+from planner.framework import INVALID, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
 from planner.gofmt import go_quote, go_string_list
 from planner.info import RuntimeInfo
 from planner.merge import (
@@ -248,6 +248,8 @@ class Torch:
                     FieldError(
                         "spec.trainer.env",
                         f"must not have reserved envs, invalid envs configured: {go_string_list(reserved)}",
+                        kind=INVALID,
+                        value=msgspec.to_builtins(env),
                     )
                 )
             if is_torchtune(trainer):

@@ -95,8 +95,9 @@ async def test_reserved_env_and_zero_nodes_are_denied_with_trainers_messages(cli
     assert response["allowed"] is False
     assert response["status"]["code"] == 403
     assert response["status"]["message"] == (
-        "[spec.trainer.numNodes: must be greater than or equal to 1, "
-        "spec.trainer.env: must not have reserved envs, invalid envs configured: [PET_NNODES]]"
+        "[spec.trainer.numNodes: Invalid value: 0: must be greater than or equal to 1, "
+        'spec.trainer.env: Invalid value: [{"name":"PET_NNODES","value":"3"}]: '
+        "must not have reserved envs, invalid envs configured: [PET_NNODES]]"
     )
 
 
@@ -104,7 +105,8 @@ async def test_a_missing_runtime_is_denied_as_trainer_words_it(client: TestClien
     body = review(trainjob_dict(None, name="mnist", namespace="team-a", runtime="nowhere"))
     response = await post(client, admission.PATH_TRAINJOB, body)
     assert response["status"]["message"] == (
-        'spec.RuntimeRef: clustertrainingruntimes.trainer.kubeflow.org "nowhere" not found: '
+        'spec.RuntimeRef: Invalid value: {"name":"nowhere"}: '
+        'clustertrainingruntimes.trainer.kubeflow.org "nowhere" not found: '
         "specified clusterTrainingRuntime must be created before the TrainJob is created"
     )
 
@@ -160,8 +162,9 @@ async def test_an_invalid_cluster_training_runtime_is_denied(client: TestClient[
     response = await post(client, admission.PATH_CLUSTER_TRAINING_RUNTIME, review(bad))
     assert response["allowed"] is False
     assert response["status"]["message"] == (
-        "[spec.template.spec.replicatedJobs[0].replicas: always must be 1, "
+        "[spec.template.spec.replicatedJobs[0].replicas: Invalid value: 2: always must be 1, "
         "spec.template.spec.replicatedJobs[0].template.spec.template.spec.containers: "
+        'Invalid value: [{"image":"x","name":"trainer"}]: '
         "must contain the required container for the ancestor: trainer]"
     )
     good = await post(client, admission.PATH_CLUSTER_TRAINING_RUNTIME, review(RUNTIME))
@@ -207,3 +210,35 @@ async def test_volcano_priority_classes_are_read_and_checked(client: TestClient[
     kube.reads.clear()
     await post(client, admission.PATH_TRAINJOB, review(job()))
     assert ("priorityclasses", None, "*") not in kube.reads
+
+
+async def test_deprecated_cluster_runtime_warns_and_trainingruntime_updates_pass(
+    client: TestClient[Any, Any], kube: StubKube
+) -> None:
+    deprecated = runtime_dict(
+        [pod_set("node", "trainer")],
+        name="old-torch",
+        ml_policy={"numNodes": 1, "torch": {}},
+        metadata={"labels": {"trainer.kubeflow.org/support": "deprecated"}},
+    )
+    created = await post(client, admission.PATH_CLUSTER_TRAINING_RUNTIME, review(deprecated))
+    assert created["allowed"] is True
+    assert created["warnings"] == [
+        'ClusterTrainingRuntime "old-torch" is deprecated and will be removed in a future release of Kubeflow '
+        f"Trainer. See runtime deprecation policy: {admission.RUNTIME_DEPRECATION_POLICY_URL}"
+    ]
+    kube.objects[("clustertrainingruntimes", None, "old-torch")] = deprecated
+    obj = trainjob_dict(None, name="j", namespace="team-a", runtime="old-torch")
+    referenced = await post(client, admission.PATH_TRAINJOB, review(obj))
+    assert referenced["allowed"] is True
+    assert referenced["warnings"][0].startswith('Referenced ClusterTrainingRuntime "old-torch" is deprecated')
+    # Trainer's TrainingRuntime webhook checks creates only; an update of a broken one is admitted.
+    broken = runtime_dict(
+        [replicated_job("node", [{"name": "x", "image": "x"}], ancestor="trainer", replicas=2)],
+        name="ns-runtime",
+        kind="TrainingRuntime",
+    )
+    broken["metadata"]["namespace"] = "team-a"
+    assert (await post(client, admission.PATH_TRAINING_RUNTIME, review(broken)))["allowed"] is False
+    updated = await post(client, admission.PATH_TRAINING_RUNTIME, review(broken, operation="UPDATE", old=broken))
+    assert updated["allowed"] is True

@@ -90,12 +90,15 @@ def test_a_valid_trainjob_is_admitted(api: ApiClient) -> None:
 
 def test_reserved_env_is_refused_with_trainers_message(api: ApiClient) -> None:
     message = refusal(lambda: create(api, trainjob("pet", trainer={"env": [{"name": "PET_NNODES", "value": "2"}]})))
-    assert message == DENIED + "spec.trainer.env: must not have reserved envs, invalid envs configured: [PET_NNODES]"
+    assert message == DENIED + (
+        'spec.trainer.env: Invalid value: [{"name":"PET_NNODES","value":"2"}]: '
+        "must not have reserved envs, invalid envs configured: [PET_NNODES]"
+    )
 
 
 def test_zero_nodes_is_refused(api: ApiClient) -> None:
     message = refusal(lambda: create(api, trainjob("zero", trainer={"numNodes": 0})))
-    assert message == DENIED + "spec.trainer.numNodes: must be greater than or equal to 1"
+    assert message == DENIED + "spec.trainer.numNodes: Invalid value: 0: must be greater than or equal to 1"
 
 
 def test_a_missing_runtime_is_refused(api: ApiClient) -> None:
@@ -103,7 +106,8 @@ def test_a_missing_runtime_is_refused(api: ApiClient) -> None:
     job["spec"]["runtimeRef"] = {"name": "no-such-runtime"}
     message = refusal(lambda: create(api, job))
     assert message == DENIED + (
-        'spec.RuntimeRef: clustertrainingruntimes.trainer.kubeflow.org "no-such-runtime" not found: '
+        'spec.RuntimeRef: Invalid value: {"name":"no-such-runtime","apiGroup":"trainer.kubeflow.org",'
+        '"kind":"ClusterTrainingRuntime"}: clustertrainingruntimes.trainer.kubeflow.org "no-such-runtime" not found: '
         "specified clusterTrainingRuntime must be created before the TrainJob is created"
     )
 
@@ -155,7 +159,7 @@ def test_an_invalid_cluster_training_runtime_is_refused(api: ApiClient) -> None:
     message = refusal(lambda: custom.create_cluster_custom_object(GROUP, VERSION, "clustertrainingruntimes", runtime))
     assert message == (
         'admission webhook "validator.clustertrainingruntime.trainer.kubeflow.org" denied the request: '
-        "spec.template.spec.replicatedJobs[0].replicas: always must be 1"
+        "spec.template.spec.replicatedJobs[0].replicas: Invalid value: 2: always must be 1"
     )
     # Trainer's opt-out label keeps the webhook away (objectSelector), as in Trainer's manifests.
     runtime["metadata"]["labels"] = {"trainer.kubeflow.org/webhook-validation": "disabled"}

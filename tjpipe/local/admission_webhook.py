@@ -38,7 +38,7 @@ _WEBHOOKS = (
         "validator.trainingruntime.trainer.kubeflow.org",
         admission.PATH_TRAINING_RUNTIME,
         "trainingruntimes",
-        ("CREATE",),
+        ("CREATE", "UPDATE"),  # as Trainer registers it; its update is admitted unchecked
         True,
     ),
     (
