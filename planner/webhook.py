@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ class WebhookSettings:
     host: str = "0.0.0.0"
     metrics_port: int = 0
     kubeconfig: str | None = None
+    cert_check_seconds: float = 30.0
 
 
 class Webhook:
@@ -138,8 +140,45 @@ def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
     return context
 
 
+class CertReloader:
+    """Loads a renewed serving certificate into the live TLS context (new handshakes use it, open connections
+    keep theirs), so that cert-manager's renewal needs no restart. A pair caught half-written fails to load
+    and is simply tried again at the next check."""
+
+    def __init__(self, context: ssl.SSLContext, cert: str, key: str) -> None:
+        self.context, self.cert, self.key = context, cert, key
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[float, float]:
+        try:
+            return (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
+        except OSError:
+            return (0.0, 0.0)
+
+    def check(self) -> bool:
+        """Reload if either file changed since the last load; whether it reloaded."""
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return False
+        try:
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("serving certificate changed but does not load yet: %s", exc)
+            return False
+        self._seen = stamp
+        log.info("serving certificate reloaded from %s", self.cert)
+        return True
+
+    async def run(self, stop: asyncio.Event, interval: float) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+            self.check()
+
+
 async def run_webhook(settings: WebhookSettings, stop: asyncio.Event) -> None:
     context = server_ssl_context(settings.tls_cert, settings.tls_key)
+    reloader = CertReloader(context, settings.tls_cert, settings.tls_key)
     health = HealthServer(port=settings.metrics_port)
     async with KubeClient(KubeConfig.load(settings.kubeconfig)) as kube:
         health.add_check("kubernetes", kube.reachable)
@@ -149,7 +188,7 @@ async def run_webhook(settings: WebhookSettings, stop: asyncio.Event) -> None:
             await web.TCPSite(runner, settings.host, settings.port, ssl_context=context).start()
             await health.start()
             log.info("serving admission reviews over TLS on %s:%d", settings.host, settings.port)
-            await stop.wait()
+            await reloader.run(stop, settings.cert_check_seconds)
         finally:
             with contextlib.suppress(Exception):
                 await health.stop()

@@ -18,7 +18,7 @@ from planner import admission
 from planner.webhook import Webhook
 from plumbing.kube import RawList
 
-from .builders import pod_set, replicated_job, runtime_dict, trainjob_dict
+from .builders import only_object, pod_set, replicated_job, runtime_dict, trainjob_dict, trainjob_observed
 
 Obj = dict[str, Any]
 
@@ -242,3 +242,20 @@ async def test_deprecated_cluster_runtime_warns_and_trainingruntime_updates_pass
     assert (await post(client, admission.PATH_TRAINING_RUNTIME, review(broken)))["allowed"] is False
     updated = await post(client, admission.PATH_TRAINING_RUNTIME, review(broken, operation="UPDATE", old=broken))
     assert updated["allowed"] is True
+
+
+def test_the_planner_and_the_webhook_find_the_same_errors() -> None:
+    """One implementation, two callers: what the webhook refuses is what the planner marks ValidationFailed."""
+    from contracts import messages as m
+    from contracts.trainer import TrainJob, decode_runtime
+    from planner.core import FRAMEWORK, plan
+    from planner.validation import admission_trainjob_errors
+
+    obj = job({"numNodes": 0, "numProcPerNode": 0, "env": [{"name": "PET_NODE_RANK", "value": "1"}]})
+    obj["metadata"]["uid"] = "u-1"
+    failed = only_object(plan(trainjob_observed(obj, RUNTIME), source_seq=1), m.ApplyTrainJobStatus)
+    [condition] = [c for c in failed["status"]["conditions"] if c["type"] == "Failed"]
+    assert condition["reason"] == "ValidationFailed"
+    errors = admission_trainjob_errors(msgspec.convert(obj, TrainJob), decode_runtime(json.dumps(RUNTIME)), FRAMEWORK)
+    assert len(errors) == 3
+    assert condition["message"] == "; ".join(str(e) for e in errors)
