@@ -493,15 +493,17 @@ def _version(text: str) -> int:
         return 0
 
 
-def claim_beyond_cluster(record: AppliedRecord, *, live_version: str, trainjob_version: str) -> bool:
-    """A claim newer than both the live target and the TrainJob: nothing the cluster holds accounts for it.
+def claim_beyond_cluster(record: AppliedRecord, *, cluster_revision: str) -> bool:
+    """A claim newer than the cluster itself: no observation could have produced it.
 
-    A record's source_version is the newest resourceVersion of an observation it was planned from, and one
-    etcd counter numbers every object, so a genuine claim is normally at most the newer of the two. (A
-    runtime edit can make it newer for a while, which is why such a claim is only distrusted once it has
-    lasted longer than a resync: every resync brings a plan at least as new as any genuine claim.)
+    A record's source_version is the newest resourceVersion among the objects a plan was made from, and one
+    etcd revision counter numbers every object, so a genuine claim is never above the cluster's current
+    revision (a list's resourceVersion). Comparing with the live target and the TrainJob alone is not
+    enough: the snapshot ConfigMap, the runtime or a JobSet status change can make a genuine claim newer
+    than both, and a replayed older plan then looked like poisoning. An unknown revision proves nothing.
     """
-    return record.source_version > max(_version(live_version), _version(trainjob_version))
+    revision = _version(cluster_revision)
+    return revision > 0 and record.source_version > revision
 
 
 StaleClaimAction = Literal["overwrite", "hold"]

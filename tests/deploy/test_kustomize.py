@@ -428,6 +428,8 @@ def _expected_permissions() -> dict[str, set[Permission]]:
     applier |= {
         (_group(resources.JOBSET), resources.JOBSET.plural, "delete"),
         (_group(resources.TRAINJOB), resources.TRAINJOB.plural, "get"),
+        # A one-item list tells the applier the cluster's current revision (suspect ledger claims).
+        (_group(resources.TRAINJOB), resources.TRAINJOB.plural, "list"),
         (_group(resources.TRAINJOB), f"{resources.TRAINJOB.plural}/status", "patch"),
         (_group(resources.EVENT), resources.EVENT.plural, "create"),
         (_group(resources.EVENT), resources.EVENT.plural, "patch"),
@@ -466,8 +468,10 @@ def test_rbac_grants_exactly_what_the_code_uses(base: list[Obj]) -> None:
     watcher = _granted(roles["tjpipe-watcher"])
     assert {verb for _, _, verb in watcher} == {"list", "watch"}, "the watcher only lists and watches"
     assert ("", "secrets", "get") not in watcher
-    applier_verbs = {verb for _, _, verb in _granted(roles["tjpipe-applier"])}
-    assert not applier_verbs & {"list", "watch", "update", "deletecollection", "escalate", "bind", "impersonate"}
+    applier = _granted(roles["tjpipe-applier"])
+    applier_verbs = {verb for _, _, verb in applier}
+    assert not applier_verbs & {"watch", "update", "deletecollection", "escalate", "bind", "impersonate"}
+    assert {(g, r) for g, r, verb in applier if verb == "list"} == {(_group(resources.TRAINJOB), "trainjobs")}
 
 
 def test_only_watcher_applier_and_webhook_are_bound_and_the_rest_get_no_token(base: list[Obj]) -> None:

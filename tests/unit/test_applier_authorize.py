@@ -228,10 +228,12 @@ def test_permanent_errors_carry_the_api_reason() -> None:
 
 def test_claims_beyond_the_cluster() -> None:
     record = m.AppliedRecord(source_version=10**12, source_seq=1, digest="", state="applied")
-    assert core.claim_beyond_cluster(record, live_version="100", trainjob_version="90")
-    assert core.claim_beyond_cluster(record, live_version="", trainjob_version="90")
-    fair = msgspec.structs.replace(record, source_version=95)
-    assert not core.claim_beyond_cluster(fair, live_version="100", trainjob_version="90")
-    assert not core.claim_beyond_cluster(fair, live_version="", trainjob_version="95")
+    assert core.claim_beyond_cluster(record, cluster_revision="100")
+    # A genuine claim can be newer than the target and the TrainJob (a snapshot ConfigMap, a runtime or a
+    # JobSet status made it), never newer than the cluster's revision.
+    fair = msgspec.structs.replace(record, source_version=100)
+    assert not core.claim_beyond_cluster(fair, cluster_revision="100")
+    assert not core.claim_beyond_cluster(fair, cluster_revision="150")
+    assert not core.claim_beyond_cluster(record, cluster_revision="")
     assert core.stale_claim_action(100.0, 100.0 + 329, grace_seconds=330) == "hold"
     assert core.stale_claim_action(100.0, 100.0 + 330, grace_seconds=330) == "overwrite"
