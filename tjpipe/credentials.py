@@ -35,6 +35,7 @@ import nkeys
 from contracts import streams, subjects
 from contracts.subjects import PARTITIONS
 from plumbing.bus import LEASE_BUCKET, inbox_prefix
+from tjpipe.private_files import write_private_file
 
 ADMIN = "admin"
 WATCHER = "watcher"
@@ -179,13 +180,6 @@ def public_key_of(seed: bytes) -> str:
         pair.wipe()
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.chmod(path, 0o600)
-
-
 def generate_credentials(root: Path, *, identities: Iterable[str] = IDENTITIES, replace: bool = False) -> Credentials:
     """Create a seed for every identity that has none (all of them with ``replace``) in ``root`` (mode 0700)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -194,7 +188,7 @@ def generate_credentials(root: Path, *, identities: Iterable[str] = IDENTITIES, 
     for identity in identities:
         path = creds.seed_file(identity)
         if replace or not path.is_file():
-            _write_private(path, new_user_seed() + b"\n")
+            write_private_file(path, new_user_seed() + b"\n")
         else:
             os.chmod(path, 0o600)
     return creds
@@ -265,6 +259,8 @@ def write_self_signed_tls(root: Path, hosts: Iterable[str], *, days: int = 825) 
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+    from tjpipe.local.pki import private_key_pem, self_signed_ca
+
     names: list[x509.GeneralName] = []
     for host in hosts:
         try:
@@ -272,38 +268,14 @@ def write_self_signed_tls(root: Path, hosts: Iterable[str], *, days: int = 825) 
         except ValueError:
             names.append(x509.DNSName(host))
     now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainjob-pipeline NATS CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
+    ca_key, ca = self_signed_ca(
+        "trainjob-pipeline NATS CA", not_before=now - dt.timedelta(minutes=5), not_after=now + dt.timedelta(days=days)
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats")]))
-        .issuer_name(ca_name)
+        .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
@@ -319,8 +291,5 @@ def write_self_signed_tls(root: Path, hosts: Iterable[str], *, days: int = 825) 
     paths = {name: root / name for name in TLS_FILES}
     paths["ca.crt"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["tls.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(
-        paths["tls.key"],
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-    )
+    write_private_file(paths["tls.key"], private_key_pem(key))
     return paths

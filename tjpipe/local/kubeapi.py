@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import secrets
 import ssl
 import time
@@ -44,8 +43,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
+from tjpipe.local.pki import private_key_pem, self_signed_ca
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
 from tjpipe.local.toolchain import ensure_kube_binaries
+from tjpipe.private_files import write_private_file
 
 CONTEXT_NAME = "tjpipe-local"
 ADMIN_USER = "admin"
@@ -118,7 +119,7 @@ def start_kube(
         pki = _write_pki(work_dir / "pki")
         token = secrets.token_urlsafe(32)
         tokens_file = work_dir / "tokens.csv"
-        _write_private_file(tokens_file, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        write_private_file(tokens_file, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
         wait_until(
             lambda: _http_status(f"{etcd_url}/health") == 200,
             timeout=_ETCD_READY_TIMEOUT_SECONDS,
@@ -189,34 +190,7 @@ def _write_pki(pki_dir: Path) -> _Pki:
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=365)
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tjpipe-local-ca")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca_cert = self_signed_ca("tjpipe-local-ca", not_before=not_before, not_after=not_after)
 
     serving_key = ec.generate_private_key(ec.SECP256R1())
     alternative_names: list[x509.GeneralName] = [
@@ -232,7 +206,7 @@ def _write_pki(pki_dir: Path) -> _Pki:
     serving_cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
+        .issuer_name(ca_cert.subject)
         .public_key(serving_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
@@ -255,27 +229,14 @@ def _write_pki(pki_dir: Path) -> _Pki:
     )
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     pki.serving_cert.write_bytes(serving_cert.public_bytes(serialization.Encoding.PEM))
-    _write_private_file(pki.serving_key, _private_pem(serving_key))
-    _write_private_file(pki.service_account_private_key, _private_pem(service_account_key))
+    write_private_file(pki.serving_key, private_key_pem(serving_key))
+    write_private_file(pki.service_account_private_key, private_key_pem(service_account_key))
     pki.service_account_public_key.write_bytes(
         service_account_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
     return pki
-
-
-def _private_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _write_private_file(path: Path, content: str | bytes) -> None:
-    data = content.encode() if isinstance(content, str) else content
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)
 
 
 def _write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str) -> None:
@@ -294,7 +255,7 @@ def _write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str) -> 
         "preferences": {},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_private_file(path, yaml.safe_dump(kubeconfig, sort_keys=False))
+    write_private_file(path, yaml.safe_dump(kubeconfig, sort_keys=False))
 
 
 # Loopback probes must never go through an HTTP proxy configured in the environment.

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
+from tjpipe.private_files import write_private_file
 
 _STARTUP_TIMEOUT_SECONDS = 30.0
 
@@ -272,9 +273,7 @@ def start_nats_cluster(
         member.store_dir.mkdir(parents=True, exist_ok=True)
         routes = [other.cluster_port for other in members if other is not member]
         config = _member_config(member, routes=routes, route_password=route_password) + (authorization or "")
-        fd = os.open(member.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(config)
+        write_private_file(member.config_path, config)
     servers: list[LocalNats] = []
     try:
         for member in members:

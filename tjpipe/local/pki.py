@@ -9,13 +9,56 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tjpipe.private_files import write_private_file
+
+
+def self_signed_ca(
+    common_name: str, *, not_before: datetime.datetime, not_after: datetime.datetime
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A P-256 CA that signs certificates only (path length 0); every CA this project makes is one of these."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return ca_key, ca_cert
+
+
+def private_key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    """The unencrypted PKCS#8 PEM form of a key, as kube-apiserver, nats-server and aiohttp read it."""
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str) -> bytes:
@@ -23,25 +66,12 @@ def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str) -> byte
     cert_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    issuer = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_name)])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(issuer)
-        .issuer_name(issuer)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca_cert = self_signed_ca(ca_name, not_before=not_before, not_after=not_after)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(issuer)
+        .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
@@ -58,11 +88,5 @@ def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str) -> byte
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
     (cert_dir / "ca.crt").write_bytes(ca_pem)
     (cert_dir / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    descriptor = os.open(cert_dir / "tls.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
+    write_private_file(cert_dir / "tls.key", private_key_pem(key))
     return ca_pem
