@@ -34,7 +34,7 @@ from tjpipe.credentials import (
 from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNats, start_nats
-from tjpipe.local.procs import ManagedProcess, free_port, spawn, stop_from_pid_files, wait_until
+from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, stop_from_pid_files, wait_until
 from tjpipe.local.signing_keys import KeyFolder
 
 SERVICES = ("watcher", "planner", "applier")
@@ -290,7 +290,6 @@ class Stack:
         """``tjpipe webhook`` on loopback with a fresh CA, registered on the apiserver (failurePolicy Fail),
         and the SDK's ``kubeflow-trainer-public`` ConfigMap; returns once the apiserver calls the webhook."""
         from tjpipe.local import admission_webhook
-        from tjpipe.local.jobset_controller import http_ok
         from tjpipe.local.pki import write_serving_pki
 
         cert_dir = self.paths.root / "webhook-tls"

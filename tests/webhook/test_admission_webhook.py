@@ -19,8 +19,8 @@ from kubernetes.client.exceptions import ApiException
 
 from tjpipe.local import admission_webhook
 from tjpipe.local.crds import crd_manifests, install_crds
-from tjpipe.local.jobset_controller import http_ok
 from tjpipe.local.kubeapi import new_api_client, start_kube
+from tjpipe.local.procs import http_ok
 from tjpipe.stack import Stack, StatePaths
 
 pytestmark = pytest.mark.cluster

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from kubernetes.client import ApiClient, CustomObjectsApi
 from tjpipe.local import toolchain
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.pki import write_serving_pki
-from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
+from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 
 WEBHOOK_MANIFESTS = "config/components/webhook/manifests.yaml"
 SETUP_FIELD_MANAGER = "tjpipe-jobset-setup"
@@ -164,15 +163,6 @@ def _wait_until_admitted(api_client: ApiClient, process: ManagedProcess) -> None
         what="JobSet's mutating webhook to default a dry-run JobSet",
         process=process,
     )
-
-
-def http_ok(url: str) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except Exception:
-        return False
 
 
 def _b64(data: bytes) -> str:

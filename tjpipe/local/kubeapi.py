@@ -29,8 +29,6 @@ import ipaddress
 import secrets
 import ssl
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +42,7 @@ from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
 from tjpipe.local.pki import private_key_pem, self_signed_ca
-from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
+from tjpipe.local.procs import ManagedProcess, free_port, http_ok, http_status, spawn, wait_until
 from tjpipe.local.toolchain import ensure_kube_binaries
 from tjpipe.private_files import write_private_file
 
@@ -121,7 +119,7 @@ def start_kube(
         tokens_file = work_dir / "tokens.csv"
         write_private_file(tokens_file, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
         wait_until(
-            lambda: _http_status(f"{etcd_url}/health") == 200,
+            lambda: http_ok(f"{etcd_url}/health"),
             timeout=_ETCD_READY_TIMEOUT_SECONDS,
             what=f"etcd health on {etcd_url}",
             process=etcd,
@@ -154,7 +152,7 @@ def start_kube(
 
         tls = ssl.create_default_context(cafile=str(pki.ca_cert))
         wait_until(
-            lambda: _http_status(f"{server}/readyz", tls=tls, token=token) == 200,
+            lambda: http_status(f"{server}/readyz", tls=tls, token=token) == 200,
             timeout=_APISERVER_READY_TIMEOUT_SECONDS,
             what=f"kube-apiserver /readyz on {server}",
             process=apiserver,
@@ -256,27 +254,6 @@ def _write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str) -> 
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private_file(path, yaml.safe_dump(kubeconfig, sort_keys=False))
-
-
-# Loopback probes must never go through an HTTP proxy configured in the environment.
-_NO_PROXY = urllib.request.ProxyHandler({})
-
-
-def _http_status(url: str, *, tls: ssl.SSLContext | None = None, token: str | None = None) -> int | None:
-    handlers: list[urllib.request.BaseHandler] = [_NO_PROXY]
-    if tls is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=tls))
-    request = urllib.request.Request(url)
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.build_opener(*handlers).open(request, timeout=2) as response:
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
-        return None
 
 
 def _advertise_address_if_needed() -> str | None:

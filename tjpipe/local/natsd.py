@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
+from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 from tjpipe.private_files import write_private_file
 
 _STARTUP_TIMEOUT_SECONDS = 30.0
@@ -107,7 +107,7 @@ def start_nats(
     monitor_url = f"http://127.0.0.1:{monitor_port}"
     try:
         wait_until(
-            lambda: _answers_ok(f"{monitor_url}/healthz?js-enabled-only=true"),
+            lambda: http_ok(f"{monitor_url}/healthz?js-enabled-only=true", timeout=1),
             timeout=_STARTUP_TIMEOUT_SECONDS,
             what=f"nats-server JetStream health on {monitor_url}",
             process=process,
@@ -124,16 +124,8 @@ def start_nats(
     )
 
 
-# Loopback health checks must never go through an HTTP proxy configured in the environment.
+# Loopback requests must never go through an HTTP proxy configured in the environment.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _answers_ok(url: str) -> bool:
-    try:
-        with _DIRECT.open(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
 
 
 # ------------------------------------------------------------------------------------ a JetStream cluster
@@ -191,7 +183,7 @@ class LocalNatsCluster:
     def is_ready(self) -> bool:
         """Every live member has JetStream up, all agree on one meta leader, and it sees them all current."""
         live = [i for i, server in enumerate(self.servers) if server.process.is_running()]
-        if not all(_answers_ok(f"{self.servers[i].monitor_url}/healthz?js-enabled-only=true") for i in live):
+        if not all(http_ok(f"{self.servers[i].monitor_url}/healthz?js-enabled-only=true", timeout=1) for i in live):
             return False
         leader = self.meta_leader()
         if leader not in self.names or self.names.index(leader) not in live:

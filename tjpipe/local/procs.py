@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import http.client
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -161,6 +165,36 @@ def wait_until(
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{log_hint}")
         time.sleep(interval)
         interval = min(interval * 1.5, 0.25)
+
+
+# Loopback probes must never go through an HTTP proxy configured in the environment.
+_NO_PROXY = urllib.request.ProxyHandler({})
+
+
+def http_status(
+    url: str, *, tls: ssl.SSLContext | None = None, token: str | None = None, timeout: float = 2
+) -> int | None:
+    """The HTTP status a local server answers ``url`` with (a bearer ``token`` if given), None if it does not
+    answer: the one readiness probe for the servers the local stack starts."""
+    handlers: list[urllib.request.BaseHandler] = [_NO_PROXY]
+    if tls is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=tls))
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.build_opener(*handlers).open(request, timeout=timeout) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, ssl.SSLError):
+        return None
+
+
+def http_ok(url: str, *, timeout: float = 2) -> bool:
+    """Whether a local server answers ``url`` with 200."""
+    return http_status(url, timeout=timeout) == 200
 
 
 def read_log_tail(log_path: Path, *, lines: int = _LOG_TAIL_LINES) -> str:
