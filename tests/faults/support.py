@@ -39,7 +39,7 @@ from contracts.messages import AppliedRecord
 from tjpipe.credentials import generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import LocalNats, start_nats
-from tjpipe.local.procs import ManagedProcess, spawn, wait_until
+from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
 from tjpipe.stack import Stack, StatePaths
 
 TRAINER = "trainer.kubeflow.org/v1alpha1"
@@ -121,6 +121,11 @@ class WriteCounts:
         keys = set(self.by_key) | set(other.by_key)
         return WriteCounts({k: self.by_key.get(k, 0.0) + other.by_key.get(k, 0.0) for k in keys})
 
+    def all_writes(self) -> dict[tuple[str, str, str], int]:
+        """Every write, on any resource, but the API server's own identity Lease (it renews it every 10 s;
+        the pipeline keeps its leases on NATS and never writes a Lease)."""
+        return {k: int(v) for k, v in self.by_key.items() if v and k[0] != "leases"}
+
     def summary(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for (res, sub, verb), value in sorted(self.by_key.items()):
@@ -151,6 +156,31 @@ def read_write_counts(kube: LocalKube) -> WriteCounts:
 
 def total_writes(counts: WriteCounts) -> int:
     return sum(counts.writes(res, sub) for res, sub in WATCHED if res != "events")
+
+
+# --------------------------------------------------------------------------------------- service metrics
+
+
+def metric(port: int, name: str) -> dict[str, float]:
+    """Samples of one counter from a service's /metrics, by their label text (``{reason="x",stage="y"}``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, _, value = line.rpartition(" ")
+            out[labels[len(name) :]] = float(value)
+    return out
+
+
+def start_with_metrics(p: Pipeline, **extra: list[str]) -> dict[str, int]:
+    """Start the three services, each serving /metrics on a free port (returned by service), with ``extra``
+    arguments by service."""
+    ports = {}
+    for service in ("watcher", "planner", "applier"):
+        ports[service] = free_port()
+        p.start(service, extra=["--metrics-port", str(ports[service]), *extra.get(service, [])])
+    return ports
 
 
 # ------------------------------------------------------------------------------------------ apiserver

@@ -22,28 +22,24 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from faults.conftest import start_private_kube
 from faults.support import (
     JOBSET,
     TRAINER,
     Pipeline,
-    WriteCounts,
-    close_pipeline,
     condition_of,
     converged,
     dlq_filter,
-    open_pipeline,
+    metric,
     quiet,
     services_ready,
+    start_with_metrics,
     stream_messages,
     trainjob,
     until,
@@ -56,8 +52,6 @@ from contracts.trainer import TrainingRuntime, TrainJob
 from plumbing.signing import SIGNATURE_HEADER, Signer, format_public_key, load_private_key
 from tjpipe import ops
 from tjpipe.local import crds
-from tjpipe.local.kubeapi import LocalKube
-from tjpipe.local.procs import free_port
 from tjpipe.local.signing_keys import public_key_file_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(180)]
@@ -65,43 +59,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(180)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def signing_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKube]:
-    kube = start_private_kube(tmp_path_factory.mktemp("signing-kube"))
-    try:
-        yield kube
-    finally:
-        kube.stop()
-
-
-@pytest.fixture
-def pipeline(signing_kube: LocalKube, tmp_path: Path) -> Iterator[Pipeline]:
-    pipe = open_pipeline(signing_kube, tmp_path / "pipe", runtimes=("torch-distributed",))
-    try:
-        yield pipe
-    finally:
-        print(close_pipeline(pipe))
-
-
-def _start_with_metrics(p: Pipeline) -> dict[str, int]:
-    ports = {}
-    for service in ("watcher", "planner", "applier"):
-        ports[service] = free_port()
-        p.start(service, extra=["--metrics-port", str(ports[service])])
-    return ports
-
-
 def _dead_letter_count(port: int, stage: str, reason: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    wanted = f'tjpipe_dead_letters_total{{reason="{reason}",stage="{stage}"}}'
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
-
-
-def _all_writes(delta: WriteCounts) -> dict[tuple[str, str, str], int]:
-    """Every write the API server answered, on any resource, but the apiserver's own identity Lease (it
-    renews it every 10 s; the pipeline keeps its leases on NATS and never writes a Lease)."""
-    return {k: int(v) for k, v in delta.by_key.items() if v and k[0] != "leases"}
+    return metric(port, "tjpipe_dead_letters_total").get(f'{{reason="{reason}",stage="{stage}"}}', 0.0)
 
 
 def _stranger() -> Signer:
@@ -183,7 +142,7 @@ async def _letters(js: Any, namespace: str) -> list[Any]:
 async def test_forged_events_and_apply_messages_write_nothing_and_are_dead_lettered(pipeline: Pipeline) -> None:
     p = pipeline
     ns = p.namespace
-    ports = _start_with_metrics(p)
+    ports = start_with_metrics(p)
     admin = await p.connect()
     watcher_id = await p.connect("watcher")
     planner_id = await p.connect("planner")
@@ -245,7 +204,7 @@ async def test_forged_events_and_apply_messages_write_nothing_and_are_dead_lette
 
         await until_async(all_dead, timeout=30, what=f"{len(forged)} dead letters")
         after = await quiet(p, js)
-        writes = _all_writes(after - before)
+        writes = (after - before).all_writes()
         assert writes == {}, writes
 
         letters = await _letters(js, ns)
@@ -324,7 +283,7 @@ async def test_genuine_messages_flow_and_keys_rotate_without_a_restart(pipeline:
         assert [(dl.stage, dl.reason) for dl in letters] == [("applier", "bad-signature")]
         assert "not among the trusted plan keys" in letters[0].error
         after = await quiet(p, js)
-        assert _all_writes(after - before) == {}, (after - before).summary()
+        assert (after - before).all_writes() == {}, (after - before).summary()
 
         # A dead letter keeps the signature it came with: trusted again, `dlq retry` makes it verify.
         (keys.trusted("planner") / public_key_file_name("planner", old_id)).write_text(
@@ -344,7 +303,7 @@ async def test_genuine_messages_flow_and_keys_rotate_without_a_restart(pipeline:
 
         await until_async(retried, timeout=20, what="the retried message's result")
         assert not await _letters(js, ns)
-        assert _all_writes(await quiet(p, js) - before) == {}
+        assert (await quiet(p, js) - before).all_writes() == {}
     finally:
         await nc.close()
 

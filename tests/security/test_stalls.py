@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +26,19 @@ import msgspec
 import nats
 import nats.js.errors
 import pytest
-from faults.conftest import start_private_kube
 from faults.support import (
     JOBSET,
     TRAINER,
     Pipeline,
-    close_pipeline,
     condition_of,
     converged,
     dlq_filter,
     jobset_matches,
     ledger_record,
-    open_pipeline,
+    metric,
     quiet,
     services_ready,
+    start_with_metrics,
     step_of,
     step_patch,
     stream_messages,
@@ -56,52 +53,12 @@ from applier.ledger import ledger_key
 from contracts import conditions, streams
 from contracts.messages import AppliedRecord, Target, decode_dead_letter
 from plumbing import publishing
-from tjpipe.local.kubeapi import LocalKube
 from tjpipe.local.natsd import start_nats
-from tjpipe.local.procs import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(240)]
 
 POLICY = "tjpipe-test-hostname-length"
 NAME_LIMIT = 40
-
-
-@pytest.fixture(scope="module")
-def stalls_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKube]:
-    kube = start_private_kube(tmp_path_factory.mktemp("stalls-kube"))
-    try:
-        yield kube
-    finally:
-        kube.stop()
-
-
-@pytest.fixture
-def pipeline(stalls_kube: LocalKube, tmp_path: Path) -> Iterator[Pipeline]:
-    pipe = open_pipeline(stalls_kube, tmp_path / "pipe", runtimes=("torch-distributed",))
-    try:
-        yield pipe
-    finally:
-        print(close_pipeline(pipe))
-
-
-def metric(port: int, name: str) -> dict[str, float]:
-    """Samples of one counter from a service's /metrics, by their label text."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, _, value = line.rpartition(" ")
-            out[labels[len(name) :]] = float(value)
-    return out
-
-
-def start_with_metrics(p: Pipeline, **extra: list[str]) -> dict[str, int]:
-    ports = {}
-    for service in ("watcher", "planner", "applier"):
-        ports[service] = free_port()
-        p.start(service, extra=["--metrics-port", str(ports[service]), *extra.get(service, [])])
-    return ports
 
 
 async def letters(js: Any, namespace: str) -> list[Any]:

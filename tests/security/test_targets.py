@@ -13,29 +13,24 @@ counted from its own ``apiserver_request_total`` (SSA is verb ``APPLY``), not ev
 
 from __future__ import annotations
 
-import re
-import ssl
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from faults.conftest import start_private_kube
 from faults.support import (
     JOBSET,
     TRAINER,
     Pipeline,
-    close_pipeline,
     condition_of,
     converged,
     dlq_filter,
-    open_pipeline,
+    metric,
     quiet,
+    read_write_counts,
     services_ready,
+    start_with_metrics,
     stream_messages,
     trainjob,
     until,
@@ -59,82 +54,11 @@ from contracts.messages import (
     encode,
 )
 from contracts.trainer import TrainJob
-from tjpipe.local.kubeapi import LocalKube
-from tjpipe.local.procs import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(240)]
 
 
-@pytest.fixture(scope="module")
-def targets_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKube]:
-    kube = start_private_kube(tmp_path_factory.mktemp("targets-kube"))
-    try:
-        yield kube
-    finally:
-        kube.stop()
-
-
-@pytest.fixture
-def pipeline(targets_kube: LocalKube, tmp_path: Path) -> Iterator[Pipeline]:
-    pipe = open_pipeline(targets_kube, tmp_path / "pipe", runtimes=("torch-distributed",))
-    try:
-        yield pipe
-    finally:
-        print(close_pipeline(pipe))
-
-
 # ------------------------------------------------------------------------------------------- helpers
-
-_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-_WRITE_VERBS = {"APPLY", "PATCH", "POST", "PUT", "DELETE", "DELETECOLLECTION"}
-
-
-def write_requests(kube: LocalKube) -> dict[tuple[str, str, str, str], float]:
-    """Every write request the API server answered, by (resource, subresource, verb, code), on any resource."""
-    tls = ssl.create_default_context(cafile=str(kube.ca_file))
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls))
-    request = urllib.request.Request(f"{kube.server}/metrics", headers={"Authorization": f"Bearer {kube.token}"})
-    with opener.open(request, timeout=10) as response:
-        text = response.read().decode()
-    out: dict[tuple[str, str, str, str], float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        labels = dict(_LABEL.findall(match["labels"]))
-        if labels.get("verb") not in _WRITE_VERBS:
-            continue
-        key = (labels.get("resource", ""), labels.get("subresource", ""), labels["verb"], labels.get("code", ""))
-        out[key] = out.get(key, 0.0) + float(match["value"])
-    return out
-
-
-def delta(
-    after: dict[tuple[str, str, str, str], float], before: dict[tuple[str, str, str, str], float]
-) -> dict[tuple[str, str, str, str], int]:
-    """Writes between two readings, except the API server's own lease renewals (it has no other writer here)."""
-    return {k: int(v - before.get(k, 0.0)) for k, v in after.items() if v - before.get(k, 0.0) and k[0] != "leases"}
-
-
-def metric(port: int, name: str) -> dict[str, float]:
-    """Samples of one counter from a service's /metrics, by their label text."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, _, value = line.rpartition(" ")
-            out[labels[len(name) :]] = float(value)
-    return out
-
-
-def start_with_metrics(p: Pipeline, **extra: list[str]) -> dict[str, int]:
-    ports = {}
-    for service in ("watcher", "planner", "applier"):
-        ports[service] = free_port()
-        p.start(service, extra=["--metrics-port", str(ports[service]), *extra.get(service, [])])
-    return ports
 
 
 def owner(name: str, uid: str) -> dict[str, Any]:
@@ -213,7 +137,7 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
             rjob.pop("status", None)
         orphan_js = p.create(orphan)
         await quiet(p, js)
-        before = write_requests(p.kube)
+        before = read_write_counts(p.kube)
         kueue_before = p.get(TRAINER, "TrainJob", "t-kueue")
 
         job_key = ObjectKey(namespace=ns, name="t-real")
@@ -326,8 +250,8 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
 
         await until_async(all_dead, timeout=60, what=f"{len(cases)} dead letters")
         await quiet(p, js)
-        after = write_requests(p.kube)
-        assert delta(after, before) == {}, delta(after, before)
+        writes = (read_write_counts(p.kube) - before).all_writes()
+        assert writes == {}, writes
 
         got = await letters(js, ns, "kube-system")
         assert len(got) == len(cases), [(dl.reason, dl.error) for dl in got]
@@ -351,7 +275,7 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
 
         # A plan that says the target was absent moments ago is not taken at its word either: the object is
         # read, and one the TrainJob does not control is left alone.
-        before = write_requests(p.kube)
+        before = read_write_counts(p.kube)
         await publish_signed(p, planner_id, cm_message("plain-cm", observed_absent=True, observed_at=time.time()))
 
         async def one_more() -> bool:
@@ -359,7 +283,7 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
 
         await until_async(one_more, timeout=30, what="the dead letter of a write to an object seen absent")
         await quiet(p, js)
-        assert delta(write_requests(p.kube), before) == {}
+        assert (read_write_counts(p.kube) - before).all_writes() == {}
         assert {dl.reason for dl in await letters(js, ns, "kube-system")} == {"unauthorized"}
         assert (
             p.get("v1", "ConfigMap", "plain-cm")["metadata"]["resourceVersion"]
