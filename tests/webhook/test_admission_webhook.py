@@ -134,27 +134,7 @@ def test_runtime_patches_change_on_a_running_job_is_refused(api: ApiClient) -> N
 
 
 def test_an_invalid_cluster_training_runtime_is_refused(api: ApiClient) -> None:
-    runtime: dict[str, Any] = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "two-trainers"},
-        "spec": {
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "replicas": 2,
-                            "template": {
-                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                                "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "x"}]}}},
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    runtime = admission_webhook.runtime_the_webhook_refuses("two-trainers")
     custom = CustomObjectsApi(api)
     message = refusal(lambda: custom.create_cluster_custom_object(GROUP, VERSION, "clustertrainingruntimes", runtime))
     assert message == (

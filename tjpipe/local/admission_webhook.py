@@ -120,11 +120,13 @@ def register(api_client: ApiClient, *, url: str, ca_bundle: bytes, process: Mana
     )
 
 
-def _refuses_bad_runtime(api_client: ApiClient) -> bool:
-    probe = {
+def runtime_the_webhook_refuses(name: str) -> dict[str, Any]:
+    """A ClusterTrainingRuntime with two replicas of the trainer job, which Trainer's validator refuses
+    ("always must be 1") and for nothing else: the readiness probe below, and the tests' example of a refusal."""
+    return {
         "apiVersion": t.API_VERSION,
         "kind": t.CLUSTER_TRAINING_RUNTIME_KIND,
-        "metadata": {"name": "tjpipe-webhook-probe"},
+        "metadata": {"name": name},
         "spec": {
             "template": {
                 "spec": {
@@ -134,7 +136,7 @@ def _refuses_bad_runtime(api_client: ApiClient) -> bool:
                             "replicas": 2,
                             "template": {
                                 "metadata": {"labels": {t.LABEL_TRAINJOB_ANCESTOR: t.ANCESTOR_TRAINER}},
-                                "spec": {"template": {"spec": {"containers": [{"name": "x", "image": "x"}]}}},
+                                "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "x"}]}}},
                             },
                         }
                     ]
@@ -142,6 +144,10 @@ def _refuses_bad_runtime(api_client: ApiClient) -> bool:
             }
         },
     }
+
+
+def _refuses_bad_runtime(api_client: ApiClient) -> bool:
+    probe = runtime_the_webhook_refuses("tjpipe-webhook-probe")
     try:
         CustomObjectsApi(api_client).create_cluster_custom_object(
             t.GROUP, t.VERSION, "clustertrainingruntimes", probe, dry_run="All"
