@@ -69,20 +69,25 @@ class Webhook:
         app.router.add_post(admission.PATH_CLUSTER_TRAINING_RUNTIME, self._runtime)
         return app
 
-    async def _runtime(self, request: web.Request) -> web.Response:
+    @staticmethod
+    async def _read_review(request: web.Request) -> admission.AdmissionRequest | web.Response:
+        """The review in the body, or the HTTP 400 that answers a body that is none."""
         try:
-            review = admission.parse_review(await request.read())
+            return admission.parse_review(await request.read())
         except admission.MalformedReview as exc:
             REVIEWS.labels("unknown", "malformed").inc()
             return web.Response(status=400, text=f"{exc}\n")
+
+    async def _runtime(self, request: web.Request) -> web.Response:
+        review = await self._read_review(request)
+        if isinstance(review, web.Response):
+            return review
         return self._answer(review, admission.review_runtime(review))
 
     async def _trainjob(self, request: web.Request) -> web.Response:
-        try:
-            review = admission.parse_review(await request.read())
-        except admission.MalformedReview as exc:
-            REVIEWS.labels("unknown", "malformed").inc()
-            return web.Response(status=400, text=f"{exc}\n")
+        review = await self._read_review(request)
+        if isinstance(review, web.Response):
+            return review
         try:
             fetched = await self._fetch(review)
         except KubeApiError as exc:
