@@ -255,11 +255,9 @@ def write_self_signed_tls(root: Path, hosts: Iterable[str], *, days: int = 825) 
     import ipaddress
 
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
 
-    from tjpipe.local.pki import private_key_pem, self_signed_ca
+    from tjpipe.local.pki import private_key_pem, self_signed_ca, serving_certificate
 
     names: list[x509.GeneralName] = []
     for host in hosts:
@@ -271,20 +269,14 @@ def write_self_signed_tls(root: Path, hosts: Iterable[str], *, days: int = 825) 
     ca_key, ca = self_signed_ca(
         "trainjob-pipeline NATS CA", not_before=now - dt.timedelta(minutes=5), not_after=now + dt.timedelta(days=days)
     )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats")]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
+    key, cert = serving_certificate(
+        ca_key,
+        ca,
+        common_name="nats",
+        names=names,
+        not_before=now - dt.timedelta(minutes=5),
+        not_after=now + dt.timedelta(days=days),
+        client_auth=True,
     )
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o700)

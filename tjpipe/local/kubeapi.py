@@ -35,13 +35,12 @@ from pathlib import Path
 
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
-from tjpipe.local.pki import private_key_pem, self_signed_ca
+from tjpipe.local.pki import private_key_pem, self_signed_ca, serving_certificate
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, http_status, spawn, wait_until
 from tjpipe.local.toolchain import ensure_kube_binaries
 from tjpipe.private_files import write_private_file
@@ -190,7 +189,6 @@ def _write_pki(pki_dir: Path) -> _Pki:
 
     ca_key, ca_cert = self_signed_ca("tjpipe-local-ca", not_before=not_before, not_after=not_after)
 
-    serving_key = ec.generate_private_key(ec.SECP256R1())
     alternative_names: list[x509.GeneralName] = [
         x509.DNSName("localhost"),
         x509.DNSName("kubernetes"),
@@ -201,19 +199,13 @@ def _write_pki(pki_dir: Path) -> _Pki:
         # The first address of the service range is the in-cluster `kubernetes` Service.
         x509.IPAddress(next(ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE).hosts())),
     ]
-    serving_cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_cert.subject)
-        .public_key(serving_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(alternative_names), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    serving_key, serving_cert = serving_certificate(
+        ca_key,
+        ca_cert,
+        common_name="kube-apiserver",
+        names=alternative_names,
+        not_before=not_before,
+        not_after=not_after,
     )
 
     service_account_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -54,6 +55,37 @@ def self_signed_ca(
     return ca_key, ca_cert
 
 
+def serving_certificate(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    *,
+    common_name: str,
+    names: Sequence[x509.GeneralName],
+    not_before: datetime.datetime,
+    not_after: datetime.datetime,
+    client_auth: bool = False,
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A new P-256 key and a certificate for it, signed by the CA, valid for ``names``, for serving TLS
+    (and, with ``client_auth``, for connecting as a client too, as NATS routes do)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, *([ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth else [])]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
 def private_key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
     """The unencrypted PKCS#8 PEM form of a key, as kube-apiserver, nats-server and aiohttp read it."""
     return key.private_bytes(
@@ -67,23 +99,13 @@ def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str) -> byte
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
     ca_key, ca_cert = self_signed_ca(ca_name, not_before=not_before, not_after=not_after)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    key, cert = serving_certificate(
+        ca_key,
+        ca_cert,
+        common_name=common_name,
+        names=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+        not_before=not_before,
+        not_after=not_after,
     )
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
     (cert_dir / "ca.crt").write_bytes(ca_pem)
