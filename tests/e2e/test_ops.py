@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
+from faults.support import jobset_admission_policy
 from kubernetes import dynamic
 
 from contracts import streams, subjects
@@ -167,36 +168,10 @@ async def test_a_fixed_dead_letter_retried_converges(pipeline: Stack, dyn: dynam
     )
     admission = "admissionregistration.k8s.io/v1"
     policy = f"tjpipe-test-no-jobsets-{namespace}"
-    dyn.resources.get(api_version=admission, kind="ValidatingAdmissionPolicy").create(
-        body={
-            "apiVersion": admission,
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": policy},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": ["jobset.x-k8s.io"],
-                            "apiVersions": ["*"],
-                            "operations": ["CREATE"],
-                            "resources": ["jobsets"],
-                        }
-                    ]
-                },
-                "validations": [{"expression": "false", "message": "no JobSets here yet", "reason": "Invalid"}],
-            },
-        }
-    )
-    binding = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
-    dyn.resources.get(api_version=admission, kind="ValidatingAdmissionPolicyBinding").create(
-        body={
-            "apiVersion": admission,
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": policy},
-            "spec": {"policyName": policy, "validationActions": ["Deny"], "matchResources": binding},
-        }
-    )
+    for body in jobset_admission_policy(
+        policy, namespace, expression="false", message="no JobSets here yet", operations=("CREATE",)
+    ):
+        dyn.resources.get(api_version=body["apiVersion"], kind=body["kind"]).create(body=body)
     jobsets = dyn.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
     probe = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "probe"}, "spec": {}}
 

@@ -158,6 +158,42 @@ def total_writes(counts: WriteCounts) -> int:
     return sum(counts.writes(res, sub) for res, sub in WATCHED if res != "events")
 
 
+def jobset_admission_policy(
+    name: str, namespace: str, *, expression: str, message: str, operations: Iterable[str] = ("CREATE", "UPDATE")
+) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy and its binding that refuse a JobSet in ``namespace`` unless the CEL
+    ``expression`` holds: a stand-in for an admission webhook refusing a component (the API server's 422)."""
+    admission = "admissionregistration.k8s.io/v1"
+    rule = {
+        "apiGroups": ["jobset.x-k8s.io"],
+        "apiVersions": ["*"],
+        "operations": list(operations),
+        "resources": ["jobsets"],
+    }
+    return [
+        {
+            "apiVersion": admission,
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [rule]},
+                "validations": [{"expression": expression, "message": message, "reason": "Invalid"}],
+            },
+        },
+        {
+            "apiVersion": admission,
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+            },
+        },
+    ]
+
+
 # --------------------------------------------------------------------------------------- service metrics
 
 

@@ -33,6 +33,7 @@ from faults.support import (
     condition_of,
     converged,
     dlq_filter,
+    jobset_admission_policy,
     jobset_matches,
     ledger_record,
     metric,
@@ -70,43 +71,12 @@ async def letters(js: Any, namespace: str) -> list[Any]:
 
 def hostname_policy(namespace: str) -> list[dict[str, Any]]:
     """JobSet's webhook refuses a JobSet whose pod hostnames would be too long; this policy stands in for it."""
-    return [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": POLICY},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": ["jobset.x-k8s.io"],
-                            "apiVersions": ["*"],
-                            "operations": ["CREATE", "UPDATE"],
-                            "resources": ["jobsets"],
-                        }
-                    ]
-                },
-                "validations": [
-                    {
-                        "expression": f"object.metadata.name.size() <= {NAME_LIMIT}",
-                        "message": "JobSet name is too long: its pod hostnames would exceed 63 characters",
-                        "reason": "Invalid",
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": POLICY},
-            "spec": {
-                "policyName": POLICY,
-                "validationActions": ["Deny"],
-                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
-            },
-        },
-    ]
+    return jobset_admission_policy(
+        POLICY,
+        namespace,
+        expression=f"object.metadata.name.size() <= {NAME_LIMIT}",
+        message="JobSet name is too long: its pod hostnames would exceed 63 characters",
+    )
 
 
 async def test_a_component_the_api_server_refuses_is_a_condition_until_it_applies(pipeline: Pipeline) -> None:
