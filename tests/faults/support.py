@@ -35,7 +35,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from contracts import streams, subjects
-from contracts.messages import AppliedRecord
+from contracts.messages import AppliedRecord, DeadLetter, decode_dead_letter
 from tjpipe.credentials import generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import LocalNats, start_nats
@@ -467,6 +467,14 @@ def dlq_filter(namespace: str, stage: str = "*", name: str = "*") -> str:
 
 
 _record_decoder = msgspec.json.Decoder(AppliedRecord)
+
+
+async def dead_letters(js: JetStreamContext, *namespaces: str) -> list[DeadLetter]:
+    """The dead letters about TrainJobs in ``namespaces``, oldest first within each namespace."""
+    out: list[DeadLetter] = []
+    for namespace in namespaces:
+        out += [decode_dead_letter(m.data) for m in await stream_messages(js, streams.DLQ.name, dlq_filter(namespace))]
+    return out
 
 
 async def ledger_record(js: JetStreamContext, key: str) -> AppliedRecord | None:

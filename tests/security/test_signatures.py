@@ -35,6 +35,7 @@ from faults.support import (
     Pipeline,
     condition_of,
     converged,
+    dead_letters,
     dlq_filter,
     metric,
     quiet,
@@ -47,7 +48,7 @@ from faults.support import (
 )
 
 from contracts import streams, subjects
-from contracts.messages import ApplyJobSet, ObjectKey, Target, TrainJobObserved, decode_dead_letter, encode
+from contracts.messages import ApplyJobSet, ObjectKey, Target, TrainJobObserved, encode
 from contracts.trainer import TrainingRuntime, TrainJob
 from plumbing.signing import SIGNATURE_HEADER, Signer, format_public_key, load_private_key
 from tjpipe import ops
@@ -135,10 +136,6 @@ def malicious_event(job: dict[str, Any], runtime_name: str) -> bytes:
     return encode(event)
 
 
-async def _letters(js: Any, namespace: str) -> list[Any]:
-    return [decode_dead_letter(m.data) for m in await stream_messages(js, streams.DLQ.name, dlq_filter(namespace))]
-
-
 async def test_forged_events_and_apply_messages_write_nothing_and_are_dead_lettered(pipeline: Pipeline) -> None:
     p = pipeline
     ns = p.namespace
@@ -200,14 +197,14 @@ async def test_forged_events_and_apply_messages_write_nothing_and_are_dead_lette
             assert ack.seq, label
 
         async def all_dead() -> bool:
-            return len(await _letters(js, ns)) >= len(forged)
+            return len(await dead_letters(js, ns)) >= len(forged)
 
         await until_async(all_dead, timeout=30, what=f"{len(forged)} dead letters")
         after = await quiet(p, js)
         writes = (after - before).all_writes()
         assert writes == {}, writes
 
-        letters = await _letters(js, ns)
+        letters = await dead_letters(js, ns)
         got = sorted((dl.stage, dl.reason, dl.subject) for dl in letters)
         want = sorted(
             ("planner" if s.startswith(subjects.EVENTS_PREFIX) else "applier", reason, s)
@@ -272,14 +269,14 @@ async def test_genuine_messages_flow_and_keys_rotate_without_a_restart(pipeline:
         old_headers = {"Nats-Msg-Id": f"old-{uuid.uuid4()}", **old_planner.headers(original.subject, original.data)}
         await js.publish(original.subject, original.data, headers=old_headers)
         await asyncio.sleep(2)
-        assert not [dl for dl in await _letters(js, ns)], "an old-key message was refused during the rotation"
+        assert not [dl for dl in await dead_letters(js, ns)], "an old-key message was refused during the rotation"
 
         # ...and once the old key is retired, it is refused.
         keys.retire("planner", old_id)
         await asyncio.sleep(6.5)  # the applier looks at its trusted keys every 5 s
         old_headers = {"Nats-Msg-Id": f"old-{uuid.uuid4()}", **old_planner.headers(original.subject, original.data)}
         await js.publish(original.subject, original.data, headers=old_headers)
-        letters = await until_async(lambda: _letters(js, ns), timeout=20, what="the retired key's dead letter")
+        letters = await until_async(lambda: dead_letters(js, ns), timeout=20, what="the retired key's dead letter")
         assert [(dl.stage, dl.reason) for dl in letters] == [("applier", "bad-signature")]
         assert "not among the trusted plan keys" in letters[0].error
         after = await quiet(p, js)
@@ -302,7 +299,7 @@ async def test_genuine_messages_flow_and_keys_rotate_without_a_restart(pipeline:
             return len(await stream_messages(js, streams.RESULTS.name, results)) > before_results
 
         await until_async(retried, timeout=20, what="the retried message's result")
-        assert not await _letters(js, ns)
+        assert not await dead_letters(js, ns)
         assert (await quiet(p, js) - before).all_writes() == {}
     finally:
         await nc.close()

@@ -32,7 +32,7 @@ from faults.support import (
     Pipeline,
     condition_of,
     converged,
-    dlq_filter,
+    dead_letters,
     jobset_admission_policy,
     jobset_matches,
     ledger_record,
@@ -42,7 +42,6 @@ from faults.support import (
     start_with_metrics,
     step_of,
     step_patch,
-    stream_messages,
     trainjob,
     until,
     until_async,
@@ -52,7 +51,7 @@ from nats.js import api as js_api
 
 from applier.ledger import ledger_key
 from contracts import conditions, streams
-from contracts.messages import AppliedRecord, Target, decode_dead_letter
+from contracts.messages import AppliedRecord, Target
 from plumbing import publishing
 from tjpipe.local.natsd import start_nats
 
@@ -60,10 +59,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(240)]
 
 POLICY = "tjpipe-test-hostname-length"
 NAME_LIMIT = 40
-
-
-async def letters(js: Any, namespace: str) -> list[Any]:
-    return [decode_dead_letter(m.data) for m in await stream_messages(js, streams.DLQ.name, dlq_filter(namespace))]
 
 
 # ------------------------------------------------------------------------------- a refused component
@@ -114,7 +109,7 @@ async def test_a_component_the_api_server_refuses_is_a_condition_until_it_applie
             owners = {m["manager"] for m in p.get(TRAINER, "TrainJob", long_name)["metadata"]["managedFields"]}
             assert conditions.APPLIER_FIELD_MANAGER in owners
             await quiet(p, js)  # and it settles: the condition's own change plans to the same answer
-            dead = [dl for dl in await letters(js, ns) if dl.reason == "permanent"]
+            dead = [dl for dl in await dead_letters(js, ns) if dl.reason == "permanent"]
             assert dead and all("Invalid" in dl.error for dl in dead)
             assert p.get_or_none(JOBSET, "JobSet", long_name) is None
 
@@ -219,11 +214,11 @@ async def test_a_plan_too_large_for_the_bus_is_a_dead_letter_and_a_condition_not
         assert cond["status"] == "False"
         assert "runtime-snapshot" in cond["message"] and "bytes" in cond["message"], cond
         await quiet(p, js)
-        dead = [dl for dl in await letters(js, ns) if dl.reason == "plan-too-large"]
+        dead = [dl for dl in await dead_letters(js, ns) if dl.reason == "plan-too-large"]
         assert dead and {dl.stage for dl in dead} == {"planner"}
         # No loop: nothing more happens on its own.
         await asyncio.sleep(5)
-        assert len([dl for dl in await letters(js, ns) if dl.reason == "plan-too-large"]) == len(dead)
+        assert len([dl for dl in await dead_letters(js, ns) if dl.reason == "plan-too-large"]) == len(dead)
         # Its creation and its own status change; the condition names a size that does not change from one
         # plan to the next, so the status change plans to the same status and nothing follows.
         assert len(dead) <= 2, [dl.error for dl in dead]

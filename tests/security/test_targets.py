@@ -25,19 +25,18 @@ from faults.support import (
     Pipeline,
     condition_of,
     converged,
-    dlq_filter,
+    dead_letters,
     metric,
     quiet,
     read_write_counts,
     services_ready,
     start_with_metrics,
-    stream_messages,
     trainjob,
     until,
     until_async,
 )
 
-from contracts import conditions, streams, subjects
+from contracts import conditions, subjects
 from contracts.jobset import JobSet
 from contracts.kube import ConfigMap, Secret
 from contracts.messages import (
@@ -50,7 +49,6 @@ from contracts.messages import (
     ObjectKey,
     Target,
     component_of,
-    decode_dead_letter,
     encode,
 )
 from contracts.trainer import TrainJob
@@ -89,13 +87,6 @@ async def publish_signed(p: Pipeline, conn: Any, message: ApplyMessage) -> None:
     headers = {"Nats-Msg-Id": f"forged-{uuid.uuid4()}", **p.sign_headers(subject, payload)}
     ack = await conn.jetstream().publish(subject, payload, headers=headers)
     assert ack.seq
-
-
-async def letters(js: Any, *namespaces: str) -> list[Any]:
-    out = []
-    for ns in namespaces:
-        out += [decode_dead_letter(m.data) for m in await stream_messages(js, streams.DLQ.name, dlq_filter(ns))]
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- test
@@ -246,14 +237,14 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
             await publish_signed(p, planner_id, message)
 
         async def all_dead() -> bool:
-            return len(await letters(js, ns, "kube-system")) >= len(cases)
+            return len(await dead_letters(js, ns, "kube-system")) >= len(cases)
 
         await until_async(all_dead, timeout=60, what=f"{len(cases)} dead letters")
         await quiet(p, js)
         writes = (read_write_counts(p.kube) - before).all_writes()
         assert writes == {}, writes
 
-        got = await letters(js, ns, "kube-system")
+        got = await dead_letters(js, ns, "kube-system")
         assert len(got) == len(cases), [(dl.reason, dl.error) for dl in got]
         assert {(dl.stage, dl.reason) for dl in got} == {("applier", "unauthorized")}, [dl.error for dl in got]
         unauthorized = metric(ports["applier"], "tjpipe_unauthorized_total")
@@ -279,12 +270,12 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
         await publish_signed(p, planner_id, cm_message("plain-cm", observed_absent=True, observed_at=time.time()))
 
         async def one_more() -> bool:
-            return len(await letters(js, ns, "kube-system")) > len(cases)
+            return len(await dead_letters(js, ns, "kube-system")) > len(cases)
 
         await until_async(one_more, timeout=30, what="the dead letter of a write to an object seen absent")
         await quiet(p, js)
         assert (read_write_counts(p.kube) - before).all_writes() == {}
-        assert {dl.reason for dl in await letters(js, ns, "kube-system")} == {"unauthorized"}
+        assert {dl.reason for dl in await dead_letters(js, ns, "kube-system")} == {"unauthorized"}
         assert (
             p.get("v1", "ConfigMap", "plain-cm")["metadata"]["resourceVersion"]
             == plain_cm["metadata"]["resourceVersion"]
