@@ -89,7 +89,7 @@ def nats_connect(nats_url: str, nats_credentials: Credentials | None) -> Callabl
 
 
 @pytest.fixture(scope="session")
-def kube(state_dir: Path, request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
+def kube(state_dir: Path, uncaptured_progress: Callable[[str], None]) -> Iterator[KubeCluster]:
     configured = os.environ.get("KUBECONFIG")
     if configured:
         paths = [path for path in configured.split(os.pathsep) if path]
@@ -98,12 +98,11 @@ def kube(state_dir: Path, request: pytest.FixtureRequest) -> Iterator[KubeCluste
         yield KubeCluster(kubeconfig=Path(paths[0]).expanduser(), local=None)
         return
 
-    progress = _uncaptured_progress(request)
     local = start_kube(
         work_dir=state_dir / "kube",
         log_dir=state_dir / "logs",
         kubeconfig_path=state_dir / "kubeconfig",
-        progress=progress,
+        progress=uncaptured_progress,
     )
     try:
         with local.api_client() as api_client:
@@ -124,7 +123,8 @@ def namespace(kube: KubeCluster) -> str:
     return name
 
 
-def _uncaptured_progress(request: pytest.FixtureRequest) -> Callable[[str], None]:
+@pytest.fixture(scope="session")
+def uncaptured_progress(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Progress lines that reach the terminal even under output capture: a cold build takes minutes."""
     capture_manager = request.config.pluginmanager.getplugin("capturemanager")
 

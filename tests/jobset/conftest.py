@@ -6,7 +6,6 @@ own: no other test package sees them, and stopping the manager cannot break anyo
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,23 +17,12 @@ from tjpipe.local.jobset_controller import LocalJobSet, start_jobset_manager
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 
 
-def _progress(request: pytest.FixtureRequest) -> Callable[[str], None]:
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-
-    def progress(line: str) -> None:
-        if capture is None:
-            print(f"[tjpipe] {line}", file=sys.stderr, flush=True)
-            return
-        with capture.global_and_fixture_disabled():
-            print(f"[tjpipe] {line}", file=sys.stderr, flush=True)
-
-    return progress
-
-
 @pytest.fixture(scope="package")
-def jobset_kube(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[LocalKube]:
+def jobset_kube(
+    tmp_path_factory: pytest.TempPathFactory, uncaptured_progress: Callable[[str], None]
+) -> Iterator[LocalKube]:
     root = tmp_path_factory.mktemp("jobset-kube")
-    progress = _progress(request)
+    progress = uncaptured_progress
     kube = start_kube(
         work_dir=root / "kube",
         log_dir=root / "logs",
