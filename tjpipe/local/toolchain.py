@@ -220,15 +220,42 @@ def _build_kube_apiserver(*, go: str, output: Path, progress: Callable[[str], No
 
 
 def _build_etcd(*, go: str, output: Path, progress: Callable[[str], None]) -> None:
-    version = f"v{ETCD_VERSION}"
+    _build_in_wrapper_module(
+        go=go,
+        what="etcd",
+        name="etcd",
+        module=_ETCD_MODULE,
+        version=f"v{ETCD_VERSION}",
+        ldflags="-s -w",
+        output=output,
+        progress=progress,
+    )
+
+
+def _build_in_wrapper_module(
+    *,
+    go: str,
+    what: str,
+    name: str,
+    module: str,
+    version: str,
+    ldflags: str,
+    output: Path,
+    progress: Callable[[str], None],
+) -> None:
+    """Build ``module``'s main package (the module root) at ``version`` in a wrapper module of its own.
+
+    ``go get`` into an empty wrapper lets minimal version selection keep exactly the dependencies the
+    release pins, which is what building from that project's own module means.
+    """
     started = time.monotonic()
-    progress(f"building etcd {version} from Go modules (first time only, a few minutes)…")
-    module_dir = _fresh_build_dir(f"etcd-{version}")
-    _run_go([go, "mod", "init", "local/tjpipe-etcd"], cwd=module_dir, progress=progress)
-    _run_go([go, "get", f"{_ETCD_MODULE}@{version}"], cwd=module_dir, progress=progress)
-    _go_build(go=go, module_dir=module_dir, package=_ETCD_MODULE, ldflags="-s -w", output=output, progress=progress)
+    progress(f"building {what} {version} from Go modules (first time only, a few minutes)…")
+    module_dir = _fresh_build_dir(f"{name}-{version}")
+    _run_go([go, "mod", "init", f"local/tjpipe-{name}"], cwd=module_dir, progress=progress)
+    _run_go([go, "get", f"{module}@{version}"], cwd=module_dir, progress=progress)
+    _go_build(go=go, module_dir=module_dir, package=module, ldflags=ldflags, output=output, progress=progress)
     shutil.rmtree(module_dir, ignore_errors=True)  # kept only when a step fails, for inspection
-    progress(f"etcd {version} built in {time.monotonic() - started:.0f}s: {output}")
+    progress(f"{what} {version} built in {time.monotonic() - started:.0f}s: {output}")
 
 
 def _go_build(
@@ -407,8 +434,7 @@ def jobset_manager_path() -> Path:
 def ensure_jobset_manager(*, progress: Callable[[str], None]) -> Path:
     """Return JobSet's controller manager (controllers and admission webhooks), building it once per version.
 
-    Its main package is the module root. Built in its own wrapper module like etcd, so minimal version
-    selection keeps exactly the dependencies JobSet's release pins.
+    Its main package is the module root, built in a wrapper module like etcd.
     """
     output = jobset_manager_path()
     if _is_executable(output):
@@ -418,19 +444,14 @@ def ensure_jobset_manager(*, progress: Callable[[str], None]) -> Path:
         if _is_executable(output):
             return output
         version = f"v{JOBSET_VERSION}"
-        started = time.monotonic()
-        progress(f"building the JobSet manager {version} from Go modules (first time only, a few minutes)…")
-        module_dir = _fresh_build_dir(f"jobset-{version}")
-        _run_go([go, "mod", "init", "local/tjpipe-jobset"], cwd=module_dir, progress=progress)
-        _run_go([go, "get", f"{JOBSET_MODULE}@{version}"], cwd=module_dir, progress=progress)
-        _go_build(
+        _build_in_wrapper_module(
             go=go,
-            module_dir=module_dir,
-            package=JOBSET_MODULE,
+            what="the JobSet manager",
+            name="jobset",
+            module=JOBSET_MODULE,
+            version=version,
             ldflags=f"-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion={version}",
             output=output,
             progress=progress,
         )
-        shutil.rmtree(module_dir, ignore_errors=True)  # kept only when a step fails, for inspection
-        progress(f"JobSet manager {version} built in {time.monotonic() - started:.0f}s: {output}")
     return output
