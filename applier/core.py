@@ -16,9 +16,9 @@ from typing import Literal
 
 import msgspec
 
-from contracts import conditions, labels, resources
-from contracts import trainer as t
-from contracts.messages import (
+from tjpipe.contracts import conditions, labels, resources
+from tjpipe.contracts import trainer as t
+from tjpipe.contracts.messages import (
     FIELD_MANAGER,
     AppliedRecord,
     ApplyAction,

@@ -20,8 +20,8 @@ from __future__ import annotations
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, x25519
 
-from contracts import trainer as t
-from contracts.messages import SecretGenerator
+from tjpipe.contracts import trainer as t
+from tjpipe.contracts.messages import SecretGenerator
 
 CURVE_CERT_KEY = "curve.cert"
 

@@ -29,10 +29,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from applier import core, secrets
-from applier.ledger import Ledger, ledger_key
-from contracts import conditions, resources, streams, subjects
-from contracts.messages import (
+from tjpipe.applier import core, secrets
+from tjpipe.applier.ledger import Ledger, ledger_key
+from tjpipe.contracts import conditions, resources, streams, subjects
+from tjpipe.contracts.messages import (
     AppliedRecord,
     ApplyAction,
     ApplyMessage,
@@ -46,10 +46,10 @@ from contracts.messages import (
     decode_apply,
     encode,
 )
-from contracts.values import or_default
-from plumbing import bus, publishing, signing
-from plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient, KubeConfig
-from plumbing.observability import (
+from tjpipe.contracts.values import or_default
+from tjpipe.plumbing import bus, publishing, signing
+from tjpipe.plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient, KubeConfig
+from tjpipe.plumbing.observability import (
     APPLIES,
     DEAD_LETTERS,
     END_TO_END,
@@ -57,8 +57,8 @@ from plumbing.observability import (
     STALE_CLAIMS,
     UNAUTHORIZED,
 )
-from plumbing.partitions import consume_partitioned, default_replica_id
-from plumbing.runner import ServiceSettings, started
+from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
+from tjpipe.plumbing.runner import ServiceSettings, started
 
 log = logging.getLogger("applier")
 

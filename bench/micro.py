@@ -23,11 +23,11 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench import workload
-from contracts import subjects
-from contracts.messages import component_of, decode_event, encode
-from planner.core import plan
-from planner.service import apply_message_id
-from plumbing.signing import Keyring, Signer
+from tjpipe.contracts import subjects
+from tjpipe.contracts.messages import component_of, decode_event, encode
+from tjpipe.planner.core import plan
+from tjpipe.planner.service import apply_message_id
+from tjpipe.plumbing.signing import Keyring, Signer
 
 _WATCHER = Signer(Ed25519PrivateKey.generate())
 _PLANNER = Signer(Ed25519PrivateKey.generate())

@@ -256,8 +256,8 @@ async def run_with_stack(
 
     from bench import scenarios as sc
     from bench.cluster import CountingKube, Services, apply_object, cpu_seconds
-    from contracts import resources
-    from plumbing.kube import KubeConfig
+    from tjpipe.contracts import resources
+    from tjpipe.plumbing.kube import KubeConfig
     from tjpipe.stack import Stack, StatePaths
 
     state = Path(tempfile.mkdtemp(prefix="tjpipe-bench-"))

@@ -18,7 +18,7 @@ from typing import Literal
 
 import msgspec
 
-from contracts import subjects
+from tjpipe.contracts import subjects
 
 DAY = 24 * 3600.0
 

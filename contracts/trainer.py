@@ -18,8 +18,8 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from contracts.jobset import JobSetSpec
-from contracts.kube import (
+from tjpipe.contracts.jobset import JobSetSpec
+from tjpipe.contracts.kube import (
     Affinity,
     Condition,
     EnvVar,
@@ -34,7 +34,7 @@ from contracts.kube import (
     Volume,
     VolumeMount,
 )
-from contracts.scheduling import NetworkTopologySpec
+from tjpipe.contracts.scheduling import NetworkTopologySpec
 
 # ------------------------------------------------------------------------------------ API identity
 

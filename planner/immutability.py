@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from contracts.jobset import JobSet
+from tjpipe.contracts.jobset import JobSet
 
 Obj = dict[str, Any]
 

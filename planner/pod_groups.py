@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from planner.info import RuntimeInfo
-from planner.merge import Obj, parse_quantity
-from planner.quantities import EXACT, NANO, QuantityFormat, format_quantity, quantity_format
+from tjpipe.planner.info import RuntimeInfo
+from tjpipe.planner.merge import Obj, parse_quantity
+from tjpipe.planner.quantities import EXACT, NANO, QuantityFormat, format_quantity, quantity_format
 
 
 class _Q:

@@ -21,19 +21,19 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from contracts import streams, subjects
-from contracts.messages import (
+from tjpipe.contracts import streams, subjects
+from tjpipe.contracts.messages import (
     ApplyMessage,
     TrainJobObserved,
     component_of,
     decode_event,
     encode,
 )
-from planner.core import plan, plan_too_large
-from plumbing import bus, publishing, signing
-from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS
-from plumbing.partitions import consume_partitioned, default_replica_id
-from plumbing.runner import ServiceSettings, started
+from tjpipe.planner.core import plan, plan_too_large
+from tjpipe.plumbing import bus, publishing, signing
+from tjpipe.plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS
+from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
+from tjpipe.plumbing.runner import ServiceSettings, started
 
 log = logging.getLogger("planner")
 

@@ -14,13 +14,13 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from contracts import trainer as t
-from contracts.conditions import APPLIER_CONDITION_TYPES
-from contracts.deadlines import deadline_of
-from contracts.jobset import JobSet
-from contracts.trainer import TrainJob
-from contracts.values import is_set
-from planner.runtime_info import builtins, spec_of
+from tjpipe.contracts import trainer as t
+from tjpipe.contracts.conditions import APPLIER_CONDITION_TYPES
+from tjpipe.contracts.deadlines import deadline_of
+from tjpipe.contracts.jobset import JobSet
+from tjpipe.contracts.trainer import TrainJob
+from tjpipe.contracts.values import is_set
+from tjpipe.planner.runtime_info import builtins, spec_of
 
 Obj = dict[str, Any]
 

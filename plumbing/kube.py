@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from contracts.resources import Resource
+from tjpipe.contracts.resources import Resource
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"

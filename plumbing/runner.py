@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from plumbing import bus
-from plumbing.kube import KubeClient
-from plumbing.observability import HealthServer
+from tjpipe.plumbing import bus
+from tjpipe.plumbing.kube import KubeClient
+from tjpipe.plumbing.observability import HealthServer
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 

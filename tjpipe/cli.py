@@ -65,7 +65,7 @@ def _nats(parser: argparse.ArgumentParser) -> None:
 
 def nats_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``plumbing.bus.connect`` keyword arguments the NATS flags name."""
-    from plumbing.bus import TlsFiles
+    from tjpipe.plumbing.bus import TlsFiles
 
     tls = TlsFiles.from_options(args.nats_tls_ca, args.nats_tls_cert, args.nats_tls_key)
     return {"creds": args.nats_creds or None, "tls": tls}
@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_service(command: str, args: argparse.Namespace) -> int:
-    from plumbing.bus import CredentialsError, NotAuthorized
-    from plumbing.signing import KeyMaterialError
+    from tjpipe.plumbing.bus import CredentialsError, NotAuthorized
+    from tjpipe.plumbing.signing import KeyMaterialError
 
     try:
         return _start_service(command, args)
@@ -290,7 +290,7 @@ def _run_service(command: str, args: argparse.Namespace) -> int:
 
 
 def _start_service(command: str, args: argparse.Namespace) -> int:
-    from plumbing.runner import configure_logging, run_service
+    from tjpipe.plumbing.runner import configure_logging, run_service
 
     fmt = {"json": True, "text": False, "auto": None}[args.log_format]
     configure_logging(args.log_level, json_logs=fmt)
@@ -302,7 +302,7 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
         "nats_tls": nats_options(args)["tls"],
     }
     if command == "watcher":
-        from watcher.service import WatcherSettings, run_watcher
+        from tjpipe.watcher.service import WatcherSettings, run_watcher
 
         ws = WatcherSettings(
             **common,
@@ -313,13 +313,13 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
         )
         return run_service(lambda stop: run_watcher(ws, stop))
     if command == "planner":
-        from planner.service import PlannerSettings, run_planner
+        from tjpipe.planner.service import PlannerSettings, run_planner
 
         ps = PlannerSettings(**common, signing_key=args.signing_key, trusted_event_keys=args.trusted_event_keys)
         if args.replica_id:
             ps.replica = args.replica_id
         return run_service(lambda stop: run_planner(ps, stop))
-    from applier.service import ApplierSettings, run_applier
+    from tjpipe.applier.service import ApplierSettings, run_applier
 
     aps = ApplierSettings(
         **common,
@@ -335,8 +335,8 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
 
 
 def _run_webhook(args: argparse.Namespace) -> int:
-    from planner.webhook import WebhookSettings, run_webhook
-    from plumbing.runner import configure_logging, run_service
+    from tjpipe.planner.webhook import WebhookSettings, run_webhook
+    from tjpipe.plumbing.runner import configure_logging, run_service
 
     configure_logging(args.log_level, json_logs={"json": True, "text": False, "auto": None}[args.log_format])
     settings = WebhookSettings(
@@ -358,8 +358,8 @@ def _run_webhook(args: argparse.Namespace) -> int:
 
 
 async def _bus_setup(args: argparse.Namespace) -> int:
-    from contracts import streams
-    from plumbing import bus
+    from tjpipe.contracts import streams
+    from tjpipe.plumbing import bus
 
     try:
         nc = await bus.connect(args.nats_url, name="tjpipe-bus-setup", **nats_options(args))
@@ -450,8 +450,8 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from plumbing.signing import KeyMaterialError
     from tjpipe.local.signing_keys import STAGES, KeyFolder
+    from tjpipe.plumbing.signing import KeyMaterialError
 
     sub: str = args.keys_command
     folder = KeyFolder(args.dir.resolve())
@@ -484,11 +484,11 @@ async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
 
     import msgspec
 
-    from contracts import streams, subjects
-    from contracts.messages import decode_result
-    from plumbing import bus
+    from tjpipe.contracts import streams, subjects
+    from tjpipe.contracts.messages import decode_result
+    from tjpipe.plumbing import bus
 
-    logging.getLogger("plumbing.bus").setLevel(logging.ERROR)
+    logging.getLogger("tjpipe.plumbing.bus").setLevel(logging.ERROR)
     # Read-only: the results are polled with direct gets, as the reader identity.
     nc = await bus.connect(stack.nats_url, name="tjpipe-up", **stack.nats_connect_options("reader"))
     js = nc.jetstream()

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import nkeys
 
-from contracts import streams, subjects
-from contracts.subjects import PARTITIONS
-from plumbing.bus import LEASE_BUCKET, inbox_prefix
+from tjpipe.contracts import streams, subjects
+from tjpipe.contracts.subjects import PARTITIONS
+from tjpipe.plumbing.bus import LEASE_BUCKET, inbox_prefix
 from tjpipe.private_files import write_private_file
 
 ADMIN = "admin"

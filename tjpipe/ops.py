@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 from nats.js import JetStreamContext
 
-from contracts import streams, subjects
-from contracts.messages import (
+from tjpipe.contracts import streams, subjects
+from tjpipe.contracts.messages import (
     ApplyMessage,
     DeadLetter,
     Event,
@@ -31,10 +31,10 @@ from contracts.messages import (
     decode_event,
     decode_result,
 )
-from planner import core as planner_core
-from planner.core import plan
-from planner.framework import Framework
-from plumbing.bus import StoredMessage, read_stream
+from tjpipe.planner import core as planner_core
+from tjpipe.planner.core import plan
+from tjpipe.planner.framework import Framework
+from tjpipe.plumbing.bus import StoredMessage, read_stream
 
 Obj = dict[str, Any]
 
@@ -290,8 +290,8 @@ async def retry_dead_letter(js: JetStreamContext, seq: int) -> str:
 
 def preview(trainjob: Obj, runtime: Obj | None, *, jobset: Obj | None = None) -> list[ApplyMessage]:
     """What the pipeline would apply for this TrainJob and runtime, computed offline."""
-    from contracts.jobset import JobSet
-    from contracts.trainer import TrainingRuntime, TrainJob
+    from tjpipe.contracts.jobset import JobSet
+    from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
 
     job = dict(trainjob)
     meta = dict(job.get("metadata") or {})

@@ -20,15 +20,15 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from contracts.messages import ObjectApply, ObjectKey
 from tjpipe import ops
+from tjpipe.contracts.messages import ObjectApply, ObjectKey
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def run(command: str, args: argparse.Namespace) -> int:
-    from plumbing.bus import CredentialsError, NotAuthorized
+    from tjpipe.plumbing.bus import CredentialsError, NotAuthorized
 
     if command == "plan":
         return _plan(args)
@@ -40,8 +40,8 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 
 async def _with_bus(command: str, args: argparse.Namespace) -> int:
-    from plumbing import bus
     from tjpipe.cli import nats_options
+    from tjpipe.plumbing import bus
 
     nc = await bus.connect(args.nats_url, name=f"tjpipe-{command}", **nats_options(args))
     try:

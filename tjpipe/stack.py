@@ -194,7 +194,7 @@ class Stack:
 
     async def connect(self, identity: str = ADMIN, *, name: str | None = None) -> Any:
         """A NATS connection as ``identity`` (default admin), for tools and tests."""
-        from plumbing import bus
+        from tjpipe.plumbing import bus
 
         return await bus.connect(
             self.nats_url, name=name or f"tjpipe-{identity}", **self.nats_connect_options(identity)
@@ -385,7 +385,7 @@ class Stack:
 
 def nats_connect_options(credentials: Credentials | None, identity: str) -> dict[str, Any]:
     """``plumbing.bus.connect`` keyword arguments for ``identity``; TLS files from NATS_TLS_CA/_CERT/_KEY."""
-    from plumbing.bus import TlsFiles
+    from tjpipe.plumbing.bus import TlsFiles
 
     tls = TlsFiles.from_options(
         os.environ.get("NATS_TLS_CA"), os.environ.get("NATS_TLS_CERT"), os.environ.get("NATS_TLS_KEY")
@@ -399,8 +399,8 @@ def setup_bus_as_admin(
 ) -> None:
     """``plumbing.bus.setup_bus`` as the admin identity, from sync code (its own thread and event loop, so a
     caller already inside an event loop, such as an async fixture, can use it too)."""
-    from contracts import streams
-    from plumbing import bus
+    from tjpipe.contracts import streams
+    from tjpipe.plumbing import bus
 
     env = os.environ if environ is None else environ
 

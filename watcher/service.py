@@ -26,19 +26,19 @@ import msgspec
 import nats.errors
 from nats.js import JetStreamContext
 
-from contracts import labels, resources, streams, subjects, trainer
-from contracts.deadlines import deadline_of
-from contracts.jobset import JobSet
-from contracts.kube import ConfigMap, ObjectMeta
-from contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
-from contracts.trainer import TrainingRuntime, TrainJob
-from contracts.values import meta, name_of, namespace_of
-from plumbing import bus, publishing, signing
-from plumbing.informer import Cached, Informer, Key
-from plumbing.kube import KubeClient, KubeConfig
-from plumbing.observability import EVENTS
-from plumbing.runner import ServiceSettings, started
-from watcher import core, trim
+from tjpipe.contracts import labels, resources, streams, subjects, trainer
+from tjpipe.contracts.deadlines import deadline_of
+from tjpipe.contracts.jobset import JobSet
+from tjpipe.contracts.kube import ConfigMap, ObjectMeta
+from tjpipe.contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
+from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from tjpipe.contracts.values import meta, name_of, namespace_of
+from tjpipe.plumbing import bus, publishing, signing
+from tjpipe.plumbing.informer import Cached, Informer, Key
+from tjpipe.plumbing.kube import KubeClient, KubeConfig
+from tjpipe.plumbing.observability import EVENTS
+from tjpipe.plumbing.runner import ServiceSettings, started
+from tjpipe.watcher import core, trim
 
 log = logging.getLogger("watcher")
 

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.scheduling import (
+from tjpipe.contracts.scheduling import (
     COSCHEDULING_API_VERSION,
     COSCHEDULING_POD_GROUP_LABEL,
     POD_GROUP_KIND,
     PodGroup,
 )
-from contracts.trainer import TrainJob
-from contracts.values import is_set, name_of, namespace_of, or_default
-from planner.framework import BuildError, ComponentBuilder, EnforcePodGroupPolicy, RuntimeGated
-from planner.info import Component, RuntimeInfo
-from planner.owners import owner_reference
-from planner.pod_groups import pod_group_totals
+from tjpipe.contracts.trainer import TrainJob
+from tjpipe.contracts.values import is_set, name_of, namespace_of, or_default
+from tjpipe.planner.framework import BuildError, ComponentBuilder, EnforcePodGroupPolicy, RuntimeGated
+from tjpipe.planner.info import Component, RuntimeInfo
+from tjpipe.planner.owners import owner_reference
+from tjpipe.planner.pod_groups import pod_group_totals
 
 DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
 """The runtime CRD's default for ``podGroupPolicy.coscheduling.scheduleTimeoutSeconds``."""

@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.scheduling import (
+from tjpipe.contracts.scheduling import (
     POD_GROUP_KIND,
     VOLCANO_API_VERSION,
     VOLCANO_GROUP_NAME_ANNOTATION,
     VOLCANO_QUEUE_NAME_ANNOTATION,
     VolcanoPodGroup,
 )
-from contracts.trainer import TrainJob
-from contracts.values import is_set, name_of, namespace_of
-from planner.framework import (
+from tjpipe.contracts.trainer import TrainJob
+from tjpipe.contracts.values import is_set, name_of, namespace_of
+from tjpipe.planner.framework import (
     BuildError,
     ComponentBuilder,
     CustomValidation,
@@ -42,11 +42,11 @@ from planner.framework import (
     FieldError,
     RuntimeGated,
 )
-from planner.gofmt import go_quote
-from planner.info import Component, RuntimeInfo
-from planner.merge import Obj
-from planner.owners import owner_reference
-from planner.pod_groups import pod_group_totals
+from tjpipe.planner.gofmt import go_quote
+from tjpipe.planner.info import Component, RuntimeInfo
+from tjpipe.planner.merge import Obj
+from tjpipe.planner.owners import owner_reference
+from tjpipe.planner.pod_groups import pod_group_totals
 
 SYSTEM_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
 """The two built-in priority classes Kubernetes always has; Trainer stops checking when it meets one."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import streams
+from tjpipe.contracts import streams
 
 
 def test_retention_and_replicas_come_from_the_mapping_given() -> None:

@@ -20,10 +20,9 @@ import pytest
 from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
-from contracts import messages as m
-from contracts.jobset import JobSet
-from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
+from tjpipe.contracts import messages as m
+from tjpipe.contracts.jobset import JobSet
+from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
 from tjpipe.local.crds import APPLY_PATCH_CONTENT_TYPE, apply_objects, crd_manifests, shipped_runtimes
 from tjpipe.local.jobset_policy import (
     MESSAGE_JOB_NAMES,
@@ -32,6 +31,7 @@ from tjpipe.local.jobset_policy import (
     POLICY_NAME,
     jobset_update_policy,
 )
+from tjpipe.planner.core import plan
 
 if TYPE_CHECKING:
     from conftest import KubeCluster

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from plumbing.partitions import PartitionLeases
+from tjpipe.plumbing.partitions import PartitionLeases
 
 pytestmark = pytest.mark.nats
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from plumbing import bus
+from tjpipe.plumbing import bus
 
 pytestmark = pytest.mark.nats
 

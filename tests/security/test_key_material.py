@@ -44,9 +44,9 @@ from faults.support import (
 )
 from kubernetes import client as kube_client
 
-from applier.secrets import curve_certificate, z85_decode
-from contracts import labels, resources, streams
-from plumbing.kube import (
+from tjpipe.applier.secrets import curve_certificate, z85_decode
+from tjpipe.contracts import labels, resources, streams
+from tjpipe.plumbing.kube import (
     METADATA_ACCEPT,
     METADATA_LIST_ACCEPT,
     KubeApiError,
@@ -55,7 +55,7 @@ from plumbing.kube import (
     RawWatchEvent,
     Response,
 )
-from watcher.service import Watcher, WatcherSettings
+from tjpipe.watcher.service import Watcher, WatcherSettings
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 

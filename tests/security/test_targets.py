@@ -36,10 +36,10 @@ from faults.support import (
     until_async,
 )
 
-from contracts import conditions, subjects
-from contracts.jobset import JobSet
-from contracts.kube import ConfigMap, Secret
-from contracts.messages import (
+from tjpipe.contracts import conditions, subjects
+from tjpipe.contracts.jobset import JobSet
+from tjpipe.contracts.kube import ConfigMap, Secret
+from tjpipe.contracts.messages import (
     ApplyConfigMap,
     ApplyJobSet,
     ApplyMessage,
@@ -51,7 +51,7 @@ from contracts.messages import (
     component_of,
     encode,
 )
-from contracts.trainer import TrainJob
+from tjpipe.contracts.trainer import TrainJob
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(240)]
 

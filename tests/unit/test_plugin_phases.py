@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from contracts.trainer import (
+from tjpipe.contracts.trainer import (
     FluxMLPolicySource,
     JAXMLPolicySource,
     MLPolicy,
@@ -22,10 +22,10 @@ from contracts.trainer import (
     TorchMLPolicySource,
     XGBoostMLPolicySource,
 )
-from planner import framework as fw
-from planner.framework import Framework, Phases
-from planner.info import RuntimeInfo
-from planner.plugins import REGISTRY
+from tjpipe.planner import framework as fw
+from tjpipe.planner.framework import Framework, Phases
+from tjpipe.planner.info import RuntimeInfo
+from tjpipe.planner.plugins import REGISTRY
 
 POINTS: dict[str, type] = {
     "validation": fw.CustomValidation,

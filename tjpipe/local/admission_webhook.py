@@ -18,10 +18,10 @@ from typing import Any
 from kubernetes.client import ApiClient, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from contracts import trainer as t
-from planner import admission
+from tjpipe.contracts import trainer as t
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.procs import ManagedProcess, wait_until
+from tjpipe.planner import admission
 
 CONFIGURATION_NAME = "tjpipe-validator.trainer.kubeflow.org"
 """Not Trainer's own name, so that installing it never silently replaces (or is replaced by) Trainer's."""

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from contracts import subjects
-from plumbing import signing
+from tjpipe.contracts import subjects
+from tjpipe.plumbing import signing
 
 STAGES = ("watcher", "planner")
 """The stages that sign: the watcher its events, the planner its apply messages."""
