@@ -170,14 +170,29 @@ def _fresh_build_dir(name: str) -> Path:
 
 
 def _build_kube_apiserver(*, go: str, output: Path, progress: Callable[[str], None]) -> None:
+    _build_kubernetes_commands(
+        go=go, outputs={"kube-apiserver": output}, estimate="about 5 min on 2 cores", progress=progress
+    )
+
+
+def _build_kubernetes_commands(
+    *, go: str, outputs: Mapping[str, Path], estimate: str, progress: Callable[[str], None]
+) -> None:
+    """Build ``k8s.io/kubernetes/cmd/<name>`` for every name in ``outputs`` from one wrapper module.
+
+    One wrapper for several commands means one dependency resolution and one shared build cache: the
+    commands of one release pin the same modules, so building them together changes nothing they link.
+    """
     version = f"v{KUBERNETES_VERSION}"
     minor = KUBERNETES_VERSION.split(".")[1]
     # Staging modules are published as v0.<minor>.<patch> alongside every v1.<minor>.<patch> tag.
     staging_version = "v0." + KUBERNETES_VERSION.split(".", 1)[1]
+    names = list(outputs)
+    what = " and ".join(names)
     started = time.monotonic()
-    progress(f"building kube-apiserver {version} from Go modules (first time only; about 5 min on 2 cores)…")
-    module_dir = _fresh_build_dir(f"kube-apiserver-{version}")
-    _run_go([go, "mod", "init", "local/tjpipe-kube-apiserver"], cwd=module_dir, progress=progress)
+    progress(f"building {what} {version} from Go modules (first time only; {estimate})…")
+    module_dir = _fresh_build_dir(f"{'+'.join(names)}-{version}")
+    _run_go([go, "mod", "init", f"local/tjpipe-{names[0]}"], cwd=module_dir, progress=progress)
 
     progress(f"reading {_KUBERNETES_MODULE}@{version}'s go.mod for its staging modules")
     downloaded = _run_go(
@@ -195,10 +210,10 @@ def _build_kube_apiserver(*, go: str, output: Path, progress: Callable[[str], No
     if edits:
         _run_go([go, "mod", "edit", *edits], cwd=module_dir, progress=progress)
 
-    progress(f"resolving {_KUBE_APISERVER_PACKAGE}@{version} (downloads modules on a cold cache)")
-    _run_go([go, "get", f"{_KUBE_APISERVER_PACKAGE}@{version}"], cwd=module_dir, progress=progress)
+    packages = [f"{_KUBERNETES_MODULE}/cmd/{name}" for name in names]
+    progress(f"resolving {', '.join(packages)} at {version} (downloads modules on a cold cache)")
+    _run_go([go, "get", *(f"{package}@{version}" for package in packages)], cwd=module_dir, progress=progress)
 
-    progress("compiling kube-apiserver (the link step alone needs ~2-3 GB of RAM)")
     ldflags = " ".join(
         [
             "-s -w",
@@ -207,16 +222,18 @@ def _build_kube_apiserver(*, go: str, output: Path, progress: Callable[[str], No
             f"-X k8s.io/component-base/version.gitMinor={minor}",
         ]
     )
-    _go_build(
-        go=go,
-        module_dir=module_dir,
-        package=_KUBE_APISERVER_PACKAGE,
-        ldflags=ldflags,
-        output=output,
-        progress=progress,
-    )
+    for name, package in zip(names, packages, strict=True):
+        progress(f"compiling {name} (a link step needs ~2-3 GB of RAM)")
+        _go_build(
+            go=go,
+            module_dir=module_dir,
+            package=package,
+            ldflags=ldflags,
+            output=outputs[name],
+            progress=progress,
+        )
     shutil.rmtree(module_dir, ignore_errors=True)  # kept only when a step fails, for inspection
-    progress(f"kube-apiserver {version} built in {time.monotonic() - started:.0f}s: {output}")
+    progress(f"{what} {version} built in {time.monotonic() - started:.0f}s: {', '.join(map(str, outputs.values()))}")
 
 
 def _build_etcd(*, go: str, output: Path, progress: Callable[[str], None]) -> None:
@@ -242,18 +259,23 @@ def _build_in_wrapper_module(
     ldflags: str,
     output: Path,
     progress: Callable[[str], None],
+    package: str | None = None,
 ) -> None:
-    """Build ``module``'s main package (the module root) at ``version`` in a wrapper module of its own.
+    """Build a main package of ``module`` at ``version`` in a wrapper module of its own.
 
-    ``go get`` into an empty wrapper lets minimal version selection keep exactly the dependencies the
-    release pins, which is what building from that project's own module means.
+    ``package`` is the main package's import path (default: the module root). ``go get`` into an empty
+    wrapper lets minimal version selection keep exactly the dependencies the release pins, which is
+    what building from that project's own module means. A wrapper ignores the module's own ``replace``
+    lines, so this suits modules whose replaces only point at sibling modules of the same release
+    (etcd) or that have none (JobSet v0.12.0, Trainer v2.3.0).
     """
+    main_package = package or module
     started = time.monotonic()
     progress(f"building {what} {version} from Go modules (first time only, a few minutes)…")
     module_dir = _fresh_build_dir(f"{name}-{version}")
     _run_go([go, "mod", "init", f"local/tjpipe-{name}"], cwd=module_dir, progress=progress)
-    _run_go([go, "get", f"{module}@{version}"], cwd=module_dir, progress=progress)
-    _go_build(go=go, module_dir=module_dir, package=module, ldflags=ldflags, output=output, progress=progress)
+    _run_go([go, "get", f"{main_package}@{version}"], cwd=module_dir, progress=progress)
+    _go_build(go=go, module_dir=module_dir, package=main_package, ldflags=ldflags, output=output, progress=progress)
     shutil.rmtree(module_dir, ignore_errors=True)  # kept only when a step fails, for inspection
     progress(f"{what} {version} built in {time.monotonic() - started:.0f}s: {output}")
 
@@ -455,3 +477,105 @@ def ensure_jobset_manager(*, progress: Callable[[str], None]) -> Path:
             progress=progress,
         )
     return output
+
+
+TRAINER_VERSION = "2.3.0"  # the release this project rebuilds
+TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
+_TRAINER_CONTROLLER_PACKAGE = f"{TRAINER_MODULE}/cmd/trainer-controller-manager"
+
+
+def trainer_controller_path() -> Path:
+    return cache_root() / "bin" / f"trainer-v{TRAINER_VERSION}" / "trainer-controller-manager"
+
+
+def ensure_trainer_controller(*, progress: Callable[[str], None]) -> Path:
+    """Return Kubeflow Trainer's own controller manager (controllers and webhooks), building it once per version.
+
+    It is the reference the takeover test and the benchmark compare the pipeline with. Its main package
+    is ``cmd/trainer-controller-manager``, built in a wrapper module like etcd (Trainer's go.mod has no
+    ``replace`` lines at this tag, so the wrapper resolves exactly what the release pins). Trainer's
+    own image build stamps no version, so neither does this one.
+    """
+    output = trainer_controller_path()
+    if _is_executable(output):
+        return output
+    go = _go_command(missing="Trainer's controller manager is not built yet")
+    with _exclusive_file_lock(cache_root() / "bin" / ".build.lock", progress=progress):
+        if _is_executable(output):
+            return output
+        _build_in_wrapper_module(
+            go=go,
+            what="Trainer's controller manager",
+            name="trainer",
+            module=TRAINER_MODULE,
+            version=f"v{TRAINER_VERSION}",
+            ldflags="-s -w",
+            output=output,
+            progress=progress,
+            package=_TRAINER_CONTROLLER_PACKAGE,
+        )
+    return output
+
+
+KWOK_VERSION = "0.8.0"
+_KWOK_MODULE = "sigs.k8s.io/kwok"
+
+
+@dataclass(frozen=True)
+class ClusterBinaries:
+    """What turns the local control plane into a simulated cluster (``tjpipe.local.cluster``)."""
+
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kwok: Path
+
+
+def cluster_binaries_paths() -> ClusterBinaries:
+    bin_dir = cache_root() / "bin"
+    return ClusterBinaries(
+        kube_controller_manager=bin_dir / f"kube-controller-manager-v{KUBERNETES_VERSION}" / "kube-controller-manager",
+        kube_scheduler=bin_dir / f"kube-scheduler-v{KUBERNETES_VERSION}" / "kube-scheduler",
+        kwok=bin_dir / f"kwok-v{KWOK_VERSION}" / "kwok",
+    )
+
+
+def ensure_cluster_binaries(*, progress: Callable[[str], None]) -> ClusterBinaries:
+    """Return cached kube-controller-manager, kube-scheduler (the apiserver's release) and kwok, building
+    whichever is missing first.
+
+    The two Kubernetes commands share one wrapper module like kube-apiserver's; kwok's main package is
+    ``cmd/kwok`` of its own module, built in a wrapper of its own.
+    """
+    binaries = cluster_binaries_paths()
+    kubernetes = {
+        "kube-controller-manager": binaries.kube_controller_manager,
+        "kube-scheduler": binaries.kube_scheduler,
+    }
+    missing = [name for name, path in kubernetes.items() if not _is_executable(path)]
+    if not _is_executable(binaries.kwok):
+        missing.append("kwok")
+    if not missing:
+        return binaries
+    verb = "are" if len(missing) > 1 else "is"
+    go = _go_command(missing=f"{' and '.join(missing)} {verb} not built yet")
+    with _exclusive_file_lock(cache_root() / "bin" / ".build.lock", progress=progress):
+        # Another process may have finished the build while we waited for the lock.
+        still_missing = {name: path for name, path in kubernetes.items() if not _is_executable(path)}
+        if still_missing:
+            _build_kubernetes_commands(
+                go=go, outputs=still_missing, estimate="a few minutes on 2 cores", progress=progress
+            )
+        if not _is_executable(binaries.kwok):
+            version = f"v{KWOK_VERSION}"
+            _build_in_wrapper_module(
+                go=go,
+                what="kwok",
+                name="kwok",
+                module=_KWOK_MODULE,
+                package=f"{_KWOK_MODULE}/cmd/kwok",
+                version=version,
+                ldflags=f"-s -w -X {_KWOK_MODULE}/pkg/consts.Version={KWOK_VERSION}",
+                output=binaries.kwok,
+                progress=progress,
+            )
+    return binaries
