@@ -188,7 +188,7 @@ class Applier:
                     attempts += 1
                     if attempts > 1:
                         self.stats.retries += 1
-                        RETRIES.labels(service="applier").inc()
+                        RETRIES.labels(tjpipe_service="applier").inc()
                     facts = await self._authorize(message)
                     if isinstance(message, DeleteComponent):
                         action, resource_version, reason = await self._delete_once(message, resource)

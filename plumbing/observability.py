@@ -1,23 +1,63 @@
 """Metrics and health endpoints every service serves: ``/metrics``, ``/healthz`` and ``/readyz``.
 
 One metric registry per process, with names shared by the three services, so a dashboard can sum a stage
-across replicas. Liveness answers as long as the event loop runs; readiness is a set of named checks the
-service registers (NATS connected, API server reachable), so a replica that lost a dependency is taken out
-of rotation without being restarted.
+across replicas. The registry also carries the standard ``process_*`` and ``python_*`` collectors and
+``tjpipe_build_info``. No label is called ``service``, ``namespace``, ``pod``, ``job`` or ``instance``: a
+Prometheus Operator scrape adds those to every series, and a clash renames ours to ``exported_*``; the
+service a series comes from is ``tjpipe_service``. Liveness answers as long as the event loop runs;
+readiness is a set of named checks the service registers (NATS connected, API server reachable), so a
+replica that lost a dependency is taken out of rotation without being restarted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+SERVICE_LABEL = "tjpipe_service"
+"""The label naming the service a series comes from (never ``service``: see the module docstring)."""
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("trainjob-pipeline")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+BUILD_INFO = Info("tjpipe_build", "Version of trainjob-pipeline and of Python this process runs", registry=REGISTRY)
+"""Exposed as ``tjpipe_build_info{version, python_version, tjpipe_service} 1``."""
+
+
+def set_build_info(service: str = "") -> None:
+    BUILD_INFO.info({"version": package_version(), "python_version": platform.python_version(), SERVICE_LABEL: service})
+
+
+set_build_info()
 
 EVENTS = Counter(
     "tjpipe_events_total", "TrainJob change events published by the watcher", ["cause", "outcome"], registry=REGISTRY
@@ -27,7 +67,7 @@ PLANNED_MESSAGES = Counter(
     "tjpipe_planned_messages_total", "Apply messages published by the planner", ["component"], registry=REGISTRY
 )
 APPLIES = Counter("tjpipe_applies_total", "Apply outcomes", ["kind", "action"], registry=REGISTRY)
-RETRIES = Counter("tjpipe_retries_total", "Retried API calls", ["service"], registry=REGISTRY)
+RETRIES = Counter("tjpipe_retries_total", "Retried API calls", [SERVICE_LABEL], registry=REGISTRY)
 DEAD_LETTERS = Counter("tjpipe_dead_letters_total", "Messages dead-lettered", ["stage", "reason"], registry=REGISTRY)
 UNAUTHORIZED = Counter(
     "tjpipe_unauthorized_total",
@@ -63,9 +103,12 @@ ReadinessCheck = Callable[[], Awaitable[bool] | bool]
 
 
 class HealthServer:
-    def __init__(self, *, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(self, *, port: int, host: str = "0.0.0.0", service: str = "") -> None:
+        """``service`` (watcher, planner, applier, webhook) labels ``tjpipe_build_info``."""
         self.port = port
         self.host = host
+        if service:
+            set_build_info(service)
         self.checks: dict[str, ReadinessCheck] = {}
         self._runner: web.AppRunner | None = None
 
