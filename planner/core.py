@@ -70,15 +70,7 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
         )
 
     decision = _decide(event, framework)
-    common = _Common(
-        trainjob=key,
-        trainjob_uid=uid,
-        source_seq=source_seq,
-        source_version=observation_version(event),
-        trace_id=event.trace_id,
-        observed_at=event.observed_at,
-        trainjob_suspended=job_spec.suspend is True,
-    )
+    common = _Common.of(event, source_seq)
     absent = _seen_absent(event)
     applies: list[ApplyMessage] = [_message(c, common, absent) for c in decision.components]
     if decision.deletions:
@@ -110,15 +102,7 @@ def plan_too_large(event: TrainJobObserved, *, source_seq: int, sizes: dict[str,
     text = f"{listed}; the bus carries at most {max_payload} bytes per message"
     update = status_rules.condition(t_ext.CONDITION_RESOURCES_CREATED, False, t_ext.REASON_PLAN_TOO_LARGE, text)
     desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=[update])
-    common = _Common(
-        trainjob=key,
-        trainjob_uid=uid_of(job),
-        source_seq=source_seq,
-        source_version=observation_version(event),
-        trace_id=event.trace_id,
-        observed_at=event.observed_at,
-        trainjob_suspended=spec_of(job).suspend is True,
-    )
+    common = _Common.of(event, source_seq)
     changed = status_rules.status_changed(job, desired)
     return Plan(
         trainjob=key,
@@ -340,6 +324,19 @@ class _Common(msgspec.Struct, frozen=True):
     trace_id: str
     observed_at: float
     trainjob_suspended: bool
+
+    @classmethod
+    def of(cls, event: TrainJobObserved, source_seq: int) -> _Common:
+        job = event.trainjob
+        return cls(
+            trainjob=ObjectKey(namespace=namespace_of(job), name=name_of(job)),
+            trainjob_uid=uid_of(job),
+            source_seq=source_seq,
+            source_version=observation_version(event),
+            trace_id=event.trace_id,
+            observed_at=event.observed_at,
+            trainjob_suspended=spec_of(job).suspend is True,
+        )
 
 
 _COMPONENT_MESSAGES = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tjpipe.contracts import trainer as t
 from tjpipe.contracts.kube import OwnerReference
 from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import name_of, uid_of
+from tjpipe.contracts.values import name_of, namespace_of, uid_of
 from tjpipe.planner.merge import Obj
 
 
@@ -23,6 +23,11 @@ def owner_reference(job: TrainJob) -> Obj:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def owned_metadata(job: TrainJob, name: str) -> Obj:
+    """A component's ``metadata``: ``name`` in the TrainJob's namespace, controlled by the TrainJob."""
+    return {"name": name, "namespace": namespace_of(job), "ownerReferences": [owner_reference(job)]}
 
 
 def owner_reference_struct(job: TrainJob) -> OwnerReference:

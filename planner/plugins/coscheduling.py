@@ -26,10 +26,10 @@ from tjpipe.contracts.scheduling import (
     PodGroup,
 )
 from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set, name_of, namespace_of, or_default
+from tjpipe.contracts.values import is_set, name_of, or_default
 from tjpipe.planner.framework import BuildError, ComponentBuilder, EnforcePodGroupPolicy, RuntimeGated
 from tjpipe.planner.info import Component, RuntimeInfo
-from tjpipe.planner.owners import owner_reference
+from tjpipe.planner.owners import owned_metadata
 from tjpipe.planner.pod_groups import pod_group_totals
 
 DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
@@ -63,11 +63,7 @@ class CoScheduling:
         body = {
             "apiVersion": COSCHEDULING_API_VERSION,
             "kind": POD_GROUP_KIND,
-            "metadata": {
-                "name": name_of(job),
-                "namespace": namespace_of(job),
-                "ownerReferences": [owner_reference(job)],
-            },
+            "metadata": owned_metadata(job, name_of(job)),
             "spec": {
                 "minMember": members,
                 "minResources": resources,

@@ -31,7 +31,7 @@ from tjpipe.contracts.values import is_set, name_of, namespace_of, or_default
 from tjpipe.planner.framework import ComponentBuilder, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
 from tjpipe.planner.info import Component, Container, RuntimeInfo
 from tjpipe.planner.merge import Obj, gpus_per_node, upsert_volume_mounts, upsert_volumes
-from tjpipe.planner.owners import owner_reference
+from tjpipe.planner.owners import owned_metadata
 from tjpipe.planner.runtime_info import node_resources, trainer_of
 
 _FLUX_VIEW_IMAGE_HOST = "ghcr.io"
@@ -535,12 +535,11 @@ class Flux:
         nodes = num_nodes(info, job)
         setting = settings(info, job)
         gpus = gpus_per_node(node_resources(info, job))
-        meta: Obj = {"namespace": namespace_of(job), "ownerReferences": [owner_reference(job)]}
         config_map = msgspec.convert(
             {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": {"name": entrypoint_config_map_name(name_of(job)), **meta},
+                "metadata": owned_metadata(job, entrypoint_config_map_name(name_of(job))),
                 "data": {
                     ENTRYPOINT_KEY: entrypoint_script(job, nodes, tasks_per_node(flux, job), gpus),
                     INIT_KEY: init_script(job, nodes, setting),
@@ -549,7 +548,7 @@ class Flux:
             ConfigMap,
         )
         secret = msgspec.convert(
-            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": curve_secret_name(name_of(job)), **meta}},
+            {"apiVersion": "v1", "kind": "Secret", "metadata": owned_metadata(job, curve_secret_name(name_of(job)))},
             Secret,
         )
         return [Component(object=config_map), Component(object=secret, policy="if-absent", generate="flux-curve")]

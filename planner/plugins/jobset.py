@@ -20,11 +20,11 @@ from msgspec import UNSET
 from tjpipe.contracts import trainer as t
 from tjpipe.contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
 from tjpipe.contracts.trainer import Initializer, Trainer, TrainJob
-from tjpipe.contracts.values import is_set, name_of, namespace_of, or_default
+from tjpipe.contracts.values import is_set, name_of, or_default
 from tjpipe.planner.framework import BuildError, ComponentBuilder, PodNetwork
 from tjpipe.planner.info import Component, RuntimeInfo
 from tjpipe.planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
-from tjpipe.planner.owners import owner_reference
+from tjpipe.planner.owners import owned_metadata
 from tjpipe.planner.quantities import canonical_quantity, canonical_resources
 from tjpipe.planner.runtime_info import builtins, spec_of
 
@@ -151,11 +151,7 @@ class JobSetPlugin:
         suspend = or_default(job_spec.suspend, None)
         if suspend is not None:
             spec["suspend"] = suspend
-        metadata: Obj = {
-            "name": name_of(job),
-            "namespace": namespace_of(job),
-            "ownerReferences": [owner_reference(job)],
-        }
+        metadata = owned_metadata(job, name_of(job))
         if info.labels:
             metadata["labels"] = dict(info.labels)
         if info.annotations:

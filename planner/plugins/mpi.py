@@ -19,7 +19,7 @@ import msgspec
 from tjpipe.contracts import trainer as t
 from tjpipe.contracts.kube import ConfigMap, Secret
 from tjpipe.contracts.trainer import MPIMLPolicySource, TrainJob
-from tjpipe.contracts.values import is_set, name_of, namespace_of, or_default
+from tjpipe.contracts.values import is_set, name_of, or_default
 from tjpipe.planner.framework import (
     INVALID,
     BuildError,
@@ -31,7 +31,7 @@ from tjpipe.planner.framework import (
 )
 from tjpipe.planner.info import Component, PodSet, RuntimeInfo
 from tjpipe.planner.merge import Obj, env_value, gpus_per_node, upsert_env, upsert_volume_mounts, upsert_volumes
-from tjpipe.planner.owners import owner_reference
+from tjpipe.planner.owners import owned_metadata
 from tjpipe.planner.runtime_info import node_resources, trainer_of
 
 SSH_AUTH_SECRET_TYPE = "kubernetes.io/ssh-auth"
@@ -220,11 +220,7 @@ class MPI:
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {
-                "name": ssh_auth_secret_name(name_of(job)),
-                "namespace": namespace_of(job),
-                "ownerReferences": [owner_reference(job)],
-            },
+            "metadata": owned_metadata(job, ssh_auth_secret_name(name_of(job))),
             "type": SSH_AUTH_SECRET_TYPE,
             "immutable": True,
         }
@@ -244,11 +240,7 @@ class MPI:
         body: Obj = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {
-                "name": hostfile_config_map_name(name_of(job)),
-                "namespace": namespace_of(job),
-                "ownerReferences": [owner_reference(job)],
-            },
+            "metadata": owned_metadata(job, hostfile_config_map_name(name_of(job))),
             "data": {t.MPI_HOSTFILE_NAME: "".join(lines)},
         }
         return msgspec.convert(body, ConfigMap)

@@ -33,7 +33,7 @@ from tjpipe.contracts.scheduling import (
     VolcanoPodGroup,
 )
 from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set, name_of, namespace_of
+from tjpipe.contracts.values import is_set, name_of
 from tjpipe.planner.framework import (
     BuildError,
     ComponentBuilder,
@@ -45,7 +45,7 @@ from tjpipe.planner.framework import (
 from tjpipe.planner.gofmt import go_quote
 from tjpipe.planner.info import Component, RuntimeInfo
 from tjpipe.planner.merge import Obj
-from tjpipe.planner.owners import owner_reference
+from tjpipe.planner.owners import owned_metadata
 from tjpipe.planner.pod_groups import pod_group_totals
 
 SYSTEM_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
@@ -131,11 +131,7 @@ class Volcano:
         body = {
             "apiVersion": VOLCANO_API_VERSION,
             "kind": POD_GROUP_KIND,
-            "metadata": {
-                "name": name_of(job),
-                "namespace": namespace_of(job),
-                "ownerReferences": [owner_reference(job)],
-            },
+            "metadata": owned_metadata(job, name_of(job)),
             "spec": spec,
         }
         try:
