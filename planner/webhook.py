@@ -24,7 +24,8 @@ from tjpipe.contracts.resources import JOBSET, PRIORITY_CLASS
 from tjpipe.planner import admission
 from tjpipe.planner.core import FRAMEWORK
 from tjpipe.plumbing.kube import KubeApiError, KubeClient, KubeConfig
-from tjpipe.plumbing.observability import REGISTRY, HealthServer
+from tjpipe.plumbing.observability import REGISTRY
+from tjpipe.plumbing.runner import ProcessSettings, started
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,12 @@ class _Named(msgspec.Struct):
 _name_decoder = msgspec.json.Decoder(_Named)
 
 
-@dataclass
-class WebhookSettings:
+@dataclass(kw_only=True)
+class WebhookSettings(ProcessSettings):
     tls_cert: str
     tls_key: str
     port: int = 9443
     host: str = "0.0.0.0"
-    metrics_port: int = 0
     kubeconfig: str | None = None
     cert_check_seconds: float = 30.0
 
@@ -184,17 +184,15 @@ class CertReloader:
 async def run_webhook(settings: WebhookSettings, stop: asyncio.Event) -> None:
     context = server_ssl_context(settings.tls_cert, settings.tls_key)
     reloader = CertReloader(context, settings.tls_cert, settings.tls_key)
-    health = HealthServer(port=settings.metrics_port)
-    async with KubeClient(KubeConfig.load(settings.kubeconfig)) as kube:
-        health.add_check("kubernetes", kube.reachable)
-        runner = web.AppRunner(Webhook(kube).app(), access_log=None)
+    async with started(
+        "tjpipe-webhook", settings, kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig))
+    ) as service:
+        runner = web.AppRunner(Webhook(service.kube_client()).app(), access_log=None)
         await runner.setup()
         try:
             await web.TCPSite(runner, settings.host, settings.port, ssl_context=context).start()
-            await health.start()
+            await service.health.start()
             log.info("serving admission reviews over TLS on %s:%d", settings.host, settings.port)
             await reloader.run(stop, settings.cert_check_seconds)
         finally:
-            with contextlib.suppress(Exception):
-                await health.stop()
             await runner.cleanup()

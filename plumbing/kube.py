@@ -4,16 +4,24 @@ The official client's generated layer turns every response into model objects an
 its own. Here every byte that arrives is decoded once, by msgspec, straight into the project's wire types,
 one pooled HTTPS connection set is reused for the life of a process, and retrying is left entirely to the
 caller, which knows whether an error is transient. The official package still does what it does best:
-reading kubeconfig files and in-cluster credentials.
+reading kubeconfig files and in-cluster credentials, and keeping them fresh (``CredentialSource``).
+
+Credentials expire: an exec plugin's token (EKS, GKE) after minutes, a projected service-account token
+after an hour, and a kubeconfig ``tokenFile`` is rewritten by whatever rotates it. The client therefore
+asks its source for the current credentials every ``REFRESH_CHECK_SECONDS``, and on a 401 loads them again
+and sends the request once more; only a second 401 reaches the caller (the applier's "permanent").
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import ssl
+import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,8 @@ import aiohttp
 import msgspec
 
 from tjpipe.contracts.resources import Resource
+
+log = logging.getLogger(__name__)
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
@@ -45,14 +55,22 @@ class KubeApiError(Exception):
         self.retry_after = retry_after
 
 
+REFRESH_CHECK_SECONDS = 10.0
+"""How often a client asks its ``CredentialSource`` whether the credentials changed."""
+
+
 @dataclass(frozen=True)
 class KubeConfig:
+    """Where the API server is and how to authenticate, as loaded at one moment (``source`` loads it again)."""
+
     server: str
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
     verify: bool = True
+    source: CredentialSource | None = field(default=None, compare=False, repr=False)
+    """Where these came from; None for credentials given as they are, which never change."""
 
     @classmethod
     def load(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeConfig:
@@ -61,30 +79,7 @@ class KubeConfig:
         ``$KUBECONFIG`` is read by the CLI (``--kubeconfig``'s default), which passes the path down; only
         the in-cluster check looks at the environment Kubernetes gives every pod.
         """
-        from kubernetes import client, config
-
-        cfg = client.Configuration()
-        path = kubeconfig
-        default = Path.home() / ".kube" / "config"
-        if path or default.exists():
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path or str(default), context=context, client_configuration=cfg
-            )
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            raise RuntimeError("no Kubernetes configuration: set KUBECONFIG, or run inside a cluster")
-        token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-        if token and token.lower().startswith("bearer "):
-            token = token[7:]
-        return cls(
-            server=str(cfg.host).rstrip("/"),
-            token=token,
-            ca_file=cfg.ssl_ca_cert,
-            cert_file=cfg.cert_file,
-            key_file=cfg.key_file,
-            verify=bool(cfg.verify_ssl),
-        )
+        return CredentialSource(kubeconfig, context=context).load()
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         if not self.server.startswith("https"):
@@ -96,6 +91,95 @@ class KubeConfig:
         if self.cert_file:
             ctx.load_cert_chain(self.cert_file, self.key_file)
         return ctx
+
+
+class CredentialSource:
+    """Loads the API server's address and credentials as the kubernetes client does, and again when they
+    may have changed.
+
+    The client's ``Configuration`` keeps two kinds fresh through its refresh hook, which runs whenever it
+    is asked for the key: an exec plugin's token (the plugin runs again once the expiry it reported is
+    near) and a pod's service-account token (the file is read again every minute). A kubeconfig
+    ``tokenFile`` it reads only once, so that file is watched here (inode, size, modification time). Every
+    method blocks (files, an exec plugin's process): the async client calls them from a worker thread.
+    """
+
+    def __init__(self, kubeconfig: str | None = None, *, context: str | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.context = context
+        self._configuration: Any = None
+        self._token_file: Path | None = None
+        self._token_file_stamp: tuple[int, int, int] | None = None
+
+    def load(self) -> KubeConfig:
+        """Everything read afresh: the kubeconfig, its token file, its exec plugin run again."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        default = Path.home() / ".kube" / "config"
+        if self.kubeconfig or default.exists():
+            path = self.kubeconfig or str(default)
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=self.context, client_configuration=cfg
+            )
+            token_file = _token_file_of(Path(path), self.context)
+        # The one environment read below the CLI: the in-cluster loader itself reads this variable (and the
+        # mounted token), so asking it is how to know the loader can work; the CLI cannot know it better.
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            token_file = None
+        else:
+            raise RuntimeError("no Kubernetes configuration: set KUBECONFIG, or run inside a cluster")
+        self._configuration = cfg
+        self._token_file = token_file
+        self._token_file_stamp = _stamp(token_file)
+        return self._current_of(cfg)
+
+    def current(self) -> KubeConfig:
+        """The credentials as they are now: loaded again if the token file changed, else as the client's
+        refresh hook leaves them (an expiring exec token renewed, an in-cluster token re-read)."""
+        if self._configuration is None or _stamp(self._token_file) != self._token_file_stamp:
+            return self.load()
+        return self._current_of(self._configuration)
+
+    def _current_of(self, cfg: Any) -> KubeConfig:
+        token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")  # runs the refresh hook
+        if token and token.lower().startswith("bearer "):
+            token = token[7:]
+        return KubeConfig(
+            server=str(cfg.host).rstrip("/"),
+            token=token or None,
+            ca_file=cfg.ssl_ca_cert,
+            cert_file=cfg.cert_file,
+            key_file=cfg.key_file,
+            verify=bool(cfg.verify_ssl),
+            source=self,
+        )
+
+
+def _token_file_of(kubeconfig: Path, context: str | None) -> Path | None:
+    """The ``tokenFile`` of the context's user, if it has one (relative paths are from the kubeconfig)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(kubeconfig.read_text())
+        name = context or doc.get("current-context")
+        ctx = next(c["context"] for c in doc.get("contexts") or [] if c.get("name") == name)
+        user = next(u["user"] for u in doc.get("users") or [] if u.get("name") == ctx.get("user"))
+    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, StopIteration):
+        return None
+    token_file = user.get("tokenFile") if isinstance(user, dict) else None
+    return kubeconfig.parent / token_file if token_file else None
+
+
+def _stamp(path: Path | None) -> tuple[int, int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class Status(msgspec.Struct, kw_only=True):
@@ -145,6 +229,12 @@ class KubeClient:
         self._max_connections = max_connections
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self._retired: list[aiohttp.ClientSession] = []
+        """Sessions whose TLS settings went stale; requests may still be using them, so they close last."""
+        self._credentials_checked = time.monotonic()
+        self._credentials_lock = asyncio.Lock()
+        self.credential_reloads = 0
+        """How often the credentials changed under this client (a rotation, an expiry, a 401)."""
 
     async def __aenter__(self) -> KubeClient:
         self._ensure_session()
@@ -154,18 +244,68 @@ class KubeClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        sessions = [*self._retired, *([self._session] if self._session is not None else [])]
+        self._session = None
+        self._retired.clear()
+        for session in sessions:
+            await session.close()
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=self.config.ssl_context())
             headers = {"Accept": "application/json", "User-Agent": "trainjob-pipeline"}
-            if self.config.token:
-                headers["Authorization"] = f"Bearer {self.config.token}"
             self._session = aiohttp.ClientSession(base_url=self.config.server, connector=connector, headers=headers)
         return self._session
+
+    def _authorization(self, config: KubeConfig) -> dict[str, str]:
+        return {"Authorization": f"Bearer {config.token}"} if config.token else {}
+
+    async def _keep_credentials_current(self) -> None:
+        """Every ``REFRESH_CHECK_SECONDS``, take up what the source says now (cheap unless something changed)."""
+        source = self.config.source
+        if source is None or time.monotonic() - self._credentials_checked < REFRESH_CHECK_SECONDS:
+            return
+        async with self._credentials_lock:
+            if time.monotonic() - self._credentials_checked < REFRESH_CHECK_SECONDS:
+                return
+            self._credentials_checked = time.monotonic()
+            try:
+                current = await asyncio.to_thread(source.current)
+            except Exception as exc:  # keep what works until it stops working; a 401 loads again
+                log.warning("could not refresh the Kubernetes credentials: %s", exc)
+                return
+            self._use(current, why="refreshed")
+
+    async def _reload_after_unauthorized(self, used: KubeConfig) -> bool:
+        """After a 401 with ``used``: load the credentials again; whether a retry has anything new to send."""
+        source = used.source
+        if source is None:
+            return False
+        async with self._credentials_lock:
+            if self.config is not used:  # another request reloaded meanwhile
+                return True
+            try:
+                loaded = await asyncio.to_thread(source.load)
+            except Exception as exc:
+                log.warning("could not load the Kubernetes credentials again after a 401: %s", exc)
+                return False
+            self._credentials_checked = time.monotonic()
+            return self._use(loaded, why="reloaded after a 401")
+
+    def _use(self, config: KubeConfig, *, why: str) -> bool:
+        """Switch to ``config`` if it differs; a new server or TLS identity needs a new connection pool."""
+        if config == self.config:
+            return False
+        old = self.config
+        tls = (old.server, old.ca_file, old.cert_file, old.key_file, old.verify)
+        if tls != (config.server, config.ca_file, config.cert_file, config.key_file, config.verify):
+            if self._session is not None:
+                self._retired.append(self._session)
+            self._session = None
+        self.config = config
+        self.credential_reloads += 1
+        log.info("Kubernetes credentials %s (%d so far)", why, self.credential_reloads)
+        return True
 
     async def request(
         self,
@@ -178,25 +318,32 @@ class KubeClient:
         timeout: float | None = None,
         accept: str | None = None,
     ) -> Response:
-        session = self._ensure_session()
         headers = {"Content-Type": content_type} if content_type else {}
         if accept:
             headers["Accept"] = accept
-        try:
-            async with session.request(
-                method,
-                path,
-                params=params,
-                data=body,
-                headers=headers or None,
-                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
-            ) as resp:
-                data = await resp.read()
-                if resp.status >= 400:
-                    raise _error_from(resp.status, data, resp.headers.get("Retry-After"))
-                return Response(status=resp.status, body=data)
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
+        first = True
+        while True:
+            await self._keep_credentials_current()
+            used = self.config
+            session = self._ensure_session()
+            try:
+                async with session.request(
+                    method,
+                    path,
+                    params=params,
+                    data=body,
+                    headers=headers | self._authorization(used),
+                    timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+                ) as resp:
+                    status, data, retry_after = resp.status, await resp.read(), resp.headers.get("Retry-After")
+            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
+            if status == 401 and first and await self._reload_after_unauthorized(used):
+                first = False
+                continue
+            if status >= 400:
+                raise _error_from(status, data, retry_after)
+            return Response(status=status, body=data)
 
     async def reachable(self) -> bool:
         """Whether the API server answers /readyz; used by readiness probes."""
@@ -302,7 +449,6 @@ class KubeClient:
         metadata_only: bool = False,
     ) -> AsyncIterator[RawWatchEvent]:
         """Stream watch events, bookmarks included; a 410 surfaces as ``KubeApiError(410)``."""
-        session = self._ensure_session()
         params = {
             "watch": "true",
             "allowWatchBookmarks": "true",
@@ -311,25 +457,36 @@ class KubeClient:
         }
         if label_selector:
             params["labelSelector"] = label_selector
+        accept = {"Accept": METADATA_ACCEPT} if metadata_only else {}
+        first = True
         try:
-            async with session.get(
-                resource.path(namespace=namespace),
-                params=params,
-                headers={"Accept": METADATA_ACCEPT} if metadata_only else None,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30),
-            ) as resp:
-                if resp.status >= 400:
-                    raise _error_from(resp.status, await resp.read(), resp.headers.get("Retry-After"))
-                async for line in _lines(resp.content):
-                    event = _watch_decoder.decode(line)
-                    if event.type == "ERROR":
-                        status = msgspec.json.decode(event.object, type=dict[str, Any])
-                        raise KubeApiError(
-                            int(status.get("code", 500)),
-                            str(status.get("reason", "")),
-                            str(status.get("message", "")),
-                        )
-                    yield event
+            while True:
+                await self._keep_credentials_current()
+                used = self.config
+                async with self._ensure_session().get(
+                    resource.path(namespace=namespace),
+                    params=params,
+                    headers=accept | self._authorization(used),
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30),
+                ) as resp:
+                    if resp.status == 401 and first:
+                        await resp.read()
+                        if await self._reload_after_unauthorized(used):
+                            first = False
+                            continue
+                    if resp.status >= 400:
+                        raise _error_from(resp.status, await resp.read(), resp.headers.get("Retry-After"))
+                    async for line in _lines(resp.content):
+                        event = _watch_decoder.decode(line)
+                        if event.type == "ERROR":
+                            status = msgspec.json.decode(event.object, type=dict[str, Any])
+                            raise KubeApiError(
+                                int(status.get("code", 500)),
+                                str(status.get("reason", "")),
+                                str(status.get("message", "")),
+                            )
+                        yield event
+                    return
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise KubeApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
 

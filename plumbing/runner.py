@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -23,6 +24,8 @@ from nats.js import JetStreamContext
 from tjpipe.plumbing import bus
 from tjpipe.plumbing.kube import KubeClient
 from tjpipe.plumbing.observability import HealthServer
+
+S = TypeVar("S", bound="ProcessSettings")
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -58,8 +61,12 @@ def configure_logging(level: str, *, json_logs: bool | None = None) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
-def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
-    """Run ``main(stop)`` until it returns or a signal sets ``stop``."""
+def run_service(settings: S, main: Callable[[S, asyncio.Event], Awaitable[None]]) -> int:
+    """Run ``main(settings, stop)``, logging as ``settings`` say, until it returns or a signal sets ``stop``.
+
+    The one way every ``tjpipe`` service process runs (watcher, planner, applier, webhook).
+    """
+    configure_logging(settings.log_level, json_logs=settings.json_logs)
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -67,7 +74,7 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await main(stop)
+        await main(settings, stop)
 
     try:
         asyncio.run(runner())
@@ -79,15 +86,26 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
 # ------------------------------------------------------------------------------------------- start-up
 
 
-@dataclass
-class ServiceSettings:
-    """What every service is started with; the CLI parses it once (flags, env behind them) and passes it down.
+@dataclass(kw_only=True)
+class ProcessSettings:
+    """What every long-running ``tjpipe`` process is started with: the common part of each one's settings.
 
-    Each service's own settings extend it, so the start-up below reads the same fields for all three.
+    The CLI builds it once from flags and the environment (``tjpipe.settings``) and passes it down; nothing
+    below the CLI reads the environment. Each process's own settings extend it.
     """
 
-    nats_url: str
     metrics_port: int = 0
+    """``/metrics``, ``/healthz`` and ``/readyz`` are served here; 0 serves none."""
+    log_level: str = "info"
+    json_logs: bool | None = None
+    """JSON lines (True), plain text (False), or JSON unless stderr is a terminal (None)."""
+
+
+@dataclass(kw_only=True)
+class ServiceSettings(ProcessSettings):
+    """The common part of the three pipeline services' settings: the process's, and its NATS connection."""
+
+    nats_url: str
     nats_creds: str | None = None
     """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
     nats_tls: bus.TlsFiles | None = None
@@ -95,11 +113,23 @@ class ServiceSettings:
 
 @dataclass(frozen=True)
 class Started:
-    nc: NATS
-    js: JetStreamContext
     health: HealthServer
     """Not serving yet: the service adds its own readiness checks, then starts it."""
+    connection: NATS | None = None
+    jetstream: JetStreamContext | None = None
     kube: KubeClient | None = None
+
+    @property
+    def nc(self) -> NATS:
+        if self.connection is None:
+            raise RuntimeError("this service was started without a NATS connection")
+        return self.connection
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self.jetstream is None:
+            raise RuntimeError("this service was started without a NATS connection")
+        return self.jetstream
 
     def kube_client(self) -> KubeClient:
         if self.kube is None:
@@ -109,24 +139,32 @@ class Started:
 
 @contextlib.asynccontextmanager
 async def started(
-    name: str, settings: ServiceSettings, *, kube: Callable[[], KubeClient] | None = None
+    name: str, settings: ProcessSettings, *, kube: Callable[[], KubeClient] | None = None
 ) -> AsyncIterator[Started]:
-    """The start-up and shut-down the three services share.
+    """The start-up and shut-down every service shares (the three pipeline services and the webhook).
 
-    Connects to NATS as the service's identity, makes the health server (readiness includes the
-    connection), then opens the Kubernetes client ``kube`` makes, if any (readiness includes it too). On the
-    way out, whatever happened: the health server stops and the connection drains, so that what was
-    acknowledged is flushed, and only then does the Kubernetes client close.
+    With ``ServiceSettings``, connects to NATS as the service's identity; makes the health server
+    (readiness includes the connection), then opens the Kubernetes client ``kube`` makes, if any
+    (readiness includes it too). On the way out, whatever happened: the health server stops and the
+    connection drains, so that what was acknowledged is flushed, and only then does the Kubernetes client
+    close.
     """
-    nc = await bus.connect(settings.nats_url, name=name, creds=settings.nats_creds, tls=settings.nats_tls)
+    nc: NATS | None = None
+    if isinstance(settings, ServiceSettings):
+        nc = await bus.connect(settings.nats_url, name=name, creds=settings.nats_creds, tls=settings.nats_tls)
     health = HealthServer(port=settings.metrics_port)
-    health.add_check("nats", lambda: nc.is_connected)
+    if nc is not None:
+        connection = nc
+        health.add_check("nats", lambda: connection.is_connected)
     async with contextlib.AsyncExitStack() as resources:
         client = await resources.enter_async_context(kube()) if kube is not None else None
         if client is not None:
             health.add_check("kubernetes", client.reachable)
         try:
-            yield Started(nc=nc, js=nc.jetstream(), health=health, kube=client)
+            yield Started(
+                health=health, connection=nc, jetstream=nc.jetstream() if nc is not None else None, kube=client
+            )
         finally:
             await health.stop()
-            await nc.drain()
+            if nc is not None:
+                await nc.drain()

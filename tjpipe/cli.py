@@ -9,108 +9,115 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
+from rich.markup import escape
+
+from tjpipe import settings
+from tjpipe.settings import FromEnvironment, SettingsError, env_flag, env_list_flag
+
+if TYPE_CHECKING:
+    from tjpipe.contracts.streams import StreamSpec
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _env_list(name: str) -> list[str]:
-    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
-
-
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-level", default=os.environ.get("TJPIPE_LOG_LEVEL", "info"))
-    parser.add_argument(
+    env_flag(parser, "--log-level", env="TJPIPE_LOG_LEVEL", default="info", help="debug, info, warning or error")
+    env_flag(
+        parser,
         "--metrics-port",
+        env="TJPIPE_METRICS_PORT",
+        default=9090,
         type=int,
-        default=int(os.environ.get("TJPIPE_METRICS_PORT", "9090")),
-        help="serve /metrics, /healthz and /readyz here (env TJPIPE_METRICS_PORT; 0 turns it off)",
+        help="serve /metrics, /healthz and /readyz here; 0 turns it off",
     )
-    parser.add_argument(
+    env_flag(
+        parser,
         "--replica-id",
-        default=os.environ.get("TJPIPE_REPLICA_ID", ""),
-        help="name of this replica in partition leases (env TJPIPE_REPLICA_ID; default host-pid)",
+        env="TJPIPE_REPLICA_ID",
+        default="",
+        help="name of this replica in partition leases; default host-pid",
     )
-    parser.add_argument(
-        "--log-format", choices=("json", "text", "auto"), default=os.environ.get("TJPIPE_LOG_FORMAT", "auto")
+    env_flag(
+        parser,
+        "--log-format",
+        env="TJPIPE_LOG_FORMAT",
+        default="auto",
+        choices=("json", "text", "auto"),
+        help="auto: JSON unless stderr is a terminal",
     )
 
 
 def _nats(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"), help="env: NATS_URL")
-    parser.add_argument(
+    env_flag(
+        parser, "--nats-url", env="NATS_URL", default="nats://127.0.0.1:4222", help="NATS servers, comma-separated"
+    )
+    env_flag(
+        parser,
         "--nats-creds",
-        default=os.environ.get("NATS_CREDS"),
-        help="this process's NATS identity: an nkey seed file or a JWT .creds file (env NATS_CREDS)",
+        env="NATS_CREDS",
+        help="this process's NATS identity: an nkey seed file or a JWT .creds file",
     )
-    parser.add_argument(
-        "--nats-tls-ca",
-        default=os.environ.get("NATS_TLS_CA"),
-        help="CA file that signed the NATS server (env NATS_TLS_CA)",
-    )
-    parser.add_argument(
-        "--nats-tls-cert",
-        default=os.environ.get("NATS_TLS_CERT"),
-        help="client certificate, if the server asks for one (env NATS_TLS_CERT)",
-    )
-    parser.add_argument(
-        "--nats-tls-key", default=os.environ.get("NATS_TLS_KEY"), help="its private key (env NATS_TLS_KEY)"
-    )
+    env_flag(parser, "--nats-tls-ca", env="NATS_TLS_CA", help="CA file that signed the NATS server")
+    env_flag(parser, "--nats-tls-cert", env="NATS_TLS_CERT", help="client certificate, if the server asks for one")
+    env_flag(parser, "--nats-tls-key", env="NATS_TLS_KEY", help="its private key")
 
 
 def nats_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``plumbing.bus.connect`` keyword arguments the NATS flags name."""
-    from tjpipe.plumbing.bus import TlsFiles
-
-    tls = TlsFiles.from_options(args.nats_tls_ca, args.nats_tls_cert, args.nats_tls_key)
-    return {"creds": args.nats_creds or None, "tls": tls}
+    return {"creds": args.nats_creds or None, "tls": settings.nats_tls(args)}
 
 
 def _kube(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--kubeconfig",
-        default=os.environ.get("KUBECONFIG"),
-        help="env: KUBECONFIG; unset inside a cluster means in-cluster credentials",
-    )
+    env_flag(parser, "--kubeconfig", env="KUBECONFIG", help="unset: ~/.kube/config, else in-cluster credentials")
 
 
 def _signing_key(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--signing-key",
-        default=os.environ.get("TJPIPE_SIGNING_KEY"),
-        help="this stage's ed25519 private key, PEM (env TJPIPE_SIGNING_KEY); required",
-    )
+    env_flag(parser, "--signing-key", env="TJPIPE_SIGNING_KEY", help="this stage's ed25519 private key, PEM; required")
 
 
 def _trusted_keys(parser: argparse.ArgumentParser, kind: str, made_by: str) -> None:
-    parser.add_argument(
+    env_flag(
+        parser,
         f"--trusted-{kind}-keys",
-        default=os.environ.get(f"TJPIPE_TRUSTED_{kind.upper()}_KEYS"),
-        help=f"the {made_by}'s ed25519 public keys: a file, or a directory of *.pub files "
-        f"(env TJPIPE_TRUSTED_{kind.upper()}_KEYS); required",
+        env=f"TJPIPE_TRUSTED_{kind.upper()}_KEYS",
+        help=f"the {made_by}'s ed25519 public keys: a file, or a directory of *.pub files; required",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tjpipe", description=__doc__.splitlines()[0] if __doc__ else None)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from tjpipe.exits import EPILOG
+
+    parser = _Parser(
+        prog="tjpipe",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tjpipe {_version()}", help="print the version")
+    parser.add_argument(
+        "--debug", action="store_true", help="print a traceback with an error (env: TJPIPE_DEBUG=1 does the same)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     watcher = sub.add_parser("watcher", help="list and watch TrainJobs, runtimes and JobSets; publish events")
     _common(watcher)
     _nats(watcher)
     _kube(watcher)
-    watcher.add_argument(
+    env_list_flag(
+        watcher,
         "--namespace",
-        action="append",
-        default=_env_list("TJPIPE_NAMESPACES"),
-        help="namespace to watch (repeatable; env TJPIPE_NAMESPACES, comma-separated); default: all",
+        env="TJPIPE_NAMESPACES",
+        help="namespace to watch (repeatable; replaces the comma-separated variable); default: all",
     )
-    watcher.add_argument("--resync-seconds", type=float, default=300.0)
+    watcher.add_argument("--resync-seconds", type=float, default=300.0, help="relist TrainJobs this often")
     _signing_key(watcher)
 
     planner = sub.add_parser("planner", help="turn events into per-component apply configurations")
@@ -123,17 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     _common(applier)
     _nats(applier)
     _kube(applier)
-    applier.add_argument("--concurrency", type=int, default=int(os.environ.get("TJPIPE_APPLY_CONCURRENCY", "16")))
-    applier.add_argument(
+    env_flag(applier, "--concurrency", env="TJPIPE_APPLY_CONCURRENCY", default=16, type=int, help="concurrent applies")
+    env_flag(
+        applier,
         "--stale-claim-grace",
+        env="TJPIPE_STALE_CLAIM_GRACE",
+        default=330.0,
         type=float,
-        default=float(os.environ.get("TJPIPE_STALE_CLAIM_GRACE", "330")),
         help="seconds a ledger claim newer than the cluster may hold a target before it is overwritten",
     )
-    applier.add_argument(
+    env_flag(
+        applier,
         "--trainjob-cache-seconds",
+        env="TJPIPE_TRAINJOB_CACHE_SECONDS",
+        default=5.0,
         type=float,
-        default=float(os.environ.get("TJPIPE_TRAINJOB_CACHE_SECONDS", "5")),
         help="seconds a TrainJob verified against the cluster is trusted without reading it again",
     )
     _trusted_keys(applier, "plan", "planner")
@@ -143,21 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(webhook)
     _kube(webhook)
-    webhook.add_argument(
-        "--port", type=int, default=int(os.environ.get("TJPIPE_WEBHOOK_PORT", "9443")), help="env TJPIPE_WEBHOOK_PORT"
-    )
-    webhook.add_argument(
-        "--host", default=os.environ.get("TJPIPE_WEBHOOK_HOST", "0.0.0.0"), help="env TJPIPE_WEBHOOK_HOST"
-    )
-    webhook.add_argument(
+    env_flag(webhook, "--port", env="TJPIPE_WEBHOOK_PORT", default=9443, type=int, help="HTTPS port")
+    env_flag(webhook, "--host", env="TJPIPE_WEBHOOK_HOST", default="0.0.0.0", help="address to listen on")
+    env_flag(
+        webhook,
         "--tls-cert",
-        default=os.environ.get("TJPIPE_WEBHOOK_TLS_CERT", "/etc/tjpipe/webhook-tls/tls.crt"),
-        help="serving certificate, PEM (env TJPIPE_WEBHOOK_TLS_CERT)",
+        env="TJPIPE_WEBHOOK_TLS_CERT",
+        default="/etc/tjpipe/webhook-tls/tls.crt",
+        help="serving certificate, PEM",
     )
-    webhook.add_argument(
+    env_flag(
+        webhook,
         "--tls-key",
-        default=os.environ.get("TJPIPE_WEBHOOK_TLS_KEY", "/etc/tjpipe/webhook-tls/tls.key"),
-        help="its private key, PEM (env TJPIPE_WEBHOOK_TLS_KEY)",
+        env="TJPIPE_WEBHOOK_TLS_KEY",
+        default="/etc/tjpipe/webhook-tls/tls.key",
+        help="its private key, PEM",
     )
 
     up = sub.add_parser(
@@ -166,12 +177,52 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--demo", action="store_true", help="install torch-distributed and create a sample TrainJob")
     up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
     up.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
+    simulated = up.add_argument_group(
+        "simulated cluster",
+        "By default the stack's own apiserver gets kube-controller-manager, kube-scheduler, JobSet's manager "
+        "with its webhooks, and kwok nodes: Jobs make pods, pods run (no containers) and finish.",
+    )
+    simulated.add_argument(
+        "--control-plane-only",
+        action="store_true",
+        help="run etcd and kube-apiserver only: TrainJobs get their JobSets, nothing runs them",
+    )
+    simulated.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4: 32 cpu, 8 GPUs each)")
+    simulated.add_argument(
+        "--pod-run-seconds",
+        type=float,
+        default=5.0,
+        help="how long a simulated pod runs before it succeeds (default 5; per pod: annotation "
+        "sim.tjpipe.local/run-time)",
+    )
+    adopt = up.add_argument_group(
+        "existing servers",
+        "By default the stack runs its own NATS and kube-apiserver on 127.0.0.1, whatever KUBECONFIG and "
+        "NATS_URL say. To write to existing servers instead, name them here.",
+    )
+    adopt.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="adopt the cluster of this kubeconfig's current context (the CRDs must be installed already)",
+    )
+    adopt.add_argument(
+        "--nats-url",
+        help="adopt this NATS server (credentials: TJPIPE_NATS_CREDS_DIR, a folder of <identity>.nk it trusts)",
+    )
+    adopt.add_argument(
+        "--use-env",
+        action="store_true",
+        help="adopt what KUBECONFIG and NATS_URL name (those set; the flags above win)",
+    )
 
     setup = sub.add_parser(
         "bus-setup",
         help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
+        description="Stream retention comes from the environment: TJPIPE_<EVENTS|APPLY|RESULTS|DLQ>_MAX_AGE "
+        "(e.g. 30d) and _MAX_BYTES (e.g. 2gi); stream and KV replicas from TJPIPE_STREAM_REPLICAS (default 1).",
     )
     _nats(setup)
+    setup.set_defaults(bus=FromEnvironment(_stream_settings))
 
     creds = sub.add_parser(
         "nats-credentials",
@@ -192,74 +243,249 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", action="append", required=True, help="a DNS name or IP address the certificate is for (repeatable)"
     )
 
+    _add_operator_commands(sub)
+    return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with a usage error as one ``error: ...`` line like every other error (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        from tjpipe.exits import ExitCode
+
+        _error(f"{message} (see: {self.prog} --help)")
+        raise SystemExit(int(ExitCode.USAGE))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainjob-pipeline")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_positive_seconds.__name__ = "positive number"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+_positive_int.__name__ = "positive integer"
+
+
+def _connect_timeout(parser: argparse.ArgumentParser, what: str) -> None:
+    env_flag(
+        parser,
+        "--connect-timeout",
+        env="TJPIPE_CONNECT_TIMEOUT",
+        default=5.0,
+        type=_positive_seconds,
+        help=f"give up after this many seconds without an answer from {what} (exit code 4)",
+    )
+
+
+def _trainjob_argument(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
+    parser.add_argument(
+        "trainjob",
+        metavar="[NAMESPACE/]NAME",
+        nargs="?" if optional else None,
+        help="the TrainJob, as NAMESPACE/NAME or NAME with -n NAMESPACE",
+    )
+    parser.add_argument(
+        "-n", "--namespace", help="the TrainJob's namespace, when NAME has none (default: default)"
+    )
+
+
+def _add_operator_commands(sub: Any) -> None:
+    """The operator's commands: the stack's ``down``, the history tools, dead letters, signing keys, completion."""
     down = sub.add_parser("down", help="stop a stack started with 'tjpipe up --detach'")
-    down.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
+    down.add_argument(
+        "--state-dir", type=Path, default=Path(".tjpipe"), help="the stack's state folder (default: .tjpipe)"
+    )
 
     hist = sub.add_parser("history", help="the timeline of one TrainJob: events, plans, results, dead letters")
-    hist.add_argument("trainjob", metavar="NAMESPACE/NAME")
-    hist.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    _trainjob_argument(hist)
+    hist.add_argument(
+        "-o", "--output", choices=("table", "json", "yaml"), default="table", help="output format (default: table)"
+    )
     _nats(hist)
+    _connect_timeout(hist, "NATS")
 
-    rep = sub.add_parser("replay", help="plan recorded events again offline and diff against the recorded plans")
-    rep.add_argument("trainjob", metavar="NAMESPACE/NAME", nargs="?")
-    rep.add_argument("--all", action="store_true", help="every TrainJob in the window")
-    rep.add_argument("--since", help="ISO time or a duration such as 2h or 30m")
-    rep.add_argument("--from-seq", type=int, help="first event stream sequence to replay")
-    rep.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    rep = sub.add_parser(
+        "replay",
+        help="plan recorded events again offline and diff against the recorded plans (exit code 1: they differ)",
+    )
+    _trainjob_argument(rep, optional=True)
+    rep.add_argument("--all", action="store_true", help="every TrainJob in the window instead of one")
+    rep.add_argument("--since", help="replay events from this time: a duration ago (90s, 30m, 2h, 1d) or ISO 8601")
+    rep.add_argument("--from-seq", type=_positive_int, help="first event stream sequence to replay")
+    rep.add_argument(
+        "-o", "--output", choices=("table", "json", "yaml"), default="table", help="output format (default: table)"
+    )
     _nats(rep)
+    _connect_timeout(rep, "NATS")
 
-    pl = sub.add_parser("plan", help="print the components a TrainJob would produce, without applying anything")
-    pl.add_argument("-f", "--file", type=Path, required=True, help="TrainJob YAML")
+    pl = sub.add_parser(
+        "plan",
+        help="print the components a TrainJob would produce, without applying anything",
+        description="Print the objects the pipeline would apply for a TrainJob, as YAML (or JSON). With "
+        "--server-dry-run, apply them with dryRun=All and show how the cluster would change "
+        "(exit code 1: it would).",
+    )
+    pl.add_argument("-f", "--file", required=True, help="TrainJob YAML; it may also hold the runtime; - reads stdin")
     source = pl.add_mutually_exclusive_group()
-    source.add_argument("--runtime", type=Path, help="runtime YAML (TrainingRuntime or ClusterTrainingRuntime)")
+    source.add_argument(
+        "--runtime", help="runtime YAML (TrainingRuntime or ClusterTrainingRuntime); - reads stdin"
+    )
     source.add_argument("--from-cluster", action="store_true", help="read the runtime from the cluster")
-    pl.add_argument("--server-dry-run", action="store_true", help="SSA with dryRun=All; diff against live objects")
+    pl.add_argument(
+        "--server-dry-run", action="store_true", help="apply with dryRun=All and diff against the live objects"
+    )
+    pl.add_argument("-n", "--namespace", help="the TrainJob's namespace, when its file names none")
+    pl.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "json", "table"),
+        help="yaml or json: the objects (default yaml), or the --server-dry-run diff as data; "
+        "table: the --server-dry-run diff for people (its default)",
+    )
     _kube(pl)
+    if not any("--context" in action.option_strings for action in pl._actions):
+        pl.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
+    _connect_timeout(pl, "the apiserver")
 
     dlq = sub.add_parser("dlq", help="inspect dead letters and send them back into the pipeline")
-    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="COMMAND")
     dlq_list = dlq_sub.add_parser("list", help="every dead letter")
-    dlq_list.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    show = dlq_sub.add_parser("show", help="one dead letter, with its payload")
-    show.add_argument("seq", type=int)
-    retry = dlq_sub.add_parser("retry", help="republish dead letters to their original subjects")
-    retry.add_argument("seq", type=int, nargs="*")
-    retry.add_argument("--all", action="store_true")
+    dlq_list.add_argument(
+        "-o", "--output", choices=("table", "json", "yaml"), default="table", help="output format (default: table)"
+    )
+    show = dlq_sub.add_parser("show", help="one dead letter, with its payload decoded")
+    show.add_argument("seq", type=_positive_int, metavar="SEQ", help="the dead letter's sequence (dlq list)")
+    show.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
+    retry = dlq_sub.add_parser(
+        "retry", help="republish dead letters to their original subjects (needs the dlq-operator identity)"
+    )
+    retry.add_argument("seq", type=_positive_int, nargs="*", metavar="SEQ", help="dead letters' sequences")
+    retry.add_argument("--all", action="store_true", help="every dead letter")
     for p in dlq_sub.choices.values():
         _nats(p)
+        _connect_timeout(p, "NATS")
 
     keys = sub.add_parser("keys", help="the stages' message-signing keys: make, rotate, retire")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="COMMAND")
     keys_sub.add_parser("init", help="a signing key for the watcher and the planner, and the keyrings trusting them")
     rot = keys_sub.add_parser("rotate", help="trust a new key for STAGE, then sign with it (the old stays trusted)")
-    rot.add_argument("stage", choices=("watcher", "planner"))
+    rot.add_argument("stage", choices=("watcher", "planner"), help="the stage whose key is rotated")
     ret = keys_sub.add_parser("retire", help="stop trusting an old key of STAGE")
-    ret.add_argument("stage", choices=("watcher", "planner"))
-    ret.add_argument("key_id")
+    ret.add_argument("stage", choices=("watcher", "planner"), help="the stage whose old key is retired")
+    ret.add_argument("key_id", metavar="KEY_ID", help="the key to stop trusting (keys list)")
     keys_sub.add_parser("list", help="the key each stage signs with, and the keys trusted")
     for p in keys_sub.choices.values():
         p.add_argument(
             "--dir",
             type=Path,
             default=Path(".tjpipe/keys"),
-            help="key folder: watcher.key, planner.key (0600), trusted-events/ and trusted-plans/ (*.pub)",
+            help="key folder: each stage's signing key (0600), trusted-events/ and trusted-plans/ (*.pub) "
+            "(default: .tjpipe/keys)",
         )
-    return parser
+
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script: bash, zsh or fish",
+        description="Print a completion script for tjpipe. bash: source <(tjpipe completion bash); "
+        "zsh: source <(tjpipe completion zsh); fish: tjpipe completion fish | source",
+    )
+    comp.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete in")
+
+
+def _debug_wanted(argv: list[str] | None) -> bool:
+    words = sys.argv[1:] if argv is None else argv
+    return "--debug" in words or os.environ.get("TJPIPE_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _error(message: str) -> None:
+    """One line on stderr, the text exactly as given (no markup)."""
+    line = " ".join(message.split())
+    sys.stderr.write(f"error: {line}\n")
+    sys.stderr.flush()
+
+
+_SERVICES = ("watcher", "planner", "applier", "webhook")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Parse, run one command, and turn every error into one ``error: ...`` line and a documented exit code.
+
+    Tracebacks are for bugs: they are printed with ``--debug`` or ``TJPIPE_DEBUG=1``, and always when a
+    long-running service crashes (its log is where it is read).
+    """
+    import traceback
+
+    from tjpipe.exits import CliError, ExitCode
+
+    debug = _debug_wanted(argv)
+    command = ""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = args.command
+        settings.resolve(args, os.environ)
+        return _dispatch(args)
+    except CliError as exc:
+        if debug:
+            traceback.print_exc()
+        _error(str(exc))
+        return int(exc.code)
+    except settings.SettingsError as exc:
+        if debug:
+            traceback.print_exc()
+        _error(str(exc))
+        return int(ExitCode.USAGE)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        # The reader of stdout went away (| head): say nothing more, and let no flush at exit complain.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return int(ExitCode.FAILED)
+    except Exception as exc:
+        if debug or command in _SERVICES:
+            traceback.print_exc()
+        hint = "" if debug else " (run with --debug or TJPIPE_DEBUG=1 for a traceback)"
+        _error(f"{type(exc).__name__}: {exc}{hint}")
+        return int(ExitCode.FAILED)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     command: str = args.command
-    if command in ("watcher", "planner", "applier"):
+    if command in _SERVICES:
         return _run_service(command, args)
-    if command == "webhook":
-        return _run_webhook(args)
     if command == "up":
         return _up(args)
     if command == "down":
         return _down(args)
     if command == "keys":
         return _keys(args)
+    if command == "completion":
+        from tjpipe.completion import script
+
+        sys.stdout.write(script(build_parser(), args.shell))
+        return 0
     if command == "bus-setup":
         return asyncio.run(_bus_setup(args))
     if command == "nats-credentials":
@@ -284,89 +510,53 @@ def _run_service(command: str, args: argparse.Namespace) -> int:
 
     try:
         return _start_service(command, args)
-    except (KeyMaterialError, CredentialsError, NotAuthorized) as exc:  # secure by default: no keys, no service
+    except (SettingsError, KeyMaterialError, CredentialsError, NotAuthorized) as exc:  # no keys, no service
         print(f"tjpipe {command}: {exc}", file=sys.stderr)
         return 2
 
 
 def _start_service(command: str, args: argparse.Namespace) -> int:
-    from tjpipe.plumbing.runner import configure_logging, run_service
+    """Every service starts the same way: its settings from the parsed arguments, then ``run_service``."""
+    from tjpipe.plumbing.runner import run_service
 
-    fmt = {"json": True, "text": False, "auto": None}[args.log_format]
-    configure_logging(args.log_level, json_logs=fmt)
-    # What every service is started with (plumbing.runner.ServiceSettings), parsed once here.
-    common: dict[str, Any] = {
-        "nats_url": args.nats_url,
-        "metrics_port": args.metrics_port,
-        "nats_creds": args.nats_creds or None,
-        "nats_tls": nats_options(args)["tls"],
-    }
     if command == "watcher":
-        from tjpipe.watcher.service import WatcherSettings, run_watcher
+        from tjpipe.watcher.service import run_watcher
 
-        ws = WatcherSettings(
-            **common,
-            kubeconfig=args.kubeconfig,
-            namespaces=tuple(dict.fromkeys(args.namespace)),
-            resync_seconds=args.resync_seconds,
-            signing_key=args.signing_key,
-        )
-        return run_service(lambda stop: run_watcher(ws, stop))
+        return run_service(settings.watcher(args), run_watcher)
     if command == "planner":
-        from tjpipe.planner.service import PlannerSettings, run_planner
+        from tjpipe.planner.service import run_planner
 
-        ps = PlannerSettings(**common, signing_key=args.signing_key, trusted_event_keys=args.trusted_event_keys)
-        if args.replica_id:
-            ps.replica = args.replica_id
-        return run_service(lambda stop: run_planner(ps, stop))
-    from tjpipe.applier.service import ApplierSettings, run_applier
+        return run_service(settings.planner(args), run_planner)
+    if command == "applier":
+        from tjpipe.applier.service import run_applier
 
-    aps = ApplierSettings(
-        **common,
-        kubeconfig=args.kubeconfig,
-        concurrency=args.concurrency,
-        stale_claim_grace_seconds=args.stale_claim_grace,
-        trainjob_cache_seconds=args.trainjob_cache_seconds,
-        trusted_plan_keys=args.trusted_plan_keys,
-    )
-    if args.replica_id:
-        aps.replica = args.replica_id
-    return run_service(lambda stop: run_applier(aps, stop))
+        return run_service(settings.applier(args), run_applier)
+    from tjpipe.planner.webhook import run_webhook
 
-
-def _run_webhook(args: argparse.Namespace) -> int:
-    from tjpipe.planner.webhook import WebhookSettings, run_webhook
-    from tjpipe.plumbing.runner import configure_logging, run_service
-
-    configure_logging(args.log_level, json_logs={"json": True, "text": False, "auto": None}[args.log_format])
-    settings = WebhookSettings(
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        port=args.port,
-        host=args.host,
-        metrics_port=args.metrics_port,
-        kubeconfig=args.kubeconfig,
-    )
-    for path in (settings.tls_cert, settings.tls_key):
-        if not Path(path).is_file():
-            print(f"tjpipe webhook: no such file: {path} (--tls-cert/--tls-key)", file=sys.stderr)
-            return 2
-    return run_service(lambda stop: run_webhook(settings, stop))
+    return run_service(settings.webhook(args), run_webhook)
 
 
 # ------------------------------------------------------------------------------------------- the bus
 
 
-async def _bus_setup(args: argparse.Namespace) -> int:
+def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...], int]:
+    """The streams with the retention and replicas ``environ`` sets, for ``bus-setup``."""
     from tjpipe.contracts import streams
+
+    try:
+        return streams.configured_streams(environ), streams.stream_replicas(environ)
+    except ValueError as exc:
+        raise SettingsError(f"stream settings (TJPIPE_STREAM_REPLICAS, TJPIPE_<STREAM>_MAX_*): {exc}") from None
+
+
+async def _bus_setup(args: argparse.Namespace) -> int:
     from tjpipe.plumbing import bus
 
     try:
         nc = await bus.connect(args.nats_url, name="tjpipe-bus-setup", **nats_options(args))
         try:
-            await bus.setup_bus(
-                nc.jetstream(), streams.configured_streams(os.environ), replicas=streams.stream_replicas(os.environ)
-            )
+            specs, replicas = args.bus
+            await bus.setup_bus(nc.jetstream(), specs, replicas=replicas)
         finally:
             await nc.close()
     except (bus.NotAuthorized, bus.CredentialsError) as exc:
@@ -392,15 +582,31 @@ def _nats_credentials(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from tjpipe.local.toolchain import ToolchainMissing
-    from tjpipe.stack import Stack, StatePaths
+    from tjpipe.stack import Stack, StatePaths, choose_backends
 
     paths = StatePaths(args.state_dir.resolve())
     if any(paths.logs.glob("*.pid")):
         console.print(f"[yellow]a stack seems to be running already ({paths.logs}); run 'tjpipe down' first[/]")
         return 1
-    stack = Stack(paths=paths, progress=lambda line: console.print(f"[dim]·[/] {line}"))
     try:
-        stack.start_infrastructure()
+        backends = choose_backends(nats_url=args.nats_url, kubeconfig=args.kubeconfig, use_env=args.use_env)
+    except ValueError as exc:
+        console.print(f"error: {escape(str(exc))}")
+        return 2
+    _announce(backends)
+    stack = Stack(
+        paths=paths,
+        progress=lambda line: console.print(f"[dim]·[/] {escape(line)}"),
+        simulate=not args.control_plane_only,
+        sim_nodes=args.nodes,
+        pod_run_seconds=args.pod_run_seconds,
+    )
+    # `timeout`, a service manager or a closing terminal send SIGTERM: stop everything as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        stack.start_infrastructure(
+            nats_url=backends.nats_url, kubeconfig=backends.cluster.kubeconfig if backends.cluster else None
+        )
         stack.start_services()
         stack.start_webhook()
         demo = stack.create_demo() if args.demo else None
@@ -409,6 +615,7 @@ def _up(args: argparse.Namespace) -> int:
             console.print("[green]stack running in the background[/]; stop it with [bold]tjpipe down[/]")
             stack.services.clear()  # detached: leave every process to 'tjpipe down'
             stack.local_kube = None
+            stack.simulation = None
             stack.local_nats = None
             stack.webhook_url = ""  # keep its configuration: the webhook keeps running
             return 0
@@ -425,11 +632,33 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _announce(backends: Any) -> None:
+    """Say where ``tjpipe up`` will write, before it writes anything: loudly when that is an existing server."""
+    adopted = backends.nats_url or backends.cluster
+    style = "bold yellow" if adopted else "bold"
+    console.print(f"[{style}]tjpipe up writes to:[/]")
+    for line in backends.describe():
+        console.print(f"  [{style}]{escape(line)}[/]")
+    ignored = [name for name in ("KUBECONFIG", "NATS_URL") if os.environ.get(name)]
+    if not adopted and ignored:
+        console.print(
+            f"  ({' and '.join(ignored)} from the environment {'are' if len(ignored) > 1 else 'is'} not used; "
+            "adopt existing servers with --kubeconfig PATH, --nats-url URL or --use-env)"
+        )
+
+
 def _where(stack: Any) -> None:
     paths = stack.paths
     console.print(f"state folder: {paths.root}")
     if stack.local_kube is not None:
         console.print(f"  kubeconfig: {paths.kubeconfig}")
+    elif stack.kubeconfig is not None:
+        console.print(f"  kubeconfig: {stack.kubeconfig}   (an EXISTING cluster)")
+    console.print(f"  NATS:       {stack.nats_url}" + ("   (an EXISTING server)" if stack.nats_adopted else ""))
     console.print(f"  env:        {paths.env_file}   (source it: . {paths.env_file})")
     if getattr(stack, "credentials", None) is not None:
         console.print(
@@ -442,14 +671,13 @@ def _down(args: argparse.Namespace) -> int:
     from tjpipe.stack import StatePaths, stop_detached
 
     stopped = stop_detached(StatePaths(args.state_dir.resolve()))
-    if stopped:
-        console.print(f"stopped: {', '.join(stopped)}")
-    else:
-        console.print("nothing was running")
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
     return 0
 
 
 def _keys(args: argparse.Namespace) -> int:
+    """Results go to stdout as plain text: key ids and paths are data, not markup."""
+    from tjpipe.exits import Failure
     from tjpipe.local.signing_keys import STAGES, KeyFolder
     from tjpipe.plumbing.signing import KeyMaterialError
 
@@ -458,28 +686,28 @@ def _keys(args: argparse.Namespace) -> int:
     try:
         if sub == "init":
             folder.ensure()
-            console.print(f"keys in {folder.root}: " + ", ".join(f"{s} {folder.current_key_id(s)}" for s in STAGES))
+            print(f"keys in {folder.root}: " + ", ".join(f"{s} {folder.current_key_id(s)}" for s in STAGES))
         elif sub == "rotate":
             old, new = folder.rotate(args.stage)
-            console.print(
+            print(
                 f"{args.stage} now signs with {new} (running services pick it up within seconds); {old} is still "
                 f"trusted for messages signed before. Once they are consumed: tjpipe keys retire {args.stage} {old}"
             )
         elif sub == "retire":
             removed = folder.retire(args.stage, args.key_id)
-            console.print(f"{args.stage} key {args.key_id} is no longer trusted (removed {removed})")
+            print(f"{args.stage} key {args.key_id} is no longer trusted (removed {removed})")
         else:
             for stage in STAGES:
                 trusted = ", ".join(folder.trusted_key_ids(stage))
-                console.print(f"{stage}: signs with {folder.current_key_id(stage)}; trusted: {trusted}")
-    except (KeyMaterialError, ValueError) as exc:
-        console.print(f"[red]{exc}[/]")
-        return 1
+                print(f"{stage}: signs with {folder.current_key_id(stage)}; trusted: {trusted}")
+    except (KeyMaterialError, ValueError, OSError) as exc:
+        raise Failure(str(exc)) from exc
     return 0
 
 
 async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
-    """Print every apply result as it happens, and the demo JobSet's shape once it exists."""
+    """Print every apply result as it happens, the demo JobSet's shape once it exists, and on a simulated
+    cluster the demo TrainJob's status until it finished, then its deletion and clean-up (``tjpipe.demo``)."""
     import logging
 
     import msgspec
@@ -494,8 +722,15 @@ async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
     js = nc.jetstream()
     shown = False
     next_seq = 1
+    watch = None
+    if demo and getattr(stack, "simulation", None) is not None:
+        from tjpipe.demo import DemoWatch
+
+        watch = DemoWatch(stack.kubeconfig, *demo, say=console.print)
     try:
         while True:
+            if watch is not None and watch.state != "done":
+                await asyncio.to_thread(watch.poll)
             for process in stack.services:
                 if not process.is_running():
                     console.print(f"[red]{process.name} exited[/]; last log lines:\n{process.log_tail()}")
@@ -527,6 +762,8 @@ async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
                     shown = True
                     _show_jobset(stack, *demo)
     finally:
+        if watch is not None:
+            watch.close()
         await nc.close()
 
 

@@ -1,0 +1,126 @@
+"""The edge (``tjpipe.settings``): flags and the environment read once, the flag winning, settings passed down."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tjpipe import cli, settings
+from tjpipe.applier.service import ApplierSettings
+from tjpipe.planner.service import PlannerSettings
+from tjpipe.plumbing.bus import TlsFiles
+from tjpipe.watcher.service import WatcherSettings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    return settings.resolve(cli.build_parser().parse_args(argv), environ or {})
+
+
+def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
+    assert parse(["applier"]).concurrency == 16
+    assert parse(["applier"], {"TJPIPE_APPLY_CONCURRENCY": "7"}).concurrency == 7
+    assert parse(["applier", "--concurrency", "3"], {"TJPIPE_APPLY_CONCURRENCY": "7"}).concurrency == 3
+    assert parse(["planner"], {"NATS_URL": "nats://a:1"}).nats_url == "nats://a:1"
+    assert parse(["planner", "--nats-url", "nats://b:2"], {"NATS_URL": "nats://a:1"}).nats_url == "nats://b:2"
+
+
+def test_an_empty_variable_counts_as_unset() -> None:
+    args = parse(["applier"], {"TJPIPE_APPLY_CONCURRENCY": "", "KUBECONFIG": " "})
+    assert args.concurrency == 16
+    assert args.kubeconfig is None
+
+
+def test_namespace_flags_replace_the_variable_instead_of_adding_to_it() -> None:
+    environ = {"TJPIPE_NAMESPACES": "team-a, team-b,"}
+    assert parse(["watcher"], environ).namespace == ["team-a", "team-b"]
+    assert parse(["watcher", "--namespace", "c", "--namespace", "d"], environ).namespace == ["c", "d"]
+    assert parse(["watcher"]).namespace == []
+
+
+def test_a_malformed_variable_is_one_usage_error_naming_it() -> None:
+    with pytest.raises(settings.SettingsError, match="TJPIPE_METRICS_PORT: not a valid int: 'abc'"):
+        parse(["planner"], {"TJPIPE_METRICS_PORT": "abc"})
+    with pytest.raises(settings.SettingsError, match="TJPIPE_LOG_FORMAT: 'xml' is not one of json, text, auto"):
+        parse(["planner"], {"TJPIPE_LOG_FORMAT": "xml"})
+    with pytest.raises(settings.SettingsError, match="TJPIPE_STREAM_REPLICAS"):
+        parse(["bus-setup"], {"TJPIPE_STREAM_REPLICAS": "three"})
+    # The flag given, the variable is not read at all.
+    assert parse(["planner", "--metrics-port", "0"], {"TJPIPE_METRICS_PORT": "abc"}).metrics_port == 0
+
+
+def test_the_parser_reads_no_environment_and_every_variable_is_named_in_its_flags_help(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TJPIPE_METRICS_PORT", "not a number")  # --help must still work
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command, sub in subparsers.choices.items():
+        for action in sub._actions:
+            if isinstance(action.default, settings.FromEnvironment):
+                assert "(env: " in (action.help or ""), (command, action.dest)
+
+
+def test_bus_setup_takes_stream_retention_and_replicas_from_the_environment() -> None:
+    specs, replicas = parse(["bus-setup"], {"TJPIPE_STREAM_REPLICAS": "3", "TJPIPE_EVENTS_MAX_AGE": "2h"}).bus
+    events = next(s for s in specs if s.name == "TJ_EVENTS")
+    assert (replicas, events.replicas, events.max_age_seconds) == (3, 3, 7200.0)
+
+
+def test_each_service_gets_its_settings_with_the_common_part_built_once() -> None:
+    common = ["--nats-url", "nats://n:4222", "--metrics-port", "0", "--log-format", "json", "--replica-id", "r-1"]
+    environ = {"NATS_CREDS": "/creds/x.nk", "NATS_TLS_CA": "/tls/ca.crt", "TJPIPE_NAMESPACES": "a,a,b"}
+    watcher = settings.watcher(parse(["watcher", *common], environ))
+    planner = settings.planner(parse(["planner", *common], environ))
+    applier = settings.applier(parse(["applier", *common, "--stale-claim-grace", "9"], environ))
+    assert isinstance(watcher, WatcherSettings) and watcher.namespaces == ("a", "b")
+    assert isinstance(planner, PlannerSettings) and planner.replica == "r-1"
+    assert isinstance(applier, ApplierSettings) and applier.stale_claim_grace_seconds == 9.0
+    for made in (watcher, planner, applier):
+        assert (made.nats_url, made.nats_creds, made.nats_tls) == (
+            "nats://n:4222",
+            "/creds/x.nk",
+            TlsFiles(ca="/tls/ca.crt"),
+        )
+        assert (made.metrics_port, made.json_logs, made.log_level) == (0, True, "info")
+
+
+def test_the_webhook_refuses_to_start_without_its_serving_certificate(tmp_path: Path) -> None:
+    args = parse(["webhook", "--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")])
+    with pytest.raises(settings.SettingsError, match="no such file"):
+        settings.webhook(args)
+    (tmp_path / "tls.crt").write_text("x")
+    (tmp_path / "tls.key").write_text("x")
+    made = settings.webhook(args)
+    assert (made.port, made.host, made.metrics_port) == (9443, "0.0.0.0", 9090)
+
+
+def _reads_environment(tree: ast.AST) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            lines += [node.lineno for alias in node.names if alias.name in ("environ", "getenv")]
+    return lines
+
+
+# The kubernetes client's in-cluster loader reads KUBERNETES_SERVICE_HOST itself; plumbing.kube asks the same
+# variable whether to use it, the one place below the CLI that looks at the environment.
+_ALLOWED = {"plumbing/kube.py"}
+
+
+def test_nothing_below_the_cli_reads_the_environment() -> None:
+    found = {}
+    for package in ("contracts", "plumbing", "watcher", "planner", "applier"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            where = str(path.relative_to(REPO))
+            lines = _reads_environment(ast.parse(path.read_text(), filename=where))
+            if lines and where not in _ALLOWED:
+                found[where] = lines
+    assert found == {}

@@ -1,0 +1,192 @@
+"""The edge: what a ``tjpipe`` process runs with, read once from its flags and the environment.
+
+Every setting is a flag with an environment variable behind it, so the same names work on a command line,
+in docker-compose and in a Deployment; a flag given wins over its variable, and each flag's help names
+its variable (``env: NAME``). ``build_parser`` reads no environment: an argument left to its variable
+holds a ``FromEnvironment`` until ``resolve`` reads the one environment ``cli.main`` passes in, after
+parsing. So ``--help`` works whatever the environment holds, a bad value is one error naming the variable,
+and nothing below the CLI reads the environment (``plumbing.kube``'s in-cluster detection excepted: the
+kubernetes client's in-cluster loader reads the service host from the environment itself).
+
+The settings objects stay one type per process (``WatcherSettings``, ``PlannerSettings``,
+``ApplierSettings``, ``WebhookSettings``) instead of one object for all: each service and its tests build
+only what that service uses, and a setting one service has cannot be misread by another. They share one
+common part, ``plumbing.runner.ProcessSettings`` (metrics port, logging), extended by ``ServiceSettings``
+(the NATS connection) for the three pipeline services; ``_process`` and ``_on_bus`` below build that part
+for all of them from the same flags, so a common setting is parsed in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tjpipe.exits import UsageError
+
+if TYPE_CHECKING:
+    from tjpipe.applier.service import ApplierSettings
+    from tjpipe.planner.service import PlannerSettings
+    from tjpipe.planner.webhook import WebhookSettings
+    from tjpipe.plumbing.bus import TlsFiles
+    from tjpipe.watcher.service import WatcherSettings
+
+
+class SettingsError(UsageError, ValueError):
+    """A setting that cannot be used: a malformed environment value, a file that is not there (exit 2)."""
+
+
+@dataclass(frozen=True)
+class FromEnvironment:
+    """An argument's value while its flag is not given: ``read`` makes it from the environment."""
+
+    read: Callable[[Mapping[str, str]], object]
+
+
+def env_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *flags: str,
+    env: str,
+    help: str,
+    default: object = None,
+    type: Callable[[str], object] = str,
+    choices: Sequence[str] | None = None,
+) -> argparse.Action:
+    """A flag with the environment variable ``env`` behind it; the flag wins, then ``env``, then ``default``."""
+
+    def read(environ: Mapping[str, str]) -> object:
+        text = environ.get(env, "").strip()
+        if not text:
+            return default
+        try:
+            value = type(text)
+        except ValueError:
+            raise SettingsError(f"{env}: not a valid {getattr(type, '__name__', 'value')}: {text!r}") from None
+        if choices is not None and value not in choices:
+            raise SettingsError(f"{env}: {text!r} is not one of {', '.join(choices)}")
+        return value
+
+    return parser.add_argument(
+        *flags, default=FromEnvironment(read), type=type, choices=choices, help=f"{help} (env: {env})"
+    )
+
+
+class _AppendOverEnvironment(argparse.Action):
+    """``action="append"`` whose first use replaces the environment's list instead of adding to it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        items = [] if isinstance(current, FromEnvironment) or current is None else list(current)
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
+def env_list_flag(parser: argparse.ArgumentParser, flag: str, *, env: str, help: str) -> argparse.Action:
+    """A repeatable flag with a comma-separated ``env`` behind it; given at all, the flags replace ``env``."""
+
+    def read(environ: Mapping[str, str]) -> list[str]:
+        return [v.strip() for v in environ.get(env, "").split(",") if v.strip()]
+
+    return parser.add_argument(
+        flag, action=_AppendOverEnvironment, default=FromEnvironment(read), help=f"{help} (env: {env})"
+    )
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Namespace:
+    """Give every argument whose flag was not given its value from ``environ``; raises ``SettingsError``."""
+    for name, value in list(vars(args).items()):
+        if isinstance(value, FromEnvironment):
+            setattr(args, name, value.read(environ))
+    return args
+
+
+# ------------------------------------------------------------------------------------------- settings objects
+
+
+def nats_tls(args: argparse.Namespace) -> TlsFiles | None:
+    """The TLS files the ``--nats-tls-*`` flags name, if any."""
+    from tjpipe.plumbing.bus import TlsFiles
+
+    try:
+        return TlsFiles.from_options(args.nats_tls_ca, args.nats_tls_cert, args.nats_tls_key)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _process(args: argparse.Namespace) -> dict[str, Any]:
+    """``plumbing.runner.ProcessSettings``'s fields, for every service."""
+    json_logs = {"json": True, "text": False, "auto": None}[args.log_format]
+    return {"metrics_port": args.metrics_port, "log_level": args.log_level, "json_logs": json_logs}
+
+
+def _on_bus(args: argparse.Namespace) -> dict[str, Any]:
+    """``plumbing.runner.ServiceSettings``'s fields, for the three pipeline services."""
+    return {
+        **_process(args),
+        "nats_url": args.nats_url,
+        "nats_creds": args.nats_creds or None,
+        "nats_tls": nats_tls(args),
+    }
+
+
+def _replica(args: argparse.Namespace) -> dict[str, Any]:
+    """The lease holder's name, where one was given (else each service's default, host-pid)."""
+    return {"replica": args.replica_id} if args.replica_id else {}
+
+
+def watcher(args: argparse.Namespace) -> WatcherSettings:
+    from tjpipe.watcher.service import WatcherSettings
+
+    return WatcherSettings(
+        **_on_bus(args),
+        kubeconfig=args.kubeconfig,
+        namespaces=tuple(dict.fromkeys(args.namespace)),
+        resync_seconds=args.resync_seconds,
+        signing_key=args.signing_key,
+    )
+
+
+def planner(args: argparse.Namespace) -> PlannerSettings:
+    from tjpipe.planner.service import PlannerSettings
+
+    return PlannerSettings(
+        **_on_bus(args), **_replica(args), signing_key=args.signing_key, trusted_event_keys=args.trusted_event_keys
+    )
+
+
+def applier(args: argparse.Namespace) -> ApplierSettings:
+    from tjpipe.applier.service import ApplierSettings
+
+    return ApplierSettings(
+        **_on_bus(args),
+        **_replica(args),
+        kubeconfig=args.kubeconfig,
+        concurrency=args.concurrency,
+        stale_claim_grace_seconds=args.stale_claim_grace,
+        trainjob_cache_seconds=args.trainjob_cache_seconds,
+        trusted_plan_keys=args.trusted_plan_keys,
+    )
+
+
+def webhook(args: argparse.Namespace) -> WebhookSettings:
+    from tjpipe.planner.webhook import WebhookSettings
+
+    for path in (args.tls_cert, args.tls_key):
+        if not Path(path).is_file():
+            raise SettingsError(f"no such file: {path} (--tls-cert/--tls-key)")
+    return WebhookSettings(
+        **_process(args),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        port=args.port,
+        host=args.host,
+        kubeconfig=args.kubeconfig,
+    )
