@@ -60,6 +60,8 @@ class Unauthorized(Exception):
 
 TRANSIENT_STATUSES = frozenset({0, 408, 409, 425, 429, 500, 502, 503, 504})
 PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 410, 413, 415, 422})
+"""A 401 gets here only after the API client loaded its credentials again and the retry was refused too
+(``plumbing.kube.KubeClient``): an expired exec or service-account token never reaches the dead letters."""
 
 
 def classify(status: int, reason: str, message: str, *, retry_after: float | None = None) -> Exception:
