@@ -19,7 +19,11 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from tjpipe.planner.info import RuntimeInfo
+import msgspec
+
+from tjpipe.contracts.scheduling import PodGroup, VolcanoPodGroup
+from tjpipe.planner.framework import BuildError
+from tjpipe.planner.info import Component, RuntimeInfo
 from tjpipe.planner.merge import Obj, parse_quantity
 from tjpipe.planner.quantities import EXACT, NANO, QuantityFormat, format_quantity, quantity_format
 
@@ -108,3 +112,16 @@ def pod_group_totals(info: RuntimeInfo) -> tuple[int, dict[str, str]]:
             current = totals.setdefault(name, _Q(Decimal(0), "DecimalSI"))
             current.add(scaled)
     return members, {name: format_quantity(q.value, q.fmt) for name, q in sorted(totals.items())}
+
+
+def pod_group_component(body: Obj, kind: type[PodGroup] | type[VolcanoPodGroup], what: str) -> Component:
+    """The PodGroup ``body`` describes, as a component updated only while the TrainJob is suspended.
+
+    A body that is no valid ``kind`` (e.g. a quantity that does not parse) stops the plan with a
+    ``BuildError`` naming ``what``: the coscheduling or the Volcano PodGroup.
+    """
+    try:
+        pod_group = msgspec.convert(body, kind)
+    except msgspec.ValidationError as exc:
+        raise BuildError(f"the {what} PodGroup is not valid: {exc}") from exc
+    return Component(object=pod_group, policy="while-suspended")

@@ -26,6 +26,7 @@ from tjpipe.plumbing.kube import KubeClient
 from tjpipe.plumbing.observability import HealthServer
 
 S = TypeVar("S", bound="ProcessSettings")
+T = TypeVar("T")
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -121,20 +122,20 @@ class Started:
 
     @property
     def nc(self) -> NATS:
-        if self.connection is None:
-            raise RuntimeError("this service was started without a NATS connection")
-        return self.connection
+        return _required(self.connection, "a NATS connection")
 
     @property
     def js(self) -> JetStreamContext:
-        if self.jetstream is None:
-            raise RuntimeError("this service was started without a NATS connection")
-        return self.jetstream
+        return _required(self.jetstream, "a NATS connection")
 
     def kube_client(self) -> KubeClient:
-        if self.kube is None:
-            raise RuntimeError("this service was started without a Kubernetes client")
-        return self.kube
+        return _required(self.kube, "a Kubernetes client")
+
+
+def _required(resource: T | None, what: str) -> T:
+    if resource is None:
+        raise RuntimeError(f"this service was started without {what}")
+    return resource
 
 
 @contextlib.asynccontextmanager

@@ -17,8 +17,6 @@ The sums are shared with the Volcano plugin, which sizes its PodGroup the same w
 
 from __future__ import annotations
 
-import msgspec
-
 from tjpipe.contracts.scheduling import (
     COSCHEDULING_API_VERSION,
     COSCHEDULING_POD_GROUP_LABEL,
@@ -27,10 +25,10 @@ from tjpipe.contracts.scheduling import (
 )
 from tjpipe.contracts.trainer import TrainJob
 from tjpipe.contracts.values import is_set, name_of, or_default
-from tjpipe.planner.framework import BuildError, ComponentBuilder, EnforcePodGroupPolicy, RuntimeGated
+from tjpipe.planner.framework import ComponentBuilder, EnforcePodGroupPolicy, RuntimeGated
 from tjpipe.planner.info import Component, RuntimeInfo
 from tjpipe.planner.owners import owned_metadata
-from tjpipe.planner.pod_groups import pod_group_totals
+from tjpipe.planner.pod_groups import pod_group_component, pod_group_totals
 
 DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
 """The runtime CRD's default for ``podGroupPolicy.coscheduling.scheduleTimeoutSeconds``."""
@@ -72,11 +70,7 @@ class CoScheduling:
                 ),
             },
         }
-        try:
-            pod_group = msgspec.convert(body, PodGroup)
-        except msgspec.ValidationError as exc:
-            raise BuildError(f"the coscheduling PodGroup is not valid: {exc}") from exc
-        return [Component(object=pod_group, policy="while-suspended")]
+        return [pod_group_component(body, PodGroup, "coscheduling")]
 
 
 # The extension points CoScheduling implements, checked by mypy as the Go compiler checks Trainer's

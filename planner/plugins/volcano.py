@@ -23,8 +23,6 @@ Creation follows the same ``while-suspended`` rule as the coscheduling PodGroup.
 
 from __future__ import annotations
 
-import msgspec
-
 from tjpipe.contracts.scheduling import (
     POD_GROUP_KIND,
     VOLCANO_API_VERSION,
@@ -35,7 +33,6 @@ from tjpipe.contracts.scheduling import (
 from tjpipe.contracts.trainer import TrainJob
 from tjpipe.contracts.values import is_set, name_of
 from tjpipe.planner.framework import (
-    BuildError,
     ComponentBuilder,
     CustomValidation,
     EnforcePodGroupPolicy,
@@ -46,7 +43,7 @@ from tjpipe.planner.gofmt import go_quote
 from tjpipe.planner.info import Component, RuntimeInfo
 from tjpipe.planner.merge import Obj
 from tjpipe.planner.owners import owned_metadata
-from tjpipe.planner.pod_groups import pod_group_totals
+from tjpipe.planner.pod_groups import pod_group_component, pod_group_totals
 
 SYSTEM_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
 """The two built-in priority classes Kubernetes always has; Trainer stops checking when it meets one."""
@@ -134,11 +131,7 @@ class Volcano:
             "metadata": owned_metadata(job, name_of(job)),
             "spec": spec,
         }
-        try:
-            pod_group = msgspec.convert(body, VolcanoPodGroup)
-        except msgspec.ValidationError as exc:
-            raise BuildError(f"the Volcano PodGroup is not valid: {exc}") from exc
-        return [Component(object=pod_group, policy="while-suspended")]
+        return [pod_group_component(body, VolcanoPodGroup, "Volcano")]
 
 
 # The extension points Volcano implements, checked by mypy as the Go compiler checks Trainer's
