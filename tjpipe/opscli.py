@@ -1,7 +1,15 @@
-"""The operator commands' terminal side: argument handling, tables, YAML and JSON, exit codes.
+"""The operator commands' terminal side: argument checks, tables, YAML and JSON, connections, exit codes.
 
 Kept apart from ``tjpipe.ops`` so that the logic is testable without a terminal and the output formats
 can change without touching it.
+
+Two rules keep the output trustworthy. Machine-readable output (``-o json|yaml``, ``plan``'s manifests) is
+written to stdout as the serializer made it, never through rich, so it is byte for byte what a parser
+expects. Human output goes through rich consoles with markup and emoji off, and styles are attached as
+``Text`` styles, so user data such as a container command holding ``x = batch[i]`` or ``[/opt/x]`` is
+printed as it is instead of being read as markup. Errors are raised as ``tjpipe.exits`` errors, which
+``cli.main`` prints as one line with a documented exit code; nothing here prints a traceback or retries a
+connection without bound.
 """
 
 from __future__ import annotations
@@ -10,8 +18,12 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import logging
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,31 +31,202 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from tjpipe import ops
 from tjpipe.contracts.messages import ObjectApply, ObjectKey
+from tjpipe.exits import ExitCode, Failure, Unreachable, UsageError
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 
 def run(command: str, args: argparse.Namespace) -> int:
-    from tjpipe.plumbing.bus import CredentialsError, NotAuthorized
-
+    """Run one operator command; raises ``tjpipe.exits`` errors for ``cli.main`` to print."""
     if command == "plan":
         return _plan(args)
+    _check_arguments(command, args)  # before connecting: a typo is not worth a timeout
+    return asyncio.run(_with_bus(command, args))
+
+
+def _check_arguments(command: str, args: argparse.Namespace) -> None:
+    """Turn the NAME and ``--since`` arguments into a key and a time, or raise ``UsageError``."""
+    args.key = None
+    if command == "history":
+        args.key = trainjob_key(args.trainjob, args.namespace)
+    elif command == "replay":
+        if args.trainjob and args.all:
+            raise UsageError("name one TrainJob or pass --all, not both")
+        if not args.trainjob and not args.all:
+            raise UsageError("name a TrainJob ([NAMESPACE/]NAME) or pass --all")
+        if args.all and args.namespace:
+            raise UsageError("--all replays every namespace; -n/--namespace goes with a NAME")
+        args.key = trainjob_key(args.trainjob, args.namespace) if args.trainjob else None
+        args.since_time = parse_since(args.since)
+    elif command == "dlq" and args.dlq_command == "retry":
+        if args.all and args.seq:
+            raise UsageError("name dead letters by sequence or pass --all, not both")
+        if not args.seq and not args.all:
+            raise UsageError("name dead letters by sequence, or pass --all")
+
+
+# ------------------------------------------------------------------------------------------ raw output
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML as kubectl prints it: multi-line strings (a function's source in a command) as literal blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def to_yaml(value: Any) -> str:
+    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1 << 30)
+
+
+def to_yaml_all(values: list[Any]) -> str:
+    return yaml.dump_all(values, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1 << 30)
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n"
+
+
+def emit(value: Any, output: str) -> None:
+    """Write ``value`` to stdout as JSON or YAML, exactly as serialized."""
+    sys.stdout.write(to_json(value) if output == "json" else to_yaml(value))
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------------------ arguments
+
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_TRAINJOB_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def trainjob_key(text: str, namespace: str | None) -> ObjectKey:
+    """``NAMESPACE/NAME``, or ``NAME`` with ``-n NAMESPACE`` (default ``default``), as kubectl names objects.
+
+    Both parts become NATS subject tokens, so they are checked against Kubernetes' rules (a namespace is a
+    DNS-1123 label, a TrainJob name an RFC 1035 label): a wildcard or a dot can never widen a query.
+    """
+    ns, sep, name = text.rpartition("/")
+    if not sep:
+        ns = namespace or "default"
+    elif namespace and namespace != ns:
+        raise UsageError(f"{text!r} names namespace {ns!r} but --namespace says {namespace!r}")
+    if not _NAMESPACE.fullmatch(ns) or len(ns) > 63:
+        raise UsageError(
+            f"invalid namespace {ns!r} in {text!r}: a namespace is at most 63 lowercase letters, digits "
+            "and '-', starting and ending with a letter or digit (expected [NAMESPACE/]NAME)"
+        )
+    if not _TRAINJOB_NAME.fullmatch(name) or len(name) > 63:
+        raise UsageError(
+            f"invalid TrainJob name {name!r} in {text!r}: a name is at most 63 lowercase letters, digits and "
+            "'-', starting with a letter and ending with a letter or digit (expected [NAMESPACE/]NAME)"
+        )
+    return ObjectKey(namespace=ns, name=name)
+
+
+def parse_since(text: str | None, *, now: float | None = None) -> float | None:
+    """``2h``, ``30m``, ``90s``, ``1d`` ago, or an ISO 8601 time (UTC unless it says otherwise)."""
+    if not text:
+        return None
+    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if match:
+        seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+        return (now if now is not None else dt.datetime.now(dt.UTC).timestamp()) - seconds
     try:
-        return asyncio.run(_with_bus(command, args))
-    except (CredentialsError, NotAuthorized) as exc:
-        err.print(f"[red]tjpipe {command}: {exc}[/] (set NATS_CREDS, e.g. from .tjpipe/env)")
-        return 2
+        parsed = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"invalid --since {text!r}: expected a duration such as 90s, 30m, 2h or 1d, "
+            "or an ISO 8601 time such as 2026-01-31T12:00:00Z"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
 
 
-async def _with_bus(command: str, args: argparse.Namespace) -> int:
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, str) else value
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+# ------------------------------------------------------------------------------------------ NATS
+
+
+class _LastError(logging.Handler):
+    """Keeps the newest warning ``plumbing.bus`` logged, to say why a connection did not come up."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.text = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.text = record.getMessage().removeprefix("nats: ")
+
+
+@contextmanager
+def _catching_bus_warnings() -> Iterator[_LastError]:
+    logger = logging.getLogger("tjpipe.plumbing.bus")
+    handler = _LastError()
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+def _check_files(args: argparse.Namespace, *flags: str) -> None:
+    for flag in flags:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+        if value and not Path(value).is_file():
+            raise UsageError(f"{flag} {value}: no such file")
+
+
+async def _connect(args: argparse.Namespace, command: str) -> Any:
+    """A NATS connection, or ``Unreachable`` once ``--connect-timeout`` has passed without one."""
     from tjpipe.cli import nats_options
     from tjpipe.plumbing import bus
 
-    nc = await bus.connect(args.nats_url, name=f"tjpipe-{command}", **nats_options(args))
+    _check_files(args, "--nats-creds", "--nats-tls-ca", "--nats-tls-cert", "--nats-tls-key")
+    try:
+        options = nats_options(args)
+        if options.get("tls") is not None:
+            options["tls"].context()  # a bad PEM is a usage error, not an unreachable server
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
+    timeout: float = args.connect_timeout
+    with _catching_bus_warnings() as last:
+        try:
+            return await asyncio.wait_for(bus.connect(args.nats_url, name=f"tjpipe-{command}", **options), timeout)
+        except bus.CredentialsError as exc:
+            raise UsageError(f"{exc} (--nats-creds / NATS_CREDS)") from exc
+        except bus.NotAuthorized as exc:
+            raise Failure(f"{exc} (set NATS_CREDS, e.g. from .tjpipe/env)") from exc
+        except TimeoutError:
+            why = last.text or "no answer"
+            raise Unreachable(
+                f"cannot reach NATS at {args.nats_url}: {why} (gave up after {timeout:g} s; --connect-timeout)"
+            ) from None
+        except OSError as exc:
+            raise Unreachable(f"cannot reach NATS at {args.nats_url}: {exc}") from exc
+
+
+async def _with_bus(command: str, args: argparse.Namespace) -> int:
+    import nats.errors
+
+    nc = await _connect(args, command)
     try:
         js = nc.jetstream()
         if command == "history":
@@ -52,35 +235,24 @@ async def _with_bus(command: str, args: argparse.Namespace) -> int:
             return await _replay(js, args)
         if command == "dlq":
             return await _dlq(js, args)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+        raise Failure(
+            f"NATS did not answer a read of the streams ({type(exc).__name__}): the identity in use may not "
+            "read them, or the bus is not set up (tjpipe bus-setup)"
+        ) from exc
     finally:
         await nc.close()
     raise AssertionError(command)
-
-
-def _when(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
-
-def parse_since(text: str | None, *, now: float | None = None) -> float | None:
-    """``2h``, ``30m``, ``90s``, ``1d`` ago, or an ISO 8601 time."""
-    if not text:
-        return None
-    match = re.fullmatch(r"(\d+)([smhd])", text)
-    if match:
-        seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
-        return (now if now is not None else dt.datetime.now(dt.UTC).timestamp()) - seconds
-    parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
 
 
 # ---------------------------------------------------------------------------------------------- history
 
 
 async def _history(js: Any, args: argparse.Namespace) -> int:
-    key = ObjectKey.parse(args.trainjob)
+    key: ObjectKey = args.key
     entries = await ops.history(js, key)
+    if not entries:
+        raise Failure(f"no history for TrainJob {key} (wrong name, or older than the streams keep)")
     if args.output != "table":
         rows = [
             {
@@ -93,11 +265,8 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
             }
             for e in entries
         ]
-        out.print(json.dumps(rows, indent=2) if args.output == "json" else yaml.safe_dump(rows, sort_keys=False))
-        return 0
-    if not entries:
-        err.print(f"no history for {key} (wrong name, or older than the streams keep)")
-        return 1
+        emit(rows, args.output)
+        return ExitCode.OK
     table = Table(title=f"history of TrainJob {key}")
     for column in ("time (UTC)", "stream", "seq", "kind", "what"):
         table.add_column(column)
@@ -106,20 +275,23 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
         what = e.summary
         if e.kind == "event" and e.detail.get("changed"):
             what += "\n  changed: " + ", ".join(e.detail["changed"][:8])
-        table.add_row(_when(e.time), e.stream, str(e.seq), f"[{colour.get(e.kind, 'white')}]{e.kind}[/]", what)
+        table.add_row(
+            Text(_when(e.time)),
+            Text(e.stream),
+            Text(str(e.seq)),
+            Text(e.kind, style=colour.get(e.kind, "")),
+            Text(what),
+        )
     out.print(table)
-    return 0
+    return ExitCode.OK
 
 
 # ----------------------------------------------------------------------------------------------- replay
 
 
 async def _replay(js: Any, args: argparse.Namespace) -> int:
-    if bool(args.trainjob) == bool(args.all):
-        err.print("name one TrainJob (NAMESPACE/NAME) or pass --all")
-        return 2
-    key = ObjectKey.parse(args.trainjob) if args.trainjob else None
-    since = parse_since(args.since)
+    key: ObjectKey | None = args.key
+    since: float | None = args.since_time
     if args.all and sys.stderr.isatty():
         with Progress(console=err, transient=True) as bar:
             task = bar.add_task("replaying events", total=None)
@@ -129,36 +301,33 @@ async def _replay(js: Any, args: argparse.Namespace) -> int:
     else:
         report = await ops.replay(js, key=key, since=since, from_seq=args.from_seq)
     changed = [e for e in report.events if e.changed]
-    if args.output == "json":
-        out.print(
-            json.dumps(
-                {
-                    "events": len(report.events),
-                    "jobs": len(report.jobs),
-                    "jobs_changed": sorted(report.changed_jobs),
-                    "fields_changed": report.changed_fields(),
-                    "changes": [
-                        {
-                            "trainjob": str(e.key),
-                            "seq": e.seq,
-                            "components": {
-                                c: [{"field": p, "recorded": a, "replayed": b} for p, a, b in d]
-                                for c, d in e.changed.items()
-                            },
-                        }
-                        for e in changed
-                    ],
-                },
-                indent=2,
-                default=str,
-            )
+    if args.output != "table":
+        emit(
+            {
+                "events": len(report.events),
+                "jobs": len(report.jobs),
+                "jobs_changed": sorted(report.changed_jobs),
+                "fields_changed": report.changed_fields(),
+                "changes": [
+                    {
+                        "trainjob": str(e.key),
+                        "seq": e.seq,
+                        "components": {
+                            c: [{"field": p, "recorded": a, "replayed": b} for p, a, b in d]
+                            for c, d in e.changed.items()
+                        },
+                    }
+                    for e in changed
+                ],
+            },
+            args.output,
         )
     else:
         for e in changed:
-            out.print(f"[bold]{e.key}[/] event {e.seq}:")
+            out.print(Text.assemble((str(e.key), "bold"), f" event {e.seq}:"))
             for component, diffs in e.changed.items():
                 for path, old, new in diffs:
-                    out.print(f"  {component}: {path}: [red]{_short(old)}[/] → [green]{_short(new)}[/]")
+                    out.print(_diff_line(f"  {component}: {path}: ", old, new))
         unchanged = len(report.jobs) - len(report.changed_jobs)
         out.print(
             f"replayed {len(report.events)} event(s) of {len(report.jobs)} TrainJob(s): "
@@ -167,122 +336,244 @@ async def _replay(js: Any, args: argparse.Namespace) -> int:
         fields = report.changed_fields()
         if fields:
             out.print("fields changed: " + ", ".join(f"{f} ({n})" for f, n in sorted(fields.items())))
-    return 1 if changed else 0
+    return ExitCode.DIFFERENCES if changed else ExitCode.OK
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return text if len(text) <= 120 else text[:117] + "..."
+def _diff_line(prefix: str, old: Any, new: Any) -> Text:
+    return Text.assemble(prefix, (_short(old), "red"), " → ", (_short(new), "green"))
 
 
 # ------------------------------------------------------------------------------------------------ plan
 
 
-def _load_yaml(path: Any) -> list[dict[str, Any]]:
-    with open(path) as handle:
-        return [d for d in yaml.safe_load_all(handle) if d]
+def _load_yaml(path: str, flag: str) -> list[dict[str, Any]]:
+    """The YAML documents in ``path`` (``-`` is stdin); a missing file or bad YAML is a usage error."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{flag} {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
+    where = "stdin" if path == "-" else path
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise UsageError(f"{where}: not valid YAML{at}: {problem}") from None
+    not_objects = [d for d in docs if d is not None and not isinstance(d, dict)]
+    if not_objects:
+        raise UsageError(f"{where}: every YAML document must be a Kubernetes object (a mapping)")
+    return [d for d in docs if d]
+
+
+_RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 
 
 def _plan(args: argparse.Namespace) -> int:
-    docs = _load_yaml(args.file)
+    if args.file == "-" and args.runtime == "-":
+        raise UsageError("only one of -f and --runtime can read stdin")
+    docs = _load_yaml(args.file, "-f")
+    where = "stdin" if args.file == "-" else args.file
     trainjobs = [d for d in docs if d.get("kind") == "TrainJob"]
     if len(trainjobs) != 1:
-        err.print(f"{args.file} must hold exactly one TrainJob (found {len(trainjobs)})")
-        return 2
-    trainjob = trainjobs[0]
-    runtime = next((d for d in docs if d.get("kind") in ("TrainingRuntime", "ClusterTrainingRuntime")), None)
+        raise UsageError(f"{where} must hold exactly one TrainJob (found {len(trainjobs)})")
+    trainjob = dict(trainjobs[0])
+    metadata = dict(trainjob.get("metadata") or {})
+    if args.namespace:
+        if metadata.get("namespace") not in (None, "", args.namespace):
+            raise UsageError(
+                f"the TrainJob's namespace {metadata['namespace']!r} does not match --namespace {args.namespace!r}"
+            )
+        metadata["namespace"] = args.namespace
+        trainjob["metadata"] = metadata
+    runtime = next((d for d in docs if d.get("kind") in _RUNTIME_KINDS), None)
     if args.runtime:
-        runtime = next(
-            (d for d in _load_yaml(args.runtime) if d.get("kind") in ("TrainingRuntime", "ClusterTrainingRuntime")),
-            None,
-        )
-    client = None
-    if args.from_cluster or args.server_dry_run:
-        from tjpipe.local.kubeapi import new_api_client
-
-        client = _ClusterReader(new_api_client(_kubeconfig(args)))
-    if args.from_cluster:
-        assert client is not None
-        runtime = client.runtime_for(trainjob)
+        runtime = next((d for d in _load_yaml(args.runtime, "--runtime") if d.get("kind") in _RUNTIME_KINDS), None)
         if runtime is None:
-            err.print("the runtime named by spec.runtimeRef is not in the cluster")
-            return 1
-    messages = ops.preview(trainjob, runtime)
-    if not args.server_dry_run:
+            raise UsageError(f"--runtime {args.runtime}: no TrainingRuntime or ClusterTrainingRuntime in it")
+    output = args.output or ("table" if args.server_dry_run else "yaml")
+    if output == "table" and not args.server_dry_run:
+        raise UsageError("-o table shows a --server-dry-run diff; plan prints objects as yaml or json")
+    reader = _ClusterReader.connect(args) if (args.from_cluster or args.server_dry_run) else None
+    if args.from_cluster:
+        assert reader is not None
+        runtime = reader.runtime_for(trainjob)
+        if runtime is None:
+            ref = trainjob.get("spec", {}).get("runtimeRef", {})
+            raise Failure(
+                f"{ref.get('kind', 'ClusterTrainingRuntime')} {ref.get('name', '')!r} (spec.runtimeRef) "
+                "is not in the cluster"
+            )
+    try:
+        messages = ops.preview(trainjob, runtime)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"{where}: not a valid TrainJob or runtime: {exc}") from None
+    if reader is None:
         objects = [msgspec.to_builtins(m.object) for m in messages if isinstance(m, ObjectApply)]
-        out.print(yaml.safe_dump_all(objects, sort_keys=False), end="")
-        return 0
-    assert client is not None
-    return client.dry_run_diff(messages)
-
-
-def _kubeconfig(args: argparse.Namespace) -> Any:
-    from pathlib import Path
-
-    if not args.kubeconfig:
-        err.print("--from-cluster and --server-dry-run need KUBECONFIG (or --kubeconfig)")
-        raise SystemExit(2)
-    return Path(args.kubeconfig)
+        sys.stdout.write(to_json(objects) if output == "json" else to_yaml_all(objects))
+        return ExitCode.OK
+    return reader.dry_run_diff(messages, output)
 
 
 class _ClusterReader:
-    def __init__(self, api: Any) -> None:
+    """The cluster side of ``plan``: the runtime a TrainJob names, and ``dryRun=All`` applies to diff."""
+
+    def __init__(self, api: Any, server: str, timeout: float) -> None:
         from kubernetes import dynamic
 
-        self.dyn = dynamic.DynamicClient(api)  # type: ignore[no-untyped-call]
+        self.server = server
+        self.timeout = timeout
+        self.dyn = self._call(lambda: dynamic.DynamicClient(api))  # type: ignore[no-untyped-call]
+
+    @classmethod
+    def connect(cls, args: argparse.Namespace) -> _ClusterReader:
+        """A client for the kubeconfig (and ``--context``) named, once the apiserver has answered."""
+        from kubernetes import client as kube_client
+        from kubernetes import config as kube_config
+        from kubernetes.config.config_exception import ConfigException
+
+        path = args.kubeconfig or None
+        default = Path.home() / ".kube" / "config"
+        if path is None and not default.exists():
+            raise UsageError("--from-cluster and --server-dry-run need a kubeconfig: --kubeconfig or KUBECONFIG")
+        configuration = kube_client.Configuration()
+        try:
+            kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path or str(default),
+                context=getattr(args, "context", None) or None,
+                client_configuration=configuration,
+            )
+        except ConfigException as exc:
+            raise UsageError(f"kubeconfig {path or default}: {exc}") from None
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"kubeconfig {path or default}: cannot read it: {exc}") from None
+        configuration.retries = 0  # urllib3 would retry a refused connection; --connect-timeout is the bound
+        api = kube_client.ApiClient(configuration)
+        server, timeout = str(configuration.host), float(args.connect_timeout)
+        # Discovery (in __init__) has no timeout of its own: ask for /version within the bound first.
+        _kube_call(server, lambda: kube_client.VersionApi(api).get_code(_request_timeout=(timeout, timeout)))
+        return cls(api, server, timeout)
+
+    def _call(self, call: Any) -> Any:
+        return _kube_call(self.server, call)
 
     def _get(self, api_version: str, kind: str, name: str, namespace: str | None) -> dict[str, Any] | None:
-        from kubernetes.dynamic.exceptions import NotFoundError
+        from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
-        try:
-            res = self.dyn.resources.get(api_version=api_version, kind=kind)
-            obj: dict[str, Any] = res.get(name=name, namespace=namespace).to_dict()
-        except NotFoundError:
-            return None
-        return obj
+        def get() -> dict[str, Any] | None:
+            try:
+                res = self.dyn.resources.get(api_version=api_version, kind=kind)
+                obj: dict[str, Any] = res.get(
+                    name=name, namespace=namespace, _request_timeout=(self.timeout, 60)
+                ).to_dict()
+            except NotFoundError:
+                return None
+            except ResourceNotFoundError:
+                raise Failure(f"the apiserver at {self.server} does not serve {kind} ({api_version})") from None
+            return obj
+
+        result: dict[str, Any] | None = self._call(get)
+        return result
 
     def runtime_for(self, trainjob: dict[str, Any]) -> dict[str, Any] | None:
         ref = trainjob.get("spec", {}).get("runtimeRef", {})
         kind = ref.get("kind", "ClusterTrainingRuntime")
-        namespace = trainjob.get("metadata", {}).get("namespace", "default") if kind == "TrainingRuntime" else None
-        return self._get("trainer.kubeflow.org/v1alpha1", kind, ref.get("name", ""), namespace)
+        namespace = (trainjob.get("metadata") or {}).get("namespace") or "default"
+        return self._get(
+            "trainer.kubeflow.org/v1alpha1",
+            kind,
+            ref.get("name", ""),
+            namespace if kind == "TrainingRuntime" else None,
+        )
 
-    def dry_run_diff(self, messages: list[Any]) -> int:
-        differ = 0
+    def dry_run_diff(self, messages: list[Any], output: str) -> int:
+        from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+        rows: list[dict[str, Any]] = []
         for message in messages:
             if not isinstance(message, ObjectApply):
                 continue
             target = message.target
-            res = self.dyn.resources.get(api_version=target.api_version, kind=target.kind)
-            body = msgspec.to_builtins(message.object)
-            live = self._get(target.api_version, target.kind, target.name, target.namespace)
             if target.subresource:
-                out.print(f"{target}: status is computed from the live objects; not dry-run")
+                rows.append({"target": str(target), "result": "skipped", "changes": []})
                 continue
-            applied = self.dyn.server_side_apply(  # type: ignore[no-untyped-call]
-                res,
-                body=body,
-                namespace=target.namespace,
-                field_manager=message.field_manager,
-                force_conflicts=True,
-                dry_run="All",
-            ).to_dict()
+
+            def apply(message: Any = message, target: Any = target) -> dict[str, Any]:
+                try:
+                    res = self.dyn.resources.get(api_version=target.api_version, kind=target.kind)
+                except ResourceNotFoundError:
+                    raise Failure(
+                        f"the apiserver at {self.server} does not serve {target.kind} ({target.api_version})"
+                    ) from None
+                applied: dict[str, Any] = self.dyn.server_side_apply(
+                    res,
+                    body=msgspec.to_builtins(message.object),
+                    namespace=target.namespace,
+                    field_manager=message.field_manager,
+                    force_conflicts=True,
+                    dry_run="All",
+                    _request_timeout=(self.timeout, 60),
+                ).to_dict()
+                return applied
+
+            live = self._get(target.api_version, target.kind, target.name, target.namespace)
+            applied = self._call(apply)
             diffs = [
                 d
                 for d in ops.field_diff(_strip(live), _strip(applied))
                 if not d[0].startswith("metadata.managedFields")
             ]
-            if live is None:
-                out.print(f"[green]{target}: would be created[/]")
-                differ += 1
-            elif diffs:
-                differ += 1
-                out.print(f"[yellow]{target}: would change[/]")
-                for path, old, new in diffs:
-                    out.print(f"  {path}: [red]{_short(old)}[/] → [green]{_short(new)}[/]")
-            else:
-                out.print(f"{target}: unchanged")
-        return 0 if differ == 0 else 1
+            result = "created" if live is None else ("changed" if diffs else "unchanged")
+            rows.append(
+                {
+                    "target": str(target),
+                    "result": result,
+                    "changes": [] if live is None else [{"field": p, "live": a, "dryRun": b} for p, a, b in diffs],
+                }
+            )
+        if output in ("json", "yaml"):
+            emit(rows, output)
+        else:
+            for row in rows:
+                if row["result"] == "skipped":
+                    out.print(f"{row['target']}: status is computed from the live objects; not dry-run")
+                elif row["result"] == "created":
+                    out.print(Text(f"{row['target']}: would be created", style="green"))
+                elif row["result"] == "changed":
+                    out.print(Text(f"{row['target']}: would change", style="yellow"))
+                    for change in row["changes"]:
+                        out.print(_diff_line(f"  {change['field']}: ", change["live"], change["dryRun"]))
+                else:
+                    out.print(f"{row['target']}: unchanged")
+        differ = any(row["result"] in ("created", "changed") for row in rows)
+        return ExitCode.DIFFERENCES if differ else ExitCode.OK
+
+
+def _kube_call(server: str, call: Any) -> Any:
+    """Run one client call, turning transport errors into ``Unreachable`` and refusals into ``Failure``."""
+    import urllib3.exceptions
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.dynamic.exceptions import DynamicApiError
+
+    try:
+        return call()
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise Unreachable(f"cannot reach the apiserver at {server}: {reason}") from exc
+    except DynamicApiError as exc:
+        raise Failure(f"the apiserver at {server} refused: {exc.status} {_api_message(exc)}") from exc
+    except ApiException as exc:
+        raise Failure(f"the apiserver at {server} refused: {exc.status} {exc.reason}") from exc
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        body = json.loads(exc.body)
+    except (TypeError, ValueError):
+        return str(exc.reason or "")
+    return str(body.get("message") or exc.reason or "") if isinstance(body, dict) else str(exc.reason or "")
 
 
 def _strip(obj: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -300,56 +591,65 @@ def _strip(obj: dict[str, Any] | None) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------------------------- dlq
 
 
+def _letter_row(item: ops.StoredDeadLetter, *, decode_payload: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"seq": item.seq, "time": _when(item.time), **msgspec.to_builtins(item.letter)}
+    payload: bytes = item.letter.payload
+    row["payload"] = payload.decode(errors="replace")
+    if decode_payload:
+        with suppress(ValueError):
+            row["payload"] = json.loads(payload)
+    return row
+
+
 async def _dlq(js: Any, args: argparse.Namespace) -> int:
     letters = await ops.dead_letters(js)
-    if args.dlq_command == "list" and args.output == "json":
-        rows = [
-            {"seq": i.seq, "time": _when(i.time), **msgspec.to_builtins(i.letter, builtin_types=(bytes,))}
-            for i in letters
-        ]
-        for row in rows:
-            row["payload"] = row["payload"].decode(errors="replace")
-        out.print(json.dumps(rows, indent=2))
-        return 0
     if args.dlq_command == "list":
+        if args.output != "table":
+            emit([_letter_row(i, decode_payload=False) for i in letters], args.output)
+            return ExitCode.OK
         table = Table(title=f"{len(letters)} dead letter(s)")
         for column in ("seq", "time (UTC)", "stage", "reason", "subject", "error"):
             table.add_column(column)
         for item in letters:
             letter = item.letter
             table.add_row(
-                str(item.seq), _when(item.time), letter.stage, letter.reason, letter.subject, _short(letter.error)
+                *(
+                    Text(cell)
+                    for cell in (
+                        str(item.seq),
+                        _when(item.time),
+                        letter.stage,
+                        letter.reason,
+                        letter.subject,
+                        _short(letter.error),
+                    )
+                )
             )
         out.print(table)
-        return 0
+        return ExitCode.OK
     if args.dlq_command == "show":
         match = next((i for i in letters if i.seq == args.seq), None)
         if match is None:
-            err.print(f"no dead letter with sequence {args.seq}")
-            return 1
-        shown = msgspec.to_builtins(match.letter)
-        try:
-            shown["payload"] = json.loads(match.letter.payload)
-        except ValueError:
-            shown["payload"] = match.letter.payload.decode(errors="replace")
-        out.print(yaml.safe_dump(shown, sort_keys=False), end="")
-        return 0
+            raise Failure(f"no dead letter with sequence {args.seq}")
+        shown = _letter_row(match, decode_payload=True)
+        emit(shown, args.output)
+        return ExitCode.OK
     seqs = [i.seq for i in letters] if args.all else list(args.seq)
-    if not seqs:
-        err.print("name dead letters by sequence, or pass --all")
-        return 2
     import nats.errors
 
+    known = {i.seq for i in letters}
     for seq in seqs:
+        if seq not in known:
+            raise Failure(f"no dead letter with sequence {seq}")
         try:
             subject = await ops.retry_dead_letter(js, seq)
         except (nats.errors.TimeoutError, TimeoutError):
             # NATS never answers a request its permissions refuse; the silence is the refusal.
-            err.print(
-                f"tjpipe dlq retry: no answer for dead letter {seq}: the NATS identity in use may not resend "
-                "dead letters (use the dlq-operator identity, e.g. NATS_CREDS=.tjpipe/creds/dlq-operator.nk)",
-                markup=False,
-            )
-            return 2
-        out.print(f"dead letter {seq} sent back to {subject}")
-    return 0
+            raise Failure(
+                f"no answer for dead letter {seq}: the NATS identity in use may not resend dead letters "
+                "(use the dlq-operator identity, e.g. NATS_CREDS=.tjpipe/creds/dlq-operator.nk)"
+            ) from None
+        sys.stdout.write(f"dead letter {seq} sent back to {subject}\n")
+    if not seqs:
+        sys.stdout.write("no dead letters\n")
+    return ExitCode.OK
