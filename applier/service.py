@@ -120,6 +120,7 @@ class Applier:
         *,
         trusted_plans: signing.Keyring,
     ) -> None:
+        # Plain attribute assignments, alike in shape to other constructors' (duplicate finders pair them).
         self.settings = settings
         self.trusted_plans = trusted_plans
         self.kube = kube

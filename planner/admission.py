@@ -57,6 +57,7 @@ class GroupVersionKind(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = ""
 
 
+# Alike in shape to contracts.messages' event structs (duplicate finders pair them): declarations, no logic.
 class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     uid: str
     kind: GroupVersionKind

@@ -44,6 +44,7 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 SYNCHRONOUS_AFTER_REFUSAL_SECONDS = 60.0
 
 
+# Alike in shape to WatcherSettings (duplicate finders pair them): field declarations, each service its own.
 @dataclass
 class PlannerSettings(ServiceSettings):
     batch: int = 64

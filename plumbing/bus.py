@@ -407,20 +407,16 @@ async def dead_letter(
     await publishing.publish_stored(js, subject, encode(letter), stream=DLQ.name)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StoredMessage:
     """One message as the stream keeps it: where it sits, when it arrived, and its bytes."""
 
-    __slots__ = ("data", "headers", "seq", "stream", "subject", "time")
-
-    def __init__(
-        self, *, stream: str, seq: int, subject: str, data: bytes, headers: dict[str, str], time: float
-    ) -> None:
-        self.stream = stream
-        self.seq = seq
-        self.subject = subject
-        self.data = data
-        self.headers = headers
-        self.time = time
+    stream: str
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    time: float
 
 
 async def read_stream(

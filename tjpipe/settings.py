@@ -142,6 +142,10 @@ def _replica(args: argparse.Namespace) -> dict[str, Any]:
     return {"replica": args.replica_id} if args.replica_id else {}
 
 
+# The builders below are keyword lists, alike in shape to each other and to other struct constructions
+# (duplicate finders pair them); each names its own service's fields, the common part is _process/_on_bus.
+
+
 def watcher(args: argparse.Namespace) -> WatcherSettings:
     from tjpipe.watcher.service import WatcherSettings
 
