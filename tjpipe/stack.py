@@ -32,6 +32,7 @@ from tjpipe.credentials import (
     write_authorization,
 )
 from tjpipe.local import crds
+from tjpipe.local.cluster import Simulation
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNats, start_nats
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, stop_from_pid_files, wait_until
@@ -106,6 +107,12 @@ class Stack:
     """The NATS identities' seeds; None only for an adopted server that was given none (anonymous)."""
     webhook_url: str = ""
     """Where ``tjpipe webhook`` listens once ``start_webhook`` registered it; empty otherwise."""
+    simulate: bool = False
+    """Run the simulated cluster (``tjpipe.local.cluster``) on the stack's own apiserver: controllers, a
+    scheduler, JobSet's manager and kwok nodes. Off: the control plane only. Never on an adopted cluster."""
+    sim_nodes: int = 4
+    pod_run_seconds: float = 5.0
+    simulation: Simulation | None = None
     _containers: list[Any] = field(default_factory=list)
 
     # ---------------------------------------------------------------------------------- infrastructure
@@ -180,8 +187,28 @@ class Stack:
             crds.install_crds(new_api_client(self.kubeconfig), manifests)
             names = ", ".join(m["metadata"]["name"] for m in manifests)
             self.progress(f"CRDs installed from the owning Go modules in {time.monotonic() - started:.1f}s: {names}")
+        if self.simulate and self.local_kube is not None:
+            self.start_simulation()
         self.keys.ensure()
         self.write_env()
+
+    def start_simulation(self) -> None:
+        """Controllers, scheduler, JobSet's manager and simulated nodes on the stack's own apiserver."""
+        from tjpipe.local.cluster import start_simulation
+
+        assert self.local_kube is not None
+        self.progress(
+            f"Kubernetes: starting the simulated cluster (kube-controller-manager, kube-scheduler, JobSet manager, "
+            f"kwok with {self.sim_nodes} nodes)"
+        )
+        self.simulation = start_simulation(
+            self.local_kube,
+            work_dir=self.paths.kube_work / "simulation",
+            log_dir=self.paths.logs,
+            progress=self.progress,
+            nodes=self.sim_nodes,
+            pod_run_seconds=self.pod_run_seconds,
+        )
 
     def setup_bus(self) -> None:
         """Create or update the streams, per-partition consumers and KV buckets, as the admin identity."""
@@ -372,6 +399,9 @@ class Stack:
         for process in reversed(self.services):
             process.stop()
         self.services.clear()
+        if self.simulation is not None:
+            self.simulation.stop()
+            self.simulation = None
         if self.local_kube is not None:
             self.local_kube.stop()
             self.local_kube = None

@@ -49,6 +49,7 @@ CONTEXT_NAME = "tjpipe-local"
 ADMIN_USER = "admin"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 
+_SERVICE_ACCOUNT_KEY = "sa.key"  # next to ca.crt in the pki folder
 _ETCD_READY_TIMEOUT_SECONDS = 30.0
 _APISERVER_READY_TIMEOUT_SECONDS = 90.0
 
@@ -60,6 +61,11 @@ class LocalKube:
     ca_file: Path
     kubeconfig: Path
     processes: tuple[ManagedProcess, ...]
+
+    @property
+    def service_account_private_key(self) -> Path:
+        """The key the apiserver signs service-account tokens with (kube-controller-manager signs with it too)."""
+        return self.ca_file.parent / _SERVICE_ACCOUNT_KEY
 
     def api_client(self) -> ApiClient:
         """A fresh `kubernetes.client.ApiClient` for this cluster."""
@@ -214,7 +220,7 @@ def _write_pki(pki_dir: Path) -> _Pki:
         ca_cert=pki_dir / "ca.crt",
         serving_cert=pki_dir / "apiserver.crt",
         serving_key=pki_dir / "apiserver.key",
-        service_account_private_key=pki_dir / "sa.key",
+        service_account_private_key=pki_dir / _SERVICE_ACCOUNT_KEY,
         service_account_public_key=pki_dir / "sa.pub",
     )
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))

@@ -1,0 +1,194 @@
+"""What ``tjpipe up --demo`` shows after the demo TrainJob is created: its life, then its clean-up.
+
+Why a poller and not a watch: the demo prints a line only when something a user cares about changed (a
+condition, jobsStatus, the pods' phases), and a fresh GET every half second is simpler to reason about than
+resuming watches across a cluster that is still starting up. Why the demo deletes the TrainJob itself: the
+point of the last step is to show that the garbage collector, not the pipeline, removes what the TrainJob
+owned (JobSet, ConfigMaps, Secrets) and what they owned in turn (Jobs, Pods).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+
+from tjpipe.local.kubeapi import new_api_client
+
+_GROUP, _VERSION = "trainer.kubeflow.org", "v1alpha1"
+_JOBSET_GROUP, _JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
+_JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+_FINISHED = ("Complete", "Failed")
+_SECONDS_BEFORE_DELETE = 2.0
+
+
+class DemoWatch:
+    """Follows one TrainJob: prints its status changes; once it finished, deletes it and reports the cascade."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, name: str, *, say: Callable[[str], None]) -> None:
+        self.namespace, self.name = namespace, name
+        self._say = say
+        self._api: ApiClient = new_api_client(kubeconfig)
+        self._custom = CustomObjectsApi(self._api)
+        self._core = CoreV1Api(self._api)
+        self._last: tuple[Any, ...] | None = None
+        self._last_pods = ""
+        self._finished_at: float | None = None
+        self._owned: dict[str, str] = {}
+        """kind/name -> what the demo printed for each object the TrainJob (or its JobSet's Jobs) owned."""
+        self.state = "following"
+        """following -> deleting -> done"""
+
+    def close(self) -> None:
+        self._api.close()  # type: ignore[no-untyped-call]
+
+    def poll(self) -> None:
+        """One look at the cluster; prints what changed since the last look."""
+        try:
+            if self.state == "following":
+                self._follow()
+            elif self.state == "deleting":
+                self._watch_cascade()
+        except ApiException as error:  # the apiserver may be restarting or going away; try again next time
+            if error.status not in (None, 0, 500, 503, 504):
+                raise
+
+    # ----------------------------------------------------------------------------------------- following
+
+    def _follow(self) -> None:
+        trainjob = self._get_trainjob()
+        if trainjob is None:
+            return
+        status = trainjob.get("status") or {}
+        conditions = tuple(
+            (c.get("type"), c.get("status"), c.get("reason", ""), c.get("message", ""))
+            for c in status.get("conditions") or []
+        )
+        jobs = tuple(
+            (j.get("name"), *(j.get(k, 0) for k in ("active", "ready", "succeeded", "failed", "suspended")))
+            for j in status.get("jobsStatus") or []
+        )
+        if (conditions, jobs) != self._last:
+            self._last = (conditions, jobs)
+            self._print_status(conditions, jobs)
+        pods = self._pod_phases()
+        if pods and pods != self._last_pods:
+            self._last_pods = pods
+            self._say(f"  [dim]pods:[/] {pods}")
+        finished = [c for c in conditions if c[0] in _FINISHED and c[1] == "True"]
+        if finished and self._finished_at is None:
+            self._finished_at = time.monotonic()
+            self._say(f"[bold green]TrainJob {self.namespace}/{self.name} is {finished[0][0]}[/]")
+        if self._finished_at is not None and time.monotonic() - self._finished_at >= _SECONDS_BEFORE_DELETE:
+            self._delete(trainjob)
+
+    def _print_status(self, conditions: tuple[Any, ...], jobs: tuple[Any, ...]) -> None:
+        self._say(f"[bold]TrainJob {self.namespace}/{self.name}[/] status at {time.strftime('%H:%M:%S')}:")
+        if not conditions:
+            self._say("  conditions: (none yet)")
+        for kind, value, reason, message in conditions:
+            colour = "green" if value == "True" else "dim"
+            self._say(f"  condition [{colour}]{kind}={value}[/] reason={reason or '-'}: {message}")
+        for name, active, ready, succeeded, failed, suspended in jobs:
+            self._say(
+                f"  jobsStatus {name}: active={active} ready={ready} succeeded={succeeded} "
+                f"failed={failed} suspended={suspended}"
+            )
+
+    def _pod_phases(self) -> str:
+        pods: Any = self._core.list_namespaced_pod(self.namespace, label_selector=f"{_JOBSET_NAME_LABEL}={self.name}")
+        counts: dict[str, int] = {}
+        for pod in pods.items:
+            phase = pod.status.phase or "Pending"
+            counts[phase] = counts.get(phase, 0) + 1
+        return ", ".join(f"{count} {phase}" for phase, count in sorted(counts.items()))
+
+    # ------------------------------------------------------------------------------------------ deleting
+
+    def _delete(self, trainjob: dict[str, Any]) -> None:
+        uid = trainjob["metadata"]["uid"]
+        self._owned = self._owned_objects(uid)
+        listed = ", ".join(self._owned) or "nothing"
+        self._say(
+            f"[bold]deleting TrainJob {self.namespace}/{self.name}[/]; it owns (directly or through them): {listed}"
+        )
+        self._custom.delete_namespaced_custom_object(_GROUP, _VERSION, self.namespace, "trainjobs", self.name)
+        self.state = "deleting"
+
+    def _owned_objects(self, trainjob_uid: str) -> dict[str, str]:
+        """What the garbage collector is expected to remove: objects owned by the TrainJob, then by those."""
+        owned: dict[str, str] = {}
+        jobsets: Any = self._custom.list_namespaced_custom_object(
+            _JOBSET_GROUP, _JOBSET_VERSION, self.namespace, "jobsets"
+        )
+        jobset_uids = set()
+        for jobset in jobsets["items"]:
+            if _owned_by(jobset["metadata"], {trainjob_uid}):
+                owned[f"JobSet/{jobset['metadata']['name']}"] = jobset["metadata"]["uid"]
+                jobset_uids.add(jobset["metadata"]["uid"])
+        configmaps: Any = self._core.list_namespaced_config_map(self.namespace)
+        secrets: Any = self._core.list_namespaced_secret(self.namespace)
+        for kind, items in (("ConfigMap", configmaps.items), ("Secret", secrets.items)):
+            for item in items:
+                if _owned_by(item.metadata.to_dict(), {trainjob_uid}):
+                    owned[f"{kind}/{item.metadata.name}"] = item.metadata.uid
+        jobs: Any = BatchV1Api(self._api).list_namespaced_job(self.namespace)
+        job_uids = set()
+        for job in jobs.items:
+            if _owned_by(job.metadata.to_dict(), jobset_uids):
+                owned[f"Job/{job.metadata.name}"] = job.metadata.uid
+                job_uids.add(job.metadata.uid)
+        pods: Any = self._core.list_namespaced_pod(self.namespace)
+        for pod in pods.items:
+            if _owned_by(pod.metadata.to_dict(), job_uids):
+                owned[f"Pod/{pod.metadata.name}"] = pod.metadata.uid
+        return owned
+
+    def _watch_cascade(self) -> None:
+        remaining = self._still_there()
+        gone = [key for key in self._owned if key not in remaining]
+        for key in gone:
+            self._say(f"  [green]removed by the garbage collector:[/] {key}")
+            del self._owned[key]
+        if not self._owned and self._get_trainjob() is None:
+            self._say(
+                f"[bold green]TrainJob {self.namespace}/{self.name} and everything it owned are gone[/] "
+                "(the stack keeps running; Ctrl-C stops it)"
+            )
+            self.state = "done"
+
+    def _still_there(self) -> set[str]:
+        present = set()
+        jobsets: Any = self._custom.list_namespaced_custom_object(
+            _JOBSET_GROUP, _JOBSET_VERSION, self.namespace, "jobsets"
+        )
+        present |= {f"JobSet/{j['metadata']['name']}" for j in jobsets["items"]}
+        configmaps: Any = self._core.list_namespaced_config_map(self.namespace)
+        present |= {f"ConfigMap/{c.metadata.name}" for c in configmaps.items}
+        secrets: Any = self._core.list_namespaced_secret(self.namespace)
+        present |= {f"Secret/{c.metadata.name}" for c in secrets.items}
+        jobs: Any = BatchV1Api(self._api).list_namespaced_job(self.namespace)
+        present |= {f"Job/{j.metadata.name}" for j in jobs.items}
+        pods: Any = self._core.list_namespaced_pod(self.namespace)
+        present |= {f"Pod/{p.metadata.name}" for p in pods.items}
+        return present
+
+    def _get_trainjob(self) -> dict[str, Any] | None:
+        try:
+            trainjob: Any = self._custom.get_namespaced_custom_object(
+                _GROUP, _VERSION, self.namespace, "trainjobs", self.name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(trainjob)
+
+
+def _owned_by(metadata: dict[str, Any], owner_uids: set[str]) -> bool:
+    references = metadata.get("ownerReferences") or metadata.get("owner_references") or []
+    return any(reference.get("uid") in owner_uids for reference in references)
