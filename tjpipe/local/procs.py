@@ -75,6 +75,10 @@ class ManagedProcess:
             self.pid_path.unlink(missing_ok=True)
 
 
+NOT_INHERITED = ("NATS_URL", "NATS_CREDS", "NATS_TLS_CA", "NATS_TLS_CERT", "NATS_TLS_KEY", "KUBECONFIG")
+"""The environment that points a client at existing servers; ``spawn`` passes it on only when told to."""
+
+
 def spawn(
     *,
     name: str,
@@ -83,11 +87,16 @@ def spawn(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> ManagedProcess:
-    """Start `argv` as a new process-group leader; `env` is added on top of the current environment."""
+    """Start `argv` as a new process-group leader; `env` is added on top of the current environment.
+
+    The variables that point a client at existing servers (``NOT_INHERITED``) are left out of the
+    inherited part: a local server or controller that read the user's ``KUBECONFIG`` would act on the
+    user's cluster. Whoever needs them passes them in ``env``.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     pid_path = log_dir / f"{name}.pid"
-    child_env = dict(os.environ)
+    child_env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     if env:
         child_env.update(env)
     with log_path.open("ab") as log_file:
