@@ -20,6 +20,7 @@ from kubernetes import client as kube_client
 from nats.aio.client import Client as NATS
 
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
+from tjpipe.local.cluster import SimulatedCluster, start_simulated_cluster
 from tjpipe.local.crds import crd_manifests, install_crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import start_nats
@@ -110,6 +111,29 @@ def kube(state_dir: Path, uncaptured_progress: Callable[[str], None]) -> Iterato
         yield KubeCluster(kubeconfig=local.kubeconfig, local=local)
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def sim_cluster(
+    tmp_path_factory: pytest.TempPathFactory, uncaptured_progress: Callable[[str], None]
+) -> Iterator[SimulatedCluster]:
+    """A whole simulated cluster (``tjpipe.local.cluster``) on an apiserver of its own, with the CRDs installed:
+    kube-controller-manager, kube-scheduler, JobSet's manager with its webhooks (``failurePolicy: Fail``, so
+    nobody else's apiserver gets them) and 4 kwok nodes whose Job pods run 3 s. ``.kube`` is its
+    ``LocalKube``, ``.kubeconfig`` its kubeconfig; ``ensure_nodes(n)`` adds nodes. Not started unless asked for.
+    """
+    root = tmp_path_factory.mktemp("sim-cluster")
+    cluster = start_simulated_cluster(
+        work_dir=root,
+        log_dir=root / "logs",
+        kubeconfig_path=root / "kubeconfig",
+        progress=uncaptured_progress,
+        pod_run_seconds=3.0,
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

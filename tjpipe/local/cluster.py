@@ -101,6 +101,11 @@ class SimulatedCluster:
     def api_client(self) -> ApiClient:
         return self.kube.api_client()
 
+    def ensure_nodes(self, count: int, *, shape: NodeShape = NodeShape()) -> tuple[str, ...]:
+        """At least ``count`` simulated nodes (``sim-node-0..count-1``), all Ready; return their names."""
+        with new_api_client(self.kube.kubeconfig) as api:
+            return ensure_nodes(api, count=count, shape=shape, kwok=self.simulation.processes[-1])
+
     def stop(self, timeout: float = 10) -> None:
         self.simulation.stop(timeout=timeout)
         self.kube.stop(timeout=timeout)
@@ -237,13 +242,7 @@ def start_simulation(
                     what=f"{process.name} {url}",
                     process=process,
                 )
-            node_names = create_nodes(api, count=nodes, shape=node_shape)
-            wait_until(
-                lambda: _all_ready(api, node_names),
-                timeout=_READY_TIMEOUT_SECONDS,
-                what=f"{nodes} simulated nodes to become Ready",
-                process=kwok,
-            )
+            node_names = ensure_nodes(api, count=nodes, shape=node_shape, kwok=kwok)
     except BaseException:
         for process in reversed(processes):
             process.stop()
@@ -257,6 +256,20 @@ def start_simulation(
         f"pods run {pod_run_seconds:g}s, no containers"
     )
     return Simulation(processes=tuple(processes), jobset=jobset, node_names=node_names)
+
+
+def ensure_nodes(
+    api: ApiClient, *, count: int, shape: NodeShape = NodeShape(), kwok: ManagedProcess | None = None
+) -> tuple[str, ...]:
+    """``create_nodes``, then wait until kwok made every one of them Ready (failing early if ``kwok`` dies)."""
+    names = create_nodes(api, count=count, shape=shape)
+    wait_until(
+        lambda: _all_ready(api, names),
+        timeout=_READY_TIMEOUT_SECONDS,
+        what=f"{count} simulated nodes to become Ready",
+        process=kwok,
+    )
+    return names
 
 
 def create_nodes(api: ApiClient, *, count: int, shape: NodeShape, prefix: str = "sim-node-") -> tuple[str, ...]:
