@@ -166,6 +166,43 @@ def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | 
     return msgspec.json.encode({"metadata": {"labels": {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}}})
 
 
+class Done(msgspec.Struct, frozen=True, kw_only=True):
+    """What one apply or delete attempt did: the action reported, the resourceVersion it left, and why."""
+
+    action: ApplyAction
+    resource_version: str = ""
+    reason: str = ""
+
+
+STALE_PLAN = "stale plan: a newer plan for this target was claimed or applied"
+ALREADY_APPLIED = "already applied; the live object still holds it"
+
+
+def still_applied(record: AppliedRecord, live_raw: bytes | None, message: ObjectApply, *, digest: str) -> bool:
+    """The ledger's applied record is this very plan, and the live object still holds what it applied.
+
+    Then nothing needs writing: the record only advances to this message's source version.
+    """
+    return (
+        live_raw is not None
+        and record.state == "applied"
+        and record.digest == digest
+        and managed_digest(live_raw, manager=message.field_manager, subresource=message.target.subresource)
+        == record.managed
+    )
+
+
+def status_outdated(message: ObjectApply, *, live_version: str | None) -> bool:
+    """A status planned from another TrainJob version than the live one: a newer plan carries the newer status.
+
+    ``live_version`` is the live TrainJob's resourceVersion, ``None`` if it was not read.
+    """
+    planned_from = planned_resource_version(message)
+    return bool(
+        message.target.subresource and live_version is not None and planned_from and planned_from != live_version
+    )
+
+
 def outcome(http_status: int, *, before: str, after: str) -> ApplyAction:
     if http_status == 201:
         return "created"

@@ -174,9 +174,7 @@ class Applier:
             await self._finish(msg, message, "failed", attempts, started, reason=str(exc), ack=False)
             await msg.term()
             return
-        action: ApplyAction = "configured"
-        resource_version = ""
-        reason = ""
+        done = core.Done(action="configured")
         facts: core.TrainJobFacts | None = None
         try:
             async for attempt in AsyncRetrying(
@@ -192,9 +190,9 @@ class Applier:
                         RETRIES.labels(tjpipe_service="applier").inc()
                     facts = await self._authorize(message)
                     if isinstance(message, DeleteComponent):
-                        action, resource_version, reason = await self._delete_once(message, resource)
+                        done = await self._delete_once(message, resource)
                     else:
-                        action, resource_version, reason = await self._apply_once(message, resource, key, body)
+                        done = await self._apply_once(message, resource, key, body)
         except core.Unauthorized as exc:
             await self._refuse(msg, message, exc.why, attempts, started)
             return
@@ -225,11 +223,13 @@ class Applier:
             return
         if (
             facts is not None
-            and action in ("created", "configured", "unchanged")
+            and done.action in ("created", "configured", "unchanged")
             and core.condition_names(message, facts.applier_condition)
         ):
             await self._clear_condition(message)
-        await self._finish(msg, message, action, attempts, started, resource_version=resource_version, reason=reason)
+        await self._finish(
+            msg, message, done.action, attempts, started, resource_version=done.resource_version, reason=done.reason
+        )
 
     # --------------------------------------------------------------------------------- authorization
 
@@ -369,34 +369,32 @@ class Applier:
             return False
         return True
 
-    async def _delete_once(
-        self, message: DeleteComponent, resource: resources.Resource
-    ) -> tuple[ApplyAction, str, str]:
+    async def _delete_once(self, message: DeleteComponent, resource: resources.Resource) -> core.Done:
         target = message.target
         lkey = ledger_key(target)
         record, revision = await self.ledger.read_fresh(lkey)
         if record is not None and core.is_stale(record, message):
             if not await self._claim_is_corrupt(message, resource, lkey, record):
-                return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
+                return core.Done(action="skipped", reason=core.STALE_PLAN)
             if not await self._replace_claim(message, lkey, record, revision):
                 raise core.TransientError("the ledger record changed while it was being replaced")
         try:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
             if raw is None:
-                return "skipped", "", "already gone"
+                return core.Done(action="skipped", reason="already gone")
             self._require_controlled(message, raw)
             await self.kube.delete(resource, namespace=target.namespace, name=target.name)
         except KubeApiError as exc:
             raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
-        return "deleted", "", message.reason
+        return core.Done(action="deleted", reason=message.reason)
 
     async def _apply_once(
         self, message: ObjectApply, resource: resources.Resource, key: tuple[str, str, str, str], planned: bytes
-    ) -> tuple[ApplyAction, str, str]:
+    ) -> core.Done:
         """One fenced apply: claim the target in the ledger, then write conditionally, then record it.
 
-        Returns the action, the resulting resourceVersion and a reason. Raises TransientError or
-        PermanentError for the retry tiers around it.
+        Raises TransientError or PermanentError for the retry tiers around it. Every decision is
+        ``applier.core``'s; this performs them.
         """
         target = message.target
         lkey = ledger_key(target)
@@ -410,7 +408,7 @@ class Applier:
                 record, revision = await self.ledger.read_fresh(lkey)
             if record is not None and core.is_stale(record, message):
                 if not await self._claim_is_corrupt(message, resource, lkey, record):
-                    return "skipped", "", "stale plan: a newer plan for this target was claimed or applied"
+                    return core.Done(action="skipped", reason=core.STALE_PLAN)
                 await self._replace_claim(message, lkey, record, revision)
                 continue  # look again, with the claim replaced (or someone else's newer one)
             live_raw: bytes | None = None
@@ -419,14 +417,7 @@ class Applier:
                 live_raw = await self._get(resource, target)
                 read_live = True
                 self._require_controlled(message, live_raw)
-                if (
-                    live_raw is not None
-                    and record.state == "applied"
-                    and record.digest == digest
-                    and core.managed_digest(live_raw, manager=message.field_manager, subresource=target.subresource)
-                    == record.managed
-                ):
-                    live_rv = core.live_state(live_raw).resource_version
+                if live_raw is not None and core.still_applied(record, live_raw, message, digest=digest):
                     advanced = await self.ledger.write(
                         lkey,
                         msgspec.structs.replace(
@@ -436,7 +427,8 @@ class Applier:
                     )
                     if advanced is None:
                         continue  # another applier wrote the record meanwhile: look again
-                    return "unchanged", live_rv, "already applied; the live object still holds it"
+                    live_rv = core.live_state(live_raw).resource_version
+                    return core.Done(action="unchanged", resource_version=live_rv, reason=core.ALREADY_APPLIED)
             if not read_live and not target.subresource:
                 # Whether it exists, and whose it is: an object this TrainJob does not control is not taken
                 # over. Not even a plan that saw the target absent moments ago is taken at its word here: the
@@ -450,8 +442,9 @@ class Applier:
                 if not allowed:
                     label = core.owned_label_patch(message, live_raw)
                     if label is not None:
-                        return "skipped", await self._add_owned_label(message, resource, label), why + "; labelled"
-                    return "skipped", live.resource_version, why
+                        labelled = await self._add_owned_label(message, resource, label)
+                        return core.Done(action="skipped", resource_version=labelled, reason=why + "; labelled")
+                    return core.Done(action="skipped", resource_version=live.resource_version, reason=why)
             claim = AppliedRecord(
                 source_version=message.source_version, source_seq=message.source_seq, digest=digest, state="claimed"
             )
@@ -461,9 +454,8 @@ class Applier:
             before = core.live_state(live_raw).resource_version if live_raw is not None else ""
             # A status carries its own precondition: the TrainJob version it was planned from.
             precondition = "" if target.subresource else before
-            planned_from = core.planned_resource_version(message)
-            if target.subresource and live_raw is not None and planned_from and planned_from != before:
-                return "skipped", before, core.STALE_STATUS
+            if core.status_outdated(message, live_version=before if live_raw is not None else None):
+                return core.Done(action="skipped", resource_version=before, reason=core.STALE_STATUS)
             try:
                 resp = await self.kube.apply(
                     resource,
@@ -475,16 +467,10 @@ class Applier:
                     subresource=target.subresource,
                 )
             except KubeApiError as exc:
-                refusal = core.refused_write(exc.status, message, precondition=precondition)
-                if refusal == "stale-status":
-                    return "skipped", before, core.STALE_STATUS
-                if refusal == "look-again":
-                    continue
-                if refusal == "skip-if-created-concurrently":
-                    raw = await self._get(resource, target)
-                    if raw is not None:
-                        return "skipped", core.live_state(raw).resource_version, core.CREATED_CONCURRENTLY
-                raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+                refused = await self._after_refusal(exc, message, resource, precondition=precondition, before=before)
+                if refused is None:
+                    continue  # the object changed between the read and the conditional write: look again
+                return refused
             after = _resource_version(resp.body)
             done = msgspec.structs.replace(
                 claim,
@@ -493,8 +479,24 @@ class Applier:
                 managed=core.managed_digest(resp.body, manager=message.field_manager, subresource=target.subresource),
             )
             await self.ledger.write(lkey, done, revision=claimed)
-            return core.outcome(resp.status, before=before, after=after), after, ""
+            return core.Done(action=core.outcome(resp.status, before=before, after=after), resource_version=after)
         raise core.TransientError("the target kept changing under concurrent writers")
+
+    async def _after_refusal(
+        self, exc: KubeApiError, message: ObjectApply, resource: resources.Resource, *, precondition: str, before: str
+    ) -> core.Done | None:
+        """Perform ``core.refused_write``'s decision for a refused apply; ``None``: start the next claim round."""
+        refusal = core.refused_write(exc.status, message, precondition=precondition)
+        if refusal == "stale-status":
+            return core.Done(action="skipped", resource_version=before, reason=core.STALE_STATUS)
+        if refusal == "look-again":
+            return None
+        if refusal == "skip-if-created-concurrently":
+            raw = await self._get(resource, message.target)
+            if raw is not None:
+                rv = core.live_state(raw).resource_version
+                return core.Done(action="skipped", resource_version=rv, reason=core.CREATED_CONCURRENTLY)
+        raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
 
     async def _replace_claim(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> bool:
         """Overwrite a corrupt claim with this message's (compare-and-set); ``False`` if the key changed first."""

@@ -64,3 +64,46 @@ def _secret(policy: m.ApplyPolicy) -> m.ApplySecret:
 )
 def test_refused_write(status: int, message: m.ObjectApply, precondition: str, expected: core.RefusedWrite) -> None:
     assert core.refused_write(status, message, precondition=precondition) == expected
+
+
+def _status_planned_from(version: str) -> m.ApplyTrainJobStatus:
+    message = _status()
+    meta = msgspec.structs.replace(message.object.metadata, resource_version=version)
+    return msgspec.structs.replace(message, object=msgspec.structs.replace(message.object, metadata=meta))
+
+
+@pytest.mark.parametrize(
+    ("message", "live_version", "expected"),
+    [
+        # Planned from another TrainJob version than the live one: a newer plan carries the newer status.
+        (_status_planned_from("7"), "8", True),
+        (_status_planned_from("7"), "7", False),
+        # Not read, or planned without a version: nothing to compare; the API server's 409 decides.
+        (_status_planned_from("7"), None, False),
+        (_status(), "8", False),
+        # Only a status is written on the version it was planned from.
+        (_secret("always"), "8", False),
+    ],
+)
+def test_status_outdated(message: m.ObjectApply, live_version: str | None, expected: bool) -> None:
+    assert core.status_outdated(message, live_version=live_version) is expected
+
+
+def test_still_applied_only_when_the_record_is_this_plan_and_the_live_object_holds_it() -> None:
+    message = _secret("always")
+    live = msgspec.json.encode(
+        {
+            "metadata": {
+                "name": "tj-ssh",
+                "managedFields": [{"manager": message.field_manager, "operation": "Apply", "fieldsV1": {"f:data": {}}}],
+            }
+        }
+    )
+    managed = core.managed_digest(live, manager=message.field_manager, subresource=None)
+    record = m.AppliedRecord(source_version=1, source_seq=1, digest="d1", state="applied", managed=managed)
+    assert core.still_applied(record, live, message, digest="d1")
+    assert not core.still_applied(record, live, message, digest="d2")  # another plan's content
+    assert not core.still_applied(msgspec.structs.replace(record, state="claimed"), live, message, digest="d1")
+    assert not core.still_applied(record, None, message, digest="d1")  # the object is gone
+    changed = live.replace(b'"f:data":{}', b'"f:data":{"f:x":{}}')
+    assert not core.still_applied(record, changed, message, digest="d1")  # someone changed our fields
