@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
+import msgspec
 import pytest
 
 from tjpipe.contracts.trainer import (
@@ -111,3 +112,10 @@ def _info(policy: MLPolicy | None) -> RuntimeInfo:
 def test_plain_ml_stands_aside_exactly_where_the_registry_says(policy: MLPolicy | None, plain_ml_runs: bool) -> None:
     phases = Framework(REGISTRY).phases(_info(policy))
     assert ("plainml" in _names(phases.ml_policies)) is plain_ml_runs
+
+
+def test_every_ml_policy_has_a_plain_ml_decision_above() -> None:
+    """A new ML policy on ``MLPolicy`` fails here until the cases above say whether PlainML stands aside for it
+    (the registry's ``_sets_own_node_count``), so the decision is never found only by reading."""
+    sources = {f.name for f in msgspec.structs.fields(MLPolicy)} - {"num_nodes"}
+    assert sources == {"torch", "mpi", "jax", "xgboost", "flux"}
