@@ -443,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         command = args.command
+        args.debug = debug
         settings.resolve(args, os.environ)
         return _dispatch(args)
     except CliError as exc:

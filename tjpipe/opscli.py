@@ -43,6 +43,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=
 
 def run(command: str, args: argparse.Namespace) -> int:
     """Run one operator command; raises ``tjpipe.exits`` errors for ``cli.main`` to print."""
+    _route_logs(debug=bool(getattr(args, "debug", False)))
     if command == "plan":
         return _plan(args)
     _check_arguments(command, args)  # before connecting: a typo is not worth a timeout
@@ -68,6 +69,15 @@ def _check_arguments(command: str, args: argparse.Namespace) -> None:
             raise UsageError("name dead letters by sequence or pass --all, not both")
         if not args.seq and not args.all:
             raise UsageError("name dead letters by sequence, or pass --all")
+
+
+def _route_logs(*, debug: bool) -> None:
+    """The libraries' warnings (a NATS reconnect, a disconnect at close) are not the command's output: on
+    stderr with ``--debug`` only. A connection that never comes up is still explained, by ``_connect``."""
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+    else:
+        logging.getLogger().addHandler(logging.NullHandler())
 
 
 # ------------------------------------------------------------------------------------------ raw output
