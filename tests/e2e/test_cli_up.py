@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,8 +50,12 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
         assert up.returncode == 0, up.stdout + up.stderr
         pid_files = sorted((state / "logs").glob("*.pid"))
         pids = [int(p.read_text().split()[0]) for p in pid_files]
+        # The default stack is the whole simulated cluster (tjpipe.local.cluster); `down` must stop all of it.
         assert [p.stem for p in pid_files] == sorted(
-            ["applier", "etcd", "kube-apiserver", "nats", "planner", "watcher", "webhook"]
+            [
+                *("applier", "etcd", "kube-apiserver", "nats", "planner", "watcher", "webhook"),
+                *("jobset-manager", "kube-controller-manager", "kube-scheduler", "kwok"),
+            ]
         )
         assert "ValidatingWebhookConfiguration tjpipe-validator.trainer.kubeflow.org registered" in up.stderr
         assert "ConfigMap kubeflow-system/kubeflow-trainer-public says v2.3.0" in up.stderr
@@ -65,10 +70,11 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
             f"{identity}.nk": 0o600 for identity in ("admin", "watcher", "planner", "applier", "reader", "dlq-operator")
         }
         _check_demo_jobset(state)
+        _check_demo_completes(state)
     finally:
         down = _tjpipe("down", cwd=tmp_path, env=env, timeout=120)
     assert down.returncode == 0, down.stderr
-    assert "stopped:" in down.stderr
+    assert "stopped:" in down.stdout + down.stderr
     assert not list((state / "logs").glob("*.pid"))
     assert [pid for pid in pids if _alive(pid)] == []
 
@@ -192,3 +198,26 @@ def test_up_use_env_names_the_existing_cluster_before_writing(tmp_path: Path) ->
     assert "NATS: the EXISTING server(s) nats://127.0.0.1:1" in text, text
     assert f"Kubernetes: the EXISTING cluster at {DECOY_SERVER}, context 'prod-admin'" in text, text
     assert "kube-apiserver" not in text and not list((tmp_path / ".tjpipe" / "logs").glob("*.pid"))
+
+
+def _check_demo_completes(state: Path) -> None:
+    """On the simulated cluster the demo's pods run and succeed, so the pipeline reports the TrainJob Complete."""
+    from kubernetes import dynamic
+
+    from tjpipe.local.kubeapi import new_api_client
+
+    client = dynamic.DynamicClient(new_api_client(state / "kubeconfig"))
+    trainjobs = client.resources.get(api_version="trainer.kubeflow.org/v1alpha1", kind="TrainJob")
+    deadline = time.monotonic() + 120
+    status: Any = {}
+    while time.monotonic() < deadline:
+        status = trainjobs.get(namespace="tjpipe-demo", name="mnist").to_dict().get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        if conditions.get("Complete", {}).get("status") == "True":
+            break
+        time.sleep(0.5)
+    conditions = {c["type"]: c for c in status.get("conditions") or []}
+    assert conditions.get("Complete", {}).get("reason") == "AllJobsCompleted", status
+    assert status.get("jobsStatus") == [
+        {"name": "node", "active": 0, "ready": 0, "succeeded": 1, "failed": 0, "suspended": 0}
+    ], status
