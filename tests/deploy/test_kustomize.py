@@ -431,6 +431,8 @@ def _expected_permissions() -> dict[str, set[Permission]]:
         # A one-item list tells the applier the cluster's current revision (suspect ledger claims).
         (_group(resources.TRAINJOB), resources.TRAINJOB.plural, "list"),
         (_group(resources.TRAINJOB), f"{resources.TRAINJOB.plural}/status", "patch"),
+        # blockOwnerDeletion on the owner reference (OwnerReferencesPermissionEnforcement).
+        (_group(resources.TRAINJOB), f"{resources.TRAINJOB.plural}/finalizers", "update"),
         (_group(resources.EVENT), resources.EVENT.plural, "create"),
         (_group(resources.EVENT), resources.EVENT.plural, "patch"),
     }
@@ -470,7 +472,11 @@ def test_rbac_grants_exactly_what_the_code_uses(base: list[Obj]) -> None:
     assert ("", "secrets", "get") not in watcher
     applier = _granted(roles["tjpipe-applier"])
     applier_verbs = {verb for _, _, verb in applier}
-    assert not applier_verbs & {"watch", "update", "deletecollection", "escalate", "bind", "impersonate"}
+    assert not applier_verbs & {"watch", "deletecollection", "escalate", "bind", "impersonate"}
+    # update only where no other verb serves: the owner's finalizers (OwnerReferencesPermissionEnforcement).
+    assert {(g, r) for g, r, verb in applier if verb == "update"} == {
+        (_group(resources.TRAINJOB), "trainjobs/finalizers")
+    }
     assert {(g, r) for g, r, verb in applier if verb == "list"} == {(_group(resources.TRAINJOB), "trainjobs")}
 
 

@@ -1,0 +1,172 @@
+"""Render the Kubeflow install (deploy/overlays/kubeflow) from Trainer's Go module, and assemble the Helm chart.
+
+Why this exists: the overlay names Trainer v2.3.0's CRDs and shipped runtimes by kustomize remote references
+into Trainer's repository at the release tag, so that nothing of Trainer's is copied into this repository and
+``kubectl apply -k`` takes them from Trainer itself. Where that repository cannot be reached (the tests, an
+air-gapped machine) the same folders are in Trainer's Go module, which the module proxy serves and the project
+already reads (``tjpipe.local.crds``): this tool rewrites each remote reference to that folder and runs the real
+kustomize, so both ways render the same objects.
+
+The Helm chart is that same render, packaged: charts/trainjob-pipeline holds only the chart's frame (values,
+the templates that emit the files); ``chart DIR`` writes the frame plus Trainer's CRDs (``crds/``, which Helm
+installs before anything else and never deletes) and the rendered objects (``files/``) into DIR. One source of
+truth, deploy/, for kustomize and Helm alike.
+
+Usage::
+
+    python tools/kubeflow_install.py kustomize            # the overlay's objects, as YAML on stdout
+    python tools/kubeflow_install.py chart DIR            # the installable Helm chart, written into DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tjpipe.local.crds import TRAINER_MODULE, TRAINER_VERSION
+from tjpipe.local.kustomize import kustomize_build
+from tjpipe.local.toolchain import go_module_dir
+
+REPO = Path(__file__).resolve().parents[1]
+OVERLAY = REPO / "deploy" / "overlays" / "kubeflow"
+CHART = REPO / "charts" / "trainjob-pipeline"
+# The image deploy/base names (its `images:` entry); the chart's values replace it.
+PIPELINE_IMAGE = "trainjob-pipeline"
+
+# kustomize's remote form for a folder of a git repository at a tag: <repository>//<folder>?ref=<tag>.
+_TRAINER_REMOTE = re.compile(r"^https://github\.com/kubeflow/trainer//(?P<folder>[^?]+)\?ref=(?P<ref>[^&]+)$")
+_KUSTOMIZATION_KEYS = frozenset({"apiVersion", "kind", "resources"})
+
+Obj = dict[str, Any]
+
+
+def trainer_folder(resource: str) -> str | None:
+    """The folder of Trainer's repository a kustomize resource names, or None if it names none.
+
+    A reference to another Trainer release is refused: the pipeline rebuilds exactly TRAINER_VERSION.
+    """
+    match = _TRAINER_REMOTE.match(resource)
+    if match is None:
+        return None
+    if match["ref"] != TRAINER_VERSION:
+        raise ValueError(f"{resource}: this pipeline matches Trainer {TRAINER_VERSION}, not {match['ref']}")
+    return match["folder"]
+
+
+def _local_kustomization(overlay: Path, scratch: Path) -> None:
+    """Write into ``scratch`` a kustomization equal to ``overlay``'s, Trainer's folders read from its Go module.
+
+    kustomize refuses absolute paths, so every resource becomes a path relative to ``scratch``.
+    """
+    with (overlay / "kustomization.yaml").open() as handle:
+        kustomization: Obj = yaml.safe_load(handle)
+    unsupported = set(kustomization) - _KUSTOMIZATION_KEYS
+    if unsupported:
+        raise NotImplementedError(f"{overlay}: only resources are rewritten, not {sorted(unsupported)}")
+    module = go_module_dir(TRAINER_MODULE, TRAINER_VERSION)
+    resources: list[str] = []
+    for resource in kustomization.get("resources") or []:
+        folder = trainer_folder(resource)
+        if folder is not None:
+            target = module / folder
+        elif "://" in resource:
+            raise NotImplementedError(f"{overlay}: {resource} is neither local nor one of Trainer's folders")
+        else:
+            target = (overlay / resource).resolve()
+        if not target.is_dir():
+            raise FileNotFoundError(f"{overlay}: {resource} resolves to {target}, which is not a folder")
+        resources.append(os.path.relpath(target, scratch))
+    (scratch / "kustomization.yaml").write_text(yaml.safe_dump({**kustomization, "resources": resources}))
+
+
+def render_overlay(overlay: Path = OVERLAY, *, progress: Callable[[str], None] = print) -> list[Obj]:
+    """``kustomize build overlay``, with Trainer's remote folders taken from its Go module."""
+    with tempfile.TemporaryDirectory(prefix="tjpipe-kubeflow-") as scratch:
+        _local_kustomization(overlay, Path(scratch))
+        return kustomize_build(Path(scratch), progress=progress)
+
+
+def _is_trainer_crd(obj: Obj) -> bool:
+    return obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == "trainer.kubeflow.org"
+
+
+def _split_image(image: str) -> tuple[str, str]:
+    """(repository, tag); a ':' before the last '/' belongs to a registry port."""
+    colon = image.rfind(":")
+    if colon > image.rfind("/"):
+        return image[:colon], image[colon + 1 :]
+    return image, ""
+
+
+def _pipeline_image(objects: Sequence[Obj]) -> tuple[str, str]:
+    images = {
+        container["image"]
+        for obj in objects
+        if obj["kind"] in ("Deployment", "Job")
+        for container in obj["spec"]["template"]["spec"]["containers"]
+        if _split_image(container["image"])[0] == PIPELINE_IMAGE
+    }
+    if len(images) != 1:
+        raise RuntimeError(f"expected one {PIPELINE_IMAGE} image in the render, found {sorted(images)}")
+    repository, tag = _split_image(images.pop())
+    if not tag:
+        raise RuntimeError(f"the {PIPELINE_IMAGE} image has no tag")
+    return repository, tag
+
+
+def _dump(objects: Sequence[Obj]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=1 << 16)
+
+
+def assemble_chart(out: Path, *, overlay: Path = OVERLAY, progress: Callable[[str], None] = print) -> Path:
+    """Write the installable chart into ``out`` (which must not exist or be empty); return ``out``."""
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty")
+    objects = render_overlay(overlay, progress=progress)
+    crds = [obj for obj in objects if _is_trainer_crd(obj)]
+    runtimes = [obj for obj in objects if obj["kind"] == "ClusterTrainingRuntime"]
+    pipeline = [obj for obj in objects if not _is_trainer_crd(obj) and obj["kind"] != "ClusterTrainingRuntime"]
+    if len(crds) != 3 or not runtimes:
+        raise RuntimeError(f"{overlay} rendered {len(crds)} Trainer CRDs and {len(runtimes)} runtimes")
+    repository, tag = _pipeline_image(pipeline)
+    shutil.copytree(CHART, out, dirs_exist_ok=True)
+    (out / "crds").mkdir()
+    for crd in crds:
+        (out / "crds" / f"{crd['metadata']['name']}.yaml").write_text(_dump([crd]))
+    files = out / "files"
+    files.mkdir()
+    (files / "pipeline.yaml").write_text(_dump(pipeline))
+    (files / "trainer-runtimes.yaml").write_text(_dump(runtimes))
+    (files / "image.yaml").write_text(yaml.safe_dump({"repository": repository, "tag": tag}, default_style='"'))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("kustomize", help="print deploy/overlays/kubeflow's objects as YAML")
+    chart = commands.add_parser("chart", help="write the installable Helm chart into DIR")
+    chart.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    if args.command == "kustomize":
+        sys.stdout.write(_dump(render_overlay(progress=progress)))
+    else:
+        print(assemble_chart(args.dir, progress=progress))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
