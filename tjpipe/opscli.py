@@ -420,7 +420,7 @@ def _plan(args: argparse.Namespace) -> int:
         messages = ops.preview(trainjob, runtime)
     except msgspec.ValidationError as exc:
         raise UsageError(f"{where}: not a valid TrainJob or runtime: {exc}") from None
-    if reader is None:
+    if reader is None or not args.server_dry_run:
         objects = [msgspec.to_builtins(m.object) for m in messages if isinstance(m, ObjectApply)]
         sys.stdout.write(to_json(objects) if output == "json" else to_yaml_all(objects))
         return ExitCode.OK
