@@ -10,6 +10,7 @@ Modules:
 * ``workload``: TrainJob bodies, runtimes and the events the planner sees, with no I/O;
 * ``micro``: the planner microbenchmark (CPU only, no servers);
 * ``cluster``: the I/O the scenarios share (counting API client, metrics scrapes, waiting for quiet);
-* ``scenarios``: ceiling, end to end, write amplification and memory;
+* ``scenarios``: apiserver floor, end to end, write amplification and memory;
+* ``reference``: Trainer v2.3.0's own controller and the pipeline side by side, measured the same way;
 * ``runner``: the order of things, and the report files.
 """

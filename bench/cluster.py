@@ -401,3 +401,225 @@ class ResultTracker:
 
 
 SUCCESS_ACTIONS = frozenset({"created", "configured", "unchanged"})
+
+
+# ------------------------------------------------------------------------------- any controller, any pid
+
+
+def process_memory(pid: int | None) -> dict[str, float | None]:
+    """VmRSS and VmHWM (the peak since the process started) of one process, in MB; ``None`` when gone."""
+    status = ""
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text()
+    return {
+        "rss_mb": stats.kib_to_mb(stats.parse_status_kib(status, "VmRSS")),
+        "hwm_mb": stats.kib_to_mb(stats.parse_status_kib(status, "VmHWM")),
+    }
+
+
+def pids_by_name(stack: Stack, extra: Sequence[Any] = ()) -> dict[str, int]:
+    """The live processes of a run by name: servers, services and any ``extra`` ManagedProcess (a controller)."""
+    processes = [*stack.services, *extra]
+    if stack.local_nats is not None:
+        processes.append(stack.local_nats.process)
+    if stack.local_kube is not None:
+        processes.extend(stack.local_kube.processes)
+    return {p.name: p.pid for p in processes if p.is_running()}
+
+
+def cpu_of(pids: Mapping[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by each named process, plus this benchmark process as ``benchmark``."""
+    out: dict[str, float] = {"benchmark": time.process_time()}
+    for name, pid in pids.items():
+        used = process_cpu_seconds(pid)
+        if used is not None:
+            out[name] = out.get(name, 0.0) + used
+    return out
+
+
+async def settle(
+    probe: Callable[[], Any],
+    *,
+    quiet_seconds: float,
+    timeout: float,
+    min_seconds: float = 0.0,
+    interval: float = 0.5,
+    cpu: Callable[[], dict[str, float]] | None = None,
+) -> tuple[float | None, dict[str, float]]:
+    """Wait until ``await probe()`` stops changing for ``quiet_seconds``: (seconds to the last change, CPU then).
+
+    The CPU reading is the one taken when the probe last changed, so the quiet period itself (idle time a
+    controller spends whatever its load) is not charged to the work being measured. The seconds are
+    ``None`` when the deadline came first; the CPU reading is then the last one taken.
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    last = await probe()
+    at_change = cpu() if cpu else {}
+    still_since = time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(interval)
+        now_sig = await probe()
+        now = time.monotonic()
+        if now_sig != last:
+            last = now_sig
+            still_since = now
+            at_change = cpu() if cpu else {}
+            continue
+        if now - still_since >= quiet_seconds and now - started >= min_seconds:
+            return still_since - started, at_change
+    return None, at_change
+
+
+def bus_probe(js: JetStreamContext) -> Callable[[], Any]:
+    """The pipeline is busy while a stream grows or a consumer has work (see ``wait_quiet``)."""
+
+    async def probe() -> Any:
+        return (await signature(js), await backlog(js))
+
+    return probe
+
+
+def apiserver_probe(kube: KubeClient) -> Callable[[], Any]:
+    """A controller without a bus is busy while it sends requests for TrainJobs and their components.
+
+    Only the tracked resources count, and not WATCH (a long request is counted when it ends): leader
+    election leases and the API server's own housekeeping never stop.
+    """
+
+    async def probe() -> Any:
+        counts = await scrape_apiserver(kube)
+        if counts is None:
+            return None
+        return sum(n for (r, _, v), n in counts.items() if r in stats.TRACKED_RESOURCES and v != "WATCH")
+
+    return probe
+
+
+async def delete_collections(kube: KubeClient, namespace: str, kinds: Sequence[Resource]) -> None:
+    """Delete every object of each kind in ``namespace`` with one request per kind (no garbage collector runs)."""
+    for resource in kinds:
+        with contextlib.suppress(KubeApiError):
+            await kube.request("DELETE", resource.path(namespace=namespace), timeout=300)
+
+
+async def count_objects(kube: KubeClient, resource: Resource, *, namespace: str) -> int:
+    total = 0
+    async for page in kube.list_pages(resource, namespace=namespace, metadata_only=True):
+        total += len(page.items)
+    return total
+
+
+class ComponentWatch:
+    """Sees, from the benchmark's side, when each TrainJob's JobSet and runtime snapshot ConfigMap exist.
+
+    One metadata-only watch per kind on the run's namespace; the first ADDED of a name is its time. The
+    same observer serves every controller (Trainer's has no result stream), so side-by-side latencies
+    and throughputs are measured the same way. Its own WATCH requests are added to ``kube.counts``.
+    """
+
+    def __init__(self, kube: CountingKube, namespace: str, names: Sequence[str]) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.wanted: dict[tuple[str, str], str] = {}
+        for name in names:
+            self.wanted[("jobsets", name)] = name
+            self.wanted[("configmaps", f"{name}-runtime-snapshot")] = name
+        self.pending: dict[str, int] = Counter(self.wanted.values())
+        self.seen: dict[tuple[str, str], float] = {}
+        self.built: dict[str, float] = {}
+        self.done = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        if not names:
+            self.done.set()
+
+    def forget(self, names: Sequence[str]) -> None:
+        """Stop waiting for TrainJobs that were never created."""
+        for name in names:
+            self.pending.pop(name, None)
+        if not self.pending:
+            self.done.set()
+
+    async def start(self) -> None:
+        for resource in (resources.JOBSET, resources.CONFIG_MAP):
+            rv = ""
+            async for page in self.kube.list_pages(resource, namespace=self.namespace, metadata_only=True):
+                rv = page.metadata.resourceVersion
+            self.kube.counts[(resource.plural, "", "WATCH")] += 1
+            self._tasks.append(asyncio.create_task(self._follow(resource, rv)))
+
+    async def _follow(self, resource: Resource, rv: str) -> None:
+        with contextlib.suppress(KubeApiError, asyncio.CancelledError):
+            async for event in self.kube.watch(
+                resource, namespace=self.namespace, resource_version=rv, timeout_seconds=3600, metadata_only=True
+            ):
+                if event.type != "ADDED":
+                    continue
+                now = time.time()
+                name = _meta_decoder.decode(event.object).metadata.name
+                key = (resource.plural, name)
+                owner = self.wanted.get(key)
+                if owner is None or key in self.seen:
+                    continue
+                self.seen[key] = now
+                if owner in self.pending:
+                    self.pending[owner] -= 1
+                    if self.pending[owner] == 0:
+                        del self.pending[owner]
+                        self.built[owner] = now
+                        if not self.pending:
+                            self.done.set()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    def jobset_at(self, name: str) -> float | None:
+        return self.seen.get(("jobsets", name))
+
+
+class _MetaOnly(msgspec.Struct, kw_only=True):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+_meta_decoder = msgspec.json.Decoder(_MetaOnly)
+
+
+async def create_trainjobs(
+    kube: CountingKube,
+    namespace: str,
+    bodies: Mapping[str, bytes],
+    *,
+    concurrency: int,
+    rate: float | None = None,
+) -> tuple[dict[str, float], dict[str, float], Counter[str], dict[str, bytes]]:
+    """POST every TrainJob (paced at ``rate`` per second if given): (sent, created, errors, responses)."""
+    sent: dict[str, float] = {}
+    created: dict[str, float] = {}
+    answers: dict[str, bytes] = {}
+    errors: Counter[str] = Counter()
+    sem = asyncio.Semaphore(concurrency)
+    t0 = time.time()
+
+    async def create(i: int, name: str, body: bytes) -> None:
+        if rate:
+            delay = t0 + i / rate - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        async with sem:
+            sent[name] = time.time()
+            try:
+                resp = await kube.create(resources.TRAINJOB, namespace=namespace, body=body)
+            except KubeApiError as exc:
+                errors[f"{exc.status} {exc.reason}"] += 1
+                return
+            created[name] = time.time()
+            answers[name] = resp.body
+
+    await asyncio.gather(*(create(i, name, body) for i, (name, body) in enumerate(bodies.items())))
+    return sent, created, errors, answers

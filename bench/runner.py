@@ -1,8 +1,10 @@
-"""The order of things: machine facts, planner, stack, ceiling, services, end to end, amplification, memory.
+"""The order of things: machine facts, planner, stack, floor, Trainer, services, end to end, amplification, memory.
 
-The planner microbenchmark runs before any server starts, and the raw SSA ceiling before the services
-start, so neither competes with the pipeline for the two cores. Whatever fails, the stack is stopped and
-the report is written with what was measured.
+The planner microbenchmark runs before any server starts; the apiserver floor and Trainer's controller run
+before the pipeline's services start, so nothing measured competes with anything else for the two cores,
+and Trainer's controller and the pipeline never run at the same time. The lifecycle scenario (``--lifecycle``)
+runs last, on a simulated cluster of its own. Whatever fails, the stack is stopped and the report is
+written with what was measured.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import shlex
 import shutil
 import sys
@@ -28,8 +31,8 @@ import aiohttp
 from bench import stats, workload
 from bench.micro import run_planner_micro
 
-SCENARIOS = ("planner", "ceiling", "e2e", "paced", "writes", "memory")
-SERVER_SCENARIOS = ("ceiling", "e2e", "paced", "writes", "memory")
+SCENARIOS = ("planner", "floor", "trainer", "trainer-memory", "e2e", "paced", "writes", "memory")
+SERVER_SCENARIOS = ("floor", "trainer", "e2e", "paced", "writes", "memory")
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,12 @@ class Settings:
     sizes: tuple[int, ...]
     memory_jobs: int
     skip: frozenset[str]
-    ceiling_jobs: int
+    floor_jobs: int
+    floor_concurrency: int
+    compare_jobs: int
+    lifecycle_jobs: int
+    lifecycle_nodes: int
+    pod_run_seconds: float
     concurrency: int
     create_concurrency: int
     paced_rate: float
@@ -56,7 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         prog="python -m bench",
         description="Benchmark the pipeline against its own local stack and write report.md and report.json.",
     )
-    parser.add_argument("--quick", action="store_true", help="a small run (about 3 minutes on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help="a small run (about 2 minutes on 2 cores)")
     parser.add_argument("--out", type=Path, default=Path(".bench"), help="report folder (default .bench/)")
     parser.add_argument("--sizes", help="end-to-end sizes, comma-separated (default 200,1000; --quick 100)")
     parser.add_argument("--memory-jobs", type=int, help="TrainJobs present for the memory figures (default 10000)")
@@ -66,7 +74,21 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         default=[],
         help=f"scenarios to leave out, comma-separated or repeated: {', '.join(SCENARIOS)}",
     )
-    parser.add_argument("--ceiling-jobs", type=int, help="TrainJobs for the SSA ceiling (default: largest size)")
+    parser.add_argument("--floor-jobs", type=int, help="TrainJobs per apiserver floor run (default: largest size)")
+    parser.add_argument(
+        "--floor-concurrency", type=int, default=32, help="TrainJobs in flight in the floor (create, then applies)"
+    )
+    parser.add_argument(
+        "--compare-jobs", type=int, help="TrainJobs of the side-by-side runs with Trainer (default 1000; --quick 100)"
+    )
+    parser.add_argument(
+        "--lifecycle",
+        action="store_true",
+        help="also run TrainJobs to completion on a simulated cluster (its own stack, after everything else)",
+    )
+    parser.add_argument("--lifecycle-jobs", type=int, help="TrainJobs of the lifecycle run (default 500; --quick 50)")
+    parser.add_argument("--lifecycle-nodes", type=int, default=20, help="simulated nodes of the lifecycle run")
+    parser.add_argument("--pod-run-seconds", type=float, default=5.0, help="how long each simulated pod runs")
     parser.add_argument("--concurrency", type=int, default=16, help="applier concurrency, also the ceiling's")
     parser.add_argument("--create-concurrency", type=int, default=32, help="concurrent TrainJob creates")
     parser.add_argument("--paced-rate", type=float, default=20.0, help="TrainJobs/s of the paced run")
@@ -95,7 +117,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         sizes=sizes,
         memory_jobs=memory_jobs,
         skip=skip,
-        ceiling_jobs=args.ceiling_jobs or (200 if quick else max(sizes)),
+        floor_jobs=args.floor_jobs or max(sizes),
+        floor_concurrency=args.floor_concurrency,
+        compare_jobs=args.compare_jobs or (100 if quick else 1000),
+        lifecycle_jobs=(args.lifecycle_jobs or (50 if quick else 500)) if args.lifecycle else 0,
+        lifecycle_nodes=args.lifecycle_nodes,
+        pod_run_seconds=args.pod_run_seconds,
         concurrency=args.concurrency,
         create_concurrency=args.create_concurrency,
         paced_rate=args.paced_rate,
@@ -161,7 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "skipped": sorted(settings.skip),
             "backend": "",
             "settings": {
-                "ceiling_jobs": settings.ceiling_jobs,
+                "floor_jobs": settings.floor_jobs,
+                "floor_concurrency": settings.floor_concurrency,
+                "compare_jobs": settings.compare_jobs,
+                "lifecycle_jobs": settings.lifecycle_jobs,
+                "lifecycle_nodes": settings.lifecycle_nodes,
+                "pod_run_seconds": settings.pod_run_seconds,
                 "applier_concurrency": settings.concurrency,
                 "create_concurrency": settings.create_concurrency,
                 "paced_rate": settings.paced_rate,
@@ -255,7 +287,7 @@ async def run_with_stack(
 ) -> None:
 
     from bench import scenarios as sc
-    from bench.cluster import CountingKube, Services, apply_object, cpu_seconds
+    from bench.cluster import CountingKube, Services, apply_object, bus_probe, cpu_of, pids_by_name
     from tjpipe.contracts import resources
     from tjpipe.plumbing.kube import KubeConfig
     from tjpipe.stack import Stack, StatePaths
@@ -273,7 +305,7 @@ async def run_with_stack(
     nc: Any = None
     session: aiohttp.ClientSession | None = None
     try:
-        await asyncio.to_thread(stack.start_infrastructure)
+        await asyncio.to_thread(stack.start_infrastructure, use_env=True)  # the benchmark adopts NATS_URL/KUBECONFIG
         assert stack.kubeconfig is not None
         report["meta"]["backend"] += (
             "; NATS authorization on (an nkey identity per service, anonymous refused)"
@@ -287,17 +319,46 @@ async def run_with_stack(
         await apply_object(kube, resources.CLUSTER_TRAINING_RUNTIME, gang, field_manager="tjpipe-bench")
         progress(f"runtimes installed: {workload.TORCH_RUNTIME}, {workload.MPI_RUNTIME}, {workload.GANG_RUNTIME}")
 
-        if "ceiling" not in settings.skip:
-            ceiling_kube = CountingKube(KubeConfig.load(str(stack.kubeconfig)), max_connections=settings.concurrency)
-            async with ceiling_kube:
-                scenarios["ceiling"] = await sc.ceiling(
-                    ceiling_kube,
-                    runtimes[workload.TORCH_RUNTIME],
-                    n=settings.ceiling_jobs,
-                    concurrency=settings.concurrency,
-                    progress=progress,
-                    cpu=lambda: cpu_seconds(stack),
+        floor_kinds = {"torch": workload.TORCH_ONLY, "mix": workload.MIX}
+        if "floor" not in settings.skip:
+            scenarios["floor"] = {"runs": []}
+            for mix_name, mix in floor_kinds.items():
+                floor_kube = CountingKube(
+                    KubeConfig.load(str(stack.kubeconfig)), max_connections=settings.floor_concurrency
                 )
+                async with floor_kube:
+                    scenarios["floor"]["runs"].append(
+                        await sc.floor(
+                            floor_kube,
+                            {**runtimes, workload.GANG_RUNTIME: gang},
+                            workload.kinds_for(settings.floor_jobs, mix),
+                            label=f"{mix_name} N={settings.floor_jobs}",
+                            concurrency=settings.floor_concurrency,
+                            progress=progress,
+                            cpu=lambda: cpu_of(pids_by_name(stack)),
+                        )
+                    )
+
+        if "trainer" not in settings.skip:
+            from bench.reference import trainer_side
+
+            scenarios["reference"] = {"n": settings.compare_jobs, "memory_jobs": settings.memory_jobs}
+            try:
+                scenarios["reference"]["trainer"] = await trainer_side(
+                    kube,
+                    kubeconfig=stack.kubeconfig,
+                    state_dir=state / "trainer",
+                    pids=lambda extra: pids_by_name(stack, extra),
+                    n=settings.compare_jobs,
+                    memory_jobs=0 if "trainer-memory" in settings.skip else settings.memory_jobs,
+                    create_concurrency=settings.create_concurrency,
+                    quiet_seconds=settings.quiet_seconds,
+                    run_id=secrets.token_hex(2),
+                    progress=progress,
+                )
+            except Exception as exc:  # the pipeline's figures are still worth having
+                progress(f"trainer: failed: {exc!r}")
+                report["notes"].append(f"Trainer's controller could not be measured: {exc!r}")
 
         session = aiohttp.ClientSession()
         services = Services(
@@ -321,6 +382,27 @@ async def run_with_stack(
             quiet_seconds=settings.quiet_seconds,
             create_concurrency=settings.create_concurrency,
         )
+
+        if "trainer" not in settings.skip:
+            from bench.reference import PIPELINE_PROCESSES, controller_run
+
+            # First, with nothing else present: the same load as Trainer's, measured the same way.
+            namespace = f"bench-pipeline-{ctx.run_id}"
+            ctx.namespaces.append(namespace)
+            side = await controller_run(
+                kube,
+                label=f"pipeline torch N={settings.compare_jobs}",
+                namespace=namespace,
+                n=settings.compare_jobs,
+                create_concurrency=settings.create_concurrency,
+                pids=lambda: pids_by_name(stack),
+                controller=PIPELINE_PROCESSES,
+                probe=bus_probe(js),
+                quiet_seconds=settings.quiet_seconds,
+                progress=progress,
+            )
+            ctx.present += side["created"]
+            scenarios.setdefault("reference", {})["pipeline"] = {"run": side}
 
         e2e: dict[str, Any] = {"runs": []}
         if "e2e" not in settings.skip:

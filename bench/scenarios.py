@@ -1,4 +1,4 @@
-"""The scenarios that need servers: the raw SSA ceiling, end-to-end runs, write amplification, memory.
+"""The scenarios that need servers: the apiserver floor, end-to-end runs, write amplification, memory.
 
 Each returns plain data for ``report.json``; judging it against targets is the runner's job. Every wait has
 a deadline and every loop a bound, so a pipeline that stalls makes a run incomplete, never endless.
@@ -7,10 +7,8 @@ a deadline and every loop a bound, so a pipeline that stalls makes a run incompl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +28,10 @@ from bench.cluster import (
     cpu_delta,
     cpu_seconds,
     create_namespace,
+    delete_collections,
     last_seq,
     list_items,
+    process_memory,
     scrape_apiserver,
     wait_quiet,
 )
@@ -69,40 +69,64 @@ def _slug(label: str) -> str:
     return out.strip("-")[:40]
 
 
-# ------------------------------------------------------------------------------------ 1. SSA ceiling
+# ---------------------------------------------------------------------------------- 1. apiserver floor
+
+_PLACEHOLDER_UID = "00000000-0000-4000-8000-{:012d}"
+"""The uid each TrainJob is planned with before it exists; its real uid replaces it byte for byte."""
+
+FLOOR_RESOURCES = (
+    resources.TRAINJOB,
+    resources.JOBSET,
+    resources.CONFIG_MAP,
+    resources.SECRET,
+    resources.POD_GROUP,
+)
 
 
-async def ceiling(
+async def floor(
     kube: CountingKube,
-    runtime: Mapping[str, Any],
+    runtimes: Mapping[str, Mapping[str, Any]],
+    kinds: Sequence[workload.Kind],
     *,
-    n: int,
+    label: str,
     concurrency: int,
     progress: Progress,
     cpu: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """The applier's payloads for ``n`` new torch TrainJobs, sent straight to the API server."""
-    namespace = f"bench-ceiling-{secrets.token_hex(2)}"
+    """The API server's share of the work, with no controller: each TrainJob created, then its applies sent.
+
+    The applies are the pure planner's for a new TrainJob (``planner.core.plan``), encoded beforehand as the
+    applier encodes them. Each TrainJob is planned under a placeholder uid; the uid its create returns is
+    put in its place in the encoded bytes, so the owner references are real. ``concurrency`` TrainJobs are
+    in flight at a time, each one create then its applies in order. Nothing watches: this is what the
+    API server must do per TrainJob whoever the controller is, and end-to-end runs are stated against it.
+    """
+    n = len(kinds)
+    namespace = f"bench-floor-{_slug(label)}-{secrets.token_hex(2)}"
     await create_namespace(kube, namespace)
     now = time.time()
-    work: list[list[ObjectApply]] = []
-    for i in range(n):
+    names = [f"tj-{i:05d}" for i in range(n)]
+    bodies: list[bytes] = []
+    payloads: list[list[tuple[ObjectApply, bytes]]] = []
+    for i, (name, kind) in enumerate(zip(names, kinds, strict=True)):
+        runtime = runtimes[workload.RUNTIME_OF[kind]]
+        bodies.append(msgspec.json.encode(workload.trainjob_body(namespace, name, kind, workload.num_nodes_for(i))))
         event = workload.observed_event(
             namespace=namespace,
-            name=f"tj-{i:05d}",
-            uid=str(uuid.uuid4()),
-            kind="torch",
+            name=name,
+            uid=_PLACEHOLDER_UID.format(i),
+            kind=kind,
             runtime=runtime,
             num_nodes=workload.num_nodes_for(i),
             observed_at=now,
         )
         applies = [a for a in plan(event, source_seq=i + 1).applies if isinstance(a, ObjectApply)]
-        work.append(applies)
-    payloads = [[(a, apply_body(a)) for a in applies] for applies in work]
+        payloads.append([(a, apply_body(a)) for a in applies])
     total = sum(len(p) for p in payloads)
-    progress(f"ceiling: {n} TrainJobs, {total} applies at concurrency {concurrency}")
+    progress(f"floor {label}: {n} TrainJobs, {n} creates + {total} applies, {concurrency} TrainJobs at a time")
 
     latencies: list[float] = []
+    done_at: list[float] = []
     errors: Counter[str] = Counter()
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(n):
@@ -115,6 +139,13 @@ async def ceiling(
             except asyncio.QueueEmpty:
                 return
             started = time.perf_counter()
+            try:
+                answer = await kube.create(resources.TRAINJOB, namespace=namespace, body=bodies[index])
+            except KubeApiError as exc:
+                errors[f"create {exc.status} {exc.reason}"] += 1
+                continue
+            uid = _created_uid(answer.body).encode()
+            placeholder = _PLACEHOLDER_UID.format(index).encode()
             ok = True
             for message, body in payloads[index]:
                 target = message.target
@@ -123,57 +154,64 @@ async def ceiling(
                         resources.resource_for(target.api_version, target.kind),
                         namespace=target.namespace,
                         name=target.name,
-                        body=body,
+                        body=body.replace(placeholder, uid),
                         field_manager=message.field_manager,
                         force=message.force,
                         subresource=target.subresource,
                     )
                 except KubeApiError as exc:
-                    errors[f"{exc.status} {exc.reason}"] += 1
+                    errors[f"{target.kind} {exc.status} {exc.reason}"] += 1
                     ok = False
             if ok:
                 latencies.append(time.perf_counter() - started)
+                done_at.append(time.perf_counter())
 
+    api_before = await scrape_apiserver(kube)
     cpu_before = cpu() if cpu else {}
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    seconds = time.perf_counter() - started
+    seconds = (max(done_at) if done_at else time.perf_counter()) - started
     cpu_used = cpu_delta(cpu_before, cpu()) if cpu else {}
-    applies_done = total - sum(errors.values())
+    api_after = await scrape_apiserver(kube)
+    requests: dict[str, float] = {}
+    if api_before is not None and api_after is not None:
+        moved = stats.delta(api_after, api_before)
+        requests = stats.per_each(stats.by_verb(stats.pipeline_requests(moved, {})), n)
     result = {
+        "label": label,
+        "mix": workload.mix_name(kinds),
         "namespace": namespace,
         "trainjobs": n,
+        "kinds": dict(Counter(kinds)),
         "applies": total,
         "applies_per_trainjob": total / n if n else 0,
         "concurrency": concurrency,
         "seconds": seconds,
-        "applies_per_s": stats.rate(applies_done, seconds),
-        "trainjobs_per_s": stats.rate(len(latencies), seconds),
+        "trainjobs_per_s": stats.rate(len(latencies), seconds) if len(latencies) == n else None,
         "latency": stats.summarize(latencies),
         "errors": sum(errors.values()),
         "error_kinds": dict(errors),
         "cpu_seconds": cpu_used,
+        "requests_per_trainjob_by_verb": requests,
     }
-    progress(
-        f"ceiling: {result['applies_per_s'] or 0:,.0f} applies/s, {result['trainjobs_per_s'] or 0:,.1f} TrainJobs/s"
-    )
-    # Leave nothing behind for the watcher to cache: the ceiling's objects are not TrainJobs' components.
+    progress(f"floor {label}: {result['trainjobs_per_s'] or 0:,.1f} TrainJobs/s, {result['errors']} errors")
+    # Leave nothing behind: the controllers measured later must not find these TrainJobs.
     cleanup = time.perf_counter()
-    sem = asyncio.Semaphore(concurrency)
-
-    async def delete(message: ObjectApply) -> None:
-        target = message.target
-        async with sem:
-            with contextlib.suppress(KubeApiError):
-                await kube.delete(
-                    resources.resource_for(target.api_version, target.kind),
-                    namespace=target.namespace,
-                    name=target.name,
-                )
-
-    await asyncio.gather(*(delete(m) for applies in work for m in applies))
+    await delete_collections(kube, namespace, FLOOR_RESOURCES)
     result["cleanup_seconds"] = time.perf_counter() - cleanup
     return result
+
+
+class _Uid(msgspec.Struct, kw_only=True):
+    uid: str = ""
+
+
+class _Created(msgspec.Struct, kw_only=True):
+    metadata: _Uid = msgspec.field(default_factory=_Uid)
+
+
+def _created_uid(body: bytes) -> str:
+    return msgspec.json.decode(body, type=_Created).metadata.uid
 
 
 # -------------------------------------------------------------------------------------- 2. end to end
@@ -328,7 +366,7 @@ async def e2e_run(
     complete = len(built_at) == n
     span = (max(built_at) - min(sent.values())) if built_at and sent else None
 
-    problems = await verify(ctx, namespace, names, kind_of, nodes)
+    problems = await verify(ctx.kube, namespace, names, kind_of, nodes)
     built_names = {name for name in created if all(first.get((name, c)) is not None for c in required[name])}
     good = len(built_names - problems.keys())
     quiet = await wait_quiet(ctx.js, quiet_seconds=ctx.quiet_seconds, timeout=60.0 + 0.05 * n)
@@ -407,7 +445,7 @@ async def stage_breakdown(
 
 
 async def verify(
-    ctx: Context,
+    kube: CountingKube,
     namespace: str,
     names: Sequence[str],
     kind_of: Mapping[str, workload.Kind],
@@ -417,14 +455,14 @@ async def verify(
 
     Returns the first problem found per TrainJob; empty when all is well.
     """
-    jobsets = {i.metadata.name: i for i in await list_items(ctx.kube, resources.JOBSET, namespace=namespace)}
-    config_maps = {i.metadata.name for i in await list_items(ctx.kube, resources.CONFIG_MAP, namespace=namespace)}
+    jobsets = {i.metadata.name: i for i in await list_items(kube, resources.JOBSET, namespace=namespace)}
+    config_maps = {i.metadata.name for i in await list_items(kube, resources.CONFIG_MAP, namespace=namespace)}
     secret_names: set[str] = set()
     pod_groups: set[str] = set()
     if any(k == "mpi" for k in kind_of.values()):
-        secret_names = {i.metadata.name for i in await list_items(ctx.kube, resources.SECRET, namespace=namespace)}
+        secret_names = {i.metadata.name for i in await list_items(kube, resources.SECRET, namespace=namespace)}
     if any(k == "gang" for k in kind_of.values()):
-        pod_groups = {i.metadata.name for i in await list_items(ctx.kube, resources.POD_GROUP, namespace=namespace)}
+        pod_groups = {i.metadata.name for i in await list_items(kube, resources.POD_GROUP, namespace=namespace)}
     problems: dict[str, str] = {}
     for name in names:
         kind = kind_of[name]
@@ -542,6 +580,10 @@ async def memory(ctx: Context, *, total: int) -> dict[str, Any]:
     else:
         await wait_quiet(ctx.js, quiet_seconds=ctx.quiet_seconds, timeout=120.0)
     services = ctx.services.rss()
+    nats = ctx.services.stack.local_nats
+    if nats is not None:  # the controller side's fourth process (the versus-Trainer RSS sums all four)
+        pid = nats.process.pid if nats.process.is_running() else None
+        services.append({"service": "nats", "pid": pid, **process_memory(pid)})
     return {
         "present": ctx.present,
         "created": need,

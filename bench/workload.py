@@ -50,6 +50,11 @@ def kinds_for(n: int, mix: Sequence[Kind]) -> list[Kind]:
     return [mix[i % len(mix)] for i in range(n)]
 
 
+def mix_name(kinds: Sequence[Kind]) -> str:
+    """``torch`` for a torch-only run, else ``mix``: which floor an end-to-end run is stated against."""
+    return "torch" if set(kinds) <= {"torch"} else "mix"
+
+
 def num_nodes_for(index: int) -> int:
     """2, 3 or 4 nodes, varied so a JobSet built from the wrong TrainJob would show."""
     return 2 + index % 3

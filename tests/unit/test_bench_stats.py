@@ -257,14 +257,61 @@ def test_cpu_model() -> None:
 
 def _report() -> dict[str, Any]:
     scenarios: dict[str, Any] = {
-        "ceiling": {
-            "trainjobs": 100,
-            "applies": 200,
-            "concurrency": 16,
-            "applies_per_s": 400.0,
-            "trainjobs_per_s": 200.0,
-            "latency": {"p50": 0.010, "p95": 0.020, "p99": 0.040},
-            "seconds": 0.5,
+        "floor": {
+            "runs": [
+                {
+                    "label": "torch N=100",
+                    "mix": "torch",
+                    "trainjobs": 100,
+                    "applies": 200,
+                    "concurrency": 32,
+                    "trainjobs_per_s": 200.0,
+                    "latency": {"p50": 0.010, "p95": 0.020, "p99": 0.040},
+                    "seconds": 0.5,
+                    "requests_per_trainjob_by_verb": {"POST": 1.0, "APPLY": 2.0},
+                    "cpu_seconds": {"kube-apiserver": 0.5, "etcd": 0.1, "benchmark": 0.05},
+                },
+                {
+                    "label": "mix N=100",
+                    "mix": "mix",
+                    "trainjobs": 100,
+                    "trainjobs_per_s": 100.0,
+                    "latency": {"p50": 0.020, "p95": 0.030, "p99": 0.050},
+                },
+            ]
+        },
+        "reference": {
+            "n": 1000,
+            "memory_jobs": 10000,
+            "trainer": {
+                "settings": "TrainJob concurrency 5, client qps 50, burst 100",
+                "run": {
+                    "n": 1000,
+                    "created": 1000,
+                    "trainjobs_per_s": 50.0,
+                    "latency": {"p50": 5.0, "p99": 17.0},
+                    "requests_per_trainjob_by_verb": {"APPLY": 2.0, "WATCH": 0.01},
+                    "writes_per_trainjob": 2.0,
+                    "cpu_seconds": {"trainer-controller": 3.6, "kube-apiserver": 11.0, "nats": 0.0},
+                    "controller_cpu_ms_per_trainjob": 3.6,
+                    "controller_rss_mb": {"rss_mb": 70.0, "hwm_mb": 72.0},
+                },
+                "restart": {"writes_per_trainjob": 0.0},
+                "memory": {"present": 10000, "controller_rss_mb": {"rss_mb": 100.0, "hwm_mb": 110.0}},
+            },
+            "pipeline": {
+                "run": {
+                    "n": 1000,
+                    "created": 1000,
+                    "trainjobs_per_s": 110.0,
+                    "latency": {"p50": 0.5, "p99": 2.0},
+                    "requests_per_trainjob_by_verb": {"APPLY": 2.0, "GET": 3.5},
+                    "writes_per_trainjob": 2.0,
+                    "cpu_seconds": {"watcher": 1.5, "planner": 1.2, "applier": 2.6, "nats": 2.2, "kube-apiserver": 8.8},
+                    "controller_cpu_ms_per_trainjob": 7.5,
+                    "controller_rss_mb": {"rss_mb": 120.0, "hwm_mb": 150.0},
+                }
+            },
         },
         "e2e": {
             "runs": [
@@ -351,6 +398,8 @@ def _report() -> dict[str, Any]:
             "services": [
                 {"service": "watcher", "pid": 10, "rss_mb": 120.0, "hwm_mb": 130.0},
                 {"service": "planner", "pid": 11, "rss_mb": 151.0, "hwm_mb": 160.0},
+                {"service": "applier", "pid": 12, "rss_mb": 20.0, "hwm_mb": 30.0},
+                {"service": "nats", "pid": 13, "rss_mb": 9.0, "hwm_mb": 9.0},
             ],
         },
     }
@@ -364,17 +413,30 @@ def _report() -> dict[str, Any]:
     }
 
 
-def test_add_ratios_divides_by_the_ceiling() -> None:
+def test_add_ratios_divides_by_the_floor_of_the_same_mix() -> None:
     run = _report()["scenarios"]["e2e"]["runs"][0]
+    assert run["ratios"]["floor"] == "torch N=100"
     assert run["ratios"]["throughput"] == pytest.approx(0.25)
     assert run["ratios"]["p50"] == pytest.approx(2.0)
     assert run["ratios"]["p99"] == pytest.approx(2.0)
+    scenarios: dict[str, Any] = {
+        "floor": {"runs": [{"label": "mix N=9", "mix": "mix", "trainjobs_per_s": 40.0, "latency": {}}]},
+        "e2e": {"runs": [{"kinds": {"torch": 3, "mpi": 3}, "trainjobs_per_s": 10.0, "latency": {}}]},
+    }
+    stats.add_ratios(scenarios)
+    assert scenarios["e2e"]["runs"][0]["ratios"]["throughput"] == pytest.approx(0.25)
 
 
-def test_add_ratios_without_a_ceiling_gives_none() -> None:
+def test_add_ratios_without_a_floor_gives_none() -> None:
     scenarios: dict[str, Any] = {"e2e": {"runs": [{"trainjobs_per_s": 5.0, "latency": {"p50": 0.1}}]}}
     stats.add_ratios(scenarios)
-    assert scenarios["e2e"]["runs"][0]["ratios"] == {"throughput": None, "p50": None, "p95": None, "p99": None}
+    assert scenarios["e2e"]["runs"][0]["ratios"] == {
+        "floor": None,
+        "throughput": None,
+        "p50": None,
+        "p95": None,
+        "p99": None,
+    }
 
 
 def test_build_checks_judges_each_targeted_figure() -> None:
@@ -389,6 +451,55 @@ def test_build_checks_judges_each_targeted_figure() -> None:
     assert checks[("planner", "plans/s/core: deepspeed-distributed")]["verdict"] == "reference"
     assert checks[("memory", "RSS: watcher")]["verdict"] == "met"
     assert checks[("memory", "RSS: planner")]["verdict"] == "not met"
+    assert checks[("memory", "RSS: nats")]["verdict"] == "reference"
+    assert checks[("floor", "torch N=100: TrainJobs/s")]["verdict"] == "reference"
+
+
+def test_versus_trainer_rows_state_both_sides_and_judge_the_ratio() -> None:
+    scenarios = _report()["scenarios"]
+    rows = {r["figure"]: r for r in stats.reference_rows(scenarios)}
+    throughput = rows["throughput, torch N=1,000"]
+    assert (throughput["trainer"], throughput["pipeline"]) == (50.0, 110.0)
+    assert throughput["ratio"] == pytest.approx(2.2)
+    assert throughput["judge"] == "ratio"
+    cpu = rows["CPU per TrainJob, controller side"]
+    assert cpu["ratio"] == pytest.approx(7.5 / 3.6)
+    assert rows["CPU per TrainJob: trainer-controller"]["trainer"] == pytest.approx(3.6)
+    assert rows["CPU per TrainJob: trainer-controller"]["pipeline"] is None
+    assert rows["CPU per TrainJob: watcher"]["pipeline"] == pytest.approx(1.5)
+    assert rows["API requests per TrainJob: GET"]["trainer"] == 0.0
+    assert rows["API requests per TrainJob: GET"]["target"] is None
+    assert rows["RSS, controller side, 1,000 TrainJobs"]["ratio"] == pytest.approx(120.0 / 70.0)
+    # At 10,000: the memory section's watcher + planner + applier + nats against Trainer's fill.
+    assert rows["RSS, controller side, 10,000 TrainJobs"]["pipeline"] == pytest.approx(120.0 + 151.0 + 20.0 + 9.0)
+    assert rows["RSS, controller side, 10,000 TrainJobs"]["ratio"] == pytest.approx(3.0)
+    restart = rows["writes per TrainJob on restart"]
+    assert (restart["trainer"], restart["pipeline"], restart["judge"]) == (0.0, 0.02, "pipeline")
+    assert rows["writes per TrainJob on resync"]["trainer"] is None
+
+
+def test_versus_trainer_checks_carry_the_issue_targets() -> None:
+    checks = {(c["section"], c["figure"]): c for c in _report()["checks"]}
+    versus = {figure: c for (section, figure), c in checks.items() if section == "versus Trainer"}
+    assert set(versus) == {
+        "throughput, torch N=1,000",
+        "CPU per TrainJob, controller side",
+        "RSS, controller side, 1,000 TrainJobs",
+        "RSS, controller side, 10,000 TrainJobs",
+    }
+    assert versus["throughput, torch N=1,000"]["target"] == "≥ 2.000x"
+    assert versus["throughput, torch N=1,000"]["verdict"] == "met"
+    assert versus["CPU per TrainJob, controller side"]["target"] == "≤ 1.000x"
+    assert versus["CPU per TrainJob, controller side"]["verdict"] == "not met"
+    assert versus["RSS, controller side, 1,000 TrainJobs"]["verdict"] == "met"
+    assert versus["RSS, controller side, 10,000 TrainJobs"]["verdict"] == "not met"
+
+
+def test_versus_trainer_without_trainer_figures_has_no_verdicts() -> None:
+    scenarios: dict[str, Any] = {"reference": {"n": 10, "pipeline": {"run": {"trainjobs_per_s": 5.0}}}}
+    checks = stats.build_checks(scenarios)
+    throughput = next(c for c in checks if c["figure"] == "throughput, torch N=10")
+    assert (throughput["value"], throughput["verdict"]) == (None, "no figure")
 
 
 def test_render_markdown_puts_each_figure_next_to_its_target() -> None:
@@ -397,7 +508,8 @@ def test_render_markdown_puts_each_figure_next_to_its_target() -> None:
     for heading in (
         "## Machine",
         "## Targets",
-        "## 1. Raw SSA ceiling",
+        "## Versus Trainer v2.3.0's controller",
+        "## 1. Apiserver floor",
         "## 2. End to end",
         "## 3. Write amplification",
         "## 4. Planner microbenchmark",
@@ -409,8 +521,13 @@ def test_render_markdown_puts_each_figure_next_to_its_target() -> None:
     assert "| planner | 151.0 MB | 160.0 MB | ≤ 150.0 MB | not met |" in text.replace("| 11 ", "")
     assert "Test CPU" in text
     assert "0.250" in text  # the throughput ratio
-    assert "TJ/s ÷ ceiling | 0.250x | ≥ 0.800x | not met |" in text  # the issue's 80% target, in the table
-    assert "6 of 9 targets met." in text
+    assert "TJ/s ÷ floor | 0.250x | ≥ 0.800x | not met |" in text  # the issue's 80% target, in the table
+    assert "| throughput, torch N=1,000 | 50 TJ/s | 110 TJ/s | 2.200 | ratio ≥ 2.000x | met |" in text
+    assert "shipped settings (TrainJob concurrency 5, client qps 50, burst 100), leader election off" in text
+    assert "| CPU per TrainJob: trainer-controller | 3.60 ms | — | n/a | — | — |" in text
+    assert "| writes per TrainJob on resync | — | 0.00 writes/TJ | n/a | ≤ 0.00 writes/TJ | met |" in text
+    assert "| torch N=100 | 200 | 10.0 ms / 40.0 ms | APPLY 2.00, POST 1.00 | 0 |" in text  # the floor
+    assert "9 of 14 targets met." in text
 
 
 def test_render_markdown_of_an_empty_report() -> None:
