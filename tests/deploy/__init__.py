@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -34,32 +32,6 @@ OPTIONAL_ENV = frozenset({"NATS_TLS_CERT", "NATS_TLS_KEY"})
 _ENV_IN_HELP = re.compile(r"\benv(?:ironment)?:?\s+([A-Z][A-Z0-9_]+)")
 
 
-class _SentinelEnviron(dict[str, str]):
-    """Stands in for ``os.environ``: every variable asked for is "set" to a distinct number and recorded.
-
-    A number survives the conversions the parser applies to defaults (``int``, ``float``, comma lists), so
-    an action's default tells which variable it came from.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.asked: dict[str, str] = {}
-
-    def _value(self, key: str) -> str:
-        return self.asked.setdefault(key, str(73001 + len(self.asked)))
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._value(key)
-
-    def __getitem__(self, key: str) -> str:
-        return self._value(key)
-
-    def __contains__(self, key: object) -> bool:
-        if isinstance(key, str):
-            self._value(key)
-        return True
-
-
 class _RecordingDict(dict[str, str]):
     """An empty environment that remembers which variables were asked for."""
 
@@ -72,37 +44,20 @@ class _RecordingDict(dict[str, str]):
         return default
 
 
-def _default_tokens(default: Any) -> set[str]:
-    values = default if isinstance(default, list | tuple) else [default]
-    tokens = set()
-    for value in values:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        tokens.add(str(value))
-    return tokens
-
-
 def cli_env_names() -> dict[str, set[str]]:
     """Subcommand (``watcher``, ``planner``, ...) -> the environment variables its flags read.
 
-    Found two ways: an action whose default is a sentinel came from that variable, and a help text that
-    names ``env: NAME``.
+    Every flag with a variable behind it names it in its help (``env: NAME``, ``tjpipe.settings.env_flag``);
+    ``tests/unit/test_settings.py`` checks that no flag reads one without saying so.
     """
     from tjpipe import cli
 
-    recorder = _SentinelEnviron()
-    with mock.patch.object(os, "environ", recorder):
-        parser = cli.build_parser()
-    by_value = {value: name for name, value in recorder.asked.items()}
+    parser = cli.build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    names: dict[str, set[str]] = {}
-    for command, sub in subparsers.choices.items():
-        found: set[str] = set()
-        for action in sub._actions:
-            found |= {by_value[token] for token in _default_tokens(action.default) if token in by_value}
-            found |= set(_ENV_IN_HELP.findall(action.help or ""))
-        names[command] = found
-    return names
+    return {
+        command: {name for action in sub._actions for name in _ENV_IN_HELP.findall(action.help or "")}
+        for command, sub in subparsers.choices.items()
+    }
 
 
 def stream_env_names() -> set[str]:
