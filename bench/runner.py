@@ -276,10 +276,25 @@ async def run(settings: Settings, report: dict[str, Any], clock: Clock) -> None:
         scenarios["planner"] = await asyncio.to_thread(
             run_planner_micro, runtimes, seconds=settings.planner_seconds, progress=progress
         )
-    if not any(s not in settings.skip for s in SERVER_SCENARIOS):
-        report["meta"]["backend"] = "none (no scenario needed servers)"
-        return
-    await run_with_stack(settings, report, runtimes, progress)
+    if any(s not in settings.skip for s in SERVER_SCENARIOS):
+        await run_with_stack(settings, report, runtimes, progress)
+    else:
+        report["meta"]["backend"] = "none (no scenario needed the shared stack)"
+    if settings.lifecycle_jobs:
+        from bench.lifecycle import lifecycle
+
+        progress(f"lifecycle: {settings.lifecycle_jobs} TrainJobs to completion on a simulated cluster of its own")
+        scenarios["lifecycle"] = await lifecycle(
+            n=settings.lifecycle_jobs,
+            nodes=settings.lifecycle_nodes,
+            pod_run_seconds=settings.pod_run_seconds,
+            runtime=runtimes[workload.TORCH_RUNTIME],
+            concurrency=settings.concurrency,
+            create_concurrency=settings.create_concurrency,
+            quiet_seconds=settings.quiet_seconds,
+            keep_state=settings.keep_state,
+            progress=progress,
+        )
 
 
 async def run_with_stack(

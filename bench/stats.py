@@ -447,6 +447,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         out.extend(_render_planner(sc["planner"], checks))
     if "memory" in sc:
         out.extend(_render_memory(sc["memory"], checks))
+    if "lifecycle" in sc:
+        out.extend(_render_lifecycle(sc["lifecycle"], checks))
 
     notes = report.get("notes") or []
     if notes:
@@ -799,6 +801,13 @@ def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     for r in planner.get("runtimes", []):
         target = PLANNER_TORCH if r["runtime"] == PLANNER_TARGET_RUNTIME else None
         out.append(check("planner", f"plans/s/core: {r['runtime']}", r.get("plans_per_cpu_s"), "plans/s", target))
+    life = scenarios.get("lifecycle") or {}
+    if life:
+        out.append(check("lifecycle", "ran to Complete", life.get("complete_percent"), "%", ALL_BUILT))
+        out.append(check("lifecycle", "time to all Complete", life.get("seconds_to_all_complete"), "s", None))
+        out.append(
+            check("lifecycle", "status writes per TrainJob", life.get("status_writes_per_trainjob"), "writes/TJ", None)
+        )
     mem = scenarios.get("memory") or {}
     for s in mem.get("services", []):
         target = SERVICE_RSS if s["service"] in PIPELINE_SERVICES else None
@@ -823,7 +832,8 @@ def _per_trainjob_ms(run: Mapping[str, Any], process: str) -> float | None:
 def _situation(scenarios: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
     for s in (scenarios.get("write_amplification") or {}).get("situations", []):
         if s["name"].startswith(prefix):
-            return s
+            found: Mapping[str, Any] = s
+            return found
     return {}
 
 
@@ -983,4 +993,70 @@ def _render_reference(sc: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]
         out.append("- Trainer's controller was not measured in this run (skipped or failed; see Notes).")
     out.append("- Trainer's resync is not measured: controller-runtime's default resync period is 10 hours.")
     out.append("")
+    return out
+
+
+def _render_lifecycle(life: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    per = life.get("requests_per_trainjob_by_verb") or {}
+    tracked = life.get("tracked_requests_per_trainjob_by_verb") or {}
+    done = life.get("time_to_finish") or {}
+    value, target, verdict_text = _with_verdict(_figure(checks, "lifecycle", "ran to Complete"))
+    out = [
+        "## 6. Lifecycle on a simulated cluster",
+        "",
+        f"{life.get('n', 0):,} torch TrainJobs on {life.get('nodes', '')} simulated nodes (kwok; each pod "
+        f"succeeds {format_value(life.get('pod_run_seconds'), 's')} after it starts), on a stack of their own with "
+        "kube-controller-manager, kube-scheduler and JobSet's manager with its webhooks. Done = the benchmark's "
+        "watch sees the TrainJob's `Complete` (or `Failed`) condition True. Status writes: writes to "
+        "`trainjobs/status` (only the pipeline writes it). Requests: every resource's `apiserver_request_total` "
+        "delta less the benchmark's own and the API server's housekeeping, so the simulated controllers' "
+        'Jobs, Pods and JobSet status are in it; "pipeline\'s resources" counts TrainJobs, JobSets, ConfigMaps, '
+        "Secrets and PodGroups only.",
+        "",
+        table(
+            ["figure", "value", "target", "verdict"],
+            [
+                ("ran to Complete", value, target, verdict_text),
+                ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted((life.get("outcomes") or {}).items())), "—", "—"),
+                ("time to all Complete", format_value(life.get("seconds_to_all_complete"), "s"), "—", "—"),
+                (
+                    "per TrainJob, create to Complete p50 / p99",
+                    f"{_ms(done.get('p50'))} / {_ms(done.get('p99'))}",
+                    "—",
+                    "—",
+                ),
+                ("status writes per TrainJob", format_value(life.get("status_writes_per_trainjob")), "—", "—"),
+                (
+                    "API requests per TrainJob, every resource",
+                    ", ".join(f"{v} {per[v]:.2f}" for v in ordered_verbs(per)) or "n/a",
+                    "—",
+                    "—",
+                ),
+                (
+                    "API requests per TrainJob, pipeline's resources",
+                    ", ".join(f"{v} {tracked[v]:.2f}" for v in ordered_verbs(tracked)) or "n/a",
+                    "—",
+                    "—",
+                ),
+                (
+                    "the pipeline's apply outcomes",
+                    ", ".join(f"{k}={int(v)}" for k, v in sorted((life.get("applies") or {}).items())) or "n/a",
+                    "—",
+                    "—",
+                ),
+                ("cluster start", format_value(life.get("cluster_start_seconds"), "s"), "—", "—"),
+                ("whole scenario", format_value(life.get("total_seconds"), "s"), "—", "—"),
+            ],
+        ),
+        "",
+    ]
+    cpu = life.get("cpu_seconds") or {}
+    created = life.get("created") or 0
+    if cpu and created:
+        out.append(
+            "CPU per TrainJob by process, create to settled: "
+            + ", ".join(f"{name} {1000 * used / created:.2f} ms" for name, used in sorted(cpu.items()))
+            + "."
+        )
+        out.append("")
     return out
