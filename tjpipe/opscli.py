@@ -391,6 +391,8 @@ def _plan(args: argparse.Namespace) -> int:
         raise UsageError(f"{where} must hold exactly one TrainJob (found {len(trainjobs)})")
     trainjob = dict(trainjobs[0])
     metadata = dict(trainjob.get("metadata") or {})
+    if not isinstance(metadata.get("name"), str) or not metadata["name"]:
+        raise UsageError(f"{where}: the TrainJob has no metadata.name")
     if args.namespace:
         if metadata.get("namespace") not in (None, "", args.namespace):
             raise UsageError(

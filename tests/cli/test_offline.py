@@ -121,6 +121,7 @@ def test_plan_runtime_from_its_own_file_and_stdin(tmp_path: Path, job_file: Path
             "error: stdin: not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'\n",
         ),
         (["-f", "-"], "kind: ConfigMap\n", "error: stdin must hold exactly one TrainJob (found 0)\n"),
+        (["-f", "-"], "kind: TrainJob\n", "error: stdin: the TrainJob has no metadata.name\n"),
         (["-f", "-"], "- a\n- b\n", "error: stdin: every YAML document must be a Kubernetes object (a mapping)\n"),
         (["-f", "{job}", "--runtime", "{tmp}/nope.yaml"], None, "error: --runtime {tmp}/nope.yaml: no such file\n"),
         (
@@ -150,8 +151,7 @@ def test_plan_of_an_invalid_trainjob(tmp_path: Path) -> None:
     done = tjpipe("plan", "-f", "-", stdin=yaml.safe_dump_all([bad, runtime("tiny")]))
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
-        "error: stdin: not a valid TrainJob or runtime: "
-        "Expected `int`, got `str` - at `$.spec.trainer.numNodes`\n"
+        "error: stdin: not a valid TrainJob or runtime: Expected `int`, got `str` - at `$.spec.trainer.numNodes`\n"
     )
 
 
