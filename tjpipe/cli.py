@@ -304,9 +304,7 @@ def _trainjob_argument(parser: argparse.ArgumentParser, *, optional: bool = Fals
         nargs="?" if optional else None,
         help="the TrainJob, as NAMESPACE/NAME or NAME with -n NAMESPACE",
     )
-    parser.add_argument(
-        "-n", "--namespace", help="the TrainJob's namespace, when NAME has none (default: default)"
-    )
+    parser.add_argument("-n", "--namespace", help="the TrainJob's namespace, when NAME has none (default: default)")
 
 
 def _add_operator_commands(sub: Any) -> None:
@@ -347,9 +345,7 @@ def _add_operator_commands(sub: Any) -> None:
     )
     pl.add_argument("-f", "--file", required=True, help="TrainJob YAML; it may also hold the runtime; - reads stdin")
     source = pl.add_mutually_exclusive_group()
-    source.add_argument(
-        "--runtime", help="runtime YAML (TrainingRuntime or ClusterTrainingRuntime); - reads stdin"
-    )
+    source.add_argument("--runtime", help="runtime YAML (TrainingRuntime or ClusterTrainingRuntime); - reads stdin")
     source.add_argument("--from-cluster", action="store_true", help="read the runtime from the cluster")
     pl.add_argument(
         "--server-dry-run", action="store_true", help="apply with dryRun=All and diff against the live objects"
@@ -495,7 +491,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from tjpipe.credentials import write_self_signed_tls
 
         written = write_self_signed_tls(args.dir, args.host)
-        console.print(f"NATS TLS: {', '.join(str(p) for p in written.values())} for {', '.join(args.host)}")
+        hosts = ", ".join(args.host)
+        console.print(f"NATS TLS: {', '.join(str(p) for p in written.values())} for {hosts}", markup=False, emoji=False)
         return 0
     from tjpipe import opscli
 
@@ -571,10 +568,10 @@ def _nats_credentials(args: argparse.Namespace) -> int:
     from tjpipe import credentials
 
     creds = credentials.generate_credentials(args.dir, replace=args.rotate)
-    console.print(f"NATS identities in {creds.root}: {', '.join(credentials.IDENTITIES)}")
+    console.print(f"NATS identities in {creds.root}: {', '.join(credentials.IDENTITIES)}", markup=False, emoji=False)
     if args.authorization:
         credentials.write_authorization(creds, args.authorization)
-        console.print(f"authorization block (public keys only): {args.authorization}")
+        console.print(f"authorization block (public keys only): {args.authorization}", markup=False, emoji=False)
     return 0
 
 
