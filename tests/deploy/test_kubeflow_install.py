@@ -21,13 +21,19 @@ from typing import Any
 import pytest
 import yaml
 
-from tjpipe.local.crds import TRAINER_MODULE, TRAINER_VERSION, _dynamic_client
+from tjpipe.local.crds import (
+    APPLY_PATCH_CONTENT_TYPE,
+    TRAINER_MODULE,
+    TRAINER_VERSION,
+    _dynamic_client,
+    _resources_by_kind,
+)
 from tjpipe.local.helm import helm_template
 from tjpipe.local.kustomize import kustomize_build
 from tjpipe.local.toolchain import go_module_dir
 
 from . import REPO
-from .test_kustomize import _apply, _named, _of_kind, _progress
+from .test_kustomize import _apply, _named, _of_kind, _path, _progress
 
 RELEASE = "trainjob-pipeline"
 # Helm keeps its release record here (Kubeflow's namespace); the chart's objects name their own namespaces.
@@ -238,3 +244,54 @@ def test_the_api_server_accepts_every_object(
         warnings += [f"{what}: {w}" for w in response.headers.getlist("Warning")]
     assert rejected == []
     assert warnings == []
+
+
+def _trainer_public_objects() -> list[Obj]:
+    """Trainer's own kubeflow-trainer-public ConfigMap, Role and RoleBinding, as its manager overlay makes them."""
+    module = go_module_dir(TRAINER_MODULE, TRAINER_VERSION) / "manifests"
+    overlay = yaml.safe_load((module / "overlays" / "manager" / "kustomization.yaml").read_text())
+    [generator] = [g for g in overlay["configMapGenerator"] if g["name"] == "kubeflow-trainer-public"]
+    data = dict(literal.split("=", 1) for literal in generator["literals"])
+    objects: list[Obj] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data}
+    ]
+    for name in ("public_configmap_role.yaml", "public_configmap_role_binding.yaml"):
+        objects += yaml.safe_load_all((module / "base" / "rbac" / name).read_text())
+    for obj in objects:
+        obj["metadata"]["namespace"] = overlay["namespace"]
+    return objects
+
+
+@pytest.mark.cluster
+def test_over_trainers_install_only_the_public_roles_verbs_conflict(
+    overlay: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
+) -> None:
+    """What README's takeover says about --force-conflicts: where Trainer's install applied the version ConfigMap
+    and its Role (kubectl's field manager), this install's apply, unforced, conflicts only on the Role's rules
+    (this pipeline grants `get`; Trainer also grants list and watch). The CRDs and runtimes are Trainer's own
+    objects, equal field for field (tests above), so they cannot conflict."""
+    client, known = api
+
+    def server_side_apply(obj: Obj, manager: str, **params: Any) -> None:
+        if obj["apiVersion"] not in known:
+            known[obj["apiVersion"]] = _resources_by_kind(client, obj["apiVersion"])
+        client.request(
+            "PATCH",
+            _path(known, obj),
+            body=obj,
+            content_type=APPLY_PATCH_CONTENT_TYPE,
+            field_manager=manager,
+            serialize=False,
+            **params,
+        )
+
+    for obj in _trainer_public_objects():  # as Trainer's install applies them (`kubectl apply --server-side`)
+        server_side_apply(obj, "kubectl", force_conflicts=True)
+    conflicts: dict[str, int] = {}
+    for obj in overlay:
+        if obj["metadata"].get("namespace") == "kubeflow-system":
+            try:
+                server_side_apply(obj, "tjpipe-takeover-test", dry_run="All")
+            except Exception as error:
+                conflicts[f"{obj['kind']} {obj['metadata']['name']}"] = getattr(error, "status", 0)
+    assert conflicts == {"Role kubeflow-trainer-public": 409}
