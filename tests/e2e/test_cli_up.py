@@ -221,3 +221,38 @@ def _check_demo_completes(state: Path) -> None:
     assert status.get("jobsStatus") == [
         {"name": "node", "active": 0, "ready": 0, "succeeded": 1, "failed": 0, "suspended": 0}
     ], status
+
+
+def test_up_demo_runs_to_complete_shows_the_cascade_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
+    """What `bash scripts/up.sh` shows a new user, in the foreground, then Ctrl-C."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "KUBECONFIG")}
+    env["PYTHONUNBUFFERED"] = "1"
+    output = tmp_path / "up.out"
+    with output.open("w") as sink:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "tjpipe", "up", "--demo", "--pod-run-seconds", "2"],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while "everything it owned are gone" not in output.read_text():
+            assert up.poll() is None and time.monotonic() < deadline, output.read_text()[-4000:]
+            time.sleep(0.5)
+        pids = [int(p.read_text().split()[0]) for p in (tmp_path / ".tjpipe" / "logs").glob("*.pid")]
+        assert len(pids) == 11
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=120)
+    text = " ".join(output.read_text().split())  # rich wraps long lines
+    assert "condition Complete=True reason=AllJobsCompleted: jobset completed successfully" in text
+    assert "jobsStatus node: active=0 ready=0 succeeded=1 failed=0 suspended=0" in text
+    for removed in ("JobSet/mnist", "ConfigMap/mnist-runtime-snapshot", "Job/mnist-node-0", "Pod/mnist-node-0-0-"):
+        assert f"removed by the garbage collector: {removed}" in text
+    assert "stopped; no process left running" in text
+    assert up.returncode == 0
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert not list((tmp_path / ".tjpipe" / "logs").glob("*.pid"))
