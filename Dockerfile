@@ -11,17 +11,24 @@ ARG GO_IMAGE=golang:1.26
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The runtime dependencies, exactly as locked: every file's sha256 is checked, and a dependency missing
+# from the lock fails the build. All but one ship binary wheels for CPython 3.11, so nothing is compiled;
+# nkeys (pure Python) is published only as a source archive, which is checked the same way and packed.
+COPY requirements.lock ./
+RUN python -m venv /opt/tjpipe \
+ && /opt/tjpipe/bin/pip install --require-hashes --only-binary=:all: --no-binary=nkeys -r requirements.lock
+# The project itself: its wheel (tjpipe/contracts, tjpipe/planner, ... are links to the top-level folders,
+# and the wheel holds their files), installed without resolving anything more.
+COPY pyproject.toml README.md LICENSE ./
 COPY contracts ./contracts
 COPY plumbing ./plumbing
 COPY watcher ./watcher
 COPY planner ./planner
 COPY applier ./applier
 COPY tjpipe ./tjpipe
-# Every dependency ships binary wheels for CPython 3.11, so nothing is compiled here either.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
- && python -m venv /opt/tjpipe \
- && /opt/tjpipe/bin/pip install --only-binary=:all: /wheels/*.whl \
+ && /opt/tjpipe/bin/pip install --no-deps /wheels/*.whl \
+ && /opt/tjpipe/bin/pip check \
  && /opt/tjpipe/bin/pip uninstall -y pip setuptools
 
 # ----------------------------------------------------------------------------------------------- crds

