@@ -89,7 +89,8 @@ class DemoWatch:
     def _print_status(self, conditions: tuple[Any, ...], jobs: tuple[Any, ...]) -> None:
         self._say(f"[bold]TrainJob {self.namespace}/{self.name}[/] status at {time.strftime('%H:%M:%S')}:")
         if not conditions:
-            self._say("  conditions: (none yet)")
+            # Trainer v2.3.0 has no Running condition: a TrainJob that runs shows it in jobsStatus only.
+            self._say("  conditions: none (running or about to: see jobsStatus)")
         for kind, value, reason, message in conditions:
             colour = "green" if value == "True" else "dim"
             self._say(f"  condition [{colour}]{kind}={value}[/] reason={reason or '-'}: {message}")
