@@ -28,7 +28,7 @@ from tjpipe.local.crds import (
     _dynamic_client,
     _resources_by_kind,
 )
-from tjpipe.local.helm import helm_template
+from tjpipe.local.helm import helm_template, run_helm
 from tjpipe.local.kustomize import kustomize_build
 from tjpipe.local.toolchain import go_module_dir
 
@@ -200,6 +200,13 @@ def test_the_chart_sets_the_image_and_can_leave_the_runtimes_to_trainer(chart_di
     assert images.pop("StatefulSet nats").startswith("nats:")
     assert set(images.values()) == {"registry.example:5000/ml/tjpipe:1.2"}
     assert len(images) == 5  # four services and the bus set-up Job
+
+
+def test_the_assembled_chart_lints_and_packages(chart_dir: Path, tmp_path: Path) -> None:
+    """What publishing it takes: `helm lint --strict` finds nothing, `helm package` makes the archive."""
+    assert "0 chart(s) failed" in run_helm("lint", "--strict", str(chart_dir), progress=_progress)
+    run_helm("package", str(chart_dir), "--destination", str(tmp_path), progress=_progress)
+    assert [p.name for p in tmp_path.iterdir()] == [f"{RELEASE}-0.1.0.tgz"]
 
 
 def test_the_chart_as_checked_in_says_how_to_assemble_it(tmp_path: Path) -> None:

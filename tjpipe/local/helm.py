@@ -56,6 +56,20 @@ def ensure_helm(*, progress: Callable[[str], None] = print) -> Path:
     return ensure_go_tool(HELM, progress=progress)
 
 
+def run_helm(*args: str, progress: Callable[[str], None] = print) -> str:
+    """Run helm with ``args`` and return its output; a failure raises with helm's own message."""
+    binary = ensure_helm(progress=progress)
+    with tempfile.TemporaryDirectory(prefix="tjpipe-helm-") as scratch:
+        # Not the caller's repositories, plugins or cache: rendering a local chart needs none of them.
+        homes = {f"HELM_{kind}_HOME": str(Path(scratch) / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
+        completed = subprocess.run(
+            [str(binary), *args], capture_output=True, text=True, check=False, timeout=120, env={**os.environ, **homes}
+        )
+    if completed.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args[:2])} failed:\n{(completed.stderr or completed.stdout).strip()}")
+    return completed.stdout
+
+
 def helm_template(
     chart: Path,
     *,
@@ -65,18 +79,7 @@ def helm_template(
     progress: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """``helm template`` of a chart directory (its ``crds/`` included), parsed into objects."""
-    binary = ensure_helm(progress=progress)
-    with tempfile.TemporaryDirectory(prefix="tjpipe-helm-") as scratch:
-        # Not the caller's repositories, plugins or cache: rendering a local chart needs none of them.
-        homes = {f"HELM_{kind}_HOME": str(Path(scratch) / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
-        completed = subprocess.run(
-            [str(binary), "template", release, str(chart), "--namespace", namespace, "--include-crds", *extra_args],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-            env={**os.environ, **homes},
-        )
-    if completed.returncode != 0:
-        raise RuntimeError(f"helm template {chart} failed:\n{completed.stderr.strip()}")
-    return [document for document in yaml.safe_load_all(completed.stdout) if document]
+    rendered = run_helm(
+        "template", release, str(chart), "--namespace", namespace, "--include-crds", *extra_args, progress=progress
+    )
+    return [document for document in yaml.safe_load_all(rendered) if document]
