@@ -153,7 +153,7 @@ async def started(
     nc: NATS | None = None
     if isinstance(settings, ServiceSettings):
         nc = await bus.connect(settings.nats_url, name=name, creds=settings.nats_creds, tls=settings.nats_tls)
-    health = HealthServer(port=settings.metrics_port)
+    health = HealthServer(port=settings.metrics_port, service=name.removeprefix("tjpipe-"))
     if nc is not None:
         connection = nc
         health.add_check("nats", lambda: connection.is_connected)

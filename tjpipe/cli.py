@@ -176,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--demo", action="store_true", help="install torch-distributed and create a sample TrainJob")
     up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
-    up.add_argument("--state-dir", type=Path, default=Path(".tjpipe"))
+    up.add_argument(
+        "--state-dir", type=Path, default=Path(".tjpipe"), help="the stack's state folder (default: .tjpipe)"
+    )
     simulated = up.add_argument_group(
         "simulated cluster",
         "By default the stack's own apiserver gets kube-controller-manager, kube-scheduler, JobSet's manager "

@@ -161,6 +161,13 @@ def test_the_sdk_version_configmap_and_the_health_endpoints(api: ApiClient, stac
         .decode()
     )
     assert 'tjpipe_admission_reviews_total{kind="TrainJob",outcome="denied"}' in text
+    # The standard collectors and the build info, labelled with the service (never a `service` label).
+    lines = text.splitlines()
+    assert any(line.startswith("process_resident_memory_bytes ") for line in lines)
+    assert any(line.startswith('python_info{implementation="CPython"') for line in lines)
+    (build_info,) = [line for line in lines if line.startswith("tjpipe_build_info{")]
+    assert 'tjpipe_service="webhook"' in build_info and build_info.endswith(" 1.0")
+    assert not [line for line in lines if 'service="' in line.replace('tjpipe_service="', "")]
 
 
 def test_the_configuration_fails_closed_and_calls_the_stacks_url(api: ApiClient, stack: Stack) -> None:
