@@ -12,10 +12,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from nats.js import JetStreamContext
 
 from tjpipe.contracts import streams, subjects
 from tjpipe.contracts.messages import (
@@ -34,7 +33,20 @@ from tjpipe.contracts.messages import (
 from tjpipe.planner import core as planner_core
 from tjpipe.planner.core import plan
 from tjpipe.planner.framework import Framework
-from tjpipe.plumbing.bus import StoredMessage, read_stream
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+    from tjpipe.plumbing.bus import StoredMessage
+
+
+async def read_stream(js: JetStreamContext, stream: str, subject: str, **options: Any) -> list[StoredMessage]:
+    """``plumbing.bus.read_stream``, imported when first used: ``plan`` and a mistyped argument need no NATS
+    client library loaded."""
+    from tjpipe.plumbing.bus import read_stream as read
+
+    return await read(js, stream, subject, **options)
+
 
 Obj = dict[str, Any]
 

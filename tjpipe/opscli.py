@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import yaml
@@ -33,9 +33,11 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from tjpipe import ops
 from tjpipe.contracts.messages import ObjectApply, ObjectKey
 from tjpipe.exits import ExitCode, Failure, Unreachable, UsageError
+
+if TYPE_CHECKING:
+    from tjpipe.ops import StoredDeadLetter
 
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
@@ -259,6 +261,8 @@ async def _with_bus(command: str, args: argparse.Namespace) -> int:
 
 
 async def _history(js: Any, args: argparse.Namespace) -> int:
+    from tjpipe import ops
+
     key: ObjectKey = args.key
     entries = await ops.history(js, key)
     if not entries:
@@ -300,6 +304,8 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
 
 
 async def _replay(js: Any, args: argparse.Namespace) -> int:
+    from tjpipe import ops
+
     key: ObjectKey | None = args.key
     since: float | None = args.since_time
     if args.all and sys.stderr.isatty():
@@ -382,6 +388,8 @@ _RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from tjpipe import ops
+
     if args.file == "-" and args.runtime == "-":
         raise UsageError("only one of -f and --runtime can read stdin")
     docs = _load_yaml(args.file, "-f")
@@ -503,6 +511,8 @@ class _ClusterReader:
     def dry_run_diff(self, messages: list[Any], output: str) -> int:
         from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
+        from tjpipe import ops
+
         rows: list[dict[str, Any]] = []
         for message in messages:
             if not isinstance(message, ObjectApply):
@@ -603,7 +613,7 @@ def _strip(obj: dict[str, Any] | None) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------------------------- dlq
 
 
-def _letter_row(item: ops.StoredDeadLetter, *, decode_payload: bool) -> dict[str, Any]:
+def _letter_row(item: StoredDeadLetter, *, decode_payload: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"seq": item.seq, "time": _when(item.time), **msgspec.to_builtins(item.letter)}
     payload: bytes = item.letter.payload
     row["payload"] = payload.decode(errors="replace")
@@ -614,6 +624,8 @@ def _letter_row(item: ops.StoredDeadLetter, *, decode_payload: bool) -> dict[str
 
 
 async def _dlq(js: Any, args: argparse.Namespace) -> int:
+    from tjpipe import ops
+
     letters = await ops.dead_letters(js)
     if args.dlq_command == "list":
         if args.output != "table":
