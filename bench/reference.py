@@ -249,7 +249,9 @@ async def trainer_side(
     probe = apiserver_probe(kube)
 
     def processes() -> dict[str, int]:
-        return pids([controller.process] if controller.process is not None and controller.is_running() else [])
+        running = [controller.process] if controller.process is not None and controller.is_running() else []
+        # The stack's idle nats-server is not Trainer's: only the pipeline's column carries it.
+        return {name: pid for name, pid in pids(running).items() if name not in PIPELINE_PROCESSES}
 
     try:
         await asyncio.to_thread(controller.start)

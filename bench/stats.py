@@ -1010,8 +1010,8 @@ def _render_lifecycle(life: Mapping[str, Any], checks: Sequence[Mapping[str, Any
         "watch sees the TrainJob's `Complete` (or `Failed`) condition True. Status writes: writes to "
         "`trainjobs/status` (only the pipeline writes it). Requests: every resource's `apiserver_request_total` "
         "delta less the benchmark's own and the API server's housekeeping, so the simulated controllers' "
-        'Jobs, Pods and JobSet status are in it; "pipeline\'s resources" counts TrainJobs, JobSets, ConfigMaps, '
-        "Secrets and PodGroups only.",
+        'Jobs, Pods and JobSet status are in it; "TrainJobs and components" counts TrainJobs, JobSets, '
+        "ConfigMaps, Secrets and PodGroups only (JobSet's manager writes `jobsets/status`).",
         "",
         table(
             ["figure", "value", "target", "verdict"],
@@ -1033,7 +1033,7 @@ def _render_lifecycle(life: Mapping[str, Any], checks: Sequence[Mapping[str, Any
                     "—",
                 ),
                 (
-                    "API requests per TrainJob, pipeline's resources",
+                    "API requests per TrainJob, TrainJobs and components",
                     ", ".join(f"{v} {tracked[v]:.2f}" for v in ordered_verbs(tracked)) or "n/a",
                     "—",
                     "—",

@@ -584,3 +584,44 @@ def test_trainjob_body() -> None:
     assert body["metadata"] == {"name": "tj-1", "namespace": "ns", "labels": {"tjpipe-bench/kind": "mpi"}}
     assert body["spec"]["runtimeRef"] == {"name": workload.MPI_RUNTIME}
     assert body["spec"]["trainer"]["numNodes"] == 3
+
+
+# ------------------------------------------------------------------------------------------ lifecycle
+
+
+def test_finished_condition_is_complete_or_failed_when_true() -> None:
+    from bench.lifecycle import finished_condition
+
+    assert finished_condition([("Created", "True"), ("Complete", "True")]) == "Complete"
+    assert finished_condition([("Failed", "True")]) == "Failed"
+    assert finished_condition([("Complete", "False"), ("Suspended", "True")]) is None
+    assert finished_condition([]) is None
+
+
+def test_lifecycle_section_and_checks() -> None:
+    life = {
+        "n": 500,
+        "nodes": 20,
+        "pod_run_seconds": 5.0,
+        "created": 500,
+        "outcomes": {"Complete": 499, "Failed": 1},
+        "complete_percent": 99.8,
+        "seconds_to_all_complete": None,
+        "time_to_finish": {"p50": 30.0, "p99": 60.0},
+        "status_writes_per_trainjob": 2.0,
+        "requests_per_trainjob_by_verb": {"GET": 7.5, "APPLY": 4.0},
+        "tracked_requests_per_trainjob_by_verb": {"APPLY": 4.0},
+        "applies": {"JobSet/created": 500.0},
+        "cpu_seconds": {"applier": 5.0},
+    }
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert checks["ran to Complete"]["verdict"] == "not met"
+    assert checks["time to all Complete"]["verdict"] == "reference"
+    assert checks["status writes per TrainJob"]["value"] == 2.0
+    text = stats.render_markdown(
+        {"meta": {}, "machine": {}, "scenarios": {"lifecycle": life}, "checks": list(checks.values())}
+    )
+    assert "## 6. Lifecycle on a simulated cluster" in text
+    assert "| outcomes | Complete 499, Failed 1 | — | — |" in text
+    assert "| API requests per TrainJob, every resource | APPLY 4.00, GET 7.50 | — | — |" in text
+    assert "applier 10.00 ms" in text
