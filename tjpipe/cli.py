@@ -391,7 +391,10 @@ def _add_operator_commands(sub: Any) -> None:
     ret = keys_sub.add_parser("retire", help="stop trusting an old key of STAGE")
     ret.add_argument("stage", choices=("watcher", "planner"), help="the stage whose old key is retired")
     ret.add_argument("key_id", metavar="KEY_ID", help="the key to stop trusting (keys list)")
-    keys_sub.add_parser("list", help="the key each stage signs with, and the keys trusted")
+    keys_list = keys_sub.add_parser("list", help="the key each stage signs with, and the keys trusted")
+    keys_list.add_argument(
+        "-o", "--output", choices=("text", "json", "yaml"), default="text", help="output format (default: text)"
+    )
     for p in keys_sub.choices.values():
         p.add_argument(
             "--dir",
@@ -610,6 +613,8 @@ def _up(args: argparse.Namespace) -> int:
         stack.start_services()
         stack.start_webhook()
         demo = stack.create_demo() if args.demo else None
+        # On the simulated cluster a second, MPI TrainJob shows a Secret and more ConfigMaps being cleaned up.
+        more_demos = [stack.create_mpi_demo()] if demo and stack.simulation is not None else []
         _where(stack)
         if args.detach:
             console.print("[green]stack running in the background[/]; stop it with [bold]tjpipe down[/]")
@@ -620,7 +625,7 @@ def _up(args: argparse.Namespace) -> int:
             stack.webhook_url = ""  # keep its configuration: the webhook keeps running
             return 0
         console.print("[green]stack running[/]; press [bold]Ctrl-C[/] to stop everything")
-        asyncio.run(_follow(stack, demo))
+        asyncio.run(_follow(stack, demo, more_demos))
     except ToolchainMissing as exc:
         console.print(f"[red]{exc}[/]")
         return 2
@@ -696,6 +701,14 @@ def _keys(args: argparse.Namespace) -> int:
         elif sub == "retire":
             removed = folder.retire(args.stage, args.key_id)
             print(f"{args.stage} key {args.key_id} is no longer trusted (removed {removed})")
+        elif args.output != "text":
+            from tjpipe.opscli import emit
+
+            rows = [
+                {"stage": s, "signs_with": folder.current_key_id(s), "trusted": list(folder.trusted_key_ids(s))}
+                for s in STAGES
+            ]
+            emit(rows, args.output)
         else:
             for stage in STAGES:
                 trusted = ", ".join(folder.trusted_key_ids(stage))
@@ -705,7 +718,7 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
+async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tuple[str, str]] | None = None) -> None:
     """Print every apply result as it happens, the demo JobSet's shape once it exists, and on a simulated
     cluster the demo TrainJob's status until it finished, then its deletion and clean-up (``tjpipe.demo``)."""
     import logging
@@ -722,15 +735,21 @@ async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
     js = nc.jetstream()
     shown = False
     next_seq = 1
-    watch = None
+    watches = []
     if demo and getattr(stack, "simulation", None) is not None:
         from tjpipe.demo import DemoWatch
 
-        watch = DemoWatch(stack.kubeconfig, *demo, say=console.print)
+        watches = [DemoWatch(stack.kubeconfig, *d, say=console.print) for d in (demo, *(more_demos or []))]
     try:
         while True:
-            if watch is not None and watch.state != "done":
-                await asyncio.to_thread(watch.poll)
+            if watches and any(watch.state != "done" for watch in watches):
+                for watch in watches:
+                    await asyncio.to_thread(watch.poll)
+                if all(watch.state == "done" for watch in watches):
+                    console.print(
+                        "[bold green]demo finished[/]: the TrainJobs ran to Complete and the garbage collector removed "
+                        "everything they owned; the stack keeps running, Ctrl-C stops it"
+                    )
             for process in stack.services:
                 if not process.is_running():
                     console.print(f"[red]{process.name} exited[/]; last log lines:\n{process.log_tail()}")
@@ -762,7 +781,7 @@ async def _follow(stack: Any, demo: tuple[str, str] | None) -> None:
                     shown = True
                     _show_jobset(stack, *demo)
     finally:
-        if watch is not None:
+        for watch in watches:
             watch.close()
         await nc.close()
 

@@ -271,6 +271,14 @@ def test_signing_keys_and_down(tmp_path: Path) -> None:
     assert made.returncode == 0 and made.stdout.startswith(f"keys in {folder}: watcher "), made
     listed = tjpipe("keys", "list", "--dir", str(folder))
     assert listed.returncode == 0 and listed.stdout.count("signs with") == 2
+    as_json = tjpipe("keys", "list", "--dir", str(folder), "-o", "json")
+    assert (as_json.returncode, as_json.stderr) == (0, "")
+    rows = json.loads(as_json.stdout)
+    assert [r["stage"] for r in rows] == ["watcher", "planner"]
+    assert all(r["trusted"] == [r["signs_with"]] for r in rows)
+    assert listed.stdout == "".join(
+        f"{r['stage']}: signs with {r['signs_with']}; trusted: {r['signs_with']}\n" for r in rows
+    )
     refused = tjpipe("keys", "retire", "watcher", "[nope]", "--dir", str(folder))
     assert (refused.returncode, refused.stdout) == (3, "")
     assert refused.stderr == f"error: [nope] is not among the trusted watcher keys in {folder}/trusted-events\n"
