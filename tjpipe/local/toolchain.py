@@ -46,7 +46,9 @@ _ETCD_MODULE = "go.etcd.io/etcd/server/v3"
 _PROGRESS_THROTTLE_SECONDS = 2.0
 _HEARTBEAT_SECONDS = 30.0
 _OUTPUT_TAIL_LINES = 40
-_INSTALL_GO = "install Go 1.26 or newer (https://go.dev/doc/install), or set KUBECONFIG to an existing cluster."
+_INSTALL_GO = (
+    "install Go 1.26 or newer (https://go.dev/doc/install), or adopt an existing cluster: tjpipe up --kubeconfig PATH."
+)
 
 
 class ToolchainMissing(RuntimeError):
