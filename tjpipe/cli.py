@@ -246,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_operator_commands(sub)
+    _debug_flag_everywhere(parser)
     return parser
 
 
@@ -411,6 +412,21 @@ def _add_operator_commands(sub: Any) -> None:
         "zsh: source <(tjpipe completion zsh); fish: tjpipe completion fish | source",
     )
     comp.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete in")
+
+
+def _debug_flag_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` after the command too (``tjpipe history x --debug``), as kubectl takes global flags anywhere."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                if not any("--debug" in a.option_strings for a in sub._actions):
+                    sub.add_argument(
+                        "--debug",
+                        action="store_true",
+                        default=argparse.SUPPRESS,
+                        help="print a traceback with an error",
+                    )
+                _debug_flag_everywhere(sub)
 
 
 def _debug_wanted(argv: list[str] | None) -> bool:
