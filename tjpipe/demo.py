@@ -156,10 +156,7 @@ class DemoWatch:
             self._say(f"  [green]removed by the garbage collector:[/] {key}")
             del self._owned[key]
         if not self._owned and self._get_trainjob() is None:
-            self._say(
-                f"[bold green]TrainJob {self.namespace}/{self.name} and everything it owned are gone[/] "
-                "(the stack keeps running; Ctrl-C stops it)"
-            )
+            self._say(f"[green]TrainJob {self.namespace}/{self.name} and everything it owned are gone[/]")
             self.state = "done"
 
     def _still_there(self) -> set[str]:

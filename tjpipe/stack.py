@@ -52,6 +52,8 @@ SERVICES = ("watcher", "planner", "applier")
 DEMO_NAMESPACE = "tjpipe-demo"
 DEMO_TRAINJOB = "mnist"
 DEMO_RUNTIME = "torch-distributed"
+DEMO_MPI_TRAINJOB = "deepspeed"
+DEMO_MPI_RUNTIME = "deepspeed-distributed"
 _SIGNING_ENV = ("TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", "TJPIPE_TRUSTED_PLAN_KEYS")
 """Set per service by the stack, never inherited: a service gets only the key material it needs."""
 
@@ -486,6 +488,16 @@ class Stack:
         self.progress(f"created TrainJob {DEMO_NAMESPACE}/{DEMO_TRAINJOB}")
         return DEMO_NAMESPACE, DEMO_TRAINJOB
 
+    def create_mpi_demo(self) -> tuple[str, str]:
+        """Install ``deepspeed-distributed`` and a two-node TrainJob on it: an MPI runtime, so the TrainJob also
+        owns a hostfile ConfigMap and an SSH-key Secret (what the demo's clean-up step shows being removed)."""
+        self.install_runtime(DEMO_MPI_RUNTIME)
+        self.progress(f"installed ClusterTrainingRuntime {DEMO_MPI_RUNTIME} (Trainer v2.3.0 sample)")
+        client = new_api_client(self._require_kubeconfig())
+        crds.apply_objects(client, [mpi_demo_trainjob()], field_manager="tjpipe-demo")
+        self.progress(f"created TrainJob {DEMO_NAMESPACE}/{DEMO_MPI_TRAINJOB}")
+        return DEMO_NAMESPACE, DEMO_MPI_TRAINJOB
+
     def _require_kubeconfig(self) -> Path:
         if self.kubeconfig is None:
             raise RuntimeError("the Kubernetes backend is not started")
@@ -572,6 +584,24 @@ def demo_trainjob() -> dict[str, Any]:
                 },
                 "command": ["torchrun"],
                 "args": ["/workspace/mnist.py", "--epochs", "1", "--backend", "nccl"],
+            },
+        },
+    }
+
+
+def mpi_demo_trainjob() -> dict[str, Any]:
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": DEMO_MPI_TRAINJOB, "namespace": DEMO_NAMESPACE},
+        "spec": {
+            "runtimeRef": {"name": DEMO_MPI_RUNTIME},
+            "trainer": {
+                "numNodes": 2,
+                "resourcesPerNode": {
+                    "requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"},
+                    "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"},
+                },
             },
         },
     }

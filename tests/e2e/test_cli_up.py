@@ -239,7 +239,7 @@ def test_up_demo_runs_to_complete_shows_the_cascade_and_ctrl_c_leaves_no_process
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 300
-        while "everything it owned are gone" not in output.read_text():
+        while "demo finished" not in output.read_text():
             assert up.poll() is None and time.monotonic() < deadline, output.read_text()[-4000:]
             time.sleep(0.5)
         pids = [int(p.read_text().split()[0]) for p in (tmp_path / ".tjpipe" / "logs").glob("*.pid")]
@@ -252,6 +252,11 @@ def test_up_demo_runs_to_complete_shows_the_cascade_and_ctrl_c_leaves_no_process
     assert "jobsStatus node: active=0 ready=0 succeeded=1 failed=0 suspended=0" in text
     for removed in ("JobSet/mnist", "ConfigMap/mnist-runtime-snapshot", "Job/mnist-node-0", "Pod/mnist-node-0-0-"):
         assert f"removed by the garbage collector: {removed}" in text
+    # The MPI demo TrainJob (deepspeed-distributed) also owns a hostfile ConfigMap and an SSH-key Secret.
+    assert "jobsStatus launcher: active=0 ready=0 succeeded=1 failed=0 suspended=0" in text
+    for removed in ("JobSet/deepspeed", "ConfigMap/deepspeed-mpi-hostfile", "Secret/deepspeed-mpi-ssh-auth"):
+        assert f"removed by the garbage collector: {removed}" in text
+    assert "TrainJob tjpipe-demo/deepspeed and everything it owned are gone" in text
     assert "stopped; no process left running" in text
     assert up.returncode == 0
     assert [pid for pid in pids if _alive(pid)] == []
