@@ -78,7 +78,7 @@ class DemoWatch:
         pods = self._pod_phases()
         if pods and pods != self._last_pods:
             self._last_pods = pods
-            self._say(f"  [dim]pods:[/] {pods}")
+            self._say(f"  [dim]pods of {self.namespace}/{self.name}:[/] {pods}")
         finished = [c for c in conditions if c[0] in _FINISHED and c[1] == "True"]
         if finished and self._finished_at is None:
             self._finished_at = time.monotonic()
