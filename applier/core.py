@@ -163,7 +163,11 @@ def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | 
         return None
     if _labelled_decoder.decode(live_raw).metadata.labels.get(labels.MANAGED_BY_LABEL) == labels.MANAGED_BY:
         return None
-    return msgspec.json.encode({"metadata": {"labels": {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}}})
+    return OWNED_LABEL_PATCH
+
+
+OWNED_LABEL_PATCH = msgspec.json.encode({"metadata": {"labels": {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}}})
+"""The JSON merge patch that adds this pipeline's label and nothing else."""
 
 
 class Done(msgspec.Struct, frozen=True, kw_only=True):
@@ -190,6 +194,78 @@ def still_applied(record: AppliedRecord, live_raw: bytes | None, message: Object
         and managed_digest(live_raw, manager=message.field_manager, subresource=message.target.subresource)
         == record.managed
     )
+
+
+ALREADY_HELD = "the live object already holds the plan; applying it would change nothing"
+HeldState = Literal["held", "held-unlabelled", "differs"]
+
+
+def held_state(planned: bytes, live_raw: bytes, *, manager: str) -> HeldState:
+    """Whether applying ``planned`` as ``manager`` would leave the live object as it is.
+
+    For a target the ledger has no record of: a controller this pipeline takes over from (Trainer, which
+    applies with the same field manager) built it, or the ledger lost the record. ``held`` needs two
+    things: every value the plan sets is the live value (lists item by item, in order), and every field
+    ``manager`` already owns by Apply is still in the plan, since an apply would remove a field its
+    manager stops sending. The only thing skipping the write leaves undone is co-owning fields that
+    already hold the planned values. Anything this cannot tell (a list of another length, a list key
+    it cannot find) is ``differs``: the write is then made, as it would have been without the check.
+
+    ``held-unlabelled``: all that differs is this pipeline's label (an object Trainer made), which the
+    label merge patch adds under a field manager of its own, so Trainer's next apply of the object as
+    ``trainer`` after a rollback does not take it off again.
+    """
+    want = msgspec.json.decode(planned)
+    have = msgspec.json.decode(live_raw)
+    for entry in (have.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply" and not entry.get("subresource"):
+            if not _owned_fields_in(entry.get("fieldsV1") or {}, want):
+                return "differs"
+            break
+    want_meta = want.get("metadata") or {}
+    ours = (want_meta.get("labels") or {}).pop(labels.MANAGED_BY_LABEL, None)
+    if ours is not None and not want_meta["labels"]:
+        del want_meta["labels"]
+    if not _holds(want, have):
+        return "differs"
+    have_labels = (have.get("metadata") or {}).get("labels") or {}
+    if ours is not None and have_labels.get(labels.MANAGED_BY_LABEL) != ours:
+        return "held-unlabelled"
+    return "held"
+
+
+def _holds(want: object, have: object) -> bool:
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(v is None or (k in have and _holds(v, have[k])) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(_holds, want, have))
+    return want == have
+
+
+def _owned_fields_in(fields: dict[str, object], obj: object) -> bool:
+    """Every field of a managedFields ``fieldsV1`` set is present in ``obj``."""
+    for key, sub in fields.items():
+        if key == ".":
+            continue
+        kind, _, rest = key.partition(":")
+        child: object
+        if kind == "f" and isinstance(obj, dict) and rest in obj:
+            child = obj[rest]
+        elif kind == "k" and isinstance(obj, list):
+            item_key = msgspec.json.decode(rest)
+            match = [i for i in obj if isinstance(i, dict) and all(i.get(k) == v for k, v in item_key.items())]
+            if not match:
+                return False
+            child = match[0]
+        elif kind == "v" and isinstance(obj, list):
+            if msgspec.json.decode(rest) not in obj:
+                return False
+            continue
+        else:
+            return False
+        if isinstance(sub, dict) and sub and not _owned_fields_in(sub, child):
+            return False
+    return True
 
 
 def status_outdated(message: ObjectApply, *, live_version: str | None) -> bool:

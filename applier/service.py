@@ -271,7 +271,8 @@ class Applier:
         return facts
 
     async def _add_owned_label(self, message: ApplyMessage, resource: resources.Resource, patch: bytes) -> str:
-        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``); its new resourceVersion.
+        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``), or one Trainer made that
+        otherwise holds the plan (``core.held_state``); its new resourceVersion.
 
         A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
         ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
@@ -445,6 +446,28 @@ class Applier:
                         labelled = await self._add_owned_label(message, resource, label)
                         return core.Done(action="skipped", resource_version=labelled, reason=why + "; labelled")
                     return core.Done(action="skipped", resource_version=live.resource_version, reason=why)
+            held = (
+                core.held_state(planned, live_raw, manager=message.field_manager)
+                if record is None and live_raw is not None and not target.subresource
+                else "differs"
+            )
+            if live_raw is not None and held != "differs":
+                # Taken over (or a lost record): the live object already is the plan. Record it, write nothing
+                # but the label a Trainer-made object lacks.
+                live_rv = core.live_state(live_raw).resource_version
+                if held == "held-unlabelled":
+                    live_rv = await self._add_owned_label(message, resource, core.OWNED_LABEL_PATCH)
+                record_held = AppliedRecord(
+                    source_version=message.source_version,
+                    source_seq=message.source_seq,
+                    digest=digest,
+                    state="applied",
+                    resource_version=live_rv,
+                    managed=core.managed_digest(live_raw, manager=message.field_manager, subresource=None),
+                )
+                if await self.ledger.write(lkey, record_held, revision=revision) is None:
+                    continue  # someone else wrote the record meanwhile: look again
+                return core.Done(action="unchanged", resource_version=live_rv, reason=core.ALREADY_HELD)
             claim = AppliedRecord(
                 source_version=message.source_version, source_seq=message.source_seq, digest=digest, state="claimed"
             )

@@ -122,7 +122,9 @@ def restrict_to_mutable(desired: JobSet, live: JobSet) -> tuple[JobSet, list[str
                     live_section[key] = planned[key]
                 else:
                     live_section.pop(key, None)
-        if not target["metadata"]:
+        if not target["metadata"] and "metadata" not in source:
+            # An empty pod-template metadata the plan carries (Trainer's builder always sends one) is sent
+            # back as planned: dropping it would change a JobSet Trainer made (issue #13, takeover).
             target.pop("metadata")
         result_jobs.append(merged)
     spec = dict(want.get("spec") or {})

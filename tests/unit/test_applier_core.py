@@ -149,3 +149,105 @@ def test_live_state_rejects_garbage() -> None:
 )
 def test_outcome(status: int, before: str, after: str, expected: m.ApplyAction) -> None:
     assert core.outcome(status, before=before, after=after) == expected
+
+
+# ------------------------------------------------------------------------------ held_state (takeover)
+
+_PORT_KEY = 'k:{"containerPort":29500,"protocol":"TCP"}'
+
+
+def _live_jobset(*, node_selector: dict[str, str] | None = None, owned: dict[str, object] | None = None) -> bytes:
+    """A JobSet as the API server returns it: a server-defaulted port protocol, Trainer's managedFields entry."""
+    pod: dict[str, object] = {"containers": [{"name": "node", "ports": [{"containerPort": 29500, "protocol": "TCP"}]}]}
+    if node_selector is not None:
+        pod["nodeSelector"] = node_selector
+    fields = owned or {
+        "f:spec": {
+            "f:replicatedJobs": {
+                'k:{"name":"node"}': {
+                    ".": {},
+                    "f:name": {},
+                    "f:template": {
+                        "f:spec": {
+                            "f:template": {
+                                "f:metadata": {},
+                                "f:spec": {
+                                    "f:containers": {
+                                        'k:{"name":"node"}': {"f:ports": {_PORT_KEY: {"f:containerPort": {}}}}
+                                    }
+                                },
+                            }
+                        }
+                    },
+                }
+            },
+            "f:suspend": {},
+        }
+    }
+    return msgspec.json.encode(
+        {
+            "metadata": {
+                "name": "tj",
+                "resourceVersion": "7",
+                "managedFields": [{"manager": "trainer", "operation": "Apply", "fieldsV1": fields}],
+            },
+            "spec": {
+                "suspend": True,
+                "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"metadata": {}, "spec": pod}}}}],
+            },
+            "status": {"replicatedJobsStatus": []},
+        }
+    )
+
+
+def _planned(*, metadata: bool = True, node_selector: dict[str, str] | None = None, protocol: bool = True) -> bytes:
+    port: dict[str, object] = {"containerPort": 29500, **({"protocol": "TCP"} if protocol else {})}
+    pod: dict[str, object] = {"containers": [{"name": "node", "ports": [port]}]}
+    if node_selector is not None:
+        pod["nodeSelector"] = node_selector
+    template: dict[str, object] = {"spec": pod, **({"metadata": {}} if metadata else {})}
+    return msgspec.json.encode(
+        {
+            "metadata": {"name": "tj"},
+            "spec": {
+                "suspend": True,
+                "replicatedJobs": [{"name": "node", "template": {"spec": {"template": template}}}],
+            },
+        }
+    )
+
+
+def test_a_plan_the_live_object_already_holds_needs_no_write() -> None:
+    assert core.held_state(_planned(), _live_jobset(), manager="trainer") == "held"
+
+
+def test_a_plan_that_would_add_or_change_a_value_is_written() -> None:
+    assert core.held_state(_planned(node_selector={"pool": "a"}), _live_jobset(), manager="trainer") == "differs"
+    planned, live = _planned(node_selector={"pool": "b"}), _live_jobset(node_selector={"pool": "a"})
+    assert core.held_state(planned, live, manager="trainer") == "differs"
+
+
+def test_a_plan_that_stops_sending_an_owned_field_is_written() -> None:
+    """The apply would remove it: Trainer's entry owns the empty pod-template metadata the plan leaves out."""
+    assert core.held_state(_planned(metadata=False), _live_jobset(), manager="trainer") == "differs"
+
+
+def test_a_list_item_the_owner_keys_by_a_field_the_plan_leaves_out_is_written() -> None:
+    assert core.held_state(_planned(protocol=False), _live_jobset(), manager="trainer") == "differs"
+
+
+def test_fields_another_manager_owns_do_not_matter() -> None:
+    assert core.held_state(_planned(metadata=False), _live_jobset(), manager="someone-else") == "held"
+
+
+def _config_map(*, labels: dict[str, str] | None, data: str = "a b") -> bytes:
+    meta: dict[str, object] = {"name": "tj-mpi-hostfile", **({"labels": labels} if labels is not None else {})}
+    return msgspec.json.encode({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"hostfile": data}})
+
+
+def test_an_object_trainer_made_that_lacks_only_the_label_gets_the_label_alone() -> None:
+    ours = {core.labels.MANAGED_BY_LABEL: core.labels.MANAGED_BY}
+    planned = _config_map(labels=ours)
+    assert core.held_state(planned, _config_map(labels=None), manager="trainer") == "held-unlabelled"
+    assert core.held_state(planned, _config_map(labels=ours), manager="trainer") == "held"
+    assert core.held_state(planned, _config_map(labels=None, data="other"), manager="trainer") == "differs"

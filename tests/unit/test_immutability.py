@@ -137,3 +137,13 @@ def test_planned_changes_to_immutable_fields_are_reported() -> None:
     assert "failurePolicy" not in spec
     assert spec["ttlSecondsAfterFinished"] == 60  # mutable
     assert sorted(dropped) == ["spec.failurePolicy", "spec.managedBy"]
+
+
+def test_an_empty_pod_template_metadata_the_plan_carries_is_kept() -> None:
+    """Trainer's builder sends ``template.metadata: {}``; a JobSet it made keeps it when the pipeline takes over."""
+    live = msgspec.to_builtins(jobset(suspend=True))
+    live["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"] = {}
+    planned = msgspec.convert(live, JobSet)
+    result, dropped = restrict_to_mutable(planned, msgspec.convert(live, JobSet))
+    assert dropped == []
+    assert msgspec.to_builtins(result) == live
