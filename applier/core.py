@@ -104,6 +104,8 @@ def controlled_by(raw: bytes, uid: str) -> bool:
     return any(o.controller and o.uid == uid for o in _owned_decoder.decode(raw).metadata.ownerReferences)
 
 
+# Partial decoders read only the fields a decision needs; alike in shape to other partial decoders (duplicate
+# finders pair them), each names its own fields.
 class _LiveSpec(msgspec.Struct, kw_only=True):
     suspend: bool | None = None
 
