@@ -172,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     up = sub.add_parser(
-        "up", help="run the embedded local stack (NATS, kube-apiserver, the three services and the webhook)"
+        "up",
+        help="run the embedded local stack: NATS, a simulated cluster (kube-apiserver, controllers, scheduler, JobSet, "
+        "kwok nodes), the three services and the webhook",
     )
     up.add_argument("--demo", action="store_true", help="install torch-distributed and create a sample TrainJob")
     up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
