@@ -176,7 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the embedded local stack: NATS, a simulated cluster (kube-apiserver, controllers, scheduler, JobSet, "
         "kwok nodes), the three services and the webhook",
     )
-    up.add_argument("--demo", action="store_true", help="install torch-distributed and create a sample TrainJob")
+    up.add_argument(
+        "--demo",
+        action="store_true",
+        help="create a sample TrainJob on torch-distributed (and, on the simulated cluster, one on "
+        "deepspeed-distributed), follow them to Complete, then delete them and show the clean-up",
+    )
     up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
     up.add_argument(
         "--state-dir", type=Path, default=Path(".tjpipe"), help="the stack's state folder (default: .tjpipe)"
