@@ -24,6 +24,7 @@ import yaml
 
 from tjpipe.local.crds import crd_manifests, install_crds
 from tjpipe.local.kubeapi import new_api_client
+from tjpipe.settings import env_flag, resolve
 
 _POLL_SECONDS = 2.0
 
@@ -69,11 +70,11 @@ def _wait_for_api(kubeconfig: Path, *, timeout: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tjpipe.local.install_crds", description=__doc__.splitlines()[0])
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="env: KUBECONFIG")
+    env_flag(parser, "--kubeconfig", env="KUBECONFIG", help="the cluster to install the CRDs into")
     parser.add_argument("--server", help="rewrite the kubeconfig's server address (e.g. https://k3s:6443)")
     parser.add_argument("--write-kubeconfig", type=Path, help="save the (rewritten) kubeconfig here")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the API server")
-    args = parser.parse_args(argv)
+    args = resolve(parser.parse_args(argv), os.environ)  # this entry point's edge: its one environment read
     if not args.kubeconfig:
         print("install_crds: set KUBECONFIG or pass --kubeconfig", file=sys.stderr)
         return 2
