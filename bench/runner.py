@@ -64,7 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         prog="python -m bench",
         description="Benchmark the pipeline against its own local stack and write report.md and report.json.",
     )
-    parser.add_argument("--quick", action="store_true", help="a small run (about 2 minutes on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help="a small run (about 3 minutes on 2 quiet cores)")
     parser.add_argument("--out", type=Path, default=Path(".bench"), help="report folder (default .bench/)")
     parser.add_argument("--sizes", help="end-to-end sizes, comma-separated (default 200,1000; --quick 100)")
     parser.add_argument("--memory-jobs", type=int, help="TrainJobs present for the memory figures (default 10000)")

@@ -7,6 +7,7 @@ a deadline and every loop a bound, so a pipeline that stalls makes a run incompl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections import Counter
@@ -224,6 +225,20 @@ class _Window:
     api: dict[stats.RequestKey, float] | None
     own: Counter[stats.RequestKey]
     counters: dict[str, dict[tuple[str, ...], float]]
+    bus: dict[str, int]
+
+
+BUS_STREAMS = (*(spec.name for spec in streams.ALL_STREAMS), f"KV_{streams.APPLIED_BUCKET}")
+"""Every stream the pipeline writes to, the apply ledger's KV bucket included (claims and records)."""
+
+
+async def bus_sequences(js: JetStreamContext) -> dict[str, int]:
+    """The last sequence of each of ``BUS_STREAMS``: differences are messages stored (NATS writes)."""
+    out: dict[str, int] = {}
+    for name in BUS_STREAMS:
+        with contextlib.suppress(Exception):
+            out[name] = await last_seq(js, name)
+    return out
 
 
 async def open_window(ctx: Context, *, restarted: Sequence[str] = ()) -> _Window:
@@ -232,7 +247,12 @@ async def open_window(ctx: Context, *, restarted: Sequence[str] = ()) -> _Window
     for service, counter in (("watcher", "events"), ("planner", "plans"), ("applier", "applies")):
         if service in restarted:
             counters[counter] = {}
-    return _Window(api=await scrape_apiserver(ctx.kube), own=Counter(ctx.kube.counts), counters=counters)
+    return _Window(
+        api=await scrape_apiserver(ctx.kube),
+        own=Counter(ctx.kube.counts),
+        counters=counters,
+        bus=await bus_sequences(ctx.js),
+    )
 
 
 async def close_window(ctx: Context, window: _Window, *, trainjobs: int) -> dict[str, Any]:
@@ -240,8 +260,12 @@ async def close_window(ctx: Context, window: _Window, *, trainjobs: int) -> dict
     own = Counter(ctx.kube.counts)
     own.subtract(window.own)
     moved = counter_delta(await ctx.services.counters(), window.counters)
+    bus_after = await bus_sequences(ctx.js)
+    stored = {name: bus_after[name] - window.bus[name] for name in bus_after if name in window.bus}
     out: dict[str, Any] = {
         "trainjobs": trainjobs,
+        "bus_messages": stored,
+        "bus_messages_per_trainjob": {k: v / trainjobs for k, v in stored.items()} if trainjobs else {},
         "events": moved.get("events", {}),
         "plans": moved.get("plans", {}),
         "applies": moved.get("applies", {}),

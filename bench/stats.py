@@ -616,7 +616,9 @@ def _render_write_amp(w: Mapping[str, Any], checks: Sequence[Mapping[str, Any]])
         f"API requests per TrainJob by verb, from the API server's own `apiserver_request_total` for "
         f"{', '.join(w.get('resources', TRACKED_RESOURCES))} (status subresource included), less the benchmark's "
         "own requests (its TrainJob creates and verification reads), divided by the TrainJobs present. "
-        "Writes are PATCH, APPLY, POST, PUT and DELETE.",
+        "Writes are PATCH, APPLY, POST, PUT and DELETE. Messages stored per TrainJob are the NATS writes: "
+        "each stream's sequence delta (events, apply messages, results, dead letters, and the apply ledger's "
+        "KV bucket, which stores each claim and each record); acks are not stored and not counted.",
         "",
     ]
     rows = []
@@ -642,6 +644,11 @@ def _render_write_amp(w: Mapping[str, Any], checks: Sequence[Mapping[str, Any]])
             details.append("watcher events " + ", ".join(f"{k}={int(v)}" for k, v in sorted(s["events"].items())))
         if s.get("applies"):
             details.append("apply outcomes " + ", ".join(f"{k}={int(v)}" for k, v in sorted(s["applies"].items())))
+        if s.get("bus_messages_per_trainjob"):
+            details.append(
+                "messages stored per TrainJob "
+                + ", ".join(f"{k} {v:.2f}" for k, v in s["bus_messages_per_trainjob"].items())
+            )
         if s.get("by_resource"):
             details.append("requests " + ", ".join(f"{k}={int(v)}" for k, v in s["by_resource"].items()))
         if s.get("quiet_after_s") is not None and not s["name"].startswith("creation"):
