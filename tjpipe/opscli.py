@@ -208,6 +208,8 @@ def _check_files(args: argparse.Namespace, *flags: str) -> None:
 
 async def _connect(args: argparse.Namespace, command: str) -> Any:
     """A NATS connection, or ``Unreachable`` once ``--connect-timeout`` has passed without one."""
+    import nats.errors
+
     from tjpipe.cli import nats_options
     from tjpipe.plumbing import bus
 
@@ -233,6 +235,10 @@ async def _connect(args: argparse.Namespace, command: str) -> Any:
             ) from None
         except OSError as exc:
             raise Unreachable(f"cannot reach NATS at {args.nats_url}: {exc}") from exc
+        except nats.errors.Error as exc:
+            if "url" in str(exc).lower():
+                raise UsageError(f"--nats-url {args.nats_url}: {str(exc).removeprefix('nats: ')}") from exc
+            raise
 
 
 async def _with_bus(command: str, args: argparse.Namespace) -> int:

@@ -193,6 +193,7 @@ def test_plan_of_an_invalid_trainjob(tmp_path: Path) -> None:
             "error: argument SEQ: invalid positive integer value: 'x' (see: tjpipe dlq show --help)\n",
         ),
         (["dlq", "retry"], "error: name dead letters by sequence, or pass --all\n"),
+        (["history", "ns/x", "--nats-url", "nats://["], "error: --nats-url nats://[: invalid connect url option\n"),
         (["dlq", "retry", "3", "--all"], "error: name dead letters by sequence or pass --all, not both\n"),
         (
             ["history", "ns/x", "--nats-creds", "/nonexistent/reader.nk"],
