@@ -497,11 +497,32 @@ def apiserver_probe(kube: KubeClient) -> Callable[[], Any]:
     return probe
 
 
-async def delete_collections(kube: KubeClient, namespace: str, kinds: Sequence[Resource]) -> None:
-    """Delete every object of each kind in ``namespace`` with one request per kind (no garbage collector runs)."""
+async def delete_collections(
+    kube: KubeClient, namespace: str, kinds: Sequence[Resource], *, timeout: float = 600.0
+) -> dict[str, int]:
+    """Delete every object of each kind in ``namespace`` (no garbage collector runs); what is left, by kind.
+
+    One DELETE of the collection per kind, repeated until a list finds none left or ``timeout`` passes: a
+    collection of thousands can outlast one request's deadline, and whatever is left would be found by
+    the next controller measured.
+    """
+    deadline = time.monotonic() + timeout
+    left: dict[str, int] = {}
     for resource in kinds:
-        with contextlib.suppress(KubeApiError):
-            await kube.request("DELETE", resource.path(namespace=namespace), timeout=300)
+        while True:
+            with contextlib.suppress(KubeApiError):
+                await kube.request("DELETE", resource.path(namespace=namespace), timeout=300)
+            try:
+                page = await anext(kube.list_pages(resource, namespace=namespace, limit=1, metadata_only=True))
+                remaining = len(page.items)
+            except KubeApiError:
+                remaining = 0  # e.g. a kind whose CRD is not installed
+            if not remaining or time.monotonic() > deadline:
+                if remaining:
+                    left[resource.plural] = remaining
+                break
+            await asyncio.sleep(1.0)
+    return left
 
 
 async def count_objects(kube: KubeClient, resource: Resource, *, namespace: str) -> int:

@@ -304,7 +304,9 @@ async def trainer_side(
         await asyncio.to_thread(controller.stop)
         cleanup = time.monotonic()
         for namespace in namespaces:
-            await delete_collections(kube, namespace, CLEANUP_KINDS)
+            left = await delete_collections(kube, namespace, CLEANUP_KINDS)
+            if left:
+                out.setdefault("left_behind", {})[namespace] = left
         out["cleanup_seconds"] = time.monotonic() - cleanup
         progress(f"trainer: stopped; its {len(namespaces)} namespace(s) emptied in {out['cleanup_seconds']:.1f}s")
     return out

@@ -198,7 +198,9 @@ async def floor(
     progress(f"floor {label}: {result['trainjobs_per_s'] or 0:,.1f} TrainJobs/s, {result['errors']} errors")
     # Leave nothing behind: the controllers measured later must not find these TrainJobs.
     cleanup = time.perf_counter()
-    await delete_collections(kube, namespace, FLOOR_RESOURCES)
+    left = await delete_collections(kube, namespace, FLOOR_RESOURCES)
+    if left:
+        result["left_behind"] = left
     result["cleanup_seconds"] = time.perf_counter() - cleanup
     return result
 

@@ -994,6 +994,8 @@ def _render_reference(sc: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]
     for side, run in (("Trainer", t), ("this project", p)):
         if run and run.get("problem"):
             out.append(f"- {side}: {run.get('good', 0)}/{run.get('n', 0)} built: {run['problem']}.")
+    if t_side.get("left_behind"):
+        out.append(f"- Trainer's objects not deleted before the pipeline started: {t_side['left_behind']}.")
     if t_side.get("exited"):
         out.append(f"- Trainer's controller had exited; last log lines: {t_side['exited']}")
     if not t_side:
