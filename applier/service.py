@@ -71,6 +71,7 @@ LABEL_FIELD_MANAGER = "trainjob-pipeline-label"
 @dataclass
 class ApplierSettings(ServiceSettings):
     kubeconfig: str | None = None
+    kube_context: str | None = None
     batch: int = 32
     concurrency: int = 16
     attempts: int = 5
@@ -769,7 +770,9 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
     async with started(
         "tjpipe-applier",
         settings,
-        kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig), max_connections=settings.concurrency),
+        kube=lambda: KubeClient(
+            KubeConfig.load(settings.kubeconfig, context=settings.kube_context), max_connections=settings.concurrency
+        ),
     ) as service:
         await service.health.start()
         ledger = await Ledger.open(service.js)

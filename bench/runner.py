@@ -67,7 +67,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument("--quick", action="store_true", help="a small run (about 3 minutes on 2 quiet cores)")
     parser.add_argument("--out", type=Path, default=Path(".bench"), help="report folder (default .bench/)")
     parser.add_argument("--sizes", help="end-to-end sizes, comma-separated (default 200,1000; --quick 100)")
-    parser.add_argument("--memory-jobs", type=int, help="TrainJobs present for the memory figures (default 10000)")
+    parser.add_argument(
+        "--memory-jobs",
+        type=int,
+        help="TrainJobs present for the memory figures, both sides (default 10000; --quick 1000)",
+    )
     parser.add_argument(
         "--skip",
         action="append",
@@ -89,7 +93,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument("--lifecycle-jobs", type=int, help="TrainJobs of the lifecycle run (default 500; --quick 50)")
     parser.add_argument("--lifecycle-nodes", type=int, default=20, help="simulated nodes of the lifecycle run")
     parser.add_argument("--pod-run-seconds", type=float, default=5.0, help="how long each simulated pod runs")
-    parser.add_argument("--concurrency", type=int, default=16, help="applier concurrency, also the ceiling's")
+    parser.add_argument("--concurrency", type=int, default=16, help="applier concurrency")
     parser.add_argument("--create-concurrency", type=int, default=32, help="concurrent TrainJob creates")
     parser.add_argument("--paced-rate", type=float, default=20.0, help="TrainJobs/s of the paced run")
     parser.add_argument("--paced-seconds", type=float, help="length of the paced run (default 10; --quick 5)")

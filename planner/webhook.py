@@ -55,6 +55,7 @@ class WebhookSettings(ProcessSettings):
     port: int = 9443
     host: str = "0.0.0.0"
     kubeconfig: str | None = None
+    kube_context: str | None = None
     cert_check_seconds: float = 30.0
 
 
@@ -185,7 +186,9 @@ async def run_webhook(settings: WebhookSettings, stop: asyncio.Event) -> None:
     context = server_ssl_context(settings.tls_cert, settings.tls_key)
     reloader = CertReloader(context, settings.tls_cert, settings.tls_key)
     async with started(
-        "tjpipe-webhook", settings, kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig))
+        "tjpipe-webhook",
+        settings,
+        kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig, context=settings.kube_context)),
     ) as service:
         runner = web.AppRunner(Webhook(service.kube_client()).app(), access_log=None)
         await runner.setup()

@@ -77,6 +77,7 @@ def nats_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _kube(parser: argparse.ArgumentParser) -> None:
     env_flag(parser, "--kubeconfig", env="KUBECONFIG", help="unset: ~/.kube/config, else in-cluster credentials")
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
 
 
 def _signing_key(parser: argparse.ArgumentParser) -> None:
@@ -369,8 +370,6 @@ def _add_operator_commands(sub: Any) -> None:
         "table: the --server-dry-run diff for people (its default)",
     )
     _kube(pl)
-    if not any("--context" in action.option_strings for action in pl._actions):
-        pl.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
     _connect_timeout(pl, "the apiserver")
 
     dlq = sub.add_parser("dlq", help="inspect dead letters and send them back into the pipeline")

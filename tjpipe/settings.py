@@ -152,6 +152,7 @@ def watcher(args: argparse.Namespace) -> WatcherSettings:
     return WatcherSettings(
         **_on_bus(args),
         kubeconfig=args.kubeconfig,
+        kube_context=args.context,
         namespaces=tuple(dict.fromkeys(args.namespace)),
         resync_seconds=args.resync_seconds,
         signing_key=args.signing_key,
@@ -173,6 +174,7 @@ def applier(args: argparse.Namespace) -> ApplierSettings:
         **_on_bus(args),
         **_replica(args),
         kubeconfig=args.kubeconfig,
+        kube_context=args.context,
         concurrency=args.concurrency,
         stale_claim_grace_seconds=args.stale_claim_grace,
         trainjob_cache_seconds=args.trainjob_cache_seconds,
@@ -193,4 +195,5 @@ def webhook(args: argparse.Namespace) -> WebhookSettings:
         port=args.port,
         host=args.host,
         kubeconfig=args.kubeconfig,
+        kube_context=args.context,
     )

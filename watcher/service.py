@@ -64,6 +64,7 @@ def _named_identity(obj: _Named) -> _Named:
 @dataclass
 class WatcherSettings(ServiceSettings):
     kubeconfig: str | None = None
+    kube_context: str | None = None
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty means all."""
     resync_seconds: float = 300.0
@@ -405,7 +406,9 @@ async def run_watcher(settings: WatcherSettings, stop: asyncio.Event) -> None:
     signer = signing.Signer.from_file(settings.signing_key, setting="--signing-key / TJPIPE_SIGNING_KEY")
     log.info("signing events with key %s", signer.key_id)
     async with started(
-        "tjpipe-watcher", settings, kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig))
+        "tjpipe-watcher",
+        settings,
+        kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig, context=settings.kube_context)),
     ) as service:
         await bus.bind_stream(service.js, streams.EVENTS.name)
         watcher = Watcher(settings, service.kube_client(), service.js, signer=signer)
