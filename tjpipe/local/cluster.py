@@ -141,6 +141,20 @@ def start_simulated_cluster(
     return SimulatedCluster(kube=kube, simulation=simulation)
 
 
+def _component_flags(kubeconfig: str, *, port: int, cert_dir: Path) -> list[str]:
+    """The flags kube-controller-manager and kube-scheduler share: one kubeconfig for the API and for
+    delegated authn/authz, no leader election, a loopback HTTPS health port with a self-signed cert."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={cert_dir}",
+    ]
+
+
 def start_simulation(
     kube: LocalKube,
     *,
@@ -166,13 +180,7 @@ def start_simulation(
             name="kube-controller-manager",
             argv=[
                 str(binaries.kube_controller_manager),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={work_dir / 'kube-controller-manager'}",
+                *_component_flags(kubeconfig, port=port, cert_dir=work_dir / "kube-controller-manager"),
                 f"--service-account-private-key-file={kube.service_account_private_key}",
                 f"--root-ca-file={kube.ca_file}",
                 "--use-service-account-credentials=false",
@@ -190,13 +198,7 @@ def start_simulation(
             name="kube-scheduler",
             argv=[
                 str(binaries.kube_scheduler),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={work_dir / 'kube-scheduler'}",
+                *_component_flags(kubeconfig, port=port, cert_dir=work_dir / "kube-scheduler"),
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
             ],

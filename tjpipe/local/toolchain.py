@@ -239,6 +239,7 @@ def _build_kubernetes_commands(
 
 
 def _build_etcd(*, go: str, output: Path, progress: Callable[[str], None]) -> None:
+    # Alike in shape to the calls below only: etcd is checked and built together with kube-apiserver.
     _build_in_wrapper_module(
         go=go,
         what="etcd",
@@ -460,23 +461,47 @@ def ensure_jobset_manager(*, progress: Callable[[str], None]) -> Path:
 
     Its main package is the module root, built in a wrapper module like etcd.
     """
-    output = jobset_manager_path()
+    version = f"v{JOBSET_VERSION}"
+    return _ensure_built_in_wrapper_module(
+        output=jobset_manager_path(),
+        what="the JobSet manager",
+        name="jobset",
+        module=JOBSET_MODULE,
+        version=version,
+        ldflags=f"-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion={version}",
+        progress=progress,
+    )
+
+
+def _ensure_built_in_wrapper_module(
+    *,
+    output: Path,
+    what: str,
+    name: str,
+    module: str,
+    version: str,
+    ldflags: str,
+    progress: Callable[[str], None],
+    package: str | None = None,
+) -> Path:
+    """Return ``output``, building it once (under the shared build lock) from ``module``@``version`` in a
+    wrapper module when it is not cached yet; a second process waiting on the lock finds it built."""
     if _is_executable(output):
         return output
-    go = _go_command(missing="the JobSet manager is not built yet")
+    go = _go_command(missing=f"{what} is not built yet")
     with _exclusive_file_lock(cache_root() / "bin" / ".build.lock", progress=progress):
         if _is_executable(output):
             return output
-        version = f"v{JOBSET_VERSION}"
         _build_in_wrapper_module(
             go=go,
-            what="the JobSet manager",
-            name="jobset",
-            module=JOBSET_MODULE,
+            what=what,
+            name=name,
+            module=module,
             version=version,
-            ldflags=f"-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion={version}",
+            ldflags=ldflags,
             output=output,
             progress=progress,
+            package=package,
         )
     return output
 
@@ -498,25 +523,16 @@ def ensure_trainer_controller(*, progress: Callable[[str], None]) -> Path:
     ``replace`` lines at this tag, so the wrapper resolves exactly what the release pins). Trainer's
     own image build stamps no version, so neither does this one.
     """
-    output = trainer_controller_path()
-    if _is_executable(output):
-        return output
-    go = _go_command(missing="Trainer's controller manager is not built yet")
-    with _exclusive_file_lock(cache_root() / "bin" / ".build.lock", progress=progress):
-        if _is_executable(output):
-            return output
-        _build_in_wrapper_module(
-            go=go,
-            what="Trainer's controller manager",
-            name="trainer",
-            module=TRAINER_MODULE,
-            version=f"v{TRAINER_VERSION}",
-            ldflags="-s -w",
-            output=output,
-            progress=progress,
-            package=_TRAINER_CONTROLLER_PACKAGE,
-        )
-    return output
+    return _ensure_built_in_wrapper_module(
+        output=trainer_controller_path(),
+        what="Trainer's controller manager",
+        name="trainer",
+        module=TRAINER_MODULE,
+        version=f"v{TRAINER_VERSION}",
+        ldflags="-s -w",
+        progress=progress,
+        package=_TRAINER_CONTROLLER_PACKAGE,
+    )
 
 
 KWOK_VERSION = "0.8.0"
