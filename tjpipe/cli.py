@@ -308,6 +308,13 @@ def _connect_timeout(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def _output_format(parser: argparse.ArgumentParser, default: str, *others: str) -> None:
+    """``-o/--output`` with the command's formats, the first one its default."""
+    parser.add_argument(
+        "-o", "--output", choices=(default, *others), default=default, help=f"output format (default: {default})"
+    )
+
+
 def _trainjob_argument(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
     parser.add_argument(
         "trainjob",
@@ -327,9 +334,7 @@ def _add_operator_commands(sub: Any) -> None:
 
     hist = sub.add_parser("history", help="the timeline of one TrainJob: events, plans, results, dead letters")
     _trainjob_argument(hist)
-    hist.add_argument(
-        "-o", "--output", choices=("table", "json", "yaml"), default="table", help="output format (default: table)"
-    )
+    _output_format(hist, "table", "json", "yaml")
     _nats(hist)
     _connect_timeout(hist, "NATS")
 
@@ -341,9 +346,7 @@ def _add_operator_commands(sub: Any) -> None:
     rep.add_argument("--all", action="store_true", help="every TrainJob in the window instead of one")
     rep.add_argument("--since", help="replay events from this time: a duration ago (90s, 30m, 2h, 1d) or ISO 8601")
     rep.add_argument("--from-seq", type=_positive_int, help="first event stream sequence to replay")
-    rep.add_argument(
-        "-o", "--output", choices=("table", "json", "yaml"), default="table", help="output format (default: table)"
-    )
+    _output_format(rep, "table", "json", "yaml")
     _nats(rep)
     _connect_timeout(rep, "NATS")
 
@@ -375,12 +378,10 @@ def _add_operator_commands(sub: Any) -> None:
     dlq = sub.add_parser("dlq", help="inspect dead letters and send them back into the pipeline")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="COMMAND")
     dlq_list = dlq_sub.add_parser("list", help="every dead letter")
-    dlq_list.add_argument(
-        "-o", "--output", choices=("table", "json", "yaml"), default="table", help="output format (default: table)"
-    )
+    _output_format(dlq_list, "table", "json", "yaml")
     show = dlq_sub.add_parser("show", help="one dead letter, with its payload decoded")
     show.add_argument("seq", type=_positive_int, metavar="SEQ", help="the dead letter's sequence (dlq list)")
-    show.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
+    _output_format(show, "yaml", "json")
     retry = dlq_sub.add_parser(
         "retry", help="republish dead letters to their original subjects (needs the dlq-operator identity)"
     )
@@ -399,9 +400,7 @@ def _add_operator_commands(sub: Any) -> None:
     ret.add_argument("stage", choices=("watcher", "planner"), help="the stage whose old key is retired")
     ret.add_argument("key_id", metavar="KEY_ID", help="the key to stop trusting (keys list)")
     keys_list = keys_sub.add_parser("list", help="the key each stage signs with, and the keys trusted")
-    keys_list.add_argument(
-        "-o", "--output", choices=("text", "json", "yaml"), default="text", help="output format (default: text)"
-    )
+    _output_format(keys_list, "text", "json", "yaml")
     for p in keys_sub.choices.values():
         p.add_argument(
             "--dir",
