@@ -205,8 +205,10 @@ HeldState = Literal["held", "held-unlabelled", "differs"]
 def held_state(planned: bytes, live_raw: bytes, *, manager: str) -> HeldState:
     """Whether applying ``planned`` as ``manager`` would leave the live object as it is.
 
-    For a target the ledger has no record of: a controller this pipeline takes over from (Trainer, which
-    applies with the same field manager) built it, or the ledger lost the record. ``held`` needs two
+    Asked before any write the ledger does not already rule out: a controller this pipeline takes over
+    from (Trainer, which applies with the same field manager) built the target, the ledger lost its
+    record, or a new plan of an existing JobSet repeats what the live object holds (a suspended JobSet
+    is re-planned from the live one, server defaults included). ``held`` needs two
     things: every value the plan sets is the live value (lists item by item, in order), and every field
     ``manager`` already owns by Apply is still in the plan, since an apply would remove a field its
     manager stops sending. The only thing skipping the write leaves undone is co-owning fields that

@@ -449,12 +449,13 @@ class Applier:
                     return core.Done(action="skipped", resource_version=live.resource_version, reason=why)
             held = (
                 core.held_state(planned, live_raw, manager=message.field_manager)
-                if record is None and live_raw is not None and not target.subresource
+                if live_raw is not None and not target.subresource
                 else "differs"
             )
             if live_raw is not None and held != "differs":
-                # Taken over (or a lost record): the live object already is the plan. Record it, write nothing
-                # but the label a Trainer-made object lacks.
+                # The live object already is the plan: one Trainer made, one whose ledger record was lost, or a
+                # re-plan of an existing JobSet that only repeats what the live object holds. Record it, write
+                # nothing but the label a Trainer-made object lacks.
                 live_rv = core.live_state(live_raw).resource_version
                 if held == "held-unlabelled":
                     live_rv = await self._add_owned_label(message, resource, core.OWNED_LABEL_PATCH)
