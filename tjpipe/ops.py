@@ -10,9 +10,9 @@ when it writes them, so the history can be read, copied and replayed freely.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -115,22 +115,14 @@ async def history(js: JetStreamContext, key: ObjectKey) -> list[TimelineEntry]:
     ns, name = key.namespace, key.name
     entries: list[TimelineEntry] = []
     previous: TrainJobObserved | None = None
-    for stored in await read_stream(js, streams.EVENTS.name, subjects.trainjob_events_filter(ns, name)):
-        try:
-            event = decode_event(stored.data)
-        except msgspec.MsgspecError:
-            entries.append(_raw_entry(stored, "event", "undecodable event"))
-            continue
+    events = await read_stream(js, streams.EVENTS.name, subjects.trainjob_events_filter(ns, name))
+    for stored, event in _decoded(events, decode_event, entries, "event", "undecodable event"):
         summary, detail = _event_summary(event, previous)
         entries.append(TimelineEntry(stored.time, stored.stream, stored.seq, "event", summary, detail))
         if isinstance(event, TrainJobObserved):
             previous = event
-    for stored in await read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(ns, name)):
-        try:
-            message = decode_apply(stored.data)
-        except msgspec.MsgspecError:
-            entries.append(_raw_entry(stored, "plan", "undecodable apply message"))
-            continue
+    plans = await read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(ns, name))
+    for stored, message in _decoded(plans, decode_apply, entries, "plan", "undecodable apply message"):
         entries.append(
             TimelineEntry(
                 stored.time,
@@ -142,19 +134,16 @@ async def history(js: JetStreamContext, key: ObjectKey) -> list[TimelineEntry]:
                 {"component": component_of(message), "source_seq": message.source_seq},
             )
         )
-    for stored in await read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name)):
-        try:
-            result = decode_result(stored.data)
-        except msgspec.MsgspecError:
-            continue
+    results = await read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name))
+    for stored, result in _decoded(results, decode_result, entries, "result", "undecodable apply result"):
         text = f"{result.action} {result.target} in {result.duration_ms:.0f} ms, {result.attempts} attempt(s)"
         if result.reason:
             text += f": {result.reason}"
         entries.append(
             TimelineEntry(stored.time, stored.stream, stored.seq, "result", text, msgspec.to_builtins(result))
         )
-    for stored in await read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}"):
-        letter = decode_dead_letter(stored.data)
+    letters = await read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}")
+    for stored, letter in _decoded(letters, decode_dead_letter, entries, "dead-letter", "undecodable dead letter"):
         entries.append(
             TimelineEntry(
                 stored.time,
@@ -166,6 +155,27 @@ async def history(js: JetStreamContext, key: ObjectKey) -> list[TimelineEntry]:
             )
         )
     return sorted(entries, key=lambda e: (e.time, e.stream, e.seq))
+
+
+_Decoded = TypeVar("_Decoded")
+
+
+def _decoded(
+    messages: Iterable[StoredMessage],
+    decode: Callable[[bytes], _Decoded],
+    entries: list[TimelineEntry],
+    kind: str,
+    undecodable: str,
+) -> Iterator[tuple[StoredMessage, _Decoded]]:
+    """Each message with its decoded body; one that does not decode becomes a line of its own in ``entries``
+    (summary ``undecodable``), so one bad record neither hides the rest nor stops the timeline."""
+    for stored in messages:
+        try:
+            decoded = decode(stored.data)
+        except msgspec.MsgspecError:
+            entries.append(_raw_entry(stored, kind, undecodable))
+            continue
+        yield stored, decoded
 
 
 def _raw_entry(stored: StoredMessage, kind: str, summary: str) -> TimelineEntry:

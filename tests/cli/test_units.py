@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pytest
 import yaml
@@ -63,3 +64,65 @@ def test_multi_line_text_is_a_literal_block() -> None:
 def test_replay_all_with_a_namespace_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--all", "-n", "team"]) == ExitCode.USAGE
     assert capsys.readouterr().err == "error: --all replays every namespace; -n/--namespace goes with a NAME\n"
+
+
+async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tjpipe import ops
+    from tjpipe.contracts import streams
+    from tjpipe.contracts.messages import DeadLetter, encode
+    from tjpipe.plumbing.bus import StoredMessage
+
+    letter = DeadLetter(stage="applier", reason="permanent", error="422", subject="s", payload=b"{}")
+    stored = {
+        name: [StoredMessage(stream=name, seq=1, subject=f"{name}.x", data=b"{not json", headers={}, time=1.0)]
+        for name in (streams.EVENTS.name, streams.APPLY.name, streams.RESULTS.name)
+    }
+    stored[streams.DLQ.name] = [
+        StoredMessage(stream=streams.DLQ.name, seq=1, subject="dlq.x", data=b"[]", headers={}, time=2.0),
+        StoredMessage(stream=streams.DLQ.name, seq=2, subject="dlq.y", data=encode(letter), headers={}, time=3.0),
+    ]
+
+    async def read_stream(js: object, stream: str, subject: str) -> list[StoredMessage]:
+        return stored[stream]
+
+    monkeypatch.setattr(ops, "read_stream", read_stream)
+    entries = await ops.history(None, ObjectKey(namespace="default", name="a"))  # type: ignore[arg-type]
+    assert [(e.kind, e.summary) for e in entries] == [
+        ("plan", "undecodable apply message"),
+        ("event", "undecodable event"),
+        ("result", "undecodable apply result"),
+        ("dead-letter", "undecodable dead letter"),
+        ("dead-letter", "applier: permanent: 422"),
+    ]
+
+
+def test_tjpipe_up_prints_paths_urls_and_cluster_text_without_markup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from tjpipe import cli
+    from tjpipe.demo import DemoWatch
+    from tjpipe.stack import StatePaths
+
+    root = tmp_path / "state [bold]x[/]"
+    stack = SimpleNamespace(
+        paths=StatePaths(root),
+        local_kube=None,
+        kubeconfig=Path("/home/u/[prod]/kubeconfig"),
+        nats_url="nats://[::1]:4222",
+        nats_adopted=True,
+        credentials=None,
+    )
+    cli._where(stack)
+    watch = DemoWatch.__new__(DemoWatch)
+    watch.namespace, watch.name, watch._say = "tjpipe-demo", "mnist", cli._say
+    watch._print_status(
+        (("Failed", "True", "Err[i]", "python -c 'x = batch[i]' [/opt/x] :smile:"),), (("node", 0, 0, 0, 1, 0),)
+    )
+    err = capsys.readouterr().err
+    assert f"state folder: {root}\n" in err
+    assert "  kubeconfig: /home/u/[prod]/kubeconfig   (an EXISTING cluster)\n" in err
+    assert "  NATS:       nats://[::1]:4222   (an EXISTING server)\n" in err
+    assert "  condition Failed=True reason=Err[i]: python -c 'x = batch[i]' [/opt/x] :smile:\n" in err
+    assert "  jobsStatus node: active=0 ready=0 succeeded=0 failed=1 suspended=0\n" in err
