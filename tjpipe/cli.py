@@ -529,14 +529,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _run_service(command: str, args: argparse.Namespace) -> int:
+    from tjpipe.exits import UsageError
     from tjpipe.plumbing.bus import CredentialsError, NotAuthorized
     from tjpipe.plumbing.signing import KeyMaterialError
 
     try:
         return _start_service(command, args)
-    except (SettingsError, KeyMaterialError, CredentialsError, NotAuthorized) as exc:  # no keys, no service
-        print(f"tjpipe {command}: {exc}", file=sys.stderr)
-        return 2
+    except (KeyMaterialError, CredentialsError, NotAuthorized) as exc:  # no keys, no service: main says why
+        raise UsageError(str(exc)) from exc
 
 
 def _start_service(command: str, args: argparse.Namespace) -> int:
@@ -574,6 +574,7 @@ def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...]
 
 
 async def _bus_setup(args: argparse.Namespace) -> int:
+    from tjpipe.exits import UsageError
     from tjpipe.plumbing import bus
 
     try:
@@ -584,8 +585,7 @@ async def _bus_setup(args: argparse.Namespace) -> int:
         finally:
             await nc.close()
     except (bus.NotAuthorized, bus.CredentialsError) as exc:
-        console.print(f"[red]tjpipe bus-setup: {exc}[/]")
-        return 2
+        raise UsageError(str(exc)) from exc
     console.print("bus set up: streams, per-partition consumers, KV buckets")
     return 0
 
@@ -605,18 +605,23 @@ def _nats_credentials(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from tjpipe.exits import UsageError
     from tjpipe.local.toolchain import ToolchainMissing
     from tjpipe.stack import Stack, StatePaths, choose_backends
 
     paths = StatePaths(args.state_dir.resolve())
     if any(paths.logs.glob("*.pid")):
-        console.print(f"[yellow]a stack seems to be running already ({paths.logs}); run 'tjpipe down' first[/]")
+        console.print(
+            f"a stack seems to be running already ({paths.logs}); run 'tjpipe down' first",
+            style="yellow",
+            markup=False,
+            emoji=False,
+        )
         return 1
     try:
         backends = choose_backends(nats_url=args.nats_url, kubeconfig=args.kubeconfig, use_env=args.use_env)
     except ValueError as exc:
-        console.print(f"error: {escape(str(exc))}")
-        return 2
+        raise UsageError(str(exc)) from exc
     _announce(backends)
     stack = Stack(
         paths=paths,
@@ -648,7 +653,7 @@ def _up(args: argparse.Namespace) -> int:
         console.print("[green]stack running[/]; press [bold]Ctrl-C[/] to stop everything")
         asyncio.run(_follow(stack, demo, more_demos))
     except ToolchainMissing as exc:
-        console.print(f"[red]{exc}[/]")
+        _plain(str(exc), style="red")
         return 2
     except KeyboardInterrupt:
         console.print("\nstopping…")
@@ -677,20 +682,25 @@ def _announce(backends: Any) -> None:
         )
 
 
+def _plain(text: str, *, style: str | None = None) -> None:
+    """A line of ``tjpipe up`` whose text holds paths, URLs or cluster data: printed as is, never as markup."""
+    console.print(text, style=style, markup=False, emoji=False)
+
+
 def _where(stack: Any) -> None:
     paths = stack.paths
-    console.print(f"state folder: {paths.root}")
+    _plain(f"state folder: {paths.root}")
     if stack.local_kube is not None:
-        console.print(f"  kubeconfig: {paths.kubeconfig}")
+        _plain(f"  kubeconfig: {paths.kubeconfig}")
     elif stack.kubeconfig is not None:
-        console.print(f"  kubeconfig: {stack.kubeconfig}   (an EXISTING cluster)")
-    console.print(f"  NATS:       {stack.nats_url}" + ("   (an EXISTING server)" if stack.nats_adopted else ""))
-    console.print(f"  env:        {paths.env_file}   (source it: . {paths.env_file})")
+        _plain(f"  kubeconfig: {stack.kubeconfig}   (an EXISTING cluster)")
+    _plain(f"  NATS:       {stack.nats_url}" + ("   (an EXISTING server)" if stack.nats_adopted else ""))
+    _plain(f"  env:        {paths.env_file}   (source it: . {paths.env_file})")
     if getattr(stack, "credentials", None) is not None:
-        console.print(
+        _plain(
             f"  NATS ids:   {stack.credentials.root}   (the env file picks reader.nk; dlq retry needs dlq-operator.nk)"
         )
-    console.print(f"  logs, pids: {paths.logs}")
+    _plain(f"  logs, pids: {paths.logs}")
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -760,7 +770,7 @@ async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tup
     if demo and getattr(stack, "simulation", None) is not None:
         from tjpipe.demo import DemoWatch
 
-        watches = [DemoWatch(stack.kubeconfig, *d, say=console.print) for d in (demo, *(more_demos or []))]
+        watches = [DemoWatch(stack.kubeconfig, *d, say=_say) for d in (demo, *(more_demos or []))]
     try:
         while True:
             if watches and any(watch.state != "done" for watch in watches):
@@ -773,7 +783,8 @@ async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tup
                     )
             for process in stack.services:
                 if not process.is_running():
-                    console.print(f"[red]{process.name} exited[/]; last log lines:\n{process.log_tail()}")
+                    console.print(f"[red]{process.name} exited[/]; last log lines:")
+                    _plain(process.log_tail())
                     return
             try:
                 stored = await bus.read_stream(
@@ -794,9 +805,10 @@ async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tup
                     result.action, "yellow"
                 )
                 console.print(
-                    f"[{colour}]{result.action:>10}[/] {result.target}  "
+                    f"[{colour}]{escape(f'{result.action:>10}')}[/] {escape(str(result.target))}  "
                     f"({result.attempts} attempt{'s' if result.attempts != 1 else ''}, {result.duration_ms:.0f} ms)"
-                    + (f" — {result.reason}" if result.reason else "")
+                    + (f" — {escape(result.reason)}" if result.reason else ""),
+                    emoji=False,
                 )
                 if demo and not shown and result.component == "jobset" and result.action in ("created", "configured"):
                     shown = True
@@ -805,6 +817,11 @@ async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tup
         for watch in watches:
             watch.close()
         await nc.close()
+
+
+def _say(line: str) -> None:
+    """Markup written by ``tjpipe up`` itself, its data escaped by the caller; no emoji codes in cluster text."""
+    console.print(line, emoji=False)
 
 
 def _show_jobset(stack: Any, namespace: str, name: str) -> None:
@@ -817,29 +834,35 @@ def _show_jobset(stack: Any, namespace: str, name: str) -> None:
     js = jobsets.get(namespace=namespace, name=name).to_dict()
     owner = js["metadata"]["ownerReferences"][0]
     managers = sorted({f"{m['manager']}/{m['operation']}" for m in js["metadata"].get("managedFields", [])})
+    # Everything below but the bold names is cluster data (a container command may hold "[i]"): no markup.
     console.print(
-        f"[bold]JobSet {namespace}/{name}[/]  suspend={js['spec'].get('suspend', False)}  "
-        f"owner={owner['kind']}/{owner['name']} (controller={owner.get('controller')})  "
-        f"managers={', '.join(managers)}"
+        f"[bold]JobSet {escape(namespace)}/{escape(name)}[/]  "
+        + escape(
+            f"suspend={js['spec'].get('suspend', False)}  "
+            f"owner={owner['kind']}/{owner['name']} (controller={owner.get('controller')})  "
+            f"managers={', '.join(managers)}"
+        ),
+        emoji=False,
     )
     for rj in js["spec"]["replicatedJobs"]:
         jspec = rj["template"]["spec"]
         console.print(
-            f"  replicatedJob [bold]{rj['name']}[/]: replicas={rj.get('replicas', 1)} "
-            f"parallelism={jspec.get('parallelism', 1)} completions={jspec.get('completions', 1)}"
+            f"  replicatedJob [bold]{escape(rj['name'])}[/]: replicas={rj.get('replicas', 1)} "
+            f"parallelism={jspec.get('parallelism', 1)} completions={jspec.get('completions', 1)}",
+            emoji=False,
         )
         for c in jspec["template"]["spec"]["containers"]:
-            console.print(f"    container {c['name']}  image={c.get('image', '')}")
-            console.print(f"      command: {' '.join(c.get('command', []) + c.get('args', []))}")
+            _plain(f"    container {c['name']}  image={c.get('image', '')}")
+            _plain(f"      command: {' '.join(c.get('command', []) + c.get('args', []))}")
             for kind, values in (c.get("resources") or {}).items():
-                console.print(f"      {kind}: " + " ".join(f"{k}={v}" for k, v in values.items()))
+                _plain(f"      {kind}: " + " ".join(f"{k}={v}" for k, v in values.items()))
             env = " ".join(
                 f"{e['name']}={e.get('value', '<from ' + next(iter(e.get('valueFrom', {})), '?') + '>')}"
                 for e in c.get("env", [])
             )
-            console.print(f"      env: {env}")
+            _plain(f"      env: {env}")
             ports = ", ".join(str(p["containerPort"]) for p in c.get("ports", []))
-            console.print(f"      ports: {ports}")
+            _plain(f"      ports: {ports}")
     console.print(f"[green]JobSet applied at {time.strftime('%H:%M:%S')}[/]; watching for further changes…")
 
 

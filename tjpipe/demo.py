@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
+from rich.markup import escape
 
 from tjpipe.local.kubeapi import new_api_client
 
@@ -27,7 +28,10 @@ _SECONDS_BEFORE_DELETE = 2.0
 
 
 class DemoWatch:
-    """Follows one TrainJob: prints its status changes; once it finished, deletes it and reports the cascade."""
+    """Follows one TrainJob: prints its status changes; once it finished, deletes it and reports the cascade.
+
+    ``say`` takes rich markup; every text that comes from the cluster (reasons, messages, names) is escaped.
+    """
 
     def __init__(self, kubeconfig: Path, namespace: str, name: str, *, say: Callable[[str], None]) -> None:
         self.namespace, self.name = namespace, name
@@ -78,7 +82,7 @@ class DemoWatch:
         pods = self._pod_phases()
         if pods and pods != self._last_pods:
             self._last_pods = pods
-            self._say(f"  [dim]pods of {self.namespace}/{self.name}:[/] {pods}")
+            self._say(f"  [dim]pods of {self.namespace}/{self.name}:[/] {escape(pods)}")
         finished = [c for c in conditions if c[0] in _FINISHED and c[1] == "True"]
         if finished and self._finished_at is None:
             self._finished_at = time.monotonic()
@@ -93,11 +97,15 @@ class DemoWatch:
             self._say("  conditions: none (running or about to: see jobsStatus)")
         for kind, value, reason, message in conditions:
             colour = "green" if value == "True" else "dim"
-            self._say(f"  condition [{colour}]{kind}={value}[/] reason={reason or '-'}: {message}")
+            self._say(
+                f"  condition [{colour}]{escape(f'{kind}={value}')}[/] " + escape(f"reason={reason or '-'}: {message}")
+            )
         for name, active, ready, succeeded, failed, suspended in jobs:
             self._say(
-                f"  jobsStatus {name}: active={active} ready={ready} succeeded={succeeded} "
-                f"failed={failed} suspended={suspended}"
+                escape(
+                    f"  jobsStatus {name}: active={active} ready={ready} succeeded={succeeded} "
+                    f"failed={failed} suspended={suspended}"
+                )
             )
 
     def _pod_phases(self) -> str:
@@ -115,7 +123,8 @@ class DemoWatch:
         self._owned = self._owned_objects(uid)
         listed = ", ".join(self._owned) or "nothing"
         self._say(
-            f"[bold]deleting TrainJob {self.namespace}/{self.name}[/]; it owns (directly or through them): {listed}"
+            f"[bold]deleting TrainJob {self.namespace}/{self.name}[/]; it owns (directly or through them): "
+            + escape(listed)
         )
         self._custom.delete_namespaced_custom_object(_GROUP, _VERSION, self.namespace, "trainjobs", self.name)
         self.state = "deleting"
@@ -153,7 +162,7 @@ class DemoWatch:
         remaining = self._still_there()
         gone = [key for key in self._owned if key not in remaining]
         for key in gone:
-            self._say(f"  [green]removed by the garbage collector:[/] {key}")
+            self._say(f"  [green]removed by the garbage collector:[/] {escape(key)}")
             del self._owned[key]
         if not self._owned and self._get_trainjob() is None:
             self._say(f"[green]TrainJob {self.namespace}/{self.name} and everything it owned are gone[/]")

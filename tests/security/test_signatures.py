@@ -332,5 +332,5 @@ def test_a_service_without_its_keys_refuses_to_start(tmp_path: Path, service: st
     )
     assert done.returncode == 2, (done.returncode, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and setting in lines[0], done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and setting in lines[0], done.stderr
     assert "Traceback" not in done.stderr
