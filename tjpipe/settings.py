@@ -170,6 +170,7 @@ def planner(args: argparse.Namespace) -> PlannerSettings:
 def applier(args: argparse.Namespace) -> ApplierSettings:
     from tjpipe.applier.service import ApplierSettings
 
+    # Keyword construction alike in shape to webhook() below (and planner.core's messages): each maps its own fields.
     return ApplierSettings(
         **_on_bus(args),
         **_replica(args),

@@ -48,6 +48,7 @@ from tjpipe.local.procs import (
 )
 from tjpipe.local.signing_keys import KeyFolder
 
+# Plain name constants; duplicate finders pair this block by shape with other constant blocks (tests/jobset).
 SERVICES = ("watcher", "planner", "applier")
 DEMO_NAMESPACE = "tjpipe-demo"
 DEMO_TRAINJOB = "mnist"
@@ -58,6 +59,7 @@ _SIGNING_ENV = ("TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", "TJPIPE_TRUST
 """Set per service by the stack, never inherited: a service gets only the key material it needs."""
 
 
+# One property per path, alike in shape (duplicate finders pair them): each caller names the path it means.
 @dataclass(frozen=True)
 class StatePaths:
     root: Path
@@ -104,6 +106,7 @@ def docker_available() -> bool:
     return True
 
 
+# Alike in shape to other small frozen records (tools/gen_kube_types.Field): a coincidence, nothing to share.
 @dataclass(frozen=True)
 class AdoptedCluster:
     kubeconfig: Path
