@@ -11,6 +11,8 @@ echo "· building or finding JobSet's manager (its webhooks run in tests/jobset;
 "$venv/python" -c 'from tjpipe.local.toolchain import ensure_jobset_manager as e; e(progress=print)'
 echo "· building or finding kube-controller-manager, kube-scheduler and kwok (the simulated cluster; first build: a few minutes)"
 "$venv/python" -c 'from tjpipe.local.toolchain import ensure_cluster_binaries as e; e(progress=print)'
+echo "· building or finding Trainer v2.3.0's controller manager (tests/takeover, tests/lifecycle, the benchmark; first build: a few minutes)"
+"$venv/python" -c 'from tjpipe.local.toolchain import ensure_trainer_controller as e; e(progress=print)'
 echo "· building or finding helm (tests/deploy render the Kubeflow chart; first build: a few minutes)"
 "$venv/python" -c 'from tjpipe.local.helm import ensure_helm as e; e(progress=print)'
 echo "· ruff";          "$venv/ruff" check .
