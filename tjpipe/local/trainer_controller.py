@@ -168,6 +168,14 @@ class TrainerController:
         )
         config_path = self.state_dir / "controller_manager_config.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        if self.leader_elect:  # its Lease needs the namespace to exist
+            namespace = config["leaderElection"]["resourceNamespace"]
+            with new_api_client(self.kubeconfig) as client:
+                apply_objects(
+                    client,
+                    [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}],
+                    field_manager=SETUP_FIELD_MANAGER,
+                )
         self.health_url = f"http://127.0.0.1:{health_port}"
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         self.webhook_url = f"https://127.0.0.1:{webhook_port}"
