@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from faults.support import condition_of as condition_of  # shared with the fault tests
 from kubernetes import dynamic
 
 TRAINER = "trainer.kubeflow.org/v1alpha1"
@@ -36,10 +37,3 @@ def create(dyn: dynamic.DynamicClient, body: dict[str, Any]) -> dict[str, Any]:
     res = dyn.resources.get(api_version=body["apiVersion"], kind=body["kind"])
     created: dict[str, Any] = res.create(body=body, namespace=body["metadata"]["namespace"]).to_dict()
     return created
-
-
-def condition_of(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond["type"] == kind:
-            return dict(cond)
-    return None

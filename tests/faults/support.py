@@ -666,7 +666,7 @@ async def replay_applies(pipeline: Pipeline, js: JetStreamContext, *, timeout: f
         await js.publish(msg.subject, msg.data, headers=headers)
     want = before_results + len(messages)
     await until_async(
-        lambda: _at_least(js, streams.RESULTS.name, results_filter(ns), want),
+        lambda: at_least(js, streams.RESULTS.name, results_filter(ns), want),
         timeout=timeout,
         what=f"{len(messages)} results of the replayed apply messages",
     )
@@ -674,7 +674,8 @@ async def replay_applies(pipeline: Pipeline, js: JetStreamContext, *, timeout: f
     return len(messages), after - before
 
 
-async def _at_least(js: JetStreamContext, stream: str, subject: str, count: int) -> bool:
+async def at_least(js: JetStreamContext, stream: str, subject: str, count: int) -> bool:
+    """Whether ``stream`` holds ``count`` or more messages on ``subject``."""
     return await subject_count(js, stream, subject) >= count
 
 

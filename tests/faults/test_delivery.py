@@ -34,6 +34,7 @@ from .support import (
     apply_filter,
     assert_ledger_holds_live,
     assert_repeats_cost_nothing,
+    at_least,
     condition_of,
     converged,
     dlq_filter,
@@ -189,7 +190,7 @@ async def test_b_planner_sigkill_mid_stream(pipeline: Pipeline) -> None:
         for i, name in enumerate(names):
             p.create(trainjob(name, num_nodes=1 + i % 3))
         await until_async(
-            lambda: _at_least(bus, streams.EVENTS.name, events_filter(p.namespace), n + 1),
+            lambda: at_least(bus, streams.EVENTS.name, events_filter(p.namespace), n + 1),
             timeout=30,
             what="the watcher's events",
         )
@@ -270,10 +271,6 @@ async def test_b_planner_sigkill_mid_stream(pipeline: Pipeline) -> None:
         )
     finally:
         await nc.close()
-
-
-async def _at_least(js: Any, stream: str, subject: str, count: int) -> bool:
-    return await subject_count(js, stream, subject) >= count
 
 
 def _planned_seqs(log: str) -> set[int]:
