@@ -308,6 +308,12 @@ def _connect_timeout(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def _bus_reader(parser: argparse.ArgumentParser) -> None:
+    """The NATS connection flags of a command that reads the bus, and how long it waits for NATS."""
+    _nats(parser)
+    _connect_timeout(parser, "NATS")
+
+
 def _output_format(parser: argparse.ArgumentParser, default: str, *others: str) -> None:
     """``-o/--output`` with the command's formats, the first one its default."""
     parser.add_argument(
@@ -335,8 +341,7 @@ def _add_operator_commands(sub: Any) -> None:
     hist = sub.add_parser("history", help="the timeline of one TrainJob: events, plans, results, dead letters")
     _trainjob_argument(hist)
     _output_format(hist, "table", "json", "yaml")
-    _nats(hist)
-    _connect_timeout(hist, "NATS")
+    _bus_reader(hist)
 
     rep = sub.add_parser(
         "replay",
@@ -347,8 +352,7 @@ def _add_operator_commands(sub: Any) -> None:
     rep.add_argument("--since", help="replay events from this time: a duration ago (90s, 30m, 2h, 1d) or ISO 8601")
     rep.add_argument("--from-seq", type=_positive_int, help="first event stream sequence to replay")
     _output_format(rep, "table", "json", "yaml")
-    _nats(rep)
-    _connect_timeout(rep, "NATS")
+    _bus_reader(rep)
 
     pl = sub.add_parser(
         "plan",
@@ -388,8 +392,7 @@ def _add_operator_commands(sub: Any) -> None:
     retry.add_argument("seq", type=_positive_int, nargs="*", metavar="SEQ", help="dead letters' sequences")
     retry.add_argument("--all", action="store_true", help="every dead letter")
     for p in dlq_sub.choices.values():
-        _nats(p)
-        _connect_timeout(p, "NATS")
+        _bus_reader(p)
 
     keys = sub.add_parser("keys", help="the stages' message-signing keys: make, rotate, retire")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="COMMAND")
