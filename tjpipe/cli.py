@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stream retention comes from the environment: TJPIPE_<EVENTS|APPLY|RESULTS|DLQ>_MAX_AGE "
         "(e.g. 30d) and _MAX_BYTES (e.g. 2gi); stream and KV replicas from TJPIPE_STREAM_REPLICAS (default 1).",
     )
-    _nats(setup)
+    _nats_client(setup)
     setup.set_defaults(bus=FromEnvironment(_stream_settings))
 
     creds = sub.add_parser(
@@ -308,8 +308,8 @@ def _connect_timeout(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def _bus_reader(parser: argparse.ArgumentParser) -> None:
-    """The NATS connection flags of a command that reads the bus, and how long it waits for NATS."""
+def _nats_client(parser: argparse.ArgumentParser) -> None:
+    """The NATS connection flags of a command that talks to the bus, and how long it waits for NATS."""
     _nats(parser)
     _connect_timeout(parser, "NATS")
 
@@ -341,7 +341,7 @@ def _add_operator_commands(sub: Any) -> None:
     hist = sub.add_parser("history", help="the timeline of one TrainJob: events, plans, results, dead letters")
     _trainjob_argument(hist)
     _output_format(hist, "table", "json", "yaml")
-    _bus_reader(hist)
+    _nats_client(hist)
 
     rep = sub.add_parser(
         "replay",
@@ -352,7 +352,7 @@ def _add_operator_commands(sub: Any) -> None:
     rep.add_argument("--since", help="replay events from this time: a duration ago (90s, 30m, 2h, 1d) or ISO 8601")
     rep.add_argument("--from-seq", type=_positive_int, help="first event stream sequence to replay")
     _output_format(rep, "table", "json", "yaml")
-    _bus_reader(rep)
+    _nats_client(rep)
 
     pl = sub.add_parser(
         "plan",
@@ -392,7 +392,7 @@ def _add_operator_commands(sub: Any) -> None:
     retry.add_argument("seq", type=_positive_int, nargs="*", metavar="SEQ", help="dead letters' sequences")
     retry.add_argument("--all", action="store_true", help="every dead letter")
     for p in dlq_sub.choices.values():
-        _bus_reader(p)
+        _nats_client(p)
 
     keys = sub.add_parser("keys", help="the stages' message-signing keys: make, rotate, retire")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="COMMAND")
@@ -577,18 +577,18 @@ def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...]
 
 
 async def _bus_setup(args: argparse.Namespace) -> int:
-    from tjpipe.exits import UsageError
+    from tjpipe.opscli import connect_nats, route_logs
     from tjpipe.plumbing import bus
 
+    # Like the operator commands: a refused identity or no NATS within --connect-timeout is one error line,
+    # and the NATS client's warnings (a disconnect at close) show only with --debug.
+    route_logs(debug=args.debug)
+    nc = await connect_nats(args, "bus-setup")
     try:
-        nc = await bus.connect(args.nats_url, name="tjpipe-bus-setup", **nats_options(args))
-        try:
-            specs, replicas = args.bus
-            await bus.setup_bus(nc.jetstream(), specs, replicas=replicas)
-        finally:
-            await nc.close()
-    except (bus.NotAuthorized, bus.CredentialsError) as exc:
-        raise UsageError(str(exc)) from exc
+        specs, replicas = args.bus
+        await bus.setup_bus(nc.jetstream(), specs, replicas=replicas)
+    finally:
+        await nc.close()
     console.print("bus set up: streams, per-partition consumers, KV buckets")
     return 0
 

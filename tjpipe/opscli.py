@@ -45,7 +45,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=
 
 def run(command: str, args: argparse.Namespace) -> int:
     """Run one operator command; raises ``tjpipe.exits`` errors for ``cli.main`` to print."""
-    _route_logs(debug=bool(getattr(args, "debug", False)))
+    route_logs(debug=bool(getattr(args, "debug", False)))
     if command == "plan":
         return _plan(args)
     _check_arguments(command, args)  # before connecting: a typo is not worth a timeout
@@ -73,9 +73,9 @@ def _check_arguments(command: str, args: argparse.Namespace) -> None:
             raise UsageError("name dead letters by sequence, or pass --all")
 
 
-def _route_logs(*, debug: bool) -> None:
+def route_logs(*, debug: bool) -> None:
     """The libraries' warnings (a NATS reconnect, a disconnect at close) are not the command's output: on
-    stderr with ``--debug`` only. A connection that never comes up is still explained, by ``_connect``."""
+    stderr with ``--debug`` only. A connection that never comes up is still explained, by ``connect_nats``."""
     if debug:
         logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
     else:
@@ -206,7 +206,7 @@ def _check_files(args: argparse.Namespace, *flags: str) -> None:
             raise UsageError(f"{flag} {value}: no such file")
 
 
-async def _connect(args: argparse.Namespace, command: str) -> Any:
+async def connect_nats(args: argparse.Namespace, command: str) -> Any:
     """A NATS connection, or ``Unreachable`` once ``--connect-timeout`` has passed without one."""
     import nats.errors
 
@@ -244,7 +244,7 @@ async def _connect(args: argparse.Namespace, command: str) -> Any:
 async def _with_bus(command: str, args: argparse.Namespace) -> int:
     import nats.errors
 
-    nc = await _connect(args, command)
+    nc = await connect_nats(args, command)
     try:
         js = nc.jetstream()
         if command == "history":

@@ -226,7 +226,15 @@ def test_a_bad_environment_value_is_one_error_and_help_still_works() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["history", "ns/x"], ["replay", "--all"], ["dlq", "list"], ["dlq", "show", "1"], ["dlq", "retry", "1"]]
+    "args",
+    [
+        ["history", "ns/x"],
+        ["replay", "--all"],
+        ["dlq", "list"],
+        ["dlq", "show", "1"],
+        ["dlq", "retry", "1"],
+        ["bus-setup"],
+    ],
 )
 def test_nats_down_is_reported_after_the_connect_timeout(args: list[str]) -> None:
     url = f"nats://127.0.0.1:{closed_port()}"

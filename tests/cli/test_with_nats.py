@@ -212,6 +212,21 @@ def test_wrong_credentials_are_refused(own_bus: Bus, recorded: Recorded, tmp_pat
     )
 
 
+def test_bus_setup_as_admin_and_as_a_stranger(own_bus: Bus, tmp_path: Path) -> None:
+    done = tjpipe("bus-setup", env=own_bus.env("admin"))  # the bus exists already: an update that changes nothing
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "",
+        "bus set up: streams, per-partition consumers, KV buckets\n",
+    )
+    stranger = generate_credentials(tmp_path / "creds").seed_file("admin")
+    done = tjpipe("bus-setup", env={**own_bus.env(), "NATS_CREDS": str(stranger)})
+    assert (done.returncode, done.stdout) == (3, "")
+    assert done.stderr.startswith(
+        f"error: the NATS server at {own_bus.url} refused the credentials of tjpipe-bus-setup"
+    )
+
+
 def test_dead_letters_list_show_and_retry(own_bus: Bus, recorded: Recorded) -> None:
     seq, letter = recorded.letter_seq, recorded.letter
     listed = tjpipe("dlq", "list", "-o", "json", env=own_bus.env())
