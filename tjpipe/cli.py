@@ -608,19 +608,13 @@ def _nats_credentials(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from tjpipe.exits import UsageError
+    from tjpipe.exits import Failure, UsageError
     from tjpipe.local.toolchain import ToolchainMissing
     from tjpipe.stack import Stack, StatePaths, choose_backends
 
     paths = StatePaths(args.state_dir.resolve())
     if any(paths.logs.glob("*.pid")):
-        console.print(
-            f"a stack seems to be running already ({paths.logs}); run 'tjpipe down' first",
-            style="yellow",
-            markup=False,
-            emoji=False,
-        )
-        return 1
+        raise Failure(f"a stack seems to be running already ({paths.logs}); run 'tjpipe down' first")
     try:
         backends = choose_backends(nats_url=args.nats_url, kubeconfig=args.kubeconfig, use_env=args.use_env)
     except ValueError as exc:

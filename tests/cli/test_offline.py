@@ -274,6 +274,15 @@ def test_an_unreachable_apiserver_is_reported(tmp_path: Path, job_file: Path) ->
     assert "nope" in missing.stderr and missing.stderr.count("\n") == 1
 
 
+def test_up_refuses_a_state_folder_with_a_running_stack(tmp_path: Path) -> None:
+    state = tmp_path / "state [bold]x[/]"  # printed exactly, not read as markup
+    (state / "logs").mkdir(parents=True)
+    (state / "logs" / "nats-server.pid").write_text("1")
+    done = tjpipe("up", "--state-dir", str(state))
+    assert (done.returncode, done.stdout) == (3, "")
+    assert done.stderr == (f"error: a stack seems to be running already ({state / 'logs'}); run 'tjpipe down' first\n")
+
+
 def test_signing_keys_and_down(tmp_path: Path) -> None:
     folder = tmp_path / "keys"
     made = tjpipe("keys", "init", "--dir", str(folder))
