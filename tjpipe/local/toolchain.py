@@ -473,6 +473,7 @@ def ensure_jobset_manager(*, progress: Callable[[str], None]) -> Path:
     )
 
 
+# Its parameters repeat _build_in_wrapper_module's (duplicate finders pair them): it passes them on.
 def _ensure_built_in_wrapper_module(
     *,
     output: Path,
