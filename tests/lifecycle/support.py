@@ -104,6 +104,25 @@ async def ready(p: Pipeline) -> None:
         await nc.close()
 
 
+@dataclass(frozen=True)
+class Reconciler:
+    """Who reconciles the test's TrainJobs: the pipeline, or (``trainer``) Kubeflow Trainer v2.3.0's own
+    controller manager, the reference the same scenario is checked against.
+
+    ``p`` reads and writes in the test's namespace either way; with Trainer, no pipeline service runs.
+    """
+
+    p: Pipeline
+    trainer: bool
+
+    async def ready(self) -> None:
+        if not self.trainer:
+            await ready(self.p)
+
+    async def dead_letters(self) -> list[Any]:
+        return [] if self.trainer else await dead_letters_of(self.p)
+
+
 async def dead_letters_of(p: Pipeline) -> list[Any]:
     """The dead letters about TrainJobs in the module's namespace."""
     nc = await p.connect()

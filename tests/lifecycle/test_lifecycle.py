@@ -29,21 +29,20 @@ from kubernetes.client.exceptions import ApiException
 
 from tjpipe.local.cluster import RUN_TIME_ANNOTATION, NodeShape, create_nodes
 from tjpipe.local.crds import shipped_runtimes
+from tjpipe.local.procs import wait_until
 
 from .support import (
     FAIL,
     LONG_RUN,
     Obj,
+    Reconciler,
     StatusTrail,
     annotated,
-    dead_letters_of,
     jobset_condition,
     jobset_of,
     phases,
     pod_patch,
     pods_of,
-    ready,
-    trainjob_status,
 )
 from .trainer_status import (
     COMPLETE,
@@ -93,9 +92,9 @@ def _time(value: str) -> dt.datetime:
 # ------------------------------------------------------------------------------------------ completion
 
 
-async def test_a_torch_job_runs_and_completes(lifecycle: Pipeline) -> None:
-    p = lifecycle
-    await ready(p)
+async def test_a_torch_job_runs_and_completes(reconciler: Reconciler) -> None:
+    p = reconciler.p
+    await reconciler.ready()
     name = "torch"
     p.create(trainjob(name, num_nodes=2, patches=[annotated(RUNNING_FOR, "node")]))
     trail = StatusTrail(name)
@@ -111,11 +110,11 @@ async def test_a_torch_job_runs_and_completes(lifecycle: Pipeline) -> None:
     _no_foreign_conditions(trail, {"Complete"})
 
 
-async def test_an_mpi_job_with_a_launcher_completes(lifecycle: Pipeline) -> None:
+async def test_an_mpi_job_with_a_launcher_completes(reconciler: Reconciler) -> None:
     """deepspeed-distributed: the launcher runs as a node and starts once the node Job is ready; the JobSet
     succeeds when the launcher does (its successPolicy)."""
-    p = lifecycle
-    await ready(p)
+    p = reconciler.p
+    await reconciler.ready()
     name = "mpi"
     p.create(trainjob(name, runtime="deepspeed-distributed", num_nodes=2))
     trail = StatusTrail(name)
@@ -167,11 +166,11 @@ def _initializer_volume(p: Pipeline, name: str) -> str:
     return pv_name
 
 
-async def test_a_job_with_initializers_completes(lifecycle: Pipeline) -> None:
+async def test_a_job_with_initializers_completes(reconciler: Reconciler) -> None:
     """torchtune-llama3.2-1b with a dataset and a model to initialize: both initializer Jobs complete
     before the trainer's Job is even created (dependsOn Complete), then the trainer completes."""
-    p = lifecycle
-    await ready(p)
+    p = reconciler.p
+    await reconciler.ready()
     name = "tune"
     dataset, model = "hf://tatsu-lab/alpaca", "hf://meta-llama/Llama-3.2-1B-Instruct"
     pv = _initializer_volume(p, name)
@@ -225,9 +224,9 @@ def _fail_fast_runtime(p: Pipeline, name: str) -> None:
     p.create({"apiVersion": TRAINER, "kind": "TrainingRuntime", "metadata": {"name": name}, "spec": spec})
 
 
-async def test_a_pod_failure_fails_the_job_and_a_failed_job_is_never_rebuilt(lifecycle: Pipeline) -> None:
-    p = lifecycle
-    await ready(p)
+async def test_a_pod_failure_fails_the_job_and_a_failed_job_is_never_rebuilt(reconciler: Reconciler) -> None:
+    p = reconciler.p
+    await reconciler.ready()
     runtime = "torch-fail-fast"
     _fail_fast_runtime(p, runtime)
     name = "fails"
@@ -241,11 +240,20 @@ async def test_a_pod_failure_fails_the_job_and_a_failed_job_is_never_rebuilt(lif
     _no_foreign_conditions(trail, {"Failed"})
     status = p.get(TRAINER, "TrainJob", name)["status"]
 
-    # Its JobSet goes (a user deletes it, or a TTL would): Trainer v2.3.0 would un-fail the job and build
-    # it again (upstream #3737); here a Failed job stays failed and nothing is recreated.
+    # Its JobSet goes (a user deletes it, or a TTL would). Trainer v2.3.0 un-fails the job and builds it
+    # again (upstream #3737, fixed after v2.3.0): a deviation. Here a Failed job stays failed and nothing
+    # is recreated.
     jobset = jobset_of(p, name)
     assert jobset is not None
     p.resource(JOBSET, "JobSet").delete(namespace=p.namespace, name=name)
+    if reconciler.trainer:
+
+        def rebuilt() -> bool:
+            again = jobset_of(p, name)
+            return again is not None and again["metadata"]["uid"] != jobset["metadata"]["uid"]
+
+        await until(rebuilt, timeout=STEP, what="Trainer v2.3.0 to rebuild the failed job's JobSet (#3737)")
+        return
     await until(lambda: jobset_of(p, name) is None, timeout=STEP, what="the failed JobSet to be deleted")
     await until(lambda: not pods_of(p, name), timeout=STEP, what="its pods to be collected")
     deadline = time.monotonic() + HOLD
@@ -254,7 +262,7 @@ async def test_a_pod_failure_fails_the_job_and_a_failed_job_is_never_rebuilt(lif
         assert not pods_of(p, name)
         assert p.get(TRAINER, "TrainJob", name)["status"] == status
         await asyncio.sleep(0.5)
-    assert [dl for dl in await dead_letters_of(p)] == []
+    assert [dl for dl in await reconciler.dead_letters()] == []
 
 
 # ------------------------------------------------------------------------------------- suspend / resume
@@ -269,7 +277,13 @@ def _dedicated_node(p: Pipeline) -> str:
     """One more simulated node, labelled ``DEDICATED`` and tainted ``TAINT``: only a pod with both the
     nodeSelector and the toleration can run there, and it can run nowhere else."""
     (node,) = create_nodes(p.api, count=1, shape=NodeShape(), prefix=f"{p.namespace}-dedicated-")
-    kube_client.CoreV1Api(p.api).patch_node(node, {"metadata": {"labels": DEDICATED}, "spec": {"taints": [TAINT]}})
+    core = kube_client.CoreV1Api(p.api)
+    core.patch_node(node, {"metadata": {"labels": DEDICATED}, "spec": {"taints": [TAINT]}})
+    wait_until(
+        lambda: any(c.type == "Ready" and c.status == "True" for c in core.read_node(node).status.conditions or []),
+        timeout=STEP,
+        what=f"node {node} Ready",
+    )
     return node
 
 
@@ -280,13 +294,13 @@ def _node_template(p: Pipeline, name: str) -> Obj:
     return template
 
 
-async def test_a_suspended_job_takes_new_node_placement_and_resumes_on_it(lifecycle: Pipeline) -> None:
+async def test_a_suspended_job_takes_new_node_placement_and_resumes_on_it(reconciler: Reconciler) -> None:
     """Suspend a running job; while suspended, change its runtime patch (nodeSelector, tolerations and a pod
     annotation: what JobSet lets change on a suspended JobSet); resume. JobSet's real webhook admits the
     planner's update (upstream #3008: Trainer's whole-JobSet re-apply is refused), JobSet carries the
     change into its Jobs on resume, and the new pods land on the only node that fits them."""
-    p = lifecycle
-    await ready(p)
+    p = reconciler.p
+    await reconciler.ready()
     node = _dedicated_node(p)
     name = "moves"
     try:
@@ -337,7 +351,7 @@ async def test_a_suspended_job_takes_new_node_placement_and_resumes_on_it(lifecy
         assert tj["status"]["conditions"][0]["type"] == "Suspended"
         assert _time(resumed_at) >= _time(suspended)
         _no_foreign_conditions(trail, {"Suspended", "Complete"})
-        assert [dl for dl in await dead_letters_of(p)] == []
+        assert [dl for dl in await reconciler.dead_letters()] == []
         assert not [e for e in p.events() if e.get("type") == "Warning" and e["involvedObject"]["name"] == name]
     finally:
         with contextlib.suppress(ApiException):
@@ -347,9 +361,9 @@ async def test_a_suspended_job_takes_new_node_placement_and_resumes_on_it(lifecy
 # -------------------------------------------------------------------------------------------- deadline
 
 
-async def test_a_running_job_past_its_deadline_fails_and_loses_its_jobset(lifecycle: Pipeline) -> None:
-    p = lifecycle
-    await ready(p)
+async def test_a_running_job_past_its_deadline_fails_and_loses_its_jobset(reconciler: Reconciler) -> None:
+    p = reconciler.p
+    await reconciler.ready()
     name = "late"
     seconds = 8
     p.create(
@@ -360,11 +374,12 @@ async def test_a_running_job_past_its_deadline_fails_and_loses_its_jobset(lifecy
     trail = StatusTrail(name)
     running = [job_status("node", ready=1, active=1)]
     await trail.until(p, expected(jobs=running), timeout=STEP, what="running")
+    first = jobset_of(p, name)
+    assert first is not None
 
     # Failed/DeadlineExceeded; jobsStatus stays as last seen, since the JobSet is gone.
     await trail.until(p, expected(DEADLINE_EXCEEDED, jobs=running), timeout=STEP, what="DeadlineExceeded")
-    await until(lambda: jobset_of(p, name) is None, timeout=STEP, what="the JobSet to be deleted")
-    await until(lambda: not pods_of(p, name), timeout=STEP, what="the pods to be collected")
+    await until(lambda: _uid(jobset_of(p, name)) != _uid(first), timeout=STEP, what="the JobSet to be deleted")
     tj = p.get(TRAINER, "TrainJob", name)
     (failed,) = tj["status"]["conditions"]
     assert _time(failed["lastTransitionTime"]) >= _time(tj["metadata"]["creationTimestamp"]) + dt.timedelta(
@@ -372,12 +387,39 @@ async def test_a_running_job_past_its_deadline_fails_and_loses_its_jobset(lifecy
     )
     # ConfigMaps (here the runtime snapshot) and Secrets are kept, as Trainer keeps them.
     assert p.get("v1", "ConfigMap", f"{name}-runtime-snapshot")["metadata"]["ownerReferences"][0]["name"] == name
+    if reconciler.trainer:
+        await _trainer_after_deadline(p, trail, name)
+        return
+    await until(lambda: not pods_of(p, name), timeout=STEP, what="the pods to be collected")
     deadline = time.monotonic() + HOLD
     while time.monotonic() < deadline:
         assert jobset_of(p, name) is None, "the JobSet of a job past its deadline was recreated"
-        assert trainjob_status(p, name) == expected(DEADLINE_EXCEEDED, jobs=running)
+        assert trail.record(p) == expected(DEADLINE_EXCEEDED, jobs=running), trail.seen
         await asyncio.sleep(0.5)
     _no_foreign_conditions(trail, {"Failed"})
+
+
+def _uid(obj: Obj | None) -> str | None:
+    return None if obj is None else str(obj["metadata"]["uid"])
+
+
+async def _trainer_after_deadline(p: Pipeline, trail: StatusTrail, name: str) -> None:
+    """What Trainer v2.3.0 does once the deadline has deleted its JobSet: its conditions stay as they are.
+
+    Only those are pinned for Trainer. In two of about ten runs of the whole package on a busy machine,
+    Trainer's side went on after the deletion: once its status changed again, once the JobSet (or its pods)
+    was still there after 90 s. Not reproduced alone; our guess is a reconcile working from a stale informer
+    cache (the TrainJob not yet Failed, the JobSet already gone) that builds the JobSet again. A JobSet
+    present at the end is printed.
+    """
+    deadline = time.monotonic() + HOLD
+    while time.monotonic() < deadline:
+        status = trail.record(p)
+        assert status.get("conditions") == [DEADLINE_EXCEEDED], trail.seen
+        await asyncio.sleep(0.5)
+    again = jobset_of(p, name)
+    if again is not None:
+        print(f"Trainer v2.3.0 rebuilt the JobSet after the deadline: {again['metadata']}; statuses {trail.seen}")
 
 
 # ------------------------------------------------------------------------------------- delete cascade
@@ -410,9 +452,9 @@ def _left_of(p: Pipeline, name: str, owned: dict[tuple[str, str], Obj]) -> list[
     return left
 
 
-async def test_deleting_a_running_job_collects_everything_it_owned(lifecycle: Pipeline) -> None:
-    p = lifecycle
-    await ready(p)
+async def test_deleting_a_running_job_collects_everything_it_owned(reconciler: Reconciler) -> None:
+    p = reconciler.p
+    await reconciler.ready()
     name = "gone"
     p.create(
         trainjob(name, runtime="deepspeed-distributed", num_nodes=2, patches=[annotated(LONG_RUN, "node", "launcher")])
@@ -435,4 +477,4 @@ async def test_deleting_a_running_job_collects_everything_it_owned(lifecycle: Pi
     while time.monotonic() < deadline:  # and nothing comes back
         assert _left_of(p, name, owned) == []
         await asyncio.sleep(0.5)
-    assert [dl for dl in await dead_letters_of(p)] == []
+    assert [dl for dl in await reconciler.dead_letters()] == []

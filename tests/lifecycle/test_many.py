@@ -16,7 +16,7 @@ import pytest
 from faults.support import Pipeline, WriteCounts, report, trainjob, until
 from kubernetes import client as kube_client
 
-from tjpipe.local.cluster import NODE_LABEL, NodeShape, create_nodes
+from tjpipe.local.cluster import NODE_LABEL, SimulatedCluster
 
 from .support import JOBSET_NAME_LABEL, dead_letters_of, ready
 from .trainer_status import COMPLETE, copied_from_jobset, expected, job_status, status_shape
@@ -37,12 +37,12 @@ def _ready_nodes(api: kube_client.ApiClient) -> set[str]:
     }
 
 
-async def test_200_trainjobs_run_to_completion_on_20_nodes(lifecycle: Pipeline) -> None:
+async def test_200_trainjobs_run_to_completion_on_20_nodes(lifecycle: Pipeline, sim_cluster: SimulatedCluster) -> None:
     p = lifecycle
     await ready(p)
-    nodes = set(create_nodes(p.api, count=NODES, shape=NodeShape()))  # the session's nodes and the rest
-    await until(lambda: _ready_nodes(p.api) >= nodes, timeout=120, what=f"{NODES} simulated nodes Ready")
-    assert len(_ready_nodes(p.api)) == NODES
+    nodes = set(sim_cluster.ensure_nodes(NODES))  # the session's nodes and the rest, all Ready
+    # ...and schedulable: kube-controller-manager lifts a new node's not-ready taint a moment later.
+    await until(lambda: _ready_nodes(p.api) >= nodes, timeout=60, what=f"{NODES} nodes without taints")
 
     names = [f"many-{index:03d}" for index in range(COUNT)]
     before = p.writes()
