@@ -6,22 +6,22 @@ ML policy and a coscheduling PodGroup, and runtimes with initializer jobs; some 
 
 1. Trainer restarts over its own objects: what Trainer itself writes on any restart (the baseline).
 2. Trainer stops (its webhook configurations removed first, as the README says); the pipeline starts on an
-   empty bus and takes over until it is quiet.
-3. The pipeline stops; Trainer starts again and takes back until it is quiet.
+   empty bus and takes over until it is quiet. Then it builds the same 10 TrainJobs under new names.
+3. The pipeline stops; Trainer starts again and takes all 20 back until it is quiet.
 
-Writes are counted from the apiserver's own ``apiserver_request_total`` (any status code, dry-runs
-included), as a delta by resource, subresource and verb around each step, and every object's
-resourceVersion is compared, which tells a request that changed nothing from one that did. The setup's
-own writes (registering and removing webhook configurations) are left out.
+Writes are counted from the apiserver's own ``apiserver_request_total`` (any status code, dry-runs left
+out: the controller's start-up probe is one), as a delta by resource, subresource and verb around each
+step, and every object's resourceVersion is compared, which tells a request that changed nothing from one
+that did. The setup's own writes (webhook configurations) are left out.
 
 Expected, and asserted:
-- no write to any JobSet in either direction, suspended ones included, and no object changes that is
-  not listed below;
-- pipeline taking over: one merge patch per object Trainer created once and the pipeline labels for its
-  watcher (each runtime snapshot ConfigMap, each MPI SSH Secret) and one apply per ConfigMap planned on
-  every reconcile (the MPI hostfile, which gets the label with it); nothing else;
-- Trainer taking back: what Trainer writes on a restart over its own objects, and nothing more (the
-  label the pipeline added stays, Trainer neither owns nor removes it).
+- no JobSet or PodGroup is written when the pipeline takes over, suspended ones included;
+- taking over: one label merge patch per ConfigMap and Secret Trainer made (runtime snapshots, MPI
+  hostfiles and SSH Secrets), and one status apply for the suspended TrainJob without spec.trainer on a
+  torch runtime (the #4076 deviation, ``ResourcesCreated``/``ImmutableFieldsKept``); nothing else;
+- taking back: only the kinds of write Trainer makes on a restart over its own objects (no Event, so no
+  reconcile failed, the pipeline's snapshots included), and the only objects changed are the label on the
+  MPI hostfiles the pipeline built and the #4076 env of the suspended JobSet it built without spec.trainer.
 """
 
 from __future__ import annotations
