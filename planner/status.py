@@ -91,8 +91,18 @@ def condition(type_: str, status: bool, reason: str, message: str, *, only_if_pr
 
 
 def deadline_exceeded(job: TrainJob, *, now: float) -> bool:
-    if not is_set(spec_of(job).active_deadline_seconds):
+    """Is the job past its ``activeDeadlineSeconds`` at this observation?
+
+    A job observed resuming (``spec.suspend`` no longer true, ``Suspended`` still True) is not: this plan
+    turns ``Suspended`` False at ``now``, and the clock starts there. Trainer sets that condition in the
+    same reconcile before it checks the deadline; counting from creation instead would fail at once every
+    job resumed after a suspension longer than its deadline.
+    """
+    spec = spec_of(job)
+    if not is_set(spec.active_deadline_seconds):
         return False  # the common case, without deadline_of's walk over the conditions
+    if spec.suspend is not True and is_true(current_status(job).get("conditions") or [], t.CONDITION_SUSPENDED):
+        return False
     deadline = deadline_of(job)
     return deadline is not None and now >= deadline
 

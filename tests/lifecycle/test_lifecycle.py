@@ -399,6 +399,39 @@ async def test_a_running_job_past_its_deadline_fails_and_loses_its_jobset(reconc
     _no_foreign_conditions(trail, {"Failed"})
 
 
+async def test_a_deadline_counts_from_the_resume_not_from_creation(reconciler: Reconciler) -> None:
+    """A job created suspended, and kept suspended longer than its activeDeadlineSeconds, is not failed at
+    resume: Trainer starts the clock when it sets Suspended=False/Resumed, in the same reconcile that
+    checks the deadline, and stops it while the job is suspended."""
+    p = reconciler.p
+    await reconciler.ready()
+    name = "resumed-late"
+    seconds = 6
+    p.create(
+        trainjob(
+            name,
+            num_nodes=1,
+            suspend=True,
+            patches=[annotated(LONG_RUN, "node")],
+            extra_spec={"activeDeadlineSeconds": seconds},
+        )
+    )
+    trail = StatusTrail(name)
+    suspended = expected(SUSPENDED, jobs=[job_status("node", suspended=1)])
+    await trail.until(p, suspended, timeout=STEP, what="suspended")
+    await asyncio.sleep(seconds + 2)  # past the deadline counted from creation, but suspended all along
+    assert trail.record(p) == suspended, trail.seen
+
+    p.merge_patch(TRAINER, "TrainJob", name, {"spec": {"suspend": False}})
+    running = [job_status("node", ready=1, active=1)]
+    await trail.until(p, expected(RESUMED, DEADLINE_EXCEEDED, jobs=running), timeout=STEP, what="DeadlineExceeded")
+    assert trail.was(expected(RESUMED, jobs=running)), trail.seen  # it ran after the resume
+    conditions = p.get(TRAINER, "TrainJob", name)["status"]["conditions"]
+    resumed, failed = (_time(c["lastTransitionTime"]) for c in conditions)
+    assert failed >= resumed + dt.timedelta(seconds=seconds), conditions
+    _no_foreign_conditions(trail, {"Suspended", "Failed"})
+
+
 def _uid(obj: Obj | None) -> str | None:
     return None if obj is None else str(obj["metadata"]["uid"])
 

@@ -141,6 +141,24 @@ def test_deadline_counts_from_the_resume() -> None:
     assert of(plan(event(job, runtime(), source="snapshot"), source_seq=1), m.DeleteComponent) == []
 
 
+def test_a_job_resumed_after_a_long_suspension_starts_its_deadline_at_the_resume() -> None:
+    """Created at 22:00, deadline 600 s, suspended until now (22:13:20): the resume is not a failure, the
+    plan turns Suspended False/Resumed and keeps the JobSet; the deadline then runs from 22:13:20."""
+    still_suspended = suspended_condition(True, "2023-11-14T22:00:00Z")
+    job = trainjob({"activeDeadlineSeconds": 600, "suspend": False}, status={"conditions": [still_suspended]})
+    resumed = plan(event(job, runtime(), source="snapshot"), source_seq=1)
+    assert of(resumed, m.DeleteComponent) == []
+    (suspended,) = conditions(resumed)
+    assert (suspended["status"], suspended["reason"], suspended["lastTransitionTime"]) == (
+        "False",
+        "Resumed",
+        "2023-11-14T22:13:20Z",
+    )
+    after = trainjob({"activeDeadlineSeconds": 600, "suspend": False}, status={"conditions": [suspended]})
+    assert of(plan(event(after, runtime(), source="snapshot", now=T0 + 599), source_seq=2), m.DeleteComponent) == []
+    assert len(of(plan(event(after, runtime(), source="snapshot", now=T0 + 600), source_seq=3), m.DeleteComponent)) == 1
+
+
 def test_failed_job_is_never_rebuilt() -> None:
     failed = {
         "type": "Failed",
