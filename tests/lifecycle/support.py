@@ -77,11 +77,21 @@ class StatusTrail:
             self.seen.append(status)
         return status
 
-    async def until(self, p: Pipeline, want: Obj, *, timeout: float, what: str, interval: float = 0.2) -> None:
-        """Poll until the status is exactly ``want``; on time-out say what was seen, and the services' logs."""
+    async def until(
+        self,
+        p: Pipeline,
+        want: Obj,
+        *,
+        timeout: float,
+        what: str,
+        interval: float = 0.2,
+        alternatives: list[Obj] | None = None,
+    ) -> None:
+        """Poll until the status is exactly ``want`` (or one of ``alternatives``); on time-out say what was
+        seen, and the services' logs."""
         deadline = time.monotonic() + timeout
         while True:
-            if self.record(p) == want:
+            if self.record(p) in [want, *(alternatives or [])]:
                 return
             if time.monotonic() >= deadline:
                 raise AssertionError(

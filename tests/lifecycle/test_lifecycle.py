@@ -378,7 +378,13 @@ async def test_a_running_job_past_its_deadline_fails_and_loses_its_jobset(reconc
     assert first is not None
 
     # Failed/DeadlineExceeded; jobsStatus stays as last seen, since the JobSet is gone.
-    await trail.until(p, expected(DEADLINE_EXCEEDED, jobs=running), timeout=STEP, what="DeadlineExceeded")
+    await trail.until(
+        p,
+        expected(DEADLINE_EXCEEDED, jobs=running),
+        alternatives=_trainer_race(reconciler, expected(DEADLINE_EXCEEDED)),
+        timeout=STEP,
+        what="DeadlineExceeded",
+    )
     await until(lambda: _uid(jobset_of(p, name)) != _uid(first), timeout=STEP, what="the JobSet to be deleted")
     tj = p.get(TRAINER, "TrainJob", name)
     (failed,) = tj["status"]["conditions"]
@@ -424,12 +430,29 @@ async def test_a_deadline_counts_from_the_resume_not_from_creation(reconciler: R
 
     p.merge_patch(TRAINER, "TrainJob", name, {"spec": {"suspend": False}})
     running = [job_status("node", ready=1, active=1)]
-    await trail.until(p, expected(RESUMED, DEADLINE_EXCEEDED, jobs=running), timeout=STEP, what="DeadlineExceeded")
+    await trail.until(
+        p,
+        expected(RESUMED, DEADLINE_EXCEEDED, jobs=running),
+        alternatives=_trainer_race(reconciler, expected(RESUMED, DEADLINE_EXCEEDED)),
+        timeout=STEP,
+        what="DeadlineExceeded",
+    )
     assert trail.was(expected(RESUMED, jobs=running)), trail.seen  # it ran after the resume
     conditions = p.get(TRAINER, "TrainJob", name)["status"]["conditions"]
     resumed, failed = (_time(c["lastTransitionTime"]) for c in conditions)
     assert failed >= resumed + dt.timedelta(seconds=seconds), conditions
     _no_foreign_conditions(trail, {"Suspended", "Failed"})
+
+
+def _trainer_race(reconciler: Reconciler, without_jobs: Obj) -> list[Obj]:
+    """The status Trainer v2.3.0 sometimes ends with after a deadline, besides the expected one: no
+    ``jobsStatus`` at all (seen in about one run of the package in three on a busy machine, never with
+    the pipeline). Its log then shows two reconciles 0.2 s apart both finding the deadline exceeded: the
+    second still saw the TrainJob unfinished, from its informer cache, so it built and applied the JobSet
+    again, copied that new JobSet's empty ``replicatedJobsStatus`` (a JSON merge patch with
+    ``jobsStatus: null``) and deleted it again. The pipeline keeps the last ``jobsStatus``, which is what
+    Trainer's own rule (a finished job whose JobSet is gone keeps its status) intends."""
+    return [without_jobs] if reconciler.trainer else []
 
 
 def _uid(obj: Obj | None) -> str | None:
@@ -439,11 +462,7 @@ def _uid(obj: Obj | None) -> str | None:
 async def _trainer_after_deadline(p: Pipeline, trail: StatusTrail, name: str) -> None:
     """What Trainer v2.3.0 does once the deadline has deleted its JobSet: its conditions stay as they are.
 
-    Only those are pinned for Trainer. In two of about ten runs of the whole package on a busy machine,
-    Trainer's side went on after the deletion: once its status changed again, once the JobSet (or its pods)
-    was still there after 90 s. Not reproduced alone; our guess is a reconcile working from a stale informer
-    cache (the TrainJob not yet Failed, the JobSet already gone) that builds the JobSet again. A JobSet
-    present at the end is printed.
+    Only those are pinned for Trainer (see ``_trainer_race``). A JobSet present at the end is printed.
     """
     deadline = time.monotonic() + HOLD
     while time.monotonic() < deadline:
