@@ -446,12 +446,12 @@ async def test_a_deadline_counts_from_the_resume_not_from_creation(reconciler: R
 
 def _trainer_race(reconciler: Reconciler, without_jobs: Obj) -> list[Obj]:
     """The status Trainer v2.3.0 sometimes ends with after a deadline, besides the expected one: no
-    ``jobsStatus`` at all (seen in about one run of the package in three on a busy machine, never with
-    the pipeline). Its log then shows two reconciles 0.2 s apart both finding the deadline exceeded: the
-    second still saw the TrainJob unfinished, from its informer cache, so it built and applied the JobSet
-    again, copied that new JobSet's empty ``replicatedJobsStatus`` (a JSON merge patch with
-    ``jobsStatus: null``) and deleted it again. The pipeline keeps the last ``jobsStatus``, which is what
-    Trainer's own rule (a finished job whose JobSet is gone keeps its status) intends."""
+    ``jobsStatus`` at all (about one run of the package in three on a busy machine, never with the
+    pipeline). Its log then shows two reconciles 0.2 s apart both finding the deadline exceeded, so the
+    second saw the TrainJob still unfinished in its informer cache. Our reading: that reconcile built the
+    JobSet again (the job looked unfinished and the JobSet absent), copied the new JobSet's empty
+    ``replicatedJobsStatus`` (merge-patched as ``jobsStatus: null``) and deleted it again. The pipeline
+    keeps the last ``jobsStatus``, as Trainer's own rule for a finished job whose JobSet is gone intends."""
     return [without_jobs] if reconciler.trainer else []
 
 
