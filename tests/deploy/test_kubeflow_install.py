@@ -11,7 +11,6 @@ objects the overlay does.
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,6 @@ from tjpipe.local.crds import (
     APPLY_PATCH_CONTENT_TYPE,
     TRAINER_MODULE,
     TRAINER_VERSION,
-    _dynamic_client,
     _resources_by_kind,
 )
 from tjpipe.local.helm import helm_template, run_helm
@@ -33,7 +31,7 @@ from tjpipe.local.kustomize import kustomize_build
 from tjpipe.local.toolchain import go_module_dir
 
 from . import REPO
-from .test_kustomize import _apply, _named, _of_kind, _path, _progress
+from .test_kustomize import _client_with, _dry_run_each, _named, _of_kind, _path, _progress
 
 RELEASE = "trainjob-pipeline"
 # Helm keeps its release record here (Kubeflow's namespace); the chart's objects name their own namespaces.
@@ -224,11 +222,13 @@ def api(kube: Any, overlay: list[Obj]) -> Iterator[tuple[Any, dict[str, dict[str
     """A dynamic client; the two namespaces exist for real (namespaced dry runs need them; the pipeline's with
     its PodSecurity labels), Trainer's CRDs are installed by the session's ``kube`` fixture (a dry-run
     ClusterTrainingRuntime needs its CRD served)."""
-    with kube.api_client() as api_client, _dynamic_client(api_client) as client:
-        known: dict[str, dict[str, tuple[str, bool]]] = {}
-        _apply(client, known, _named(overlay, "Namespace", PIPELINE_NAMESPACE))
-        _apply(client, known, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow-system"}})
-        yield client, known
+    yield from _client_with(
+        kube,
+        [
+            _named(overlay, "Namespace", PIPELINE_NAMESPACE),
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow-system"}},
+        ],
+    )
 
 
 @pytest.mark.cluster
@@ -238,17 +238,7 @@ def test_the_api_server_accepts_every_object(
 ) -> None:
     client, known = api
     objects: list[Obj] = request.getfixturevalue(render)
-    rejected: list[str] = []
-    warnings: list[str] = []
-    for obj in objects:
-        what = f"{obj['kind']} {obj['metadata']['name']}"
-        try:
-            response = _apply(client, known, obj, dry_run="All")
-        except Exception as error:
-            rejected.append(f"{what}: {getattr(error, 'body', None) or error}")
-            continue
-        assert json.loads(response.data)["kind"] == obj["kind"]
-        warnings += [f"{what}: {w}" for w in response.headers.getlist("Warning")]
+    rejected, warnings = _dry_run_each(client, known, objects)
     assert rejected == []
     assert warnings == []
 

@@ -526,22 +526,21 @@ def _apply(client: Any, resources_by_version: dict[str, dict[str, tuple[str, boo
     )
 
 
-@pytest.fixture(scope="module")
-def api(kube: Any, base: list[Obj]) -> Iterator[tuple[Any, dict[str, dict[str, tuple[str, bool]]]]]:
-    """A dynamic client, with the Namespace created for real (namespaced dry runs need it to exist)."""
+def _client_with(kube: Any, namespaces: list[Obj]) -> Iterator[tuple[Any, dict[str, dict[str, tuple[str, bool]]]]]:
+    """A dynamic client and the resources it has looked up, once the given Namespaces exist for real (namespaced
+    dry runs need them to exist); the body of both deploy suites' ``api`` fixtures."""
     with kube.api_client() as api_client, _dynamic_client(api_client) as client:
         known: dict[str, dict[str, tuple[str, bool]]] = {}
-        _apply(client, known, _named(base, "Namespace", NAMESPACE))
+        for namespace in namespaces:
+            _apply(client, known, namespace)
         yield client, known
 
 
-@pytest.mark.cluster
-@pytest.mark.parametrize("overlay", ["base", "dev"])
-def test_the_api_server_accepts_every_object(
-    overlay: str, request: pytest.FixtureRequest, api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
-) -> None:
-    client, known = api
-    objects: list[Obj] = request.getfixturevalue(overlay)
+def _dry_run_each(
+    client: Any, known: dict[str, dict[str, tuple[str, bool]]], objects: list[Obj]
+) -> tuple[list[str], list[str]]:
+    """Server-side apply every object as a dry run: (what the API server rejected, the warnings it returned).
+    A PodSecurity "restricted" namespace warns about a workload whose pods it would reject."""
     rejected: list[str] = []
     warnings: list[str] = []
     for obj in objects:
@@ -551,10 +550,25 @@ def test_the_api_server_accepts_every_object(
         except Exception as error:
             rejected.append(f"{what}: {getattr(error, 'body', None) or error}")
             continue
-        returned = json.loads(response.data)
-        assert returned["kind"] == obj["kind"]
-        # PodSecurity "restricted" (the namespace enforces it) warns about a workload whose pods it would reject.
+        assert json.loads(response.data)["kind"] == obj["kind"]
         warnings += [f"{what}: {w}" for w in response.headers.getlist("Warning")]
+    return rejected, warnings
+
+
+@pytest.fixture(scope="module")
+def api(kube: Any, base: list[Obj]) -> Iterator[tuple[Any, dict[str, dict[str, tuple[str, bool]]]]]:
+    """A dynamic client, with the Namespace created for real (namespaced dry runs need it to exist)."""
+    yield from _client_with(kube, [_named(base, "Namespace", NAMESPACE)])
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("overlay", ["base", "dev"])
+def test_the_api_server_accepts_every_object(
+    overlay: str, request: pytest.FixtureRequest, api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
+) -> None:
+    client, known = api
+    objects: list[Obj] = request.getfixturevalue(overlay)
+    rejected, warnings = _dry_run_each(client, known, objects)
     assert rejected == []
     assert warnings == []
     # A dry run stores nothing.
