@@ -134,8 +134,9 @@ class WriteCounts:
         return out
 
 
-def read_write_counts(kube: LocalKube) -> WriteCounts:
-    """Write requests the apiserver answered so far (any status code), from its own ``/metrics``."""
+def read_write_counts(kube: LocalKube, *, dry_runs: bool = True) -> WriteCounts:
+    """Write requests the apiserver answered so far (any status code), from its own ``/metrics``; with
+    ``dry_runs=False`` the dry runs are left out (a controller's start-up probe is one)."""
     tls = ssl.create_default_context(cafile=str(kube.ca_file))
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls))
     request = urllib.request.Request(f"{kube.server}/metrics", headers={"Authorization": f"Bearer {kube.token}"})
@@ -147,7 +148,7 @@ def read_write_counts(kube: LocalKube) -> WriteCounts:
         if match is None:
             continue
         labels = dict(_LABEL.findall(match["labels"]))
-        if labels.get("verb") not in WRITE_VERBS:
+        if labels.get("verb") not in WRITE_VERBS or (labels.get("dry_run") and not dry_runs):
             continue
         key = (labels.get("resource", ""), labels.get("subresource", ""), labels["verb"])
         counts[key] = counts.get(key, 0.0) + float(match["value"])

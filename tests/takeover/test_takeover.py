@@ -27,10 +27,7 @@ Expected, and asserted:
 from __future__ import annotations
 
 import asyncio
-import re
-import ssl
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +35,13 @@ import pytest
 from faults.support import (
     JOBSET,
     TRAINER,
-    WRITE_VERBS,
     WriteCounts,
     close_pipeline,
     drained,
     events_filter,
     open_pipeline,
     owned_by,
+    read_write_counts,
     services_ready,
     subject_count,
     trainjob,
@@ -66,7 +63,6 @@ SCHEDULING = "scheduling.x-k8s.io/v1alpha1"
 SETUP_RESOURCES = frozenset({"validatingwebhookconfigurations", "mutatingwebhookconfigurations", "leases"})
 SETTLE_SECONDS = 3.0
 TIMEOUT = 180.0
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def _plain_runtime(namespace: str) -> dict[str, Any]:
@@ -198,22 +194,7 @@ async def _trainer_settled(kube: LocalKube, trainer: TrainerController, *, recon
 def _write_counts(kube: LocalKube) -> WriteCounts:
     """``apiserver_request_total`` write requests by (resource, subresource, verb), dry-runs left out (the
     controller's start-up probe is one)."""
-    tls = ssl.create_default_context(cafile=str(kube.ca_file))
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls))
-    request = urllib.request.Request(f"{kube.server}/metrics", headers={"Authorization": f"Bearer {kube.token}"})
-    with opener.open(request, timeout=10) as response:
-        text = response.read().decode()
-    counts: dict[tuple[str, str, str], float] = {}
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
-        labels = dict(_LABEL.findall(labels_text))
-        if labels.get("verb") not in WRITE_VERBS or labels.get("dry_run"):
-            continue
-        key = (labels.get("resource", ""), labels.get("subresource", ""), labels["verb"])
-        counts[key] = counts.get(key, 0.0) + float(value)
-    return WriteCounts(counts)
+    return read_write_counts(kube, dry_runs=False)
 
 
 def _labelled(obj: dict[str, Any]) -> bool:
