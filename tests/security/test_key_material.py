@@ -43,6 +43,7 @@ from faults.support import (
     until_async,
 )
 from kubernetes import client as kube_client
+from unit.builders import replicated_job
 
 from tjpipe.applier.secrets import curve_certificate, z85_decode
 from tjpipe.contracts import labels, resources, streams
@@ -286,22 +287,12 @@ def flux_runtime(name: str) -> dict[str, Any]:
             "template": {
                 "spec": {
                     "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "replicas": 1,
-                            "template": {
-                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                                "spec": {
-                                    "template": {
-                                        "spec": {
-                                            "containers": [
-                                                {"name": "node", "image": "example.com/lammps:1", "command": ["lmp"]}
-                                            ]
-                                        }
-                                    }
-                                },
-                            },
-                        }
+                        replicated_job(
+                            "node",
+                            [{"name": "node", "image": "example.com/lammps:1", "command": ["lmp"]}],
+                            ancestor="trainer",
+                            replicas=1,
+                        )
                     ]
                 }
             },

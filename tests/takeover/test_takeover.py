@@ -48,6 +48,7 @@ from faults.support import (
     until,
     until_async,
 )
+from unit.builders import replicated_job
 
 from tjpipe.contracts import streams
 from tjpipe.contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
@@ -67,25 +68,12 @@ TIMEOUT = 180.0
 
 def _plain_runtime(namespace: str) -> dict[str, Any]:
     """A namespaced TrainingRuntime with no ML policy (Trainer's PlainML path) and a coscheduling PodGroup."""
-    node = {
+    container = {
         "name": "node",
-        "template": {
-            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-            "spec": {
-                "template": {
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "node",
-                                "image": "example.com/plain:1.0",
-                                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-                            }
-                        ]
-                    }
-                }
-            },
-        },
+        "image": "example.com/plain:1.0",
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
     }
+    node = replicated_job("node", [container], ancestor="trainer")
     return {
         "apiVersion": TRAINER,
         "kind": "TrainingRuntime",
