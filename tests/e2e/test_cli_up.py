@@ -20,6 +20,7 @@ import pytest
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
 
+# Not cli.support.tjpipe: that drops NATS_*/KUBECONFIG and moves HOME; these pass decoys and keep HOME's Go cache.
 def _tjpipe(*args: str, cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tjpipe", *args],
