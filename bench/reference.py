@@ -253,20 +253,24 @@ async def trainer_side(
         # The stack's idle nats-server is not Trainer's: only the pipeline's column carries it.
         return {name: pid for name, pid in pids(running).items() if name not in PIPELINE_PROCESSES}
 
-    try:
-        await asyncio.to_thread(controller.start)
-        out["run"] = await controller_run(
+    async def trainer_run(label: str, namespace: str, count: int, first_index: int = 0) -> dict[str, Any]:
+        return await controller_run(
             kube,
-            label=f"Trainer torch N={n}",
-            namespace=namespaces[0],
-            n=n,
+            label=label,
+            namespace=namespace,
+            n=count,
             create_concurrency=create_concurrency,
             pids=processes,
             controller=[TRAINER_PROCESS],
             probe=probe,
             quiet_seconds=quiet_seconds,
             progress=progress,
+            first_index=first_index,
         )
+
+    try:
+        await asyncio.to_thread(controller.start)
+        out["run"] = await trainer_run(f"Trainer torch N={n}", namespaces[0], n)
 
         async def restart() -> None:
             await asyncio.to_thread(controller.stop, unregister_webhooks=False)
@@ -279,19 +283,7 @@ async def trainer_side(
         progress(f"trainer: restart: {out['restart'].get('writes', 'n/a')} writes")
         if memory_jobs > n:
             namespaces.append(f"bench-trainer-fill-{run_id}")
-            fill = await controller_run(
-                kube,
-                label=f"Trainer fill to {memory_jobs}",
-                namespace=namespaces[1],
-                n=memory_jobs - n,
-                create_concurrency=create_concurrency,
-                pids=processes,
-                controller=[TRAINER_PROCESS],
-                probe=probe,
-                quiet_seconds=quiet_seconds,
-                progress=progress,
-                first_index=n,
-            )
+            fill = await trainer_run(f"Trainer fill to {memory_jobs}", namespaces[1], memory_jobs - n, first_index=n)
             out["memory"] = {
                 "present": n + fill["created"],
                 "fill": {k: fill[k] for k in ("n", "created", "built", "good", "trainjobs_per_s", "problem")},
