@@ -119,7 +119,6 @@ async def controller_run(
 
     problems = await verify(kube, namespace, names, dict.fromkeys(names, "torch"), nodes)
     latencies = [seen - created[name] for name in created if (seen := watch.jobset_at(name)) is not None]
-    complete = len(watch.built) == n
     span = (max(watch.built.values()) - min(sent.values())) if watch.built and sent else None
     good = len(set(watch.built) - problems.keys())
     out: dict[str, Any] = {
@@ -129,15 +128,7 @@ async def controller_run(
         "created": len(created),
         "create_errors": dict(errors),
         "create_per_s": stats.rate(len(created), create_seconds),
-        "built": len(watch.built),
-        "complete": complete,
-        "good": good,
-        "good_percent": 100.0 * good / n if n else 0.0,
-        "problem": "; ".join(list(problems.values())[:3])
-        if problems
-        else ("" if complete else f"{len(watch.built)}/{n} built"),
-        "seconds": span,
-        "trainjobs_per_s": stats.rate(len(watch.built), span) if complete else None,
+        **stats.build_outcome(n, len(watch.built), good, problems, span),
         "latency": stats.summarize(latencies),
         "settled_after_s": settled,
         "controller": list(controller),

@@ -389,7 +389,6 @@ async def e2e_run(
         times = [first.get((name, c)) for c in required[name]]
         if all(t is not None for t in times):
             built_at.append(max(t for t in times if t is not None))
-    complete = len(built_at) == n
     span = (max(built_at) - min(sent.values())) if built_at and sent else None
 
     problems = await verify(ctx.kube, namespace, names, kind_of, nodes)
@@ -408,16 +407,8 @@ async def e2e_run(
         "create_errors": dict(create_errors),
         "create_seconds": create_seconds,
         "create_per_s": stats.rate(len(created), create_seconds),
-        "built": len(built_at),
-        "complete": complete,
+        **stats.build_outcome(n, len(built_at), good, problems, span),
         "verified": not problems,
-        "good": good,
-        "good_percent": 100.0 * good / n if n else 0.0,
-        "problem": "; ".join(list(problems.values())[:3])
-        if problems
-        else ("" if complete else f"{len(built_at)}/{n} built"),
-        "seconds": span,
-        "trainjobs_per_s": stats.rate(len(built_at), span) if complete else None,
         "latency": stats.summarize(latencies),
         "stages": stages,
         "failed_results": dict(failed),
@@ -425,10 +416,9 @@ async def e2e_run(
         "write_amplification": writes,
         "cpu_seconds": cpu_used,
     }
-    lat = stats.summarize(latencies)
-    tjs = stats.rate(len(built_at), span) if complete else None
+    lat = out["latency"]
     ctx.progress(
-        f"{label}: {tjs or 0:.1f} TJ/s, p50 {(lat['p50'] or 0) * 1000:.0f} ms, "
+        f"{label}: {out['trainjobs_per_s'] or 0:.1f} TJ/s, p50 {(lat['p50'] or 0) * 1000:.0f} ms, "
         f"p99 {(lat['p99'] or 0) * 1000:.0f} ms, {good}/{n} built with the right spec"
     )
     return out

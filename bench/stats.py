@@ -65,6 +65,22 @@ def rate(count: float, seconds: float | None) -> float | None:
     return count / seconds
 
 
+def build_outcome(n: int, built: int, good: int, problems: Mapping[str, str], span: float | None) -> dict[str, Any]:
+    """What a run of ``n`` TrainJobs got built, the same figures for every side measured: how many were built and
+    how many with the right spec, the first three problems (or how many were built, if short), and throughput
+    over ``span`` only when every one was built."""
+    complete = built == n
+    return {
+        "built": built,
+        "complete": complete,
+        "good": good,
+        "good_percent": 100.0 * good / n if n else 0.0,
+        "problem": "; ".join(list(problems.values())[:3]) if problems else ("" if complete else f"{built}/{n} built"),
+        "seconds": span,
+        "trainjobs_per_s": rate(built, span) if complete else None,
+    }
+
+
 # ---------------------------------------------------------------------------------------------- targets
 
 Op = Literal["<=", ">=", "=="]

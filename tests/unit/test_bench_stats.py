@@ -64,6 +64,24 @@ def test_ratio_and_rate_refuse_missing_or_zero_denominators() -> None:
     assert stats.rate(100, None) is None
 
 
+def test_build_outcome_gives_throughput_only_when_all_were_built() -> None:
+    assert stats.build_outcome(4, 4, 4, {}, 2.0) == {
+        "built": 4,
+        "complete": True,
+        "good": 4,
+        "good_percent": 100.0,
+        "problem": "",
+        "seconds": 2.0,
+        "trainjobs_per_s": 2.0,
+    }
+    short = stats.build_outcome(4, 3, 3, {}, 2.0)
+    assert (short["complete"], short["problem"], short["trainjobs_per_s"]) == (False, "3/4 built", None)
+    problems = {f"tj-{i}": f"wrong {i}" for i in range(5)}
+    wrong = stats.build_outcome(5, 5, 0, problems, 1.0)
+    assert (wrong["good_percent"], wrong["problem"]) == (0.0, "wrong 0; wrong 1; wrong 2")
+    assert stats.build_outcome(0, 0, 0, {}, None)["good_percent"] == 0.0
+
+
 # -------------------------------------------------------------------------------------------- targets
 
 
