@@ -572,42 +572,38 @@ def _credentials_from_env() -> Credentials | None:
     return Credentials(Path(folder)) if folder else None
 
 
-def demo_trainjob() -> dict[str, Any]:
+def _demo_trainjob(name: str, runtime: str, *, nodes: int, per_node: dict[str, str], **trainer: Any) -> dict[str, Any]:
+    """A demo TrainJob: ``nodes`` nodes, each requesting (and limited to) ``per_node``; ``trainer``'s other fields."""
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
-        "metadata": {"name": DEMO_TRAINJOB, "namespace": DEMO_NAMESPACE},
+        "metadata": {"name": name, "namespace": DEMO_NAMESPACE},
         "spec": {
-            "runtimeRef": {"name": DEMO_RUNTIME},
+            "runtimeRef": {"name": runtime},
             "trainer": {
-                "numNodes": 4,
-                "resourcesPerNode": {
-                    "requests": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
-                    "limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
-                },
-                "command": ["torchrun"],
-                "args": ["/workspace/mnist.py", "--epochs", "1", "--backend", "nccl"],
+                "numNodes": nodes,
+                "resourcesPerNode": {"requests": dict(per_node), "limits": dict(per_node)},
+                **trainer,
             },
         },
     }
+
+
+def demo_trainjob() -> dict[str, Any]:
+    return _demo_trainjob(
+        DEMO_TRAINJOB,
+        DEMO_RUNTIME,
+        nodes=4,
+        per_node={"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
+        command=["torchrun"],
+        args=["/workspace/mnist.py", "--epochs", "1", "--backend", "nccl"],
+    )
 
 
 def mpi_demo_trainjob() -> dict[str, Any]:
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": DEMO_MPI_TRAINJOB, "namespace": DEMO_NAMESPACE},
-        "spec": {
-            "runtimeRef": {"name": DEMO_MPI_RUNTIME},
-            "trainer": {
-                "numNodes": 2,
-                "resourcesPerNode": {
-                    "requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"},
-                    "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"},
-                },
-            },
-        },
-    }
+    return _demo_trainjob(
+        DEMO_MPI_TRAINJOB, DEMO_MPI_RUNTIME, nodes=2, per_node={"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"}
+    )
 
 
 def stop_detached(paths: StatePaths) -> list[str]:
