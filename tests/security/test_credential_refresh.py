@@ -78,6 +78,12 @@ class TokenIssuer:
         token = self.core.create_namespaced_service_account_token(SERVICE_ACCOUNT, self.namespace, request)
         return str(token.status.token), name
 
+    def issue_into(self, path: Path) -> tuple[str, str]:
+        """``issue``, with the token written to ``path`` as a rotator writes it (whole, mode 0600)."""
+        token, binding = self.issue()
+        write_atomically(path, token)
+        return token, binding
+
     def revoke(self, binding: str) -> None:
         self.core.delete_namespaced_secret(binding, self.namespace)
 
@@ -180,9 +186,8 @@ async def test_applies_go_on_while_a_token_file_rotates(
     caplog.set_level(logging.INFO, logger="tjpipe.plumbing.kube")
     admin = KubeConfig.load(str(kube.kubeconfig))
     assert admin.ca_file is not None
-    token, binding = issuer.issue()
     token_file = tmp_path / "token"
-    write_atomically(token_file, token)
+    token, binding = issuer.issue_into(token_file)
     kubeconfig = tmp_path / "kubeconfig"
     write_kubeconfig(kubeconfig, admin, {"tokenFile": "token"})  # relative to the kubeconfig, as kubectl reads it
 
@@ -192,8 +197,7 @@ async def test_applies_go_on_while_a_token_file_rotates(
         try:
             for _ in range(ROTATIONS):
                 await asyncio.sleep(0.5)
-                new_token, new_binding = issuer.issue()
-                write_atomically(token_file, new_token)
+                new_token, new_binding = issuer.issue_into(token_file)
                 issuer.revoke(binding)
                 await until_refused(admin.server, admin.ca_file, token, namespace)
                 token, binding = new_token, new_binding
@@ -223,9 +227,8 @@ async def test_an_exec_plugins_token_is_fetched_again_after_a_401(
     monkeypatch.setattr(kube_module, "REFRESH_CHECK_SECONDS", 3600.0)
     admin = KubeConfig.load(str(kube.kubeconfig))
     assert admin.ca_file is not None
-    token, binding = issuer.issue()
     current = tmp_path / "current-token"
-    write_atomically(current, token)
+    token, binding = issuer.issue_into(current)
     runs = tmp_path / "plugin-runs"
     plugin = (
         "import json, pathlib, sys; "
@@ -248,8 +251,7 @@ async def test_an_exec_plugins_token_is_fetched_again_after_a_401(
         await client.apply(
             CONFIG_MAP, namespace=namespace, name="exec", body=configmap("exec", namespace, 1), field_manager="trainer"
         )
-        new_token, _ = issuer.issue()
-        write_atomically(current, new_token)
+        new_token, _ = issuer.issue_into(current)
         issuer.revoke(binding)
         await until_refused(admin.server, admin.ca_file, token, namespace)
         await client.apply(
