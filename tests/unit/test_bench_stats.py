@@ -318,6 +318,7 @@ def _report() -> dict[str, Any]:
                 "memory": {"present": 10000, "controller_rss_mb": {"rss_mb": 100.0, "hwm_mb": 110.0}},
             },
             "pipeline": {
+                # Trainer's run's keys again, other figures: both sides come from bench.reference.controller_run.
                 "run": {
                     "n": 1000,
                     "created": 1000,
