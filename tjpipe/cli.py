@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -627,8 +628,10 @@ def _up(args: argparse.Namespace) -> int:
         sim_nodes=args.nodes,
         pod_run_seconds=args.pod_run_seconds,
     )
-    # `timeout`, a service manager or a closing terminal send SIGTERM: stop everything as Ctrl-C does.
+    # `timeout`, a service manager or a closing terminal send SIGTERM: stop everything as Ctrl-C does. A shell
+    # starts background jobs with SIGINT ignored; `kill -INT` must stop the stack all the same.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         stack.start_infrastructure(
             nats_url=backends.nats_url, kubeconfig=backends.cluster.kubeconfig if backends.cluster else None
@@ -768,8 +771,15 @@ async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tup
         from tjpipe.demo import DemoWatch
 
         watches = [DemoWatch(stack.kubeconfig, *d, say=_say) for d in (demo, *(more_demos or []))]
+    # Ctrl-C and SIGTERM set an event the loop checks, rather than cancelling this task: on Python 3.11 a
+    # cancellation that lands while asyncio.wait_for's inner future completes is lost (fixed in 3.12), and
+    # a lost one left `tjpipe up` running after Ctrl-C under load.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     try:
-        while True:
+        while not stop.is_set():
             if watches and any(watch.state != "done" for watch in watches):
                 for watch in watches:
                     await asyncio.to_thread(watch.poll)
@@ -790,7 +800,8 @@ async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tup
             except Exception:
                 stored = []
             if not stored:
-                await asyncio.sleep(0.5)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=0.5)
                 continue
             next_seq = stored[-1].seq + 1
             for msg in stored:
@@ -810,7 +821,11 @@ async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tup
                 if demo and not shown and result.component == "jobset" and result.action in ("created", "configured"):
                     shown = True
                     _show_jobset(stack, *demo)
+        console.print("\nstopping…")
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        signal.signal(signal.SIGTERM, _interrupt)
         for watch in watches:
             watch.close()
         await nc.close()

@@ -6,6 +6,7 @@ environment), so this also checks the state folder a user is told about, and tha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -247,7 +248,11 @@ def test_up_demo_runs_to_complete_shows_the_cascade_and_ctrl_c_leaves_no_process
         assert len(pids) == 11
     finally:
         up.send_signal(signal.SIGINT)
-        up.wait(timeout=120)
+        try:
+            up.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            _kill_stack(up, tmp_path / ".tjpipe" / "logs")  # never leave a stack running under the rest of the suite
+            raise
     text = " ".join(output.read_text().split())  # rich wraps long lines
     assert "condition Complete=True reason=AllJobsCompleted: jobset completed successfully" in text
     assert "jobsStatus node: active=0 ready=0 succeeded=1 failed=0 suspended=0" in text
@@ -262,3 +267,11 @@ def test_up_demo_runs_to_complete_shows_the_cascade_and_ctrl_c_leaves_no_process
     assert up.returncode == 0
     assert [pid for pid in pids if _alive(pid)] == []
     assert not list((tmp_path / ".tjpipe" / "logs").glob("*.pid"))
+
+
+def _kill_stack(up: subprocess.Popen[bytes], logs: Path) -> None:
+    for pid_file in logs.glob("*.pid"):
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+    up.kill()
+    up.wait(timeout=30)
