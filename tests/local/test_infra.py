@@ -272,5 +272,5 @@ def test_missing_go_and_binaries_raise_one_clear_sentence(tmp_path: Path, monkey
         ensure_kube_binaries(progress=lambda line: None)
     message = str(raised.value)
     assert message.startswith("kube-apiserver and etcd are not built yet and no Go toolchain was found")
-    assert "KUBECONFIG" in message and message.count(". ") == 0 and message.endswith(".")
+    assert "tjpipe up --kubeconfig PATH" in message and message.count(". ") == 0 and message.endswith(".")
     assert os.environ["PATH"] == str(tmp_path / "empty-path")

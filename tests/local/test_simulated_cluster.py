@@ -82,7 +82,8 @@ def test_pods_run_then_succeed_or_fail_as_annotated(sim_cluster: SimulatedCluste
         pods = {
             p.metadata.labels["job-name"] + "/" + p.metadata.name: p for p in core.list_namespaced_pod(namespace).items
         }
-        nodes = set(sim_cluster.simulation.node_names)
+        # The session cluster may have grown (ensure_nodes in other tests): every simulated node counts.
+        nodes = {n.metadata.name for n in core.list_node().items if n.metadata.name.startswith("sim-node-")}
         assert len(pods) == 5 and {p.spec.node_name for p in pods.values()} <= nodes
         for key, pod in pods.items():
             (container,) = pod.status.container_statuses
