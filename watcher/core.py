@@ -135,3 +135,17 @@ def runtime_from_snapshot(job: TrainJob, snapshot: ConfigMap) -> tuple[TrainingR
             f"but found {name_of(runtime)!r}, {group!r}, {kind!r}"
         )
     return runtime, ""
+
+
+def half_built(causes: list[str], *, has_snapshot: bool, has_jobset: bool) -> bool:
+    """A TrainJob's first plan is half in the cluster: its runtime snapshot or its JobSet, not yet both.
+
+    The applier writes the two at nearly the same moment, but under load they can land further apart than
+    the watcher's gathering window. An observation holding only one of them has the planner send the
+    other a second time (and the applier read it, and record it, to find it unchanged), so while nothing
+    but additions were seen it is worth holding the observation back a little for the other to arrive.
+    A deletion or modification is drift, and goes out at once.
+    """
+    if has_snapshot == has_jobset:
+        return False
+    return all(cause.endswith(" ADDED") for cause in causes)

@@ -45,6 +45,8 @@ log = logging.getLogger("watcher")
 DEADLINE_CAUSE = "deadline reached"
 GATHER_SECONDS = 0.05
 """How long changes to a TrainJob's components are gathered before its observation is published."""
+HALF_BUILT_HOLD_SECONDS = 2.0
+"""How long a half-built TrainJob's observation waits for the other half (``core.half_built``)."""
 
 
 class _Named(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +155,8 @@ class Watcher:
         self._deadline_reported: dict[Key, float] = {}
         self._gathered: dict[Key, list[str]] = {}
         """TrainJobs whose components changed, with the changes, waiting to be observed once."""
+        self._held_since: dict[Key, float] = {}
+        """Gathered TrainJobs held back while half built (``core.half_built``), since when (monotonic)."""
         self._gathering = asyncio.Event()
 
     # ------------------------------------------------------------------------------------------ lookups
@@ -245,10 +249,30 @@ class Watcher:
             await asyncio.sleep(GATHER_SECONDS)
             self._gathering.clear()
             gathered, self._gathered = self._gathered, {}
+            now = time.monotonic()
+            ready: list[tuple[TrainJob, str]] = []
             for job_key, causes in gathered.items():
                 current = self._trainjob(job_key)
-                if current is not None:
-                    await self.publish_observation(current.obj, cause=" + ".join(causes))
+                if current is None:
+                    self._held_since.pop(job_key, None)
+                    continue
+                if self._hold(job_key, current.obj, causes, now):
+                    self._gathered[job_key] = causes + self._gathered.get(job_key, [])
+                    self._gathering.set()  # look again after the next window
+                    continue
+                ready.append((current.obj, " + ".join(causes)))
+            # Sent together, acknowledged together: one write to the bus for the window, not one per TrainJob.
+            await asyncio.gather(*(self.publish_observation(job, cause=cause) for job, cause in ready))
+
+    def _hold(self, job_key: Key, job: TrainJob, causes: list[str], now: float) -> bool:
+        half = core.half_built(
+            causes, has_snapshot=self._snapshot(job) is not None, has_jobset=self._jobset(job_key) is not None
+        )
+        since = self._held_since.setdefault(job_key, now) if half else None
+        if since is not None and now - since < HALF_BUILT_HOLD_SECONDS:
+            return True
+        self._held_since.pop(job_key, None)
+        return False
 
     async def _ignore(self, kind: str, key: Key, cached: Cached[_Named] | None) -> None:
         return None

@@ -171,3 +171,16 @@ def test_is_suspended() -> None:
     assert core.is_suspended(job) is True
     assert core.is_suspended(trainjob({"name": "rt"}, suspend=False)) is False
     assert core.is_suspended(trainjob({"name": "rt"})) is False
+
+
+def test_half_built_holds_only_additions_with_one_half_present() -> None:
+    added = ["ConfigMap ADDED"]
+    assert core.half_built(added, has_snapshot=True, has_jobset=False)
+    assert core.half_built(["JobSet ADDED"], has_snapshot=False, has_jobset=True)
+    assert core.half_built(["ConfigMap ADDED", "_Named ADDED"], has_snapshot=True, has_jobset=False)
+    # both halves there, or neither (nothing applied yet, or a runtime with no snapshot): nothing to wait for
+    assert not core.half_built(added, has_snapshot=True, has_jobset=True)
+    assert not core.half_built(added, has_snapshot=False, has_jobset=False)
+    # drift goes out at once, even when it leaves the TrainJob half built
+    assert not core.half_built(["JobSet DELETED"], has_snapshot=True, has_jobset=False)
+    assert not core.half_built(["ConfigMap ADDED", "JobSet MODIFIED"], has_snapshot=True, has_jobset=False)
