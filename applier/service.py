@@ -177,6 +177,7 @@ class Applier:
             return
         done = core.Done(action="configured")
         facts: core.TrainJobFacts | None = None
+        recording: list[asyncio.Future[int | None]] = []
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(core.TransientError),
@@ -193,7 +194,7 @@ class Applier:
                     if isinstance(message, DeleteComponent):
                         done = await self._delete_once(message, resource)
                     else:
-                        done = await self._apply_once(message, resource, key, body)
+                        done = await self._apply_once(message, resource, key, body, recording)
         except core.Unauthorized as exc:
             await self._refuse(msg, message, exc.why, attempts, started)
             return
@@ -229,7 +230,14 @@ class Applier:
         ):
             await self._clear_condition(message)
         await self._finish(
-            msg, message, done.action, attempts, started, resource_version=done.resource_version, reason=done.reason
+            msg,
+            message,
+            done.action,
+            attempts,
+            started,
+            resource_version=done.resource_version,
+            reason=done.reason,
+            recording=recording,
         )
 
     # --------------------------------------------------------------------------------- authorization
@@ -391,12 +399,18 @@ class Applier:
         return core.Done(action="deleted", reason=message.reason)
 
     async def _apply_once(
-        self, message: ObjectApply, resource: resources.Resource, key: tuple[str, str, str, str], planned: bytes
+        self,
+        message: ObjectApply,
+        resource: resources.Resource,
+        key: tuple[str, str, str, str],
+        planned: bytes,
+        recording: list[asyncio.Future[int | None]],
     ) -> core.Done:
         """One fenced apply: claim the target in the ledger, then write conditionally, then record it.
 
         Raises TransientError or PermanentError for the retry tiers around it. Every decision is
-        ``applier.core``'s; this performs them.
+        ``applier.core``'s; this performs them. The final record is started, not awaited: it goes to the
+        bus with the apply's result and ``_finish`` waits for both before the message is acknowledged.
         """
         target = message.target
         lkey = ledger_key(target)
@@ -503,7 +517,7 @@ class Applier:
                 resource_version=after,
                 managed=core.managed_digest(resp.body, manager=message.field_manager, subresource=target.subresource),
             )
-            await self.ledger.write(lkey, done, revision=claimed)
+            recording.append(asyncio.ensure_future(self.ledger.write(lkey, done, revision=claimed)))
             return core.Done(action=core.outcome(resp.status, before=before, after=after), resource_version=after)
         raise core.TransientError("the target kept changing under concurrent writers")
 
@@ -657,7 +671,9 @@ class Applier:
         resource_version: str = "",
         reason: str = "",
         ack: bool = True,
+        recording: list[asyncio.Future[int | None]] | None = None,
     ) -> None:
+        """Publish the result, wait for it and the ledger record (``recording``) together, then acknowledge."""
         component = component_of(message)
         duration_ms = (time.perf_counter() - started) * 1000
         result = ApplyResult(
@@ -678,9 +694,10 @@ class Applier:
         if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
             END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
         subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
-        await publishing.publish_stored(
+        published = publishing.publish_stored(
             self.js, subject, encode(result), stream=streams.RESULTS.name, headers={bus.TRACE_ID: message.trace_id}
         )
+        await asyncio.gather(published, *(recording or ()))
         log.info(
             "%s %s (%d attempt%s, %.1f ms)%s",
             action,
