@@ -34,6 +34,15 @@ from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_u
 from tjpipe.private_files import write_private_file
 
 _STARTUP_TIMEOUT_SECONDS = 30.0
+GO_RUNTIME_ENV = {"GOGC": "50"}
+"""The local servers' Go garbage collector target: a collection when the heap grows by half, not double.
+
+Most of nats-server's heap under load is short-lived per-message buffers, so the default target lets
+its RSS settle at about twice what it holds. At 50 the benchmark's 1,000 TrainJobs left it at 50 MB
+instead of 56-67 MB, with no change in its CPU per TrainJob that the run-to-run spread could show. A
+relative target rather than a ``GOMEMLIMIT``: a fixed limit would have the collector run without pause
+once a large history outgrows it.
+"""
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,7 @@ def start_nats(
             str(store_dir),
         ],
         log_dir=log_dir,
+        env=GO_RUNTIME_ENV,
     )
     monitor_url = f"http://127.0.0.1:{monitor_port}"
     try:
@@ -312,6 +322,7 @@ def _start_member(member: _Member, *, log_dir: Path) -> LocalNats:
         name=f"nats-{member.name}",
         argv=[str(nats_server_binary()), "-c", str(member.config_path)],
         log_dir=log_dir,
+        env=GO_RUNTIME_ENV,
     )
     return LocalNats(
         url=f"nats://127.0.0.1:{member.client_port}",
