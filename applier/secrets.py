@@ -17,11 +17,13 @@ Trainer's key. Being random, it is made once, when the Secret does not exist yet
 
 from __future__ import annotations
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, x25519
+from typing import TYPE_CHECKING
 
 from tjpipe.contracts import trainer as t
 from tjpipe.contracts.messages import SecretGenerator
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import x25519
 
 CURVE_CERT_KEY = "curve.cert"
 
@@ -44,6 +46,10 @@ def generated_data(generator: SecretGenerator, *, trainjob_name: str | None = No
 
 
 def ssh_auth_data() -> dict[str, bytes]:
+    # Imported here: only MPI Secrets need it, and it costs an applier that never makes one ~7 MB of RSS.
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     key = ec.generate_private_key(ec.SECP521R1())
     private_pem = key.private_bytes(
         serialization.Encoding.PEM,
@@ -57,6 +63,8 @@ def ssh_auth_data() -> dict[str, bytes]:
 def curve_certificate(*, trainjob_name: str, secret: x25519.X25519PrivateKey | None = None) -> bytes:
     """The certificate for ``secret``, a fresh random X25519 key unless one is given (tests give one)."""
     if secret is None:
+        from cryptography.hazmat.primitives.asymmetric import x25519  # as in ssh_auth_data
+
         secret = x25519.X25519PrivateKey.generate()
     public = secret.public_key().public_bytes_raw()
     lines = (

@@ -20,17 +20,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from bench import workload
 from tjpipe.contracts import subjects
 from tjpipe.contracts.messages import component_of, decode_event, encode
 from tjpipe.planner.core import plan
 from tjpipe.planner.service import apply_message_id
-from tjpipe.plumbing.signing import Keyring, Signer
+from tjpipe.plumbing.signing import Keyring, Signer, generate_private_key
 
-_WATCHER = Signer(Ed25519PrivateKey.generate())
-_PLANNER = Signer(Ed25519PrivateKey.generate())
+_WATCHER = Signer(generate_private_key())
+_PLANNER = Signer(generate_private_key())
 _TRUSTED_EVENTS = Keyring.of(_WATCHER.public_key)
 
 EVENTS_PER_RUNTIME = 32

@@ -28,7 +28,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from faults.support import (
     JOBSET,
     TRAINER,
@@ -53,7 +52,13 @@ from tjpipe.contracts.messages import ApplyJobSet, ObjectKey, Target, TrainJobOb
 from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
 from tjpipe.local import crds
 from tjpipe.local.signing_keys import public_key_file_name
-from tjpipe.plumbing.signing import SIGNATURE_HEADER, Signer, format_public_key, load_private_key
+from tjpipe.plumbing.signing import (
+    SIGNATURE_HEADER,
+    Signer,
+    format_public_key,
+    generate_private_key,
+    load_private_key,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(180)]
 
@@ -65,7 +70,7 @@ def _dead_letter_count(port: int, stage: str, reason: str) -> float:
 
 
 def _stranger() -> Signer:
-    return Signer(Ed25519PrivateKey.generate())
+    return Signer(generate_private_key())
 
 
 def malicious_jobset(namespace: str, name: str, uid: str) -> bytes:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from tjpipe.local.signing_keys import KeyFolder, write_key_pair
 from tjpipe.plumbing import signing
@@ -21,7 +22,7 @@ PAYLOAD = b'{"component":"jobset","x":1}'
 
 
 def _signer() -> Signer:
-    return Signer(Ed25519PrivateKey.generate())
+    return Signer(signing.generate_private_key())
 
 
 def test_round_trip_names_the_key() -> None:
@@ -95,7 +96,10 @@ def test_rotation_accepts_both_keys_while_both_are_trusted() -> None:
 
 def test_keyring_files_lines_pem_and_comments(tmp_path: Path) -> None:
     a, b = _signer(), _signer()
-    pem = b.public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    # Written by another implementation (OpenSSL, through cryptography), read by this module's own PEM reader.
+    pem = Ed25519PublicKey.from_public_bytes(bytes(b.public_key)).public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     path = tmp_path / "keys.pub"
     path.write_text(f"# trusted\n\n{signing.format_public_key(a.public_key, 'watcher old')}\n{pem.decode()}")
     ring = Keyring.from_path(path, setting="X")
@@ -224,3 +228,54 @@ def test_write_key_pair_never_leaves_a_readable_private_key(tmp_path: Path) -> N
     assert (tmp_path / "pub" / f"planner-{kid}.pub").read_text().startswith("ed25519 ")
     assert stat.S_IMODE(os.stat(tmp_path / "k" / "planner.key").st_mode) == 0o600
     assert not list((tmp_path / "k").glob(".*tmp"))
+
+
+def test_pem_forms_agree_with_openssl(tmp_path: Path) -> None:
+    """This module reads and writes ed25519 PEM itself; OpenSSL (through cryptography) must agree both ways."""
+    theirs = Ed25519PrivateKey.generate()
+    path = tmp_path / "signing.key"
+    path.write_bytes(
+        theirs.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    ours = signing.load_private_key(path)
+    message = signing.signed_bytes(SUBJECT, PAYLOAD)
+    assert ours.sign(message).signature == theirs.sign(message)  # ed25519 signatures are deterministic
+    reread = serialization.load_pem_private_key(signing.private_key_pem(ours), password=None)
+    assert isinstance(reread, Ed25519PrivateKey)
+    assert reread.sign(message) == theirs.sign(message)
+    public = serialization.load_pem_public_key(signing.public_key_pem(ours.verify_key))
+    assert isinstance(public, Ed25519PublicKey)
+    header = Signer(ours).sign(SUBJECT, PAYLOAD)
+    public.verify(base64.b64decode(header.split(":", 1)[1]), message)  # raises unless OpenSSL agrees
+
+
+@pytest.mark.parametrize(
+    ("key", "error"),
+    [
+        (ec.generate_private_key(ec.SECP256R1()), "is not an ed25519 private key"),
+        (Ed25519PrivateKey.generate(), "is not an unencrypted PEM private key"),  # written encrypted below
+    ],
+)
+def test_other_private_keys_are_refused(tmp_path: Path, key: object, error: str) -> None:
+    encryption: serialization.KeySerializationEncryption = serialization.NoEncryption()
+    if isinstance(key, Ed25519PrivateKey):
+        encryption = serialization.BestAvailableEncryption(b"secret")
+    assert isinstance(key, Ed25519PrivateKey | ec.EllipticCurvePrivateKey)
+    path = tmp_path / "signing.key"
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
+    with pytest.raises(KeyMaterialError, match=error):
+        Signer.from_file(path, setting="X")
+
+
+def test_a_pem_public_key_of_another_algorithm_is_refused(tmp_path: Path) -> None:
+    pem = (
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    path = tmp_path / "keys.pub"
+    path.write_bytes(pem)
+    with pytest.raises(KeyMaterialError, match="is not ed25519"):
+        Keyring.from_path(path, setting="X")

@@ -14,7 +14,6 @@ from typing import Any, cast
 
 import msgspec
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tjpipe.contracts import messages as m
 from tjpipe.contracts.jobset import JobSet
@@ -24,7 +23,7 @@ from tjpipe.planner.core import plan
 from tjpipe.planner.immutability import IMMUTABLE_SPEC
 from tjpipe.plumbing.informer import Cached, Informer
 from tjpipe.plumbing.kube import KubeClient
-from tjpipe.plumbing.signing import Signer
+from tjpipe.plumbing.signing import Signer, generate_private_key
 from tjpipe.watcher import core, trim
 from tjpipe.watcher.service import Watcher, WatcherSettings
 
@@ -307,7 +306,7 @@ def _watcher() -> tuple[Watcher, _FakeJetStream]:
         WatcherSettings(nats_url="nats://unused"),
         cast(KubeClient, None),
         cast(Any, js),
-        signer=Signer(Ed25519PrivateKey.generate()),
+        signer=Signer(generate_private_key()),
     )
     return watcher, js
 

@@ -22,8 +22,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from tjpipe.contracts import subjects
 from tjpipe.plumbing import signing
 
@@ -53,8 +51,8 @@ def public_key_file_name(stage: str, kid: str) -> str:
 def write_key_pair(private_path: Path, public_dir: Path, stage: str) -> str:
     """A new key pair: the public key into ``public_dir`` first, then the private key over
     ``private_path``, so no signature is ever made by a key nobody trusts yet. Returns the key id."""
-    private = Ed25519PrivateKey.generate()
-    public = private.public_key()
+    private = signing.generate_private_key()
+    public = private.verify_key
     kid = signing.key_id(public)
     public_dir.mkdir(parents=True, exist_ok=True)
     _write_atomically(
@@ -98,7 +96,7 @@ class KeyFolder:
                 write_key_pair(key, self.trusted(stage), stage)
                 continue
             # A folder copied without its public half: trust the key that is there.
-            public = signing.load_private_key(key).public_key()
+            public = signing.load_private_key(key).verify_key
             kid = signing.key_id(public)
             if not (self.trusted(stage) / public_key_file_name(stage, kid)).exists():
                 self.trusted(stage).mkdir(parents=True, exist_ok=True)
@@ -110,7 +108,7 @@ class KeyFolder:
         return self
 
     def current_key_id(self, stage: str) -> str:
-        return signing.key_id(signing.load_private_key(self.signing_key(stage)).public_key())
+        return signing.key_id(signing.load_private_key(self.signing_key(stage)).verify_key)
 
     def trusted_key_ids(self, stage: str) -> list[str]:
         return list(signing.Keyring.from_path(self.trusted(stage), setting=str(self.trusted(stage))).key_ids)
