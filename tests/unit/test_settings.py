@@ -110,8 +110,9 @@ def _reads_environment(tree: ast.AST) -> list[int]:
     return lines
 
 
-# The kubernetes client's in-cluster loader reads KUBERNETES_SERVICE_HOST itself; plumbing.kube asks the same
-# variable whether to use it, the one place below the CLI that looks at the environment.
+# In a pod, Kubernetes gives the API server's address only in the environment (KUBERNETES_SERVICE_HOST and
+# _PORT): plumbing.kube reads them, as the kubernetes client's in-cluster loader does, the one place below
+# the CLI that looks at the environment.
 _ALLOWED = {"plumbing/kube.py"}
 
 
