@@ -256,7 +256,7 @@ class Watcher:
                 if current is None:
                     self._held_since.pop(job_key, None)
                     continue
-                if self._hold(job_key, current.obj, causes, now):
+                if self._hold(job_key, causes, now):
                     self._gathered[job_key] = causes + self._gathered.get(job_key, [])
                     self._gathering.set()  # look again after the next window
                     continue
@@ -264,9 +264,13 @@ class Watcher:
             # Sent together, acknowledged together: one write to the bus for the window, not one per TrainJob.
             await asyncio.gather(*(self.publish_observation(job, cause=cause) for job, cause in ready))
 
-    def _hold(self, job_key: Key, job: TrainJob, causes: list[str], now: float) -> bool:
+    def _hold(self, job_key: Key, causes: list[str], now: float) -> bool:
+        # Presence in the caches is enough for this guess, and costs no decoding (the observation decodes them).
+        snapshot_key = (job_key[0], job_key[1] + trainer.RUNTIME_SNAPSHOT_SUFFIX)
         half = core.half_built(
-            causes, has_snapshot=self._snapshot(job) is not None, has_jobset=self._jobset(job_key) is not None
+            causes,
+            has_snapshot=any(snapshot_key in inf.cache for inf in self.config_maps),
+            has_jobset=any(job_key in inf.cache for inf in self.jobsets),
         )
         since = self._held_since.setdefault(job_key, now) if half else None
         if since is not None and now - since < HALF_BUILT_HOLD_SECONDS:
