@@ -262,6 +262,10 @@ async def trainer_side(
     try:
         await asyncio.to_thread(controller.start)
         out["run"] = await trainer_run(f"Trainer torch N={n}", namespaces[0], n)
+        if out["run"].get("built", 0) < n and controller.process is not None:
+            # Rare (once in a dozen runs here) and not understood yet: keep what Trainer said about it.
+            out["errors"] = _error_lines(controller.process.log_path)
+            progress(f"trainer: built {out['run'].get('built', 0)}/{n}; its last errors: {out['errors'] or 'none'}")
 
         async def restart() -> None:
             await asyncio.to_thread(controller.stop, unregister_webhooks=False)
@@ -293,3 +297,12 @@ async def trainer_side(
         out["cleanup_seconds"] = time.monotonic() - cleanup
         progress(f"trainer: stopped; its {len(namespaces)} namespace(s) emptied in {out['cleanup_seconds']:.1f}s")
     return out
+
+
+def _error_lines(log_path: Path, limit: int = 5) -> list[str]:
+    """The last ``limit`` error lines of a controller's JSON log, shortened."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if '"level":"error"' in line][-limit:]
