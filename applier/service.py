@@ -178,12 +178,6 @@ class Applier:
         done = core.Done(action="configured")
         facts: core.TrainJobFacts | None = None
         recording: list[asyncio.Future[int | None]] = []
-        prefetch: asyncio.Future[bytes | None] | None = None
-        if not isinstance(message, DeleteComponent) and not message.target.subresource:
-            # The first claim round reads the target anyway: reading it while the TrainJob is verified saves
-            # a round trip. A read is all it is; nothing is written before both answers are in.
-            prefetch = asyncio.ensure_future(self._get(resource, message.target))
-            prefetch.add_done_callback(_retrieve_exception)
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(core.TransientError),
@@ -200,8 +194,7 @@ class Applier:
                     if isinstance(message, DeleteComponent):
                         done = await self._delete_once(message, resource)
                     else:
-                        first = prefetch if attempts == 1 else None
-                        done = await self._apply_once(message, resource, key, body, recording, first)
+                        done = await self._apply_once(message, resource, key, body, recording)
         except core.Unauthorized as exc:
             await self._refuse(msg, message, exc.why, attempts, started)
             return
@@ -412,7 +405,6 @@ class Applier:
         key: tuple[str, str, str, str],
         planned: bytes,
         recording: list[asyncio.Future[int | None]],
-        prefetched: asyncio.Future[bytes | None] | None = None,
     ) -> core.Done:
         """One fenced apply: claim the target in the ledger, then write conditionally, then record it.
 
@@ -430,7 +422,6 @@ class Applier:
                 record, revision = await self.ledger.read(lkey, assume_absent=True)
             else:
                 record, revision = await self.ledger.read_fresh(lkey)
-                prefetched = None  # only the first round may use a read made before it began
             if record is not None and core.is_stale(record, message):
                 if not await self._claim_is_corrupt(message, resource, lkey, record):
                     return core.Done(action="skipped", reason=core.STALE_PLAN)
@@ -439,7 +430,7 @@ class Applier:
             live_raw: bytes | None = None
             read_live = False
             if record is not None:
-                live_raw, prefetched = await self._read_target(resource, target, prefetched)
+                live_raw = await self._get(resource, target)
                 read_live = True
                 self._require_controlled(message, live_raw)
                 if live_raw is not None and core.still_applied(record, live_raw, message, digest=digest):
@@ -458,7 +449,7 @@ class Applier:
                 # Whether it exists, and whose it is: an object this TrainJob does not control is not taken
                 # over. Not even a plan that saw the target absent moments ago is taken at its word here: the
                 # API server has no create-only apply, so only a read tells an object of that name apart.
-                live_raw, prefetched = await self._read_target(resource, target, prefetched)
+                live_raw = await self._get(resource, target)
                 read_live = True
                 self._require_controlled(message, live_raw)
             if message.policy != "always":
@@ -647,14 +638,6 @@ class Applier:
         except KubeApiError as exc:
             log.warning("could not record an Event on %s: %s", message.trainjob, exc)
 
-    async def _read_target(
-        self, resource: resources.Resource, target: Target, prefetched: asyncio.Future[bytes | None] | None
-    ) -> tuple[bytes | None, None]:
-        """The target as the prefetch read it, or read now; the prefetch serves once (the second item)."""
-        if prefetched is not None:
-            return await prefetched, None
-        return await self._get(resource, target), None
-
     async def _get(self, resource: resources.Resource, target: Target) -> bytes | None:
         try:
             return await self.kube.get(resource, namespace=target.namespace, name=target.name)
@@ -752,12 +735,6 @@ class Applier:
         except Exception:
             # Not acked: JetStream redelivers after ack_wait. Nothing is lost.
             log.exception("unexpected failure handling %s", msg.subject)
-
-
-def _retrieve_exception(future: asyncio.Future[Any]) -> None:
-    """A prefetch nobody awaited (its message was refused first) must not log 'exception never retrieved'."""
-    if not future.cancelled():
-        future.exception()
 
 
 class _Held(Exception):
