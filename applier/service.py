@@ -177,7 +177,6 @@ class Applier:
             return
         done = core.Done(action="configured")
         facts: core.TrainJobFacts | None = None
-        recording: list[asyncio.Future[int | None]] = []
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(core.TransientError),
@@ -194,7 +193,7 @@ class Applier:
                     if isinstance(message, DeleteComponent):
                         done = await self._delete_once(message, resource)
                     else:
-                        done = await self._apply_once(message, resource, key, body, recording)
+                        done = await self._apply_once(message, resource, key, body)
         except core.Unauthorized as exc:
             await self._refuse(msg, message, exc.why, attempts, started)
             return
@@ -230,14 +229,7 @@ class Applier:
         ):
             await self._clear_condition(message)
         await self._finish(
-            msg,
-            message,
-            done.action,
-            attempts,
-            started,
-            resource_version=done.resource_version,
-            reason=done.reason,
-            recording=recording,
+            msg, message, done.action, attempts, started, resource_version=done.resource_version, reason=done.reason
         )
 
     # --------------------------------------------------------------------------------- authorization
@@ -399,18 +391,12 @@ class Applier:
         return core.Done(action="deleted", reason=message.reason)
 
     async def _apply_once(
-        self,
-        message: ObjectApply,
-        resource: resources.Resource,
-        key: tuple[str, str, str, str],
-        planned: bytes,
-        recording: list[asyncio.Future[int | None]],
+        self, message: ObjectApply, resource: resources.Resource, key: tuple[str, str, str, str], planned: bytes
     ) -> core.Done:
         """One fenced apply: claim the target in the ledger, then write conditionally, then record it.
 
         Raises TransientError or PermanentError for the retry tiers around it. Every decision is
-        ``applier.core``'s; this performs them. The final record is started, not awaited: it goes to the
-        bus with the apply's result and ``_finish`` waits for both before the message is acknowledged.
+        ``applier.core``'s; this performs them.
         """
         target = message.target
         lkey = ledger_key(target)
@@ -517,7 +503,7 @@ class Applier:
                 resource_version=after,
                 managed=core.managed_digest(resp.body, manager=message.field_manager, subresource=target.subresource),
             )
-            recording.append(asyncio.ensure_future(self.ledger.write(lkey, done, revision=claimed)))
+            await self.ledger.write(lkey, done, revision=claimed)
             return core.Done(action=core.outcome(resp.status, before=before, after=after), resource_version=after)
         raise core.TransientError("the target kept changing under concurrent writers")
 
@@ -671,9 +657,7 @@ class Applier:
         resource_version: str = "",
         reason: str = "",
         ack: bool = True,
-        recording: list[asyncio.Future[int | None]] | None = None,
     ) -> None:
-        """Publish the result, wait for it and the ledger record (``recording``) together, then acknowledge."""
         component = component_of(message)
         duration_ms = (time.perf_counter() - started) * 1000
         result = ApplyResult(
@@ -694,10 +678,9 @@ class Applier:
         if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
             END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
         subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
-        published = publishing.publish_stored(
+        await publishing.publish_stored(
             self.js, subject, encode(result), stream=streams.RESULTS.name, headers={bus.TRACE_ID: message.trace_id}
         )
-        await asyncio.gather(published, *(recording or ()))
         log.info(
             "%s %s (%d attempt%s, %.1f ms)%s",
             action,
