@@ -20,7 +20,6 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js import api as js_api
 
 from tjpipe.contracts import streams, subjects
 from tjpipe.contracts.messages import (
@@ -88,13 +87,7 @@ class Planner:
         self._synchronous_until = 0.0
         """The server's max payload (headers and body); ``run_planner`` sets it from the connection."""
 
-    async def handle(self, msg: Msg) -> _Sent | None:
-        """Verify, decode, plan and send one event's apply messages; what is left to confirm, or ``None``.
-
-        ``None`` means the event is finished here (dead-lettered, or its plan published one at a time).
-        Otherwise the messages are on their way and ``_confirm`` acknowledges the event once every one of
-        them has its PubAck.
-        """
+    async def handle(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         try:
             # Before anything reads the bytes: an event the watcher did not sign is not planned at all.
@@ -102,13 +95,13 @@ class Planner:
         except signing.SignatureError as exc:
             await self._dead_letter(msg, str(exc), reason=exc.reason)
             await msg.term()
-            return None
+            return
         try:
             event = decode_event(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._dead_letter(msg, str(exc), reason="undecodable")
             await msg.term()
-            return None
+            return
         result = plan(event, source_seq=seq)
         self.stats.events += 1
         PLANS.labels(outcome="planned").inc()
@@ -124,15 +117,18 @@ class Planner:
         }
         if oversized and isinstance(event, TrainJobObserved):
             await self._plan_too_large(msg, event, oversized)
-            return None
+            return
+        await self._publish(encoded)
         for warning in result.warnings:
             log.warning("%s: %s", result.trainjob, warning, extra={"trainjob": str(result.trainjob)})
-        sent = await self._send(encoded)
-        sent.summary = f"planned {result.trainjob} from event {seq}: " + (
-            ", ".join(component_of(m) for m in result.applies) or "nothing to apply"
+        log.info(
+            "planned %s from event %d: %s",
+            result.trainjob,
+            seq,
+            ", ".join(component_of(m) for m in result.applies) or "nothing to apply",
+            extra={"trainjob": str(result.trainjob), "seq": seq},
         )
-        sent.trainjob = str(result.trainjob)
-        return sent
+        await msg.ack()
 
     async def _plan_too_large(self, msg: Msg, event: TrainJobObserved, sizes: dict[str, int]) -> None:
         """A plan that cannot fit the bus never will: its event is dead-lettered, not retried for ever.
@@ -143,7 +139,7 @@ class Planner:
         """
         seq = msg.metadata.sequence.stream
         replacement = plan_too_large(event, source_seq=seq, sizes=sizes, max_payload=self.max_payload)
-        await self._confirmed(await self._send([(message, encode(message)) for message in replacement.applies]))
+        await self._publish([(message, encode(message)) for message in replacement.applies])
         error = replacement.warnings[0]
         self.stats.dead_letters += 1
         PLANS.labels(outcome="too-large").inc()
@@ -159,9 +155,9 @@ class Planner:
         )
         await msg.term()
 
-    async def _send(self, encoded: list[tuple[ApplyMessage, bytes]]) -> _Sent:
-        """Sign and send a plan's messages without waiting for their PubAcks (see ``_confirmed``)."""
-        sent = _Sent()
+    async def _publish(self, encoded: list[tuple[ApplyMessage, bytes]]) -> None:
+        futures = []
+        sent: list[tuple[str, bytes, dict[str, str]]] = []
         for message, payload in encoded:
             subject = subjects.apply_subject(message.trainjob.namespace, message.trainjob.name, component_of(message))
             headers = {
@@ -170,34 +166,27 @@ class Planner:
                 signing.SIGNATURE_HEADER: self.signer.sign(subject, payload),
             }
             PLANNED_MESSAGES.labels(component=str(type(message).__struct_config__.tag)).inc()
-            sent.messages.append((subject, payload, headers))
+            sent.append((subject, payload, headers))
             if time.monotonic() < self._synchronous_until:
                 # The stream refused a message lately: publish one at a time, so a refusal shows at once.
                 await self.js.publish(subject, payload, headers=headers, timeout=PUBACK_TIMEOUT_SECONDS)
             else:
-                sent.acks.append(await self.js.publish_async(subject, payload, headers=headers))
-        return sent
-
-    async def _confirmed(self, sent: _Sent, *, deadline: float | None = None) -> None:
-        """Wait for a plan's PubAcks, bounded; raises when one failed or did not come in time.
-
-        Bounded: a PubAck lost with a stream leader never completes its future, and an unbounded wait would
-        stall this partition for good while its lease is still renewed. On timeout the event is handed back
-        (``handle_batch`` naks it) and planned again; the message ids make repeats free.
-        """
-        if sent.acks:
-            timeout = PUBACK_TIMEOUT_SECONDS if deadline is None else max(0.5, deadline - time.monotonic())
+                futures.append(await self.js.publish_async(subject, payload, headers=headers))
+        if futures:
+            # Bounded: a PubAck lost with a stream leader never completes its future, and an unbounded wait
+            # would stall this partition for good while its lease is still renewed. On timeout the event is
+            # handed back (handle_batch naks it) and planned again; the message ids make repeats free.
             try:
-                await asyncio.wait_for(asyncio.gather(*sent.acks), timeout=timeout)
+                await asyncio.wait_for(asyncio.gather(*futures), timeout=PUBACK_TIMEOUT_SECONDS)
             except TimeoutError:
                 # nats-py loses a PubAck that is an error (its reply handler raises instead of failing the
                 # future), so a full stream's refusal looks like a lost PubAck. Asking again, synchronously,
                 # tells them apart: a stored message answers as a duplicate, a refused one raises. Either
                 # way the event goes back to be planned again.
-                subject, payload, headers = sent.messages[0]
+                subject, payload, headers = sent[0]
                 await self.js.publish(subject, payload, headers=headers, timeout=PUBACK_TIMEOUT_SECONDS)
                 raise
-        self.stats.messages += len(sent.messages)
+        self.stats.messages += len(sent)
 
     async def _dead_letter(self, msg: Msg, error: str, *, reason: str) -> None:
         self.stats.dead_letters += 1
@@ -207,63 +196,35 @@ class Planner:
         await bus.dead_letter(self.js, msg, stage="planner", reason=reason, error=error, namespace=namespace, name=name)
 
     async def handle_batch(self, msgs: list[Msg]) -> None:
-        """A partition's batch, planned and sent in order, then confirmed together.
-
-        Every event's messages are sent before any PubAck is awaited, and the acks go out together after,
-        so a batch costs the bus a few writes and one round trip instead of two of each per event. An
-        event is still acknowledged only once every message of its plan is stored.
-        """
-        in_flight: list[tuple[Msg, _Sent]] = []
         for msg in msgs:  # in order: one partition's events, one TrainJob after another
             try:
-                sent = await self.handle(msg)
+                await self.handle(msg)
+            except (TimeoutError, nats.errors.Error, ConnectionError) as exc:
+                # The bus failed us, not the plan: hand the event back to be planned again. A full apply
+                # stream refused it (and stored nothing): back off further each time until there is room.
+                delay = 1.0
+                if publishing.is_refused(exc):
+                    self._synchronous_until = time.monotonic() + SYNCHRONOUS_AFTER_REFUSAL_SECONDS
+                    delay = min(30.0, 2.0 ** min(msg.metadata.num_delivered or 1, 5))
+                    publishing.note_refused(exc, stream=streams.APPLY.name, subject=msg.subject, delay=delay)
+                else:
+                    log.warning("publishing the plan for %s failed (%s); it will be redelivered", msg.subject, exc)
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=delay)
             except Exception as exc:
-                await self._hand_back(msg, exc)
-                continue
-            if sent is not None:
-                in_flight.append((msg, sent))
-        deadline = time.monotonic() + PUBACK_TIMEOUT_SECONDS
-        for msg, sent in in_flight:
-            try:
-                await self._confirmed(sent, deadline=deadline)
-            except Exception as exc:
-                await self._hand_back(msg, exc)
-                continue
-            log.info("%s", sent.summary, extra={"trainjob": sent.trainjob, "seq": msg.metadata.sequence.stream})
-            await msg.ack()
-
-    async def _hand_back(self, msg: Msg, exc: Exception) -> None:
-        if isinstance(exc, TimeoutError | nats.errors.Error | ConnectionError):
-            # The bus failed us, not the plan: hand the event back to be planned again. A full apply
-            # stream refused it (and stored nothing): back off further each time until there is room.
-            delay = 1.0
-            if publishing.is_refused(exc):
-                self._synchronous_until = time.monotonic() + SYNCHRONOUS_AFTER_REFUSAL_SECONDS
-                delay = min(30.0, 2.0 ** min(msg.metadata.num_delivered or 1, 5))
-                publishing.note_refused(exc, stream=streams.APPLY.name, subject=msg.subject, delay=delay)
-            else:
-                log.warning("publishing the plan for %s failed (%s); it will be redelivered", msg.subject, exc)
-            with contextlib.suppress(Exception):
-                await msg.nak(delay=delay)
-            return
-        # A plan that raises would raise again on every redelivery: keep it aside instead.
-        log.error("failed to plan %s", msg.subject, exc_info=exc)
-        with contextlib.suppress(Exception):
-            namespace, name = subjects.trainjob_of_subject(msg.subject)
-            await bus.dead_letter(
-                self.js, msg, stage="planner", reason="planner-error", error=repr(exc), namespace=namespace, name=name
-            )
-            await msg.term()
-
-
-@dataclass
-class _Sent:
-    """One event's plan on its way: the messages sent and their PubAck futures."""
-
-    messages: list[tuple[str, bytes, dict[str, str]]] = field(default_factory=list)
-    acks: list[asyncio.Future[js_api.PubAck]] = field(default_factory=list)
-    summary: str = ""
-    trainjob: str = ""
+                # A plan that raises would raise again on every redelivery: keep it aside instead.
+                log.exception("failed to plan %s", msg.subject)
+                with contextlib.suppress(Exception):
+                    await bus.dead_letter(
+                        self.js,
+                        msg,
+                        stage="planner",
+                        reason="planner-error",
+                        error=repr(exc),
+                        namespace=subjects.trainjob_of_subject(msg.subject)[0],
+                        name=subjects.trainjob_of_subject(msg.subject)[1],
+                    )
+                    await msg.term()
 
 
 async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
