@@ -257,7 +257,8 @@ class Watcher:
                     self._held_since.pop(job_key, None)
                     continue
                 if self._hold(job_key, causes, now):
-                    self._gathered[job_key] = causes + self._gathered.get(job_key, [])
+                    later = self._gathered.get(job_key, [])
+                    self._gathered[job_key] = causes + [cause for cause in later if cause not in causes]
                     self._gathering.set()  # look again after the next window
                     continue
                 ready.append((current.obj, " + ".join(causes)))
