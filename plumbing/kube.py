@@ -229,7 +229,7 @@ def _plain_kubeconfig(
     if token_file is not None:
         try:
             token = token_file.read_text().strip() or None
-        except OSError:
+        except (OSError, UnicodeDecodeError):  # left to the package
             return None
     config = KubeConfig(
         server=cluster["server"].rstrip("/"),
@@ -252,7 +252,7 @@ def _plain_in_cluster(source: CredentialSource) -> tuple[KubeConfig, Path | None
     token_file, ca_file = IN_CLUSTER_DIR / "token", IN_CLUSTER_DIR / "ca.crt"
     try:
         token = token_file.read_text().strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return None
     if not host or not port or not token or not ca_file.is_file():
         return None

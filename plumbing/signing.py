@@ -169,11 +169,11 @@ def _pem_public_key(pem: str, where: str) -> VerifyKey:
 
 def load_private_key(path: Path) -> SigningKey:
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise KeyMaterialError(f"cannot read the signing key {path}: {why}") from None
-    der = _pem_der(text, "PRIVATE KEY")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise KeyMaterialError(f"cannot read the signing key {path}: {exc.strerror or exc}") from None
+    # Not decoded strictly: a decoding error would quote the offending byte, which may be key material.
+    der = _pem_der(data.decode("ascii", errors="replace"), "PRIVATE KEY")
     if der is None:
         raise KeyMaterialError(
             f"{path} is not an unencrypted PEM private key (want one '-----BEGIN PRIVATE KEY-----' block)"

@@ -279,3 +279,14 @@ def test_a_pem_public_key_of_another_algorithm_is_refused(tmp_path: Path) -> Non
     path.write_bytes(pem)
     with pytest.raises(KeyMaterialError, match="is not ed25519"):
         Keyring.from_path(path, setting="X")
+
+
+def test_a_binary_key_file_is_refused_without_quoting_it(tmp_path: Path) -> None:
+    path = tmp_path / "signing.key"
+    der = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    path.write_bytes(der + b"\xff")
+    with pytest.raises(KeyMaterialError, match="is not an unencrypted PEM private key") as raised:
+        Signer.from_file(path, setting="X")
+    assert "0x" not in str(raised.value) and "\\x" not in str(raised.value)
