@@ -161,7 +161,7 @@ def parse_public_keys(text: str, *, source: str = "") -> list[VerifyKey]:
 def _pem_public_key(pem: str, where: str) -> VerifyKey:
     der = _pem_der(pem, "PUBLIC KEY")
     if der is None:
-        raise KeyMaterialError(f"unreadable PEM public key{where} (want one '-----BEGIN PUBLIC KEY-----' block)")
+        raise KeyMaterialError(f"unreadable PEM public key{where} (want one PEM block labelled PUBLIC KEY)")
     if len(der) != len(_SPKI_ED25519) + 32 or not der.startswith(_SPKI_ED25519):
         raise KeyMaterialError(f"a PEM public key{where} is not ed25519")
     return VerifyKey(der[len(_SPKI_ED25519) :])
@@ -176,7 +176,7 @@ def load_private_key(path: Path) -> SigningKey:
     der = _pem_der(data.decode("ascii", errors="replace"), "PRIVATE KEY")
     if der is None:
         raise KeyMaterialError(
-            f"{path} is not an unencrypted PEM private key (want one '-----BEGIN PRIVATE KEY-----' block)"
+            f"{path} is not an unencrypted PEM private key (want one PEM block labelled PRIVATE KEY)"
         )
     if len(der) != len(_PKCS8_ED25519) + 32 or not der.startswith(_PKCS8_ED25519):
         raise KeyMaterialError(f"{path} is not an ed25519 private key")
