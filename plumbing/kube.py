@@ -195,6 +195,24 @@ _PLAIN_CLUSTER_KEYS = frozenset({"server", "certificate-authority", "insecure-sk
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
+def _context_entries(kubeconfig: Path, context: str | None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The cluster and user entries of ``context`` (else the current context); ``None`` when unreadable."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(kubeconfig.read_text())
+        name = context or doc["current-context"]
+        ctx = next(c["context"] for c in doc["contexts"] if c["name"] == name)
+        cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
+        user_name = ctx.get("user")
+        user = next(u["user"] for u in doc.get("users") or [] if u["name"] == user_name) if user_name else {}
+    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, StopIteration):
+        return None
+    if not isinstance(cluster, dict) or not isinstance(user, dict):
+        return None
+    return cluster, user
+
+
 def _plain_kubeconfig(
     kubeconfig: Path, context: str | None, *, source: CredentialSource
 ) -> tuple[KubeConfig, Path | None] | None:
@@ -204,28 +222,18 @@ def _plain_kubeconfig(
     Relative paths are from the kubeconfig's folder and an inline ``token`` wins over ``tokenFile``, as in
     the package.
     """
-    import yaml
-
-    try:
-        doc = yaml.safe_load(kubeconfig.read_text())
-        name = context or doc["current-context"]
-        ctx = next(c["context"] for c in doc["contexts"] if c["name"] == name)
-        cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
-        user = (
-            next(u["user"] for u in doc.get("users") or [] if u["name"] == ctx.get("user")) if ctx.get("user") else {}
-        )
-    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, StopIteration):
+    entries = _context_entries(kubeconfig, context)
+    if entries is None:
         return None
-    if not isinstance(cluster, dict) or not isinstance(user, dict) or not isinstance(cluster.get("server"), str):
-        return None
-    if set(cluster) - _PLAIN_CLUSTER_KEYS or set(user) - _PLAIN_USER_KEYS:
+    cluster, user = entries
+    if not isinstance(cluster.get("server"), str) or set(cluster) - _PLAIN_CLUSTER_KEYS or set(user) - _PLAIN_USER_KEYS:
         return None
 
     def path_of(value: object) -> str | None:
         return str(kubeconfig.parent / value) if isinstance(value, str) and value else None
 
-    token_file = Path(path_of(user["tokenFile"]) or "") if "tokenFile" in user and "token" not in user else None
     token: str | None = str(user["token"]).strip() if user.get("token") else None
+    token_file = _token_file_in(kubeconfig, user) if "token" not in user else None
     if token_file is not None:
         try:
             token = token_file.read_text().strip() or None
@@ -264,17 +272,13 @@ def _plain_in_cluster(source: CredentialSource) -> tuple[KubeConfig, Path | None
 
 def _token_file_of(kubeconfig: Path, context: str | None) -> Path | None:
     """The ``tokenFile`` of the context's user, if it has one (relative paths are from the kubeconfig)."""
-    import yaml
+    entries = _context_entries(kubeconfig, context)
+    return _token_file_in(kubeconfig, entries[1]) if entries is not None else None
 
-    try:
-        doc = yaml.safe_load(kubeconfig.read_text())
-        name = context or doc.get("current-context")
-        ctx = next(c["context"] for c in doc.get("contexts") or [] if c.get("name") == name)
-        user = next(u["user"] for u in doc.get("users") or [] if u.get("name") == ctx.get("user"))
-    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, StopIteration):
-        return None
-    token_file = user.get("tokenFile") if isinstance(user, dict) else None
-    return kubeconfig.parent / token_file if token_file else None
+
+def _token_file_in(kubeconfig: Path, user: dict[str, Any]) -> Path | None:
+    token_file = user.get("tokenFile")
+    return kubeconfig.parent / token_file if isinstance(token_file, str) and token_file else None
 
 
 def _stamp(path: Path | None) -> tuple[int, int, int] | None:
