@@ -79,7 +79,12 @@ def is_suspended(job: TrainJob) -> bool:
 
 
 def snapshot_name_of(job: TrainJob) -> str:
-    return name_of(job) + trainer.RUNTIME_SNAPSHOT_SUFFIX
+    return snapshot_name(name_of(job))
+
+
+def snapshot_name(trainjob_name: str) -> str:
+    """The runtime snapshot ConfigMap's name for the TrainJob of that name."""
+    return trainjob_name + trainer.RUNTIME_SNAPSHOT_SUFFIX
 
 
 def controlled_by_trainjob(owner_refs: list[OwnerReference] | msgspec.UnsetType) -> str | None:

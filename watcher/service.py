@@ -267,7 +267,7 @@ class Watcher:
 
     def _hold(self, job_key: Key, causes: list[str], now: float) -> bool:
         # Presence in the caches is enough for this guess, and costs no decoding (the observation decodes them).
-        snapshot_key = (job_key[0], job_key[1] + trainer.RUNTIME_SNAPSHOT_SUFFIX)
+        snapshot_key = (job_key[0], core.snapshot_name(job_key[1]))
         half = core.half_built(
             causes,
             has_snapshot=any(snapshot_key in inf.cache for inf in self.config_maps),
