@@ -246,6 +246,20 @@ def _holds(want: object, have: object) -> bool:
     return want == have
 
 
+LIST_KEY_DEFAULTS: dict[str, object] = {"protocol": "TCP"}
+"""List-map key fields the API server fills in when an apply leaves them out.
+
+A port list is keyed by containerPort and protocol, and protocol defaults to TCP (for built-in types and
+in the pod templates of the CRDs this pipeline writes alike), so a manager that applied a port without a
+protocol owns the item keyed ``{"containerPort": N, "protocol": "TCP"}``. A plan that leaves protocol out
+names that same item again; one that owned a UDP port and now sends none does not.
+"""
+
+
+def _keyed_by(item: dict[str, object], key: dict[str, object]) -> bool:
+    return all(item.get(field, LIST_KEY_DEFAULTS.get(field)) == value for field, value in key.items())
+
+
 def _owned_fields_in(fields: dict[str, object], obj: object) -> bool:
     """Every field of a managedFields ``fieldsV1`` set is present in ``obj``."""
     for key, sub in fields.items():
@@ -257,7 +271,7 @@ def _owned_fields_in(fields: dict[str, object], obj: object) -> bool:
             child = obj[rest]
         elif kind == "k" and isinstance(obj, list):
             item_key = msgspec.json.decode(rest)
-            match = [i for i in obj if isinstance(i, dict) and all(i.get(k) == v for k, v in item_key.items())]
+            match = [i for i in obj if isinstance(i, dict) and _keyed_by(i, item_key)]
             if not match:
                 return False
             child = match[0]

@@ -153,12 +153,14 @@ def test_outcome(status: int, before: str, after: str, expected: m.ApplyAction) 
 
 # ------------------------------------------------------------------------------ held_state (takeover)
 
-_PORT_KEY = 'k:{"containerPort":29500,"protocol":"TCP"}'
 
-
-def _live_jobset(*, node_selector: dict[str, str] | None = None, owned: dict[str, object] | None = None) -> bytes:
+def _live_jobset(
+    *, node_selector: dict[str, str] | None = None, owned: dict[str, object] | None = None, protocol: str = "TCP"
+) -> bytes:
     """A JobSet as the API server returns it: a server-defaulted port protocol, Trainer's managedFields entry."""
-    pod: dict[str, object] = {"containers": [{"name": "node", "ports": [{"containerPort": 29500, "protocol": "TCP"}]}]}
+    port = {"containerPort": 29500, "protocol": protocol}
+    port_key = "k:" + msgspec.json.encode(port).decode()
+    pod: dict[str, object] = {"containers": [{"name": "node", "ports": [port]}]}
     if node_selector is not None:
         pod["nodeSelector"] = node_selector
     fields = owned or {
@@ -173,7 +175,7 @@ def _live_jobset(*, node_selector: dict[str, str] | None = None, owned: dict[str
                                 "f:metadata": {},
                                 "f:spec": {
                                     "f:containers": {
-                                        'k:{"name":"node"}': {"f:ports": {_PORT_KEY: {"f:containerPort": {}}}}
+                                        'k:{"name":"node"}': {"f:ports": {port_key: {"f:containerPort": {}}}}
                                     }
                                 },
                             }
@@ -232,8 +234,14 @@ def test_a_plan_that_stops_sending_an_owned_field_is_written() -> None:
     assert core.held_state(_planned(metadata=False), _live_jobset(), manager="trainer") == "differs"
 
 
-def test_a_list_item_the_owner_keys_by_a_field_the_plan_leaves_out_is_written() -> None:
-    assert core.held_state(_planned(protocol=False), _live_jobset(), manager="trainer") == "differs"
+def test_a_port_the_plan_sends_without_its_defaulted_protocol_is_the_item_the_owner_keys_with_tcp() -> None:
+    """The replay of a plan made before the JobSet was seen (no protocol) against one re-planned from it (TCP)."""
+    assert core.held_state(_planned(protocol=False), _live_jobset(), manager="trainer") == "held"
+
+
+def test_a_list_item_the_owner_keys_by_another_value_than_the_default_is_written() -> None:
+    """Trainer owns a UDP port; a plan without a protocol would replace it with a TCP one."""
+    assert core.held_state(_planned(protocol=False), _live_jobset(protocol="UDP"), manager="trainer") == "differs"
 
 
 def test_fields_another_manager_owns_do_not_matter() -> None:
