@@ -52,6 +52,8 @@ class PlannerSettings(ServiceSettings):
     lease_ttl: float = 6.0
     signing_key: str | None = None
     """The planner's ed25519 private key (PEM); every apply message is signed with it."""
+    signing_key_setting: str = "--signing-key / TJPIPE_SIGNING_KEY"
+    """The flag and variable that set ``signing_key``, named when it cannot be used."""
     trusted_event_keys: str | None = None
     """The watcher public keys an event must be signed with: a file, or a directory of ``*.pub``."""
 
@@ -228,7 +230,7 @@ class Planner:
 
 
 async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
-    signer = signing.Signer.from_file(settings.signing_key, setting="--signing-key / TJPIPE_SIGNING_KEY")
+    signer = signing.Signer.from_file(settings.signing_key, setting=settings.signing_key_setting)
     trusted_events = signing.Keyring.from_path(
         settings.trusted_event_keys, setting="--trusted-event-keys / TJPIPE_TRUSTED_EVENT_KEYS", name="event"
     )

@@ -16,6 +16,7 @@ import logging
 import platform
 from collections.abc import Awaitable, Callable
 from importlib import metadata
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import (
@@ -102,6 +103,16 @@ END_TO_END = Histogram(
 ReadinessCheck = Callable[[], Awaitable[bool] | bool]
 
 
+class Health(Protocol):
+    """What a service does with its health endpoint: register readiness checks, then start serving."""
+
+    def add_check(self, name: str, check: ReadinessCheck) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class HealthServer:
     def __init__(self, *, port: int, host: str = "0.0.0.0", service: str = "") -> None:
         """``service`` (watcher, planner, applier, webhook) labels ``tjpipe_build_info``."""
@@ -151,3 +162,35 @@ class HealthServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    def stage(self, name: str) -> StageHealth:
+        """This server's part for one of several services in the process (see ``runner.run_stages``)."""
+        return StageHealth(self, name)
+
+
+class StageHealth:
+    """One stage's view of a shared health server: its checks are named ``stage/check``.
+
+    The shared server serves from the start; until the stage calls ``start`` (which a service does once
+    its own checks are in), the process is not ready. ``stop`` leaves the server to its owner.
+    """
+
+    def __init__(self, server: HealthServer, name: str) -> None:
+        self.server = server
+        self.name = name
+        self.started = False
+        server.add_check(f"{name}/started", lambda: self.started)
+
+    def add_check(self, name: str, check: ReadinessCheck) -> None:
+        self.server.add_check(f"{self.name}/{name}", check)
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+
+# Both are a service's Health, checked by mypy.
+_server_is_health: type[Health] = HealthServer
+_stage_is_health: type[Health] = StageHealth

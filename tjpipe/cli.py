@@ -56,16 +56,22 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _nats(parser: argparse.ArgumentParser) -> None:
+STAGES = ("watcher", "planner", "applier")
+SIGNING_STAGES = ("watcher", "planner")
+"""The stages that sign what they publish (events, plans); the applier only verifies."""
+
+
+def _nats(parser: argparse.ArgumentParser, *, creds: bool = True) -> None:
     env_flag(
         parser, "--nats-url", env="NATS_URL", default="nats://127.0.0.1:4222", help="NATS servers, comma-separated"
     )
-    env_flag(
-        parser,
-        "--nats-creds",
-        env="NATS_CREDS",
-        help="this process's NATS identity: an nkey seed file or a JWT .creds file",
-    )
+    if creds:
+        env_flag(
+            parser,
+            "--nats-creds",
+            env="NATS_CREDS",
+            help="this process's NATS identity: an nkey seed file or a JWT .creds file",
+        )
     env_flag(parser, "--nats-tls-ca", env="NATS_TLS_CA", help="CA file that signed the NATS server")
     env_flag(parser, "--nats-tls-cert", env="NATS_TLS_CERT", help="client certificate, if the server asks for one")
     env_flag(parser, "--nats-tls-key", env="NATS_TLS_KEY", help="its private key")
@@ -79,6 +85,36 @@ def nats_options(args: argparse.Namespace) -> dict[str, Any]:
 def _kube(parser: argparse.ArgumentParser) -> None:
     env_flag(parser, "--kubeconfig", env="KUBECONFIG", help="unset: ~/.kube/config, else in-cluster credentials")
     parser.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
+
+
+def _watcher_options(parser: argparse.ArgumentParser) -> None:
+    env_list_flag(
+        parser,
+        "--namespace",
+        env="TJPIPE_NAMESPACES",
+        help="namespace to watch (repeatable; replaces the comma-separated variable); default: all",
+    )
+    parser.add_argument("--resync-seconds", type=float, default=300.0, help="relist TrainJobs this often")
+
+
+def _applier_options(parser: argparse.ArgumentParser) -> None:
+    env_flag(parser, "--concurrency", env="TJPIPE_APPLY_CONCURRENCY", default=16, type=int, help="concurrent applies")
+    env_flag(
+        parser,
+        "--stale-claim-grace",
+        env="TJPIPE_STALE_CLAIM_GRACE",
+        default=330.0,
+        type=float,
+        help="seconds a ledger claim newer than the cluster may hold a target before it is overwritten",
+    )
+    env_flag(
+        parser,
+        "--trainjob-cache-seconds",
+        env="TJPIPE_TRAINJOB_CACHE_SECONDS",
+        default=5.0,
+        type=float,
+        help="seconds a TrainJob verified against the cluster is trusted without reading it again",
+    )
 
 
 def _signing_key(parser: argparse.ArgumentParser) -> None:
@@ -113,13 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(watcher)
     _nats(watcher)
     _kube(watcher)
-    env_list_flag(
-        watcher,
-        "--namespace",
-        env="TJPIPE_NAMESPACES",
-        help="namespace to watch (repeatable; replaces the comma-separated variable); default: all",
-    )
-    watcher.add_argument("--resync-seconds", type=float, default=300.0, help="relist TrainJobs this often")
+    _watcher_options(watcher)
     _signing_key(watcher)
 
     planner = sub.add_parser("planner", help="turn events into per-component apply configurations")
@@ -132,24 +162,35 @@ def build_parser() -> argparse.ArgumentParser:
     _common(applier)
     _nats(applier)
     _kube(applier)
-    env_flag(applier, "--concurrency", env="TJPIPE_APPLY_CONCURRENCY", default=16, type=int, help="concurrent applies")
-    env_flag(
-        applier,
-        "--stale-claim-grace",
-        env="TJPIPE_STALE_CLAIM_GRACE",
-        default=330.0,
-        type=float,
-        help="seconds a ledger claim newer than the cluster may hold a target before it is overwritten",
-    )
-    env_flag(
-        applier,
-        "--trainjob-cache-seconds",
-        env="TJPIPE_TRAINJOB_CACHE_SECONDS",
-        default=5.0,
-        type=float,
-        help="seconds a TrainJob verified against the cluster is trusted without reading it again",
-    )
+    _applier_options(applier)
     _trusted_keys(applier, "plan", "planner")
+
+    controller = sub.add_parser(
+        "controller",
+        help="the watcher, planner and applier in one process, each with its own NATS identity and keys "
+        "(a third of the memory; for a small cluster)",
+    )
+    _common(controller)
+    _nats(controller, creds=False)
+    for stage in STAGES:
+        env_flag(
+            controller,
+            f"--{stage}-nats-creds",
+            env=f"TJPIPE_{stage.upper()}_NATS_CREDS",
+            help=f"the {stage}'s NATS identity: an nkey seed file or a JWT .creds file",
+        )
+    _kube(controller)
+    _watcher_options(controller)
+    _applier_options(controller)
+    for stage in SIGNING_STAGES:
+        env_flag(
+            controller,
+            f"--{stage}-signing-key",
+            env=f"TJPIPE_{stage.upper()}_SIGNING_KEY",
+            help=f"the {stage}'s ed25519 private key, PEM; required",
+        )
+    _trusted_keys(controller, "event", "watcher")
+    _trusted_keys(controller, "plan", "planner")
 
     webhook = sub.add_parser(
         "webhook", help="serve Trainer's validating admission webhooks (TrainJob, runtimes) over TLS"
@@ -450,7 +491,7 @@ def _error(message: str) -> None:
     sys.stderr.flush()
 
 
-_SERVICES = ("watcher", "planner", "applier", "webhook")
+_SERVICES = ("watcher", "planner", "applier", "controller", "webhook")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -559,9 +600,31 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
         from tjpipe.applier.service import run_applier
 
         return run_service(settings.applier(args), run_applier)
+    if command == "controller":
+        return _run_controller(args)
     from tjpipe.planner.webhook import run_webhook
 
     return run_service(settings.webhook(args), run_webhook)
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    """The three stages in one process: each gets its settings as its own command would from these flags."""
+    from tjpipe.applier.service import run_applier
+    from tjpipe.planner.service import run_planner
+    from tjpipe.plumbing.runner import run_stages
+    from tjpipe.watcher.service import run_watcher
+
+    watcher, planner, applier = (settings.stage(args, stage) for stage in STAGES)
+    ws, ps, aps = settings.watcher(watcher), settings.planner(planner), settings.applier(applier)
+    return run_stages(
+        settings.process(args),
+        {
+            "watcher": lambda stop: run_watcher(ws, stop),
+            "planner": lambda stop: run_planner(ps, stop),
+            "applier": lambda stop: run_applier(aps, stop),
+        },
+        service="controller",
+    )
 
 
 # ------------------------------------------------------------------------------------------- the bus

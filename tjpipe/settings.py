@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tjpipe.planner.service import PlannerSettings
     from tjpipe.planner.webhook import WebhookSettings
     from tjpipe.plumbing.bus import TlsFiles
+    from tjpipe.plumbing.runner import ProcessSettings
     from tjpipe.watcher.service import WatcherSettings
 
 
@@ -127,6 +128,26 @@ def _process(args: argparse.Namespace) -> dict[str, Any]:
     return {"metrics_port": args.metrics_port, "log_level": args.log_level, "json_logs": json_logs}
 
 
+def process(args: argparse.Namespace) -> ProcessSettings:
+    """The settings of the process itself, where several services share it (``tjpipe controller``)."""
+    from tjpipe.plumbing.runner import ProcessSettings
+
+    return ProcessSettings(**_process(args))
+
+
+def stage(args: argparse.Namespace, name: str) -> argparse.Namespace:
+    """One stage's arguments within ``tjpipe controller``: its own NATS identity and signing key.
+
+    The health endpoint is the process's, so the stage itself serves none.
+    """
+    own = argparse.Namespace(**vars(args))
+    own.nats_creds = getattr(args, f"{name}_nats_creds")
+    own.signing_key = getattr(args, f"{name}_signing_key", None)
+    own.signing_key_setting = f"--{name}-signing-key / TJPIPE_{name.upper()}_SIGNING_KEY"
+    own.metrics_port = 0
+    return own
+
+
 def _on_bus(args: argparse.Namespace) -> dict[str, Any]:
     """``plumbing.runner.ServiceSettings``'s fields, for the three pipeline services."""
     return {
@@ -140,6 +161,12 @@ def _on_bus(args: argparse.Namespace) -> dict[str, Any]:
 def _replica(args: argparse.Namespace) -> dict[str, Any]:
     """The lease holder's name, where one was given (else each service's default, host-pid)."""
     return {"replica": args.replica_id} if args.replica_id else {}
+
+
+def _signing_key_setting(args: argparse.Namespace) -> dict[str, Any]:
+    """How a stage of ``tjpipe controller`` names its own key's flag (each service's default otherwise)."""
+    setting = getattr(args, "signing_key_setting", None)
+    return {"signing_key_setting": setting} if setting else {}
 
 
 # The builders below are keyword lists, alike in shape to each other and to other struct constructions
@@ -156,6 +183,7 @@ def watcher(args: argparse.Namespace) -> WatcherSettings:
         namespaces=tuple(dict.fromkeys(args.namespace)),
         resync_seconds=args.resync_seconds,
         signing_key=args.signing_key,
+        **_signing_key_setting(args),
     )
 
 
@@ -163,7 +191,11 @@ def planner(args: argparse.Namespace) -> PlannerSettings:
     from tjpipe.planner.service import PlannerSettings
 
     return PlannerSettings(
-        **_on_bus(args), **_replica(args), signing_key=args.signing_key, trusted_event_keys=args.trusted_event_keys
+        **_on_bus(args),
+        **_replica(args),
+        **_signing_key_setting(args),
+        signing_key=args.signing_key,
+        trusted_event_keys=args.trusted_event_keys,
     )
 
 

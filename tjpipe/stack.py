@@ -55,7 +55,14 @@ DEMO_TRAINJOB = "mnist"
 DEMO_RUNTIME = "torch-distributed"
 DEMO_MPI_TRAINJOB = "deepspeed"
 DEMO_MPI_RUNTIME = "deepspeed-distributed"
-_SIGNING_ENV = ("TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", "TJPIPE_TRUSTED_PLAN_KEYS")
+_SIGNING_ENV = (
+    "TJPIPE_SIGNING_KEY",
+    "TJPIPE_TRUSTED_EVENT_KEYS",
+    "TJPIPE_TRUSTED_PLAN_KEYS",
+    *(f"TJPIPE_{stage.upper()}_{what}" for stage in SERVICES for what in ("SIGNING_KEY", "NATS_CREDS")),
+)
+CONTROLLER = "controller"
+"""``tjpipe controller``: the three services in one process, each stage with its own identity and keys."""
 """Set per service by the stack, never inherited: a service gets only the key material it needs."""
 
 
@@ -381,14 +388,30 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if k not in _SIGNING_ENV and k not in NOT_INHERITED}
         if self.nats_adopted:
             env.update({k: v for k, v in os.environ.items() if k.startswith("NATS_TLS_")})
-        env.update(self.keys.service_env(service))
         env["NATS_URL"] = self.nats_url
+        if service == CONTROLLER:
+            env.update(self._controller_env())
+        else:
+            env.update(self.keys.service_env(service))
         if self.credentials is not None and service in SERVICE_IDENTITY:
             # Its own identity only; never the admin's, never another stage's. The webhook has none.
             env["NATS_CREDS"] = str(self.credentials.seed_file(SERVICE_IDENTITY[service]).resolve())
         if self.kubeconfig is not None:
             env["KUBECONFIG"] = str(self.kubeconfig.resolve())
         env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _controller_env(self) -> dict[str, str]:
+        """Each stage's identity and keys under its own names: what the three services' environments hold."""
+        env: dict[str, str] = {}
+        for stage in SERVICES:
+            for name, value in self.keys.service_env(stage).items():
+                own = f"TJPIPE_{stage.upper()}_SIGNING_KEY" if name == "TJPIPE_SIGNING_KEY" else name
+                env[own] = value
+            if self.credentials is not None:
+                env[f"TJPIPE_{stage.upper()}_NATS_CREDS"] = str(
+                    self.credentials.seed_file(SERVICE_IDENTITY[stage]).resolve()
+                )
         return env
 
     def start_service(self, service: str, *, name: str | None = None, extra: Sequence[str] = ()) -> ManagedProcess:

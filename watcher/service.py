@@ -72,6 +72,8 @@ class WatcherSettings(ServiceSettings):
     resync_seconds: float = 300.0
     signing_key: str | None = None
     """The watcher's ed25519 private key (PEM); every event is signed with it."""
+    signing_key_setting: str = "--signing-key / TJPIPE_SIGNING_KEY"
+    """The flag and variable that set ``signing_key``, named when it cannot be used."""
 
 
 @dataclass
@@ -432,7 +434,7 @@ class Watcher:
 
 
 async def run_watcher(settings: WatcherSettings, stop: asyncio.Event) -> None:
-    signer = signing.Signer.from_file(settings.signing_key, setting="--signing-key / TJPIPE_SIGNING_KEY")
+    signer = signing.Signer.from_file(settings.signing_key, setting=settings.signing_key_setting)
     log.info("signing events with key %s", signer.key_id)
     async with started(
         "tjpipe-watcher",

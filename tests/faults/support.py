@@ -288,7 +288,7 @@ class Pipeline:
     def start(self, service: str, *, name: str | None = None, extra: Iterable[str] = ()) -> ManagedProcess:
         # No health/metrics listener: the services would bind it on 0.0.0.0, and these tests stay on loopback.
         args = ["--metrics-port", "0", *extra]
-        if service == "watcher":
+        if service in ("watcher", "controller"):
             args += ["--namespace", self.namespace]
         process = self.stack.start_service(service, name=name or service, extra=args)
         self.processes[name or service] = process

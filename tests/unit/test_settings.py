@@ -90,6 +90,37 @@ def test_each_service_gets_its_settings_with_the_common_part_built_once() -> Non
         assert (made.metrics_port, made.json_logs, made.log_level) == (0, True, "info")
 
 
+def test_the_controller_gives_each_stage_its_own_identity_and_key_and_the_process_the_health_port() -> None:
+    environ = {
+        "NATS_URL": "nats://n:4222",
+        "NATS_CREDS": "/creds/ignored.nk",  # the controller has no single identity
+        "TJPIPE_METRICS_PORT": "9191",
+        **{f"TJPIPE_{s.upper()}_NATS_CREDS": f"/creds/{s}.nk" for s in cli.STAGES},
+        **{f"TJPIPE_{s.upper()}_SIGNING_KEY": f"/keys/{s}.pem" for s in cli.SIGNING_STAGES},
+        "TJPIPE_TRUSTED_EVENT_KEYS": "/keys/events",
+        "TJPIPE_TRUSTED_PLAN_KEYS": "/keys/plans",
+    }
+    args = parse(["controller", "--namespace", "team-a", "--concurrency", "4"], environ)
+    assert settings.process(args).metrics_port == 9191
+    watcher = settings.watcher(settings.stage(args, "watcher"))
+    planner = settings.planner(settings.stage(args, "planner"))
+    applier = settings.applier(settings.stage(args, "applier"))
+    assert (watcher.nats_creds, planner.nats_creds, applier.nats_creds) == (
+        "/creds/watcher.nk",
+        "/creds/planner.nk",
+        "/creds/applier.nk",
+    )
+    assert (watcher.signing_key, planner.signing_key) == ("/keys/watcher.pem", "/keys/planner.pem")
+    assert planner.signing_key_setting == "--planner-signing-key / TJPIPE_PLANNER_SIGNING_KEY"
+    assert (planner.trusted_event_keys, applier.trusted_plan_keys) == ("/keys/events", "/keys/plans")
+    assert (watcher.namespaces, applier.concurrency) == (("team-a",), 4)
+    assert {made.metrics_port for made in (watcher, planner, applier)} == {0}  # the process serves health
+    assert {made.nats_url for made in (watcher, planner, applier)} == {"nats://n:4222"}
+    # A single service keeps its own names.
+    alone = settings.planner(parse(["planner"], {"TJPIPE_SIGNING_KEY": "/keys/p.pem"}))
+    assert (alone.signing_key, alone.signing_key_setting) == ("/keys/p.pem", "--signing-key / TJPIPE_SIGNING_KEY")
+
+
 def test_the_webhook_refuses_to_start_without_its_serving_certificate(tmp_path: Path) -> None:
     args = parse(["webhook", "--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")])
     with pytest.raises(settings.SettingsError, match="no such file"):
