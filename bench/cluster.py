@@ -321,6 +321,15 @@ async def backlog(js: JetStreamContext) -> int:
     return total
 
 
+async def purge_history(js: JetStreamContext) -> None:
+    """Empty the pipeline's streams and its ledger: what a run left on the bus, before another run starts.
+
+    The consumers stay; with nothing left to deliver they start again from the next message.
+    """
+    for name in (*(s.name for s in streams.ALL_STREAMS), f"KV_{streams.APPLIED_BUCKET}"):
+        await js.purge_stream(name)
+
+
 async def signature(js: JetStreamContext) -> tuple[int, ...]:
     return tuple([await last_seq(js, s.name) for s in streams.ALL_STREAMS])
 

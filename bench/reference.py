@@ -14,8 +14,11 @@ Both sides are measured by one function, ``controller_run``, so nothing but the 
 
 Trainer runs first and alone: the pipeline's services are not started yet, and everything Trainer built
 is deleted before they are (Trainer and the pipeline both use the field manager ``trainer``, and the
-pipeline's watcher must not find Trainer's objects). Trainer's webhooks are served but not registered:
-the pipeline's side runs without an admission webhook too, so neither side's TrainJob creates pay for one.
+pipeline's watcher must not find Trainer's objects). The pipeline in one process (``tjpipe controller``)
+runs next, alone in the same way, and its objects and bus history are removed before the three
+separate services start, so each of the three sides begins with an empty cluster. Trainer's webhooks are
+served but not registered: the pipeline's side runs without an admission webhook too, so neither side's
+TrainJob creates pay for one.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ TRAINER_PROCESS = "trainer-controller"
 PIPELINE_PROCESSES = ("watcher", "planner", "applier", "nats")
 """The pipeline's controller side: its three services and the NATS server that carries their work."""
 SERVER_PROCESSES = ("kube-apiserver", "etcd")
+ONE_PROCESS = "controller"
+ONE_PROCESS_SIDE = (ONE_PROCESS, "nats")
+"""``tjpipe controller``: the three stages in one process, and the NATS server."""
 
 
 def describe_settings(shipped: Mapping[str, Any]) -> str:
@@ -306,3 +312,48 @@ def _error_lines(log_path: Path, limit: int = 5) -> list[str]:
     except OSError:
         return []
     return [line[:400] for line in lines if '"level":"error"' in line][-limit:]
+
+
+async def one_process_side(
+    kube: CountingKube,
+    *,
+    start: Callable[[], Any],
+    stop: Callable[[], Any],
+    forget: Callable[[], Any],
+    pids: Callable[[], dict[str, int]],
+    probe: Probe,
+    n: int,
+    create_concurrency: int,
+    quiet_seconds: float,
+    run_id: str,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The pipeline as ``tjpipe controller``: ``n`` TrainJobs, measured as the other two sides are.
+
+    ``forget`` removes the bus history the run left (streams and the ledger), once it has stopped and its
+    objects are deleted, so that the three-service run after it starts where this one did.
+    """
+    namespace = f"bench-one-process-{run_id}"
+    out: dict[str, Any] = {}
+    await start()
+    try:
+        out["run"] = await controller_run(
+            kube,
+            label=f"pipeline in one process torch N={n}",
+            namespace=namespace,
+            n=n,
+            create_concurrency=create_concurrency,
+            pids=pids,
+            controller=ONE_PROCESS_SIDE,
+            probe=probe,
+            quiet_seconds=quiet_seconds,
+            progress=progress,
+        )
+    finally:
+        await stop()
+        left = await delete_collections(kube, namespace, CLEANUP_KINDS)
+        if left:
+            out["left_behind"] = {namespace: left}
+        await forget()
+        progress(f"one process: stopped; {namespace} emptied, bus history purged")
+    return out

@@ -31,8 +31,8 @@ import aiohttp
 from bench import stats, workload
 from bench.micro import run_planner_micro
 
-SCENARIOS = ("planner", "floor", "trainer", "trainer-memory", "e2e", "paced", "writes", "memory")
-SERVER_SCENARIOS = ("floor", "trainer", "e2e", "paced", "writes", "memory")
+SCENARIOS = ("planner", "floor", "trainer", "trainer-memory", "one-process", "e2e", "paced", "writes", "memory")
+SERVER_SCENARIOS = ("floor", "trainer", "one-process", "e2e", "paced", "writes", "memory")
 
 
 @dataclass(frozen=True)
@@ -306,7 +306,15 @@ async def run_with_stack(
 ) -> None:
 
     from bench import scenarios as sc
-    from bench.cluster import CountingKube, Services, apply_object, bus_probe, cpu_of, pids_by_name
+    from bench.cluster import (
+        CountingKube,
+        Services,
+        apply_object,
+        bus_probe,
+        cpu_of,
+        pids_by_name,
+        purge_history,
+    )
     from tjpipe.contracts import resources
     from tjpipe.plumbing.kube import KubeConfig
     from tjpipe.stack import Stack, StatePaths
@@ -380,17 +388,39 @@ async def run_with_stack(
                 report["notes"].append(f"Trainer's controller could not be measured: {exc!r}")
 
         session = aiohttp.ClientSession()
+        concurrency = ["--concurrency", str(settings.concurrency)]
         services = Services(
             stack=stack,
             session=session,
             progress=progress,
-            base_args={"applier": ["--concurrency", str(settings.concurrency)]},
+            base_args={"applier": concurrency, "controller": concurrency},
         )
-        await services.start_all()
-        progress(f"services ready: {', '.join(f'{p.name} pid {p.pid}' for p in stack.services)}")
         # Admin: the benchmark reads consumer state and stream sequences; the services run as their own identities.
         nc = await stack.connect(name="tjpipe-bench")
         js = nc.jetstream()
+        if "trainer" not in settings.skip and "one-process" not in settings.skip:
+            from bench.reference import ONE_PROCESS, one_process_side
+
+            async def start_one() -> None:
+                await services.start(ONE_PROCESS)
+                await services.wait_ready([ONE_PROCESS])
+                progress(f"one process: tjpipe controller ready, pid {services.pid(ONE_PROCESS)}")
+
+            scenarios.setdefault("reference", {})["one_process"] = await one_process_side(
+                kube,
+                start=start_one,
+                stop=lambda: services.stop(ONE_PROCESS),
+                forget=lambda: purge_history(js),
+                pids=lambda: pids_by_name(stack),
+                probe=bus_probe(js),
+                n=settings.compare_jobs,
+                create_concurrency=settings.create_concurrency,
+                quiet_seconds=settings.quiet_seconds,
+                run_id=secrets.token_hex(2),
+                progress=progress,
+            )
+        await services.start_all()
+        progress(f"services ready: {', '.join(f'{p.name} pid {p.pid}' for p in stack.services)}")
         ctx = sc.Context(
             kube=kube,
             nc=nc,

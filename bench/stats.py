@@ -844,6 +844,8 @@ TRAINER_PROCESS = "trainer-controller"
 CONTROLLER_SIDE = (*PIPELINE_SERVICES, "nats")
 """The pipeline's processes that do what Trainer's controller does (the NATS server carries their work)."""
 REFERENCE_CPU_ORDER = (TRAINER_PROCESS, *CONTROLLER_SIDE, "kube-apiserver", "etcd", "benchmark")
+ONE_PROCESS_SIDE = ("controller", "nats")
+"""``tjpipe controller`` (the three stages in one process) and the NATS server."""
 
 
 def _per_trainjob_ms(run: Mapping[str, Any], process: str) -> float | None:
@@ -943,6 +945,40 @@ def reference_rows(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
             VS_RSS,
             "ratio",
         )
+    one = (ref.get("one_process") or {}).get("run") or {}
+    if one:
+        # The same figures for ``tjpipe controller``, which ran alone as well; the pipeline column holds them.
+        tag = "one process (tjpipe controller)"
+        row(f"throughput, {tag}", "TJ/s", t.get("trainjobs_per_s"), one.get("trainjobs_per_s"), VS_THROUGHPUT, "ratio")
+        one_lat = one.get("latency") or {}
+        row(f"latency p50, {tag}", "s", t_lat.get("p50"), one_lat.get("p50"))
+        row(f"latency p99, {tag}", "s", t_lat.get("p99"), one_lat.get("p99"))
+        row(f"API writes per TrainJob, {tag}", "", t.get("writes_per_trainjob"), one.get("writes_per_trainjob"))
+        row(
+            f"CPU per TrainJob, controller side, {tag}",
+            "ms",
+            t.get("controller_cpu_ms_per_trainjob"),
+            one.get("controller_cpu_ms_per_trainjob"),
+            VS_CPU,
+            "ratio",
+        )
+        for process in ONE_PROCESS_SIDE:
+            row(f"CPU per TrainJob: {process}, {tag}", "ms", None, _per_trainjob_ms(one, process))
+        one_rss = one.get("controller_rss_mb") or {}
+        row(
+            f"RSS, controller side, {n:,} TrainJobs, {tag}",
+            "MB",
+            t_rss.get("rss_mb"),
+            one_rss.get("rss_mb"),
+            VS_RSS,
+            "ratio",
+        )
+        row(
+            f"peak RSS (VmHWM), controller side, {n:,} TrainJobs, {tag}",
+            "MB",
+            t_rss.get("hwm_mb"),
+            one_rss.get("hwm_mb"),
+        )
     restart = _situation(scenarios, "restart")
     row(
         "writes per TrainJob on restart",
@@ -991,7 +1027,8 @@ def _render_reference(sc: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]
         "",
         f"The same load, {ref.get('n', 0):,} torch TrainJobs created by the same client, on the same API server, "
         "one controller at a time: Trainer's first and alone, then everything it built deleted, then the "
-        "pipeline's services. Trainer's controller runs with its shipped settings"
+        "pipeline in one process (`tjpipe controller`, rows marked so) the same way, then the pipeline's three "
+        "services. Trainer's controller runs with its shipped settings"
         + (f" ({t_side['settings']})" if t_side.get("settings") else "")
         + ", leader election off (one replica; no Lease renewals in the counts), its webhooks served but not "
         "registered (the pipeline's side runs without an admission webhook too). A TrainJob is built when "

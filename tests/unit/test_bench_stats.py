@@ -514,6 +514,35 @@ def test_versus_trainer_checks_carry_the_issue_targets() -> None:
     assert versus["RSS, controller side, 10,000 TrainJobs"]["verdict"] == "not met"
 
 
+def test_the_one_process_controller_is_judged_against_trainer_as_the_three_services_are() -> None:
+    report = _report()
+    report["scenarios"]["reference"]["one_process"] = {
+        "run": {
+            "n": 1000,
+            "created": 1000,
+            "trainjobs_per_s": 105.0,
+            "latency": {"p50": 0.6, "p99": 2.5},
+            "writes_per_trainjob": 2.0,
+            "cpu_seconds": {"controller": 4.0, "nats": 2.0, "kube-apiserver": 8.5},
+            "controller_cpu_ms_per_trainjob": 6.0,
+            "controller_rss_mb": {"rss_mb": 130.0, "hwm_mb": 140.0},
+        }
+    }
+    tag = "one process (tjpipe controller)"
+    rows = {r["figure"]: r for r in stats.reference_rows(report["scenarios"])}
+    assert rows[f"throughput, {tag}"]["ratio"] == pytest.approx(105.0 / 50.0)
+    assert rows[f"CPU per TrainJob, controller side, {tag}"]["ratio"] == pytest.approx(6.0 / 3.6)
+    assert rows[f"CPU per TrainJob: controller, {tag}"]["pipeline"] == pytest.approx(4.0)
+    assert rows[f"RSS, controller side, 1,000 TrainJobs, {tag}"]["ratio"] == pytest.approx(130.0 / 70.0)
+    # The three services' rows are untouched by it.
+    assert rows["RSS, controller side, 1,000 TrainJobs"]["pipeline"] == 120.0
+    checks = {c["figure"]: c for c in stats.build_checks(report["scenarios"]) if c["section"] == "versus Trainer"}
+    assert checks[f"throughput, {tag}"]["verdict"] == "met"
+    assert checks[f"CPU per TrainJob, controller side, {tag}"]["verdict"] == "not met"
+    assert checks[f"RSS, controller side, 1,000 TrainJobs, {tag}"]["verdict"] == "met"
+    assert f"RSS, controller side, 1,000 TrainJobs, {tag}" in stats.render_markdown(report)
+
+
 def test_versus_trainer_without_trainer_figures_has_no_verdicts() -> None:
     scenarios: dict[str, Any] = {"reference": {"n": 10, "pipeline": {"run": {"trainjobs_per_s": 5.0}}}}
     checks = stats.build_checks(scenarios)
