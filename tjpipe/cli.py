@@ -227,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--detach", action="store_true", help="leave the stack running in the background")
     up.add_argument(
+        "--one-process",
+        action="store_true",
+        help="run the three stages as one 'tjpipe controller' process instead of three services",
+    )
+    up.add_argument(
         "--state-dir", type=Path, default=Path(".tjpipe"), help="the stack's state folder (default: .tjpipe)"
     )
     simulated = up.add_argument_group(
@@ -690,6 +695,7 @@ def _up(args: argparse.Namespace) -> int:
         simulate=not args.control_plane_only,
         sim_nodes=args.nodes,
         pod_run_seconds=args.pod_run_seconds,
+        one_process=args.one_process,
     )
     # `timeout`, a service manager or a closing terminal send SIGTERM: stop everything as Ctrl-C does. A shell
     # starts background jobs with SIGINT ignored; `kill -INT` must stop the stack all the same.

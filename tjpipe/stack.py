@@ -212,6 +212,8 @@ class Stack:
     scheduler, JobSet's manager and kwok nodes. Off: the control plane only. Never on an adopted cluster."""
     sim_nodes: int = 4
     pod_run_seconds: float = 5.0
+    one_process: bool = False
+    """Run the three stages as one ``tjpipe controller`` process instead of three services."""
     simulation: Simulation | None = None
     _containers: list[Any] = field(default_factory=list)
 
@@ -436,7 +438,7 @@ class Stack:
         return process
 
     def start_services(self) -> None:
-        for service in SERVICES:
+        for service in (CONTROLLER,) if self.one_process else SERVICES:
             process = self.start_service(service)
             port = self.metrics_ports[service]
             self.progress(f"started {service} (pid {process.pid}, metrics :{port}/metrics, log {process.log_path})")

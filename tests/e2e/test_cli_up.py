@@ -81,7 +81,34 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
     assert [pid for pid in pids if _alive(pid)] == []
 
 
-def _check_demo_jobset(state: Path) -> None:
+def test_up_one_process_runs_the_three_stages_as_one_controller_each_with_its_own_identity(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "KUBECONFIG")}
+    state = tmp_path / ".tjpipe"
+    pids: list[int] = []
+    try:
+        up = _tjpipe("up", "--demo", "--detach", "--control-plane-only", "--one-process", cwd=tmp_path, env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        pid_files = sorted((state / "logs").glob("*.pid"))
+        pids = [int(p.read_text().split()[0]) for p in pid_files]
+        assert [p.stem for p in pid_files] == ["controller", "etcd", "kube-apiserver", "nats", "webhook"]
+        controller = _environ(pids[0])
+        creds, keys = state / "creds", state / "keys"
+        for stage in ("watcher", "planner", "applier"):
+            assert controller[f"TJPIPE_{stage.upper()}_NATS_CREDS"] == str(creds / f"{stage}.nk")
+        assert "NATS_CREDS" not in controller  # no single identity, and never the admin's
+        assert not [v for v in controller.values() if v.endswith("admin.nk")]
+        assert controller["TJPIPE_WATCHER_SIGNING_KEY"].startswith(str(keys / "watcher"))
+        assert controller["TJPIPE_PLANNER_SIGNING_KEY"].startswith(str(keys / "planner"))
+        assert "TJPIPE_SIGNING_KEY" not in controller
+        _check_demo_jobset(state, log="controller")
+    finally:
+        down = _tjpipe("down", cwd=tmp_path, env=env, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not list((state / "logs").glob("*.pid"))
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _check_demo_jobset(state: Path, *, log: str = "applier") -> None:
     from kubernetes import dynamic
 
     from tjpipe.local.kubeapi import new_api_client
@@ -95,13 +122,13 @@ def _check_demo_jobset(state: Path) -> None:
             jobset = jobsets.get(namespace="tjpipe-demo", name="mnist").to_dict()
         except Exception:
             time.sleep(0.3)
-    assert jobset is not None, (state / "logs" / "applier.log").read_text()[-2000:]
+    assert jobset is not None, (state / "logs" / f"{log}.log").read_text()[-2000:]
     node = jobset["spec"]["replicatedJobs"][0]
     assert node["template"]["spec"]["parallelism"] == 4
     container = node["template"]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert {"name": "PET_NPROC_PER_NODE", "value": "auto"} in container["env"]
-    log_lines = (state / "logs" / "applier.log").read_text().splitlines()
+    log_lines = (state / "logs" / f"{log}.log").read_text().splitlines()
     records = [json.loads(line) for line in log_lines if line.startswith("{")]
     assert any(r.get("action") == "created" and r.get("trainjob") == "tjpipe-demo/mnist" for r in records)
 
