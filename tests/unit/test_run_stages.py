@@ -24,34 +24,37 @@ def _root_logger_restored() -> Iterator[None]:
     root.setLevel(level)
 
 
-def test_a_failing_stage_stops_the_others_and_its_error_is_the_process_s() -> None:
-    stopped: list[str] = []
+class _Waiter:
+    """A stage that runs until it is told to stop, and notes that it was."""
 
-    async def waits(stop: asyncio.Event) -> None:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    async def __call__(self, stop: asyncio.Event) -> None:
         await stop.wait()
-        stopped.append("waits")
+        self.stopped = True
 
-    async def fails(stop: asyncio.Event) -> None:
-        await asyncio.sleep(0.05)
-        raise ValueError("no key")
 
+async def _fails(stop: asyncio.Event) -> None:
+    await asyncio.sleep(0.05)
+    raise ValueError("no key")
+
+
+async def _returns(stop: asyncio.Event) -> None:
+    return None
+
+
+def test_a_failing_stage_stops_the_others_and_its_error_is_the_process_s() -> None:
+    waiter = _Waiter()
     with pytest.raises(ValueError, match="no key"):
-        run_stages(ProcessSettings(metrics_port=0), {"a": waits, "b": fails}, service="controller")
-    assert stopped == ["waits"]
+        run_stages(ProcessSettings(metrics_port=0), {"a": waiter, "b": _fails}, service="controller")
+    assert waiter.stopped
 
 
 def test_a_stage_that_returns_stops_the_others_too() -> None:
-    stopped: list[str] = []
-
-    async def waits(stop: asyncio.Event) -> None:
-        await stop.wait()
-        stopped.append("waits")
-
-    async def returns(stop: asyncio.Event) -> None:
-        return None
-
-    assert run_stages(ProcessSettings(metrics_port=0), {"a": waits, "b": returns}, service="controller") == 0
-    assert stopped == ["waits"]
+    waiter = _Waiter()
+    assert run_stages(ProcessSettings(metrics_port=0), {"a": waiter, "b": _returns}, service="controller") == 0
+    assert waiter.stopped
 
 
 def _free_port() -> int:
