@@ -7,8 +7,8 @@ plain text instead, since a person is reading it.
 Several stages can share one process (``run_stages``): each still starts as it would alone, with its own
 NATS identity and keys, and only the interpreter, the event loop and the health endpoint are shared. A
 Python process costs about 45 MB before it holds any TrainJob, so on a small cluster one process instead
-of three is most of the pipeline's memory; what it gives up is the separation of the stages' keys into
-processes of their own.
+of three saves about half the pipeline's memory; what it gives up is keeping the stages' keys and
+cluster access in processes of their own.
 """
 
 from __future__ import annotations
@@ -119,8 +119,9 @@ def run_stages(settings: ProcessSettings, stages: Mapping[str, Stage], *, servic
             stop.set()
             await asyncio.wait(tasks)
             for task in tasks:  # the first failure, in the stages' order, is the process's
-                if not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+                error = None if task.cancelled() else task.exception()
+                if error is not None:
+                    raise error
         finally:
             _SHARED_HEALTH.reset(token)
             await health.stop()

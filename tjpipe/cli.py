@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     controller = sub.add_parser(
         "controller",
         help="the watcher, planner and applier in one process, each with its own NATS identity and keys "
-        "(a third of the memory; for a small cluster)",
+        "(about half the memory; for a small cluster)",
     )
     _common(controller)
     _nats(controller, creds=False)

@@ -577,6 +577,23 @@ def test_the_api_server_accepts_every_object(
         client.request("GET", _path(known, some_deployment))
 
 
+def _allowed(authz: Any, account: str, permission: Permission) -> bool:
+    """What the API server's authorizer answers for this namespace's ServiceAccount ``account``."""
+    group, resource, verb = permission
+    plural, _, subresource = resource.partition("/")
+    review = kube_client.V1SubjectAccessReview(
+        spec=kube_client.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{NAMESPACE}:{account}",
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
+            resource_attributes=kube_client.V1ResourceAttributes(
+                group=group, resource=plural, subresource=subresource or None, verb=verb, namespace="team-a"
+            ),
+        )
+    )
+    status = authz.create_subject_access_review(review).status
+    return status is not None and status.allowed is True
+
+
 @pytest.mark.cluster
 def test_the_rbac_authorizer_agrees(
     kube: Any, base: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
@@ -597,22 +614,7 @@ def test_the_rbac_authorizer_agrees(
             authz = kube_client.AuthorizationV1Api(api_client)
 
             def allowed(account: str, group: str, resource: str, verb: str) -> bool:
-                plural, _, subresource = resource.partition("/")
-                review = kube_client.V1SubjectAccessReview(
-                    spec=kube_client.V1SubjectAccessReviewSpec(
-                        user=f"system:serviceaccount:{NAMESPACE}:{account}",
-                        groups=[
-                            "system:serviceaccounts",
-                            f"system:serviceaccounts:{NAMESPACE}",
-                            "system:authenticated",
-                        ],
-                        resource_attributes=kube_client.V1ResourceAttributes(
-                            group=group, resource=plural, subresource=subresource or None, verb=verb, namespace="team-a"
-                        ),
-                    )
-                )
-                status = authz.create_subject_access_review(review).status
-                return status is not None and status.allowed is True
+                return _allowed(authz, account, (group, resource, verb))
 
             expected = _expected_permissions()
             for account, permissions in expected.items():

@@ -1,0 +1,200 @@
+"""The ``one-process`` overlay: the base with one ``tjpipe controller`` Deployment instead of three services.
+
+Its variables must be the ones ``tjpipe controller`` reads, each stage's identity and key must point into
+that stage's own Secret, its one ServiceAccount must get exactly the watcher's and the applier's rights, and
+the API server must accept every object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as kube_client
+
+from tjpipe.local.kustomize import kustomize_build
+
+from . import REPO, cli_env_names
+from .test_kustomize import (
+    METRICS_PORT,
+    NAMESPACE,
+    Obj,
+    _allowed,
+    _apply,
+    _client_with,
+    _config_map,
+    _dry_run_each,
+    _expected_permissions,
+    _named,
+    _nats_pod_labels,
+    _of_kind,
+    _path,
+    _ports,
+    _progress,
+    _selects,
+)
+
+ONE_PROCESS = REPO / "deploy" / "overlays" / "one-process"
+STAGES = ("watcher", "planner", "applier")
+
+
+@pytest.fixture(scope="module")
+def one_process() -> list[Obj]:
+    return kustomize_build(ONE_PROCESS, progress=_progress)
+
+
+def _pod(objects: list[Obj]) -> Obj:
+    pod: Obj = _named(objects, "Deployment", "tjpipe-controller")["spec"]["template"]["spec"]
+    return pod
+
+
+def test_one_controller_replaces_the_three_services_and_everything_only_they_used(one_process: list[Obj]) -> None:
+    names = {(obj["kind"], obj["metadata"]["name"]) for obj in one_process}
+    for stage in STAGES:
+        for kind in ("Deployment", "PodDisruptionBudget", "ServiceAccount", "NetworkPolicy", "ClusterRoleBinding"):
+            assert (kind, f"tjpipe-{stage}") not in names, (kind, stage)
+    assert {d["metadata"]["name"] for d in _of_kind(one_process, "Deployment")} == {
+        "tjpipe-controller",
+        "tjpipe-webhook",
+    }
+    # The base's roles stay as they are: the controller is bound to both.
+    assert {r["metadata"]["name"] for r in _of_kind(one_process, "ClusterRole")} == {
+        "tjpipe-watcher",
+        "tjpipe-applier",
+        "tjpipe-webhook",
+    }
+    for obj in one_process:
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"):
+            assert obj["metadata"]["namespace"] == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']}"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "trainjob-pipeline"
+    deployment = _named(one_process, "Deployment", "tjpipe-controller")
+    [pdb] = [
+        p
+        for p in _of_kind(one_process, "PodDisruptionBudget")
+        if _selects(p["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    ]
+    assert pdb["spec"]["minAvailable"] == 1 < deployment["spec"]["replicas"]
+
+
+def test_the_controller_pod_is_probed_locked_down_and_reads_only_its_own_variables(one_process: list[Obj]) -> None:
+    deployment = _named(one_process, "Deployment", "tjpipe-controller")
+    pod = _pod(one_process)
+    assert _selects(deployment["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    assert pod["serviceAccountName"] == "tjpipe-controller"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = pod["containers"]
+    assert container["args"] == ["controller"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": METRICS_PORT}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    config = _config_map(one_process, "tjpipe-config")
+    assert container["envFrom"] == [{"configMapRef": {"name": config["metadata"]["name"]}}]
+    reads = cli_env_names()["controller"]
+    env = {e["name"] for e in container["env"]}
+    assert env <= reads, env - reads
+    assert set(config["data"]) - {"TJPIPE_STREAM_REPLICAS"} <= reads | {"TJPIPE_STREAM_REPLICAS"}
+    assert "NATS_CREDS" not in env and "TJPIPE_SIGNING_KEY" not in env  # no single identity, no single key
+
+
+def test_each_stage_s_identity_and_key_point_into_that_stage_s_own_secret(one_process: list[Obj]) -> None:
+    pod = _pod(one_process)
+    [container] = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    sources = {}
+    for volume in pod["volumes"]:
+        if "secret" in volume:
+            sources[volume["name"]] = ("secret", volume["secret"]["secretName"], volume["secret"])
+        elif "configMap" in volume:
+            sources[volume["name"]] = ("configMap", volume["configMap"]["name"], volume["configMap"])
+
+    def source_of(path: str) -> tuple[str, str]:
+        [name] = [n for n, m in mounts.items() if Path(path).parent == Path(m["mountPath"])]
+        assert mounts[name]["readOnly"] is True
+        kind, source, spec = sources[name]
+        if kind == "secret":
+            assert spec["defaultMode"] == 0o440
+        return kind, source
+
+    for stage in STAGES:
+        assert source_of(env[f"TJPIPE_{stage.upper()}_NATS_CREDS"]) == ("secret", f"tjpipe-{stage}-nats-creds")
+    for stage in ("watcher", "planner"):
+        assert source_of(env[f"TJPIPE_{stage.upper()}_SIGNING_KEY"]) == ("secret", f"tjpipe-{stage}-signing-key")
+    for variable, config_map in (
+        ("TJPIPE_TRUSTED_EVENT_KEYS", "tjpipe-trusted-event-keys"),
+        ("TJPIPE_TRUSTED_PLAN_KEYS", "tjpipe-trusted-plan-keys"),
+    ):
+        [name] = [n for n, m in mounts.items() if m["mountPath"] == env[variable]]
+        assert sources[name][:2] == ("configMap", config_map)
+    secrets = {source for kind, source, _ in sources.values() if kind == "secret"}
+    assert "tjpipe-admin-nats-creds" not in secrets  # the admin identity stays with the bus set-up Job
+    [ca] = [spec for kind, source, spec in sources.values() if source == "nats-tls"]
+    assert ca["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # the NATS server's key is not projected
+
+
+def test_the_controller_s_network_policy_is_the_watcher_s_and_applier_s(one_process: list[Obj]) -> None:
+    labels = _named(one_process, "Deployment", "tjpipe-controller")["spec"]["template"]["metadata"]["labels"]
+    policies = _of_kind(one_process, "NetworkPolicy")
+    [policy] = [p for p in policies if p["spec"]["podSelector"] and _selects(p["spec"]["podSelector"], labels)]
+    spec = policy["spec"]
+    assert _ports(spec["ingress"]) == {(METRICS_PORT, "TCP")}
+    assert _ports(spec["egress"]) == {(4222, "TCP"), (443, "TCP"), (6443, "TCP"), (53, "UDP"), (53, "TCP")}
+    # NATS lets it in: its client rule selects every pipeline pod.
+    nats_spec = _named(one_process, "NetworkPolicy", "nats")["spec"]
+    assert _selects(nats_spec["podSelector"], _nats_pod_labels(one_process))
+    [clients] = [rule for rule in nats_spec["ingress"] if _ports([rule]) == {(4222, "TCP")}]
+    assert any(_selects(peer["podSelector"], labels) for peer in clients["from"])
+
+
+@pytest.fixture(scope="module")
+def api(kube: Any, one_process: list[Obj]) -> Iterator[tuple[Any, dict[str, dict[str, tuple[str, bool]]]]]:
+    yield from _client_with(kube, [_named(one_process, "Namespace", NAMESPACE)])
+
+
+@pytest.mark.cluster
+def test_the_api_server_accepts_every_object_of_the_overlay(
+    one_process: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
+) -> None:
+    client, known = api
+    rejected, warnings = _dry_run_each(client, known, one_process)
+    assert rejected == []
+    assert warnings == []
+
+
+@pytest.mark.cluster
+def test_the_rbac_authorizer_gives_the_controller_the_watcher_s_and_applier_s_rights_and_no_more(
+    kube: Any, one_process: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
+) -> None:
+    if kube.local is None:
+        pytest.skip("only on the local test apiserver: this creates ClusterRoles for real")
+    client, known = api
+    rbac = [obj for obj in one_process if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    for obj in rbac:
+        _apply(client, known, obj)
+    try:
+        with kube.api_client() as api_client:
+            authz = kube_client.AuthorizationV1Api(api_client)
+
+            def allowed(group: str, resource: str, verb: str) -> bool:
+                return _allowed(authz, "tjpipe-controller", (group, resource, verb))
+
+            expected = _expected_permissions()
+            needed = expected["tjpipe-watcher"] | expected["tjpipe-applier"]
+            assert sorted(p for p in needed if not allowed(*p)) == []
+            others = expected["tjpipe-webhook"] | {
+                ("", "secrets", "update"),
+                ("", "pods", "list"),
+                ("", "configmaps", "delete"),
+                ("trainer.kubeflow.org", "trainjobs", "patch"),
+                ("jobset.x-k8s.io", "jobsets", "update"),
+            }
+            assert sorted(p for p in others - needed if allowed(*p)) == []
+    finally:
+        for obj in rbac:
+            if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                client.request("DELETE", _path(known, obj))
