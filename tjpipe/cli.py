@@ -619,6 +619,7 @@ def _run_controller(args: argparse.Namespace) -> int:
     from tjpipe.plumbing.runner import run_stages
     from tjpipe.watcher.service import run_watcher
 
+    settings.require_own_identities(args, STAGES)
     watcher, planner, applier = (settings.stage(args, stage) for stage in STAGES)
     ws, ps, aps = settings.watcher(watcher), settings.planner(planner), settings.applier(applier)
     return run_stages(

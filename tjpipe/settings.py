@@ -148,6 +148,26 @@ def stage(args: argparse.Namespace, name: str) -> argparse.Namespace:
     return own
 
 
+def require_own_identities(args: argparse.Namespace, stages: tuple[str, ...]) -> None:
+    """Refuse one NATS identity file for two stages of ``tjpipe controller``.
+
+    Each stage's permissions on the bus are its identity's; one file for two would give each the other's
+    rights, which is what running them as separate identities in one process is meant to keep apart.
+    """
+    seen: dict[str, str] = {}
+    for name in stages:
+        creds = getattr(args, f"{name}_nats_creds")
+        if not creds:
+            continue
+        key = str(Path(creds).resolve())
+        if key in seen:
+            raise SettingsError(
+                f"--{seen[key]}-nats-creds and --{name}-nats-creds name the same file ({creds}): "
+                "each stage needs its own NATS identity"
+            )
+        seen[key] = name
+
+
 def _on_bus(args: argparse.Namespace) -> dict[str, Any]:
     """``plumbing.runner.ServiceSettings``'s fields, for the three pipeline services."""
     return {

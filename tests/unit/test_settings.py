@@ -121,6 +121,15 @@ def test_the_controller_gives_each_stage_its_own_identity_and_key_and_the_proces
     assert (alone.signing_key, alone.signing_key_setting) == ("/keys/p.pem", "--signing-key / TJPIPE_SIGNING_KEY")
 
 
+def test_the_controller_refuses_one_nats_identity_for_two_stages(tmp_path: Path) -> None:
+    same = str(tmp_path / "admin.nk")
+    environ = {"TJPIPE_WATCHER_NATS_CREDS": same, "TJPIPE_APPLIER_NATS_CREDS": str(tmp_path / "." / "admin.nk")}
+    with pytest.raises(settings.SettingsError, match="--watcher-nats-creds and --applier-nats-creds name the same"):
+        settings.require_own_identities(parse(["controller"], environ), cli.STAGES)
+    # Unset (a server without authorization) is not a shared identity.
+    settings.require_own_identities(parse(["controller"], {}), cli.STAGES)
+
+
 def test_the_webhook_refuses_to_start_without_its_serving_certificate(tmp_path: Path) -> None:
     args = parse(["webhook", "--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")])
     with pytest.raises(settings.SettingsError, match="no such file"):
