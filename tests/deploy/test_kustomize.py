@@ -9,6 +9,7 @@ SubjectAccessReviews can ask the RBAC authorizer itself what each ServiceAccount
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -594,45 +595,54 @@ def _allowed(authz: Any, account: str, permission: Permission) -> bool:
     return status is not None and status.allowed is True
 
 
-@pytest.mark.cluster
-def test_the_rbac_authorizer_agrees(
-    kube: Any, base: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
-) -> None:
-    """Apply the RBAC objects for real (local apiserver only) and ask the authorizer, per ServiceAccount."""
+PROBES: set[Permission] = {
+    ("", "secrets", "get"),
+    ("", "configmaps", "get"),
+    ("", "secrets", "update"),
+    ("", "pods", "list"),
+    ("", "configmaps", "delete"),
+    ("trainer.kubeflow.org", "trainjobs", "patch"),
+    ("jobset.x-k8s.io", "jobsets", "update"),
+}
+"""Permissions no ServiceAccount of this deployment needs, asked of each besides what some other one needs."""
+
+
+@contextlib.contextmanager
+def rbac_applied(
+    kube: Any, api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]], objects: list[Obj]
+) -> Iterator[Callable[[str, Permission], bool]]:
+    """Apply the RBAC objects among ``objects`` for real (local apiserver only), and ask the authorizer.
+
+    Yields ``allowed(account, permission)``; the cluster-scoped objects are deleted again afterwards.
+    """
     if kube.local is None:
         pytest.skip("only on the local test apiserver: this creates ClusterRoles for real")
     client, known = api
-    rbac = [
-        obj
-        for obj in base
-        if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-    ]
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    rbac = [obj for obj in objects if obj["kind"] in kinds]
     for obj in rbac:
         _apply(client, known, obj)
     try:
         with kube.api_client() as api_client:
             authz = kube_client.AuthorizationV1Api(api_client)
-
-            def allowed(account: str, group: str, resource: str, verb: str) -> bool:
-                return _allowed(authz, account, (group, resource, verb))
-
-            expected = _expected_permissions()
-            for account, permissions in expected.items():
-                denied = sorted(p for p in permissions if not allowed(account, *p))
-                assert denied == [], f"{account} is refused what it needs"
-            every = set().union(*expected.values()) | {
-                ("", "secrets", "get"),
-                ("", "configmaps", "get"),
-                ("", "secrets", "update"),
-                ("", "pods", "list"),
-                ("", "configmaps", "delete"),
-                ("trainer.kubeflow.org", "trainjobs", "patch"),
-                ("jobset.x-k8s.io", "jobsets", "update"),
-            }
-            for account in ("tjpipe-watcher", "tjpipe-applier", "tjpipe-webhook", "tjpipe-planner", "nats"):
-                extra = sorted(p for p in every - expected.get(account, set()) if allowed(account, *p))
-                assert extra == [], f"{account} may do more than it needs"
+            yield lambda account, permission: _allowed(authz, account, permission)
     finally:
         for obj in rbac:
             if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
                 client.request("DELETE", _path(known, obj))
+
+
+@pytest.mark.cluster
+def test_the_rbac_authorizer_agrees(
+    kube: Any, base: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
+) -> None:
+    """Apply the RBAC objects for real (local apiserver only) and ask the authorizer, per ServiceAccount."""
+    with rbac_applied(kube, api, base) as allowed:
+        expected = _expected_permissions()
+        for account, permissions in expected.items():
+            denied = sorted(p for p in permissions if not allowed(account, p))
+            assert denied == [], f"{account} is refused what it needs"
+        every = set().union(*expected.values()) | PROBES
+        for account in ("tjpipe-watcher", "tjpipe-applier", "tjpipe-webhook", "tjpipe-planner", "nats"):
+            extra = sorted(p for p in every - expected.get(account, set()) if allowed(account, p))
+            assert extra == [], f"{account} may do more than it needs"

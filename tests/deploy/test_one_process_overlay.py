@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client as kube_client
 
 from tjpipe.local.kustomize import kustomize_build
 
@@ -20,9 +19,8 @@ from . import REPO, cli_env_names
 from .test_kustomize import (
     METRICS_PORT,
     NAMESPACE,
+    PROBES,
     Obj,
-    _allowed,
-    _apply,
     _client_with,
     _config_map,
     _dry_run_each,
@@ -30,10 +28,10 @@ from .test_kustomize import (
     _named,
     _nats_pod_labels,
     _of_kind,
-    _path,
     _ports,
     _progress,
     _selects,
+    rbac_applied,
 )
 
 ONE_PROCESS = REPO / "deploy" / "overlays" / "one-process"
@@ -170,31 +168,9 @@ def test_the_api_server_accepts_every_object_of_the_overlay(
 def test_the_rbac_authorizer_gives_the_controller_the_watcher_s_and_applier_s_rights_and_no_more(
     kube: Any, one_process: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
 ) -> None:
-    if kube.local is None:
-        pytest.skip("only on the local test apiserver: this creates ClusterRoles for real")
-    client, known = api
-    rbac = [obj for obj in one_process if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
-    for obj in rbac:
-        _apply(client, known, obj)
-    try:
-        with kube.api_client() as api_client:
-            authz = kube_client.AuthorizationV1Api(api_client)
-
-            def allowed(group: str, resource: str, verb: str) -> bool:
-                return _allowed(authz, "tjpipe-controller", (group, resource, verb))
-
-            expected = _expected_permissions()
-            needed = expected["tjpipe-watcher"] | expected["tjpipe-applier"]
-            assert sorted(p for p in needed if not allowed(*p)) == []
-            others = expected["tjpipe-webhook"] | {
-                ("", "secrets", "update"),
-                ("", "pods", "list"),
-                ("", "configmaps", "delete"),
-                ("trainer.kubeflow.org", "trainjobs", "patch"),
-                ("jobset.x-k8s.io", "jobsets", "update"),
-            }
-            assert sorted(p for p in others - needed if allowed(*p)) == []
-    finally:
-        for obj in rbac:
-            if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-                client.request("DELETE", _path(known, obj))
+    with rbac_applied(kube, api, one_process) as allowed:
+        expected = _expected_permissions()
+        needed = expected["tjpipe-watcher"] | expected["tjpipe-applier"]
+        assert sorted(p for p in needed if not allowed("tjpipe-controller", p)) == []
+        others = (expected["tjpipe-webhook"] | PROBES) - needed
+        assert sorted(p for p in others if allowed("tjpipe-controller", p)) == []
