@@ -61,9 +61,9 @@ _SIGNING_ENV = (
     "TJPIPE_TRUSTED_PLAN_KEYS",
     *(f"TJPIPE_{stage.upper()}_{what}" for stage in SERVICES for what in ("SIGNING_KEY", "NATS_CREDS")),
 )
+"""Set per service by the stack, never inherited: a service gets only the key material it needs."""
 CONTROLLER = "controller"
 """``tjpipe controller``: the three services in one process, each stage with its own identity and keys."""
-"""Set per service by the stack, never inherited: a service gets only the key material it needs."""
 
 
 # One property per path, alike in shape (duplicate finders pair them): each caller names the path it means.
