@@ -1,21 +1,26 @@
-"""The ``one-process`` overlay: the base with one ``tjpipe controller`` Deployment instead of three services.
+"""The ``one-process`` component: one ``tjpipe controller`` Deployment instead of the three services.
 
-Its variables must be the ones ``tjpipe controller`` reads, each stage's identity and key must point into
-that stage's own Secret, its one ServiceAccount must get exactly the watcher's and the applier's rights, and
-the API server must accept every object.
+Rendered as ``deploy/overlays/one-process`` (the base with the component), its variables must be the ones
+``tjpipe controller`` reads, each stage's identity and key must point into that stage's own Secret, its one
+ServiceAccount must get exactly the watcher's and the applier's rights, and the API server must accept
+every object. Added to the Kubeflow overlay, it must replace the services there the same way.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tjpipe.local.kustomize import kustomize_build
 
 from . import REPO, cli_env_names
+from .test_kubeflow_install import tool
 from .test_kustomize import (
     METRICS_PORT,
     NAMESPACE,
@@ -35,6 +40,7 @@ from .test_kustomize import (
 )
 
 ONE_PROCESS = REPO / "deploy" / "overlays" / "one-process"
+COMPONENT = REPO / "deploy" / "components" / "one-process"
 STAGES = ("watcher", "planner", "applier")
 
 
@@ -174,3 +180,23 @@ def test_the_rbac_authorizer_gives_the_controller_the_watcher_s_and_applier_s_ri
         assert sorted(p for p in needed if not allowed("tjpipe-controller", p)) == []
         others = (expected["tjpipe-webhook"] | PROBES) - needed
         assert sorted(p for p in others if allowed("tjpipe-controller", p)) == []
+
+
+def test_the_component_replaces_the_services_in_the_kubeflow_install_too() -> None:
+    """The Kubeflow overlay (Trainer's folders from its Go module, as ``tools/kubeflow_install.py`` renders it)
+    with the component added: the controller in the pipeline's namespace, no service left, Trainer's CRDs."""
+    with tempfile.TemporaryDirectory(prefix="tjpipe-kubeflow-one-") as scratch:
+        tool._local_kustomization(tool.OVERLAY, Path(scratch))
+        kustomization = yaml.safe_load((Path(scratch) / "kustomization.yaml").read_text())
+        kustomization["components"] = [os.path.relpath(COMPONENT, scratch)]
+        (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        objects = kustomize_build(Path(scratch), progress=_progress)
+    deployments = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in _of_kind(objects, "Deployment")}
+    assert deployments == {(NAMESPACE, "tjpipe-controller"), (NAMESPACE, "tjpipe-webhook")}
+    services = {f"tjpipe-{s}" for s in STAGES}
+    left = [(o["kind"], o["metadata"]["name"]) for o in objects if o["metadata"]["name"] in services]
+    # Only the two roles stay, bound now to the controller.
+    assert sorted(left) == [("ClusterRole", "tjpipe-applier"), ("ClusterRole", "tjpipe-watcher")]
+    crds = {c["metadata"]["name"] for c in _of_kind(objects, "CustomResourceDefinition")}
+    assert "trainjobs.trainer.kubeflow.org" in crds
+    assert _pod(objects)["serviceAccountName"] == "tjpipe-controller"
