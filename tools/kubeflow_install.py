@@ -38,6 +38,7 @@ from tjpipe.local.toolchain import go_module_dir
 
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "deploy" / "overlays" / "kubeflow"
+ONE_PROCESS = REPO / "deploy" / "components" / "one-process"
 CHART = REPO / "charts" / "trainjob-pipeline"
 # The image deploy/base names (its `images:` entry); the chart's values replace it.
 PIPELINE_IMAGE = "trainjob-pipeline"
@@ -62,10 +63,11 @@ def trainer_folder(resource: str) -> str | None:
     return match["folder"]
 
 
-def _local_kustomization(overlay: Path, scratch: Path) -> None:
+def _local_kustomization(overlay: Path, scratch: Path, components: Sequence[Path] = ()) -> None:
     """Write into ``scratch`` a kustomization equal to ``overlay``'s, Trainer's folders read from its Go module.
 
-    kustomize refuses absolute paths, so every resource becomes a path relative to ``scratch``.
+    kustomize refuses absolute paths, so every resource becomes a path relative to ``scratch``; so does each
+    of ``components`` (kustomize components, e.g. ``ONE_PROCESS``), which are added to it.
     """
     with (overlay / "kustomization.yaml").open() as handle:
         kustomization: Obj = yaml.safe_load(handle)
@@ -85,13 +87,18 @@ def _local_kustomization(overlay: Path, scratch: Path) -> None:
         if not target.is_dir():
             raise FileNotFoundError(f"{overlay}: {resource} resolves to {target}, which is not a folder")
         resources.append(os.path.relpath(target, scratch))
-    (scratch / "kustomization.yaml").write_text(yaml.safe_dump({**kustomization, "resources": resources}))
+    rewritten: Obj = {**kustomization, "resources": resources}
+    if components:
+        rewritten["components"] = [os.path.relpath(component, scratch) for component in components]
+    (scratch / "kustomization.yaml").write_text(yaml.safe_dump(rewritten))
 
 
-def render_overlay(overlay: Path = OVERLAY, *, progress: Callable[[str], None] = print) -> list[Obj]:
+def render_overlay(
+    overlay: Path = OVERLAY, *, components: Sequence[Path] = (), progress: Callable[[str], None] = print
+) -> list[Obj]:
     """``kustomize build overlay``, with Trainer's remote folders taken from its Go module."""
     with tempfile.TemporaryDirectory(prefix="tjpipe-kubeflow-") as scratch:
-        _local_kustomization(overlay, Path(scratch))
+        _local_kustomization(overlay, Path(scratch), components)
         return kustomize_build(Path(scratch), progress=progress)
 
 
@@ -127,11 +134,13 @@ def _dump(objects: Sequence[Obj]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=1 << 16)
 
 
-def assemble_chart(out: Path, *, overlay: Path = OVERLAY, progress: Callable[[str], None] = print) -> Path:
+def assemble_chart(
+    out: Path, *, overlay: Path = OVERLAY, components: Sequence[Path] = (), progress: Callable[[str], None] = print
+) -> Path:
     """Write the installable chart into ``out`` (which must not exist or be empty); return ``out``."""
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty")
-    objects = render_overlay(overlay, progress=progress)
+    objects = render_overlay(overlay, components=components, progress=progress)
     crds = [obj for obj in objects if _is_trainer_crd(obj)]
     runtimes = [obj for obj in objects if obj["kind"] == "ClusterTrainingRuntime"]
     pipeline = [obj for obj in objects if not _is_trainer_crd(obj) and obj["kind"] != "ClusterTrainingRuntime"]
@@ -153,18 +162,25 @@ def assemble_chart(out: Path, *, overlay: Path = OVERLAY, progress: Callable[[st
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("kustomize", help="print deploy/overlays/kubeflow's objects as YAML")
+    printed = commands.add_parser("kustomize", help="print deploy/overlays/kubeflow's objects as YAML")
     chart = commands.add_parser("chart", help="write the installable Helm chart into DIR")
     chart.add_argument("dir", type=Path)
+    for command in (printed, chart):
+        command.add_argument(
+            "--one-process",
+            action="store_true",
+            help="the three stages as one 'tjpipe controller' Deployment (deploy/components/one-process)",
+        )
     args = parser.parse_args(argv)
+    components = (ONE_PROCESS,) if args.one_process else ()
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     if args.command == "kustomize":
-        sys.stdout.write(_dump(render_overlay(progress=progress)))
+        sys.stdout.write(_dump(render_overlay(components=components, progress=progress)))
     else:
-        print(assemble_chart(args.dir, progress=progress))
+        print(assemble_chart(args.dir, components=components, progress=progress))
     return 0
 
 

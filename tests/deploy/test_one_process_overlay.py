@@ -8,19 +8,17 @@ every object. Added to the Kubeflow overlay, it must replace the services there 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from tjpipe.local.helm import helm_template
 from tjpipe.local.kustomize import kustomize_build
 
 from . import REPO, cli_env_names
-from .test_kubeflow_install import tool
+from .test_kubeflow_install import RELEASE, RELEASE_NAMESPACE, _by_key, tool
 from .test_kustomize import (
     METRICS_PORT,
     NAMESPACE,
@@ -91,6 +89,8 @@ def test_the_controller_pod_is_probed_locked_down_and_reads_only_its_own_variabl
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     [container] = pod["containers"]
     assert container["args"] == ["controller"]
+    webhook = _named(one_process, "Deployment", "tjpipe-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == webhook["image"] and container["image"].startswith("trainjob-pipeline:")
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": METRICS_PORT}
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
@@ -182,15 +182,14 @@ def test_the_rbac_authorizer_gives_the_controller_the_watcher_s_and_applier_s_ri
         assert sorted(p for p in others if allowed("tjpipe-controller", p)) == []
 
 
-def test_the_component_replaces_the_services_in_the_kubeflow_install_too() -> None:
-    """The Kubeflow overlay (Trainer's folders from its Go module, as ``tools/kubeflow_install.py`` renders it)
-    with the component added: the controller in the pipeline's namespace, no service left, Trainer's CRDs."""
-    with tempfile.TemporaryDirectory(prefix="tjpipe-kubeflow-one-") as scratch:
-        tool._local_kustomization(tool.OVERLAY, Path(scratch))
-        kustomization = yaml.safe_load((Path(scratch) / "kustomization.yaml").read_text())
-        kustomization["components"] = [os.path.relpath(COMPONENT, scratch)]
-        (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-        objects = kustomize_build(Path(scratch), progress=_progress)
+@pytest.fixture(scope="module")
+def kubeflow_one_process() -> list[Obj]:
+    """The Kubeflow install with the component, as ``tools/kubeflow_install.py kustomize --one-process``."""
+    return tool.render_overlay(components=(COMPONENT,), progress=_progress)  # type: ignore[no-any-return]
+
+
+def test_the_component_replaces_the_services_in_the_kubeflow_install_too(kubeflow_one_process: list[Obj]) -> None:
+    objects = kubeflow_one_process
     deployments = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in _of_kind(objects, "Deployment")}
     assert deployments == {(NAMESPACE, "tjpipe-controller"), (NAMESPACE, "tjpipe-webhook")}
     services = {f"tjpipe-{s}" for s in STAGES}
@@ -200,3 +199,18 @@ def test_the_component_replaces_the_services_in_the_kubeflow_install_too() -> No
     crds = {c["metadata"]["name"] for c in _of_kind(objects, "CustomResourceDefinition")}
     assert "trainjobs.trainer.kubeflow.org" in crds
     assert _pod(objects)["serviceAccountName"] == "tjpipe-controller"
+
+
+def test_the_one_process_chart_renders_the_same_objects(kubeflow_one_process: list[Obj], tmp_path: Path) -> None:
+    """``tools/kubeflow_install.py chart DIR --one-process``: Helm users get the same layout."""
+    assert tool.main(["chart", str(tmp_path / RELEASE), "--one-process"]) == 0
+    rendered = helm_template(tmp_path / RELEASE, release=RELEASE, namespace=RELEASE_NAMESPACE, progress=_progress)
+    assert _by_key(rendered) == _by_key(kubeflow_one_process)
+    retagged = helm_template(
+        tmp_path / RELEASE,
+        release=RELEASE,
+        namespace=RELEASE_NAMESPACE,
+        extra_args=["--set", "image.tag=1.2"],
+        progress=_progress,
+    )
+    assert _pod(retagged)["containers"][0]["image"] == "trainjob-pipeline:1.2"
