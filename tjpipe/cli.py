@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tjpipe import settings
-from tjpipe.settings import FromEnvironment, SettingsError, env_flag, env_list_flag
+from tjpipe.settings import SIGNING_STAGES, STAGES, FromEnvironment, SettingsError, env_flag, env_list_flag
 
 if TYPE_CHECKING:
     from tjpipe.contracts.streams import StreamSpec
@@ -54,11 +54,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
         choices=("json", "text", "auto"),
         help="auto: JSON unless stderr is a terminal",
     )
-
-
-STAGES = ("watcher", "planner", "applier")
-SIGNING_STAGES = ("watcher", "planner")
-"""The stages that sign what they publish (events, plans); the applier only verifies."""
 
 
 def _nats(parser: argparse.ArgumentParser, *, creds: bool = True) -> None:
@@ -445,9 +440,9 @@ def _add_operator_commands(sub: Any) -> None:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="COMMAND")
     keys_sub.add_parser("init", help="a signing key for the watcher and the planner, and the keyrings trusting them")
     rot = keys_sub.add_parser("rotate", help="trust a new key for STAGE, then sign with it (the old stays trusted)")
-    rot.add_argument("stage", choices=("watcher", "planner"), help="the stage whose key is rotated")
+    rot.add_argument("stage", choices=SIGNING_STAGES, help="the stage whose key is rotated")
     ret = keys_sub.add_parser("retire", help="stop trusting an old key of STAGE")
-    ret.add_argument("stage", choices=("watcher", "planner"), help="the stage whose old key is retired")
+    ret.add_argument("stage", choices=SIGNING_STAGES, help="the stage whose old key is retired")
     ret.add_argument("key_id", metavar="KEY_ID", help="the key to stop trusting (keys list)")
     keys_list = keys_sub.add_parser("list", help="the key each stage signs with, and the keys trusted")
     _output_format(keys_list, "text", "json", "yaml")
@@ -784,7 +779,7 @@ def _down(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     """Results go to stdout as plain text: key ids and paths are data, not markup."""
     from tjpipe.exits import Failure
-    from tjpipe.local.signing_keys import STAGES, KeyFolder
+    from tjpipe.local.signing_keys import KeyFolder
     from tjpipe.plumbing.signing import KeyMaterialError
 
     sub: str = args.keys_command
@@ -792,7 +787,7 @@ def _keys(args: argparse.Namespace) -> int:
     try:
         if sub == "init":
             folder.ensure()
-            print(f"keys in {folder.root}: " + ", ".join(f"{s} {folder.current_key_id(s)}" for s in STAGES))
+            print(f"keys in {folder.root}: " + ", ".join(f"{s} {folder.current_key_id(s)}" for s in SIGNING_STAGES))
         elif sub == "rotate":
             old, new = folder.rotate(args.stage)
             print(
@@ -807,11 +802,11 @@ def _keys(args: argparse.Namespace) -> int:
 
             rows = [
                 {"stage": s, "signs_with": folder.current_key_id(s), "trusted": list(folder.trusted_key_ids(s))}
-                for s in STAGES
+                for s in SIGNING_STAGES
             ]
             emit(rows, args.output)
         else:
-            for stage in STAGES:
+            for stage in SIGNING_STAGES:
                 trusted = ", ".join(folder.trusted_key_ids(stage))
                 print(f"{stage}: signs with {folder.current_key_id(stage)}; trusted: {trusted}")
     except (KeyMaterialError, ValueError, OSError) as exc:

@@ -35,6 +35,12 @@ if TYPE_CHECKING:
     from tjpipe.watcher.service import WatcherSettings
 
 
+STAGES = ("watcher", "planner", "applier")
+"""The pipeline's three services, in the order a TrainJob passes them."""
+SIGNING_STAGES = ("watcher", "planner")
+"""The stages that sign what they publish: the watcher its events, the planner its apply messages."""
+
+
 class SettingsError(UsageError, ValueError):
     """A setting that cannot be used: a malformed environment value, a file that is not there (exit 2)."""
 

@@ -47,9 +47,10 @@ from tjpipe.local.procs import (
     wait_until,
 )
 from tjpipe.local.signing_keys import KeyFolder
+from tjpipe.settings import STAGES
 
 # Plain name constants; duplicate finders pair this block by shape with other constant blocks (tests/jobset).
-SERVICES = ("watcher", "planner", "applier")
+SERVICES = STAGES
 DEMO_NAMESPACE = "tjpipe-demo"
 DEMO_TRAINJOB = "mnist"
 DEMO_RUNTIME = "torch-distributed"

@@ -95,8 +95,8 @@ def test_the_controller_gives_each_stage_its_own_identity_and_key_and_the_proces
         "NATS_URL": "nats://n:4222",
         "NATS_CREDS": "/creds/ignored.nk",  # the controller has no single identity
         "TJPIPE_METRICS_PORT": "9191",
-        **{f"TJPIPE_{s.upper()}_NATS_CREDS": f"/creds/{s}.nk" for s in cli.STAGES},
-        **{f"TJPIPE_{s.upper()}_SIGNING_KEY": f"/keys/{s}.pem" for s in cli.SIGNING_STAGES},
+        **{f"TJPIPE_{s.upper()}_NATS_CREDS": f"/creds/{s}.nk" for s in settings.STAGES},
+        **{f"TJPIPE_{s.upper()}_SIGNING_KEY": f"/keys/{s}.pem" for s in settings.SIGNING_STAGES},
         "TJPIPE_TRUSTED_EVENT_KEYS": "/keys/events",
         "TJPIPE_TRUSTED_PLAN_KEYS": "/keys/plans",
     }
@@ -125,9 +125,9 @@ def test_the_controller_refuses_one_nats_identity_for_two_stages(tmp_path: Path)
     same = str(tmp_path / "admin.nk")
     environ = {"TJPIPE_WATCHER_NATS_CREDS": same, "TJPIPE_APPLIER_NATS_CREDS": str(tmp_path / "." / "admin.nk")}
     with pytest.raises(settings.SettingsError, match="--watcher-nats-creds and --applier-nats-creds name the same"):
-        settings.require_own_identities(parse(["controller"], environ), cli.STAGES)
+        settings.require_own_identities(parse(["controller"], environ), settings.STAGES)
     # Unset (a server without authorization) is not a shared identity.
-    settings.require_own_identities(parse(["controller"], {}), cli.STAGES)
+    settings.require_own_identities(parse(["controller"], {}), settings.STAGES)
 
 
 def test_the_webhook_refuses_to_start_without_its_serving_certificate(tmp_path: Path) -> None:

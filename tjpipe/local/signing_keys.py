@@ -24,9 +24,8 @@ from pathlib import Path
 
 from tjpipe.contracts import subjects
 from tjpipe.plumbing import signing
+from tjpipe.settings import SIGNING_STAGES as STAGES
 
-STAGES = ("watcher", "planner")
-"""The stages that sign: the watcher its events, the planner its apply messages."""
 TRUSTED_DIR = {"watcher": "trusted-events", "planner": "trusted-plans"}
 
 
