@@ -405,7 +405,18 @@ COMPONENT_RESOURCES: dict[type, resources.Resource] = {
     ApplyVolcanoPodGroup: resources.VOLCANO_POD_GROUP,
 }
 """The only kinds a component message may write, each bound to its own message type."""
-DELETABLE = frozenset((r.api_version, r.kind) for r in COMPONENT_RESOURCES.values())
+CREATE_ONLY: frozenset[type] = frozenset({ApplySecret})
+"""Kinds the applier writes by create alone and never reads: it has no get, list, watch or patch on Secrets.
+
+Kubernetes RBAC has no metadata-only read, and an apply or patch answers with the whole object, so any of
+these verbs would let a stolen applier token read other Secrets' data. Every Secret a plan holds is
+``if-absent`` (made once, with fresh key material), so a create, answered 409 when the name is taken, is all
+the write needs; the ledger's ``created_for`` says whether the existing one is this pipeline's
+(``existing``)."""
+DELETABLE = frozenset(
+    (r.api_version, r.kind) for message_type, r in COMPONENT_RESOURCES.items() if message_type not in CREATE_ONLY
+)
+"""Deleting needs a read first (is the target controlled by the TrainJob?), which a create-only kind does not get."""
 
 
 class _Ref(msgspec.Struct, kw_only=True):
@@ -554,6 +565,31 @@ def authorize_live(message: ApplyMessage, live: bytes | None) -> Verdict:
         return ALLOWED
     owner = f"{refs[0].kind} {refs[0].name}" if refs else "nobody"
     return Verdict(False, f"existing {message.target} is controlled by {owner}, not by TrainJob {message.trainjob}")
+
+
+ExistingCreateOnly = Literal["ours", "another-trainjob", "unrecorded"]
+
+ALREADY_CREATED = "exists already; created once and never changed"
+UNRECORDED = (
+    "exists already, and this pipeline has no record of creating it (Trainer's, or made by someone in the"
+    " namespace); left as it is, unread"
+)
+
+
+def existing(message: ApplyMessage, record: AppliedRecord | None) -> ExistingCreateOnly:
+    """Whose a create-only target is, when its create is answered 409 AlreadyExists, from the ledger alone.
+
+    ``record`` is the ledger record as it was before this attempt claimed the target. Created for this
+    TrainJob: ``ours``, nothing more to do. Created for another TrainJob (an earlier one of the same name,
+    whose Secret the garbage collector removes): ``another-trainjob``, refused as ``authorize_live`` refuses
+    a live object another TrainJob controls. No record of a creation (Trainer made it before this pipeline
+    took over, the ledger was lost, or someone in the namespace made it): ``unrecorded``, left as it is, as
+    Trainer leaves a Secret that exists.
+    """
+    created_for = record.created_for if record is not None else ""
+    if created_for == message.trainjob_uid:
+        return "ours"
+    return "another-trainjob" if created_for else "unrecorded"
 
 
 # ------------------------------------------------------------------------------- the applier's condition

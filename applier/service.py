@@ -398,6 +398,8 @@ class Applier:
         Raises TransientError or PermanentError for the retry tiers around it. Every decision is
         ``applier.core``'s; this performs them.
         """
+        if type(message) in core.CREATE_ONLY:
+            return await self._create_once(message, resource, planned)
         target = message.target
         lkey = ledger_key(target)
         # ``planned`` is the encoded object, without generated key material, which is never part of the digest
@@ -506,6 +508,58 @@ class Applier:
             await self.ledger.write(lkey, done, revision=claimed)
             return core.Done(action=core.outcome(resp.status, before=before, after=after), resource_version=after)
         raise core.TransientError("the target kept changing under concurrent writers")
+
+    async def _create_once(self, message: ObjectApply, resource: resources.Resource, planned: bytes) -> core.Done:
+        """One fenced create of a create-only target (``core.CREATE_ONLY``): it is never read and never patched.
+
+        The claim keeps whom the record says the object was created for, and only a 201 makes that this
+        TrainJob: a create answered 409 is judged by the record as it was before the claim (``core.existing``).
+        """
+        target = message.target
+        lkey = ledger_key(target)
+        digest = core.content_digest(planned)
+        for round_ in range(_CLAIM_ROUNDS):
+            if round_ == 0:
+                record, revision = await self.ledger.read(lkey, assume_absent=True)
+            else:
+                record, revision = await self.ledger.read_fresh(lkey)
+            if record is not None and core.is_stale(record, message):
+                if not await self._claim_is_corrupt(message, resource, lkey, record):
+                    return core.Done(action="skipped", reason=core.STALE_PLAN)
+                await self._replace_claim(message, lkey, record, revision)
+                continue
+            claim = AppliedRecord(
+                source_version=message.source_version,
+                source_seq=message.source_seq,
+                digest=digest,
+                state="claimed",
+                created_for=record.created_for if record is not None else "",
+            )
+            claimed = await self.ledger.write(lkey, claim, revision=revision)
+            if claimed is None:
+                continue  # someone else claimed first: look again
+            try:
+                resp = await self.kube.create(
+                    resource, namespace=target.namespace, body=_body(message), field_manager=message.field_manager
+                )
+            except KubeApiError as exc:
+                if exc.status != 409 or exc.reason != "AlreadyExists":
+                    raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+                whose = core.existing(message, record)
+                if whose == "another-trainjob":
+                    raise core.Unauthorized(
+                        f"existing {target} was created for another TrainJob (uid {claim.created_for}),"
+                        f" not for {message.trainjob}"
+                    ) from exc
+                await self.ledger.write(lkey, msgspec.structs.replace(claim, state="applied"), revision=claimed)
+                return core.Done(action="skipped", reason=core.ALREADY_CREATED if whose == "ours" else core.UNRECORDED)
+            after = _resource_version(resp.body)
+            done = msgspec.structs.replace(
+                claim, state="applied", resource_version=after, created_for=message.trainjob_uid
+            )
+            await self.ledger.write(lkey, done, revision=claimed)
+            return core.Done(action="created", resource_version=after)
+        raise core.TransientError("the ledger record kept changing under concurrent writers")
 
     async def _after_refusal(
         self, exc: KubeApiError, message: ObjectApply, resource: resources.Resource, *, precondition: str, before: str

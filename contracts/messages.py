@@ -262,6 +262,9 @@ class AppliedRecord(msgspec.Struct, frozen=True, kw_only=True):
     resource_version: str = ""
     managed: str = ""
     """Digest of our managedFields entry on the live object after the apply; unchanged means untouched."""
+    created_for: str = ""
+    """For a kind the applier only creates and never reads (Secrets): the uid of the TrainJob it created the
+    object for. The record is then what tells an existing object of that name apart (``applier.core.existing``)."""
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

@@ -505,9 +505,15 @@ class KubeClient:
             raise
         return True
 
-    async def create(self, resource: Resource, *, namespace: str | None, body: bytes) -> Response:
+    async def create(
+        self, resource: Resource, *, namespace: str | None, body: bytes, field_manager: str | None = None
+    ) -> Response:
         return await self.request(
-            "POST", resource.path(namespace=namespace), body=body, content_type="application/json"
+            "POST",
+            resource.path(namespace=namespace),
+            params={"fieldManager": field_manager} if field_manager else None,
+            body=body,
+            content_type="application/json",
         )
 
     async def list_pages(

@@ -35,6 +35,7 @@ from tjpipe.credentials import (
 )
 from tjpipe.local import crds
 from tjpipe.local.cluster import Simulation
+from tjpipe.local.identities import ServiceKubeconfigs, install_identities
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNats, start_nats
 from tjpipe.local.procs import (
@@ -101,6 +102,11 @@ class StatePaths:
     def keys(self) -> Path:
         """The stages' signing keys and the keyrings that trust them (``tjpipe.local.signing_keys``)."""
         return self.root / "keys"
+
+    @property
+    def kube_identities(self) -> Path:
+        """A kubeconfig and ServiceAccount token per service (``tjpipe.local.identities``), mode 0600."""
+        return self.root / "kube-identities"
 
 
 def docker_available() -> bool:
@@ -216,6 +222,8 @@ class Stack:
     one_process: bool = False
     """Run the three stages as one ``tjpipe controller`` process instead of three services."""
     simulation: Simulation | None = None
+    service_kubeconfigs: ServiceKubeconfigs | None = None
+    """Each service's own ServiceAccount kubeconfig, on the stack's own apiserver; None: the one kubeconfig."""
     _containers: list[Any] = field(default_factory=list)
 
     # ---------------------------------------------------------------------------------- infrastructure
@@ -298,10 +306,26 @@ class Stack:
             crds.install_crds(new_api_client(self.kubeconfig), manifests)
             names = ", ".join(m["metadata"]["name"] for m in manifests)
             self.progress(f"CRDs installed from the owning Go modules in {time.monotonic() - started:.1f}s: {names}")
+        if self.local_kube is not None:
+            # An adopted cluster is the user's: its identities are deploy/'s to make, not the stack's.
+            self.use_own_identities()
         if self.simulate and self.local_kube is not None:
             self.start_simulation()
         self.keys.ensure()
         self.write_env()
+
+    def use_own_identities(self) -> None:
+        """Run the services as the pipeline's own ServiceAccounts (``tjpipe.local.identities``), not as admin.
+
+        ``tjpipe up`` does this on its own apiserver; tests call it for an adopted local test apiserver.
+        """
+        kubeconfig = self._require_kubeconfig()
+        self.service_kubeconfigs = install_identities(
+            new_api_client(kubeconfig), admin_kubeconfig=kubeconfig, folder=self.paths.kube_identities
+        )
+        self.progress(
+            "Kubernetes: the services run as their own ServiceAccounts (deploy/base/rbac.yaml, applier-policy.yaml)"
+        )
 
     def start_simulation(self) -> None:
         """Controllers, scheduler, JobSet's manager and simulated nodes on the stack's own apiserver."""
@@ -399,7 +423,11 @@ class Stack:
         if self.credentials is not None and service in SERVICE_IDENTITY:
             # Its own identity only; never the admin's, never another stage's. The webhook has none.
             env["NATS_CREDS"] = str(self.credentials.seed_file(SERVICE_IDENTITY[service]).resolve())
-        if self.kubeconfig is not None:
+        if self.service_kubeconfigs is not None:
+            own = self.service_kubeconfigs.for_service(service)
+            if own is not None:  # the planner talks to no API server and gets no kubeconfig
+                env["KUBECONFIG"] = str(own.resolve())
+        elif self.kubeconfig is not None:
             env["KUBECONFIG"] = str(self.kubeconfig.resolve())
         env["PYTHONUNBUFFERED"] = "1"
         return env

@@ -50,7 +50,7 @@ HALF_BUILT_HOLD_SECONDS = 2.0
 
 
 class _Named(msgspec.Struct, frozen=True, kw_only=True):
-    """Objects only known by name and owner here (PriorityClasses, owned Secrets and PodGroups)."""
+    """Objects only known by name and owner here (PriorityClasses and owned PodGroups)."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
@@ -109,7 +109,7 @@ class Watcher:
         self.cluster_runtimes = Informer(
             kube, resources.CLUSTER_TRAINING_RUNTIME, TrainingRuntime, self._on_cluster_runtime
         )
-        # ConfigMaps and Secrets: only the ones this pipeline wrote, by its label; the API server sends no
+        # ConfigMaps: only the ones this pipeline wrote, by its label; the API server sends no
         # other (see contracts.labels). ConfigMaps are read whole because the runtime snapshot's data is
         # needed and only ConfigMaps this pipeline wrote arrive, none holding a secret; only the snapshot's
         # data is kept (trim.config_map). Metadata only plus a GET per snapshot would cost one more request
@@ -127,24 +127,11 @@ class Watcher:
             )
             for ns in namespaces
         ]
-        # Secrets and PodGroups matter only as "still there, still ours". Secrets are listed and watched as
-        # metadata only (PartialObjectMetadata): their data never leaves the API server. Of the metadata
-        # only name and owners are kept (an annotation such as last-applied-configuration may repeat a
-        # Secret's data), so no key material reaches the watcher's memory.
+        # PodGroups matter only as "still there, still ours": of them only name and owners are kept.
+        # Secrets are not watched at all: a role that may list or watch Secrets reads every Secret's data,
+        # whatever the client asks for (RBAC has no metadata-only read). The applier keeps the record of the
+        # Secrets it created in its ledger; a deleted one is made again when its TrainJob is next planned.
         self.owned = [
-            Informer(
-                kube,
-                resources.SECRET,
-                _Named,
-                self._on_owned,
-                namespace=ns,
-                keep=_controlled_by_trainjob,
-                trim=_named_identity,
-                label_selector=labels.OWNED_SELECTOR,
-                metadata_only=True,
-            )
-            for ns in namespaces
-        ] + [
             Informer(
                 kube, resource, _Named, self._on_owned, namespace=ns, keep=_controlled_by_trainjob, trim=_named_identity
             )
@@ -411,7 +398,7 @@ class Watcher:
             *self.config_maps,
             self.priority_classes,
         ]
-        # Owned Secrets and PodGroups only trigger re-plans; a missing PodGroup CRD must not hold up start.
+        # Owned PodGroups only trigger re-plans; a missing PodGroup CRD must not hold up start.
         tasks = [asyncio.create_task(inf.run()) for inf in (*first, *self.owned)]
         tasks.append(asyncio.create_task(self._publish_gathered()))
         try:

@@ -390,7 +390,10 @@ def new_namespace(api: kube_client.ApiClient, prefix: str = "f") -> str:
     return name
 
 
-def open_pipeline(kube: LocalKube, root: Path, *, runtimes: Iterable[str] = ("torch-distributed",)) -> Pipeline:
+def open_pipeline(
+    kube: LocalKube, root: Path, *, runtimes: Iterable[str] = ("torch-distributed",), own_identities: bool = False
+) -> Pipeline:
+    """NATS and a Stack on ``kube``; with ``own_identities`` the services run as the pipeline's ServiceAccounts."""
     root.mkdir(parents=True, exist_ok=True)
     credentials = generate_credentials(root / "creds")
     nats = start_nats(
@@ -403,6 +406,8 @@ def open_pipeline(kube: LocalKube, root: Path, *, runtimes: Iterable[str] = ("to
     stack.start_infrastructure(
         nats_url=nats.url, kubeconfig=kube.kubeconfig, install_crds=False, credentials=credentials
     )
+    if own_identities:
+        stack.use_own_identities()
     for name in runtimes:
         stack.install_runtime(name)
     api = new_api_client(kube.kubeconfig)

@@ -401,30 +401,19 @@ async def test_message_id_still_names_every_version() -> None:
     assert bus.published[-1][2]["Nats-Msg-Id"] == f"{UID}/10;js=12;rt=ClusterTrainingRuntime:3;snap=11"
 
 
-def test_no_secret_material_is_cached() -> None:
+def test_the_watcher_has_no_secret_informer() -> None:
+    """A role that may list or watch Secrets reads their data, so the watcher asks for none at all."""
     watcher, _ = _watcher()
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": NAME + "-mpi-ssh-auth",
-            "namespace": NS,
-            "uid": "s-uid",
-            "resourceVersion": "9",
-            "ownerReferences": [owner_reference(NAME, UID)],
-            "annotations": {LAST_APPLIED: json.dumps({"data": {"ssh-privatekey": PRIVATE}})},
-            "labels": {"a": PRIVATE},
-            "managedFields": MANAGED_FIELDS,
-        },
-        "data": {"ssh-privatekey": PRIVATE},
-    }
-    (secrets,) = [inf for inf in watcher.owned if inf.resource.kind == "Secret"]
-    decoded = secrets._decode(encoded(secret))
-    assert decoded is not None
-    key, cached = decoded
-    assert key == (NS, NAME + "-mpi-ssh-auth")
-    assert PRIVATE not in repr(msgspec.to_builtins(cached.obj))
-    assert core.controlled_by_trainjob(cached.obj.metadata.owner_references) == NAME
+    informers = [
+        *watcher.trainjobs,
+        *watcher.jobsets,
+        *watcher.runtimes,
+        watcher.cluster_runtimes,
+        *watcher.config_maps,
+        *watcher.owned,
+        watcher.priority_classes,
+    ]
+    assert all(inf.resource.kind != "Secret" for inf in informers)
 
 
 def test_cached_objects_take_less_than_their_json() -> None:
