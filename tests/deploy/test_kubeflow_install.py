@@ -146,6 +146,14 @@ def _check_install(objects: list[Obj], trainer_crds: list[Obj], trainer_runtimes
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "tjpipe-applier", "namespace": PIPELINE_NAMESPACE}
     ]
+    # The admission policies that confine the applier come along, with their list of excluded namespaces.
+    assert {p["metadata"]["name"] for p in _of_kind(objects, "ValidatingAdmissionPolicy")} == {
+        "tjpipe-trainjob-components",
+        "tjpipe-excluded-namespaces",
+    }
+    params = _named(objects, "ConfigMap", "tjpipe-applier-policy")
+    assert params["metadata"]["namespace"] == PIPELINE_NAMESPACE
+    assert PIPELINE_NAMESPACE in params["data"]["excludedNamespaces"].split(",")
 
 
 def test_the_overlay_keeps_trainers_crds_and_runtimes_and_replaces_its_controller(

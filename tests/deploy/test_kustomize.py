@@ -100,7 +100,7 @@ def test_base_renders_the_expected_objects(base: list[Obj]) -> None:
         "ServiceAccount": 6,  # watcher, planner, applier, webhook, nats, bus-setup
         "ClusterRole": 3,  # watcher, applier, webhook; the planner has none
         "ClusterRoleBinding": 3,
-        "ConfigMap": 2,  # service settings, nats.conf
+        "ConfigMap": 3,  # service settings, nats.conf, the applier policy's excluded namespaces
         "Service": 3,  # nats (clients), nats-headless (routes), tjpipe-webhook
         "StatefulSet": 1,
         "Deployment": 4,
@@ -108,13 +108,53 @@ def test_base_renders_the_expected_objects(base: list[Obj]) -> None:
         "PodDisruptionBudget": 5,
         "NetworkPolicy": 7,  # default deny, three services, webhook, bus set-up, nats
         "ValidatingWebhookConfiguration": 1,
+        "ValidatingAdmissionPolicy": 2,  # TrainJob components only; nothing in excluded namespaces
+        "ValidatingAdmissionPolicyBinding": 2,
     }
     assert {name: _deployment(base, name)["spec"]["replicas"] for name in SERVICES} == BASE_REPLICAS
     assert _named(base, "StatefulSet", "nats")["spec"]["replicas"] == 3
     assert _deployment(base, "webhook")["spec"]["replicas"] == 2
     for obj in base:
-        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"):
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']}"
+        else:
+            assert "namespace" not in obj["metadata"], f"{obj['kind']} {obj['metadata']['name']}"
+
+
+CLUSTER_SCOPED = frozenset(
+    {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+)
+
+
+def test_the_admission_policies_match_the_pipelines_service_accounts_and_exclude_the_system_namespaces(
+    base: list[Obj],
+) -> None:
+    """Both policies hold for every ServiceAccount of the pipeline's namespace (the applier, or the one-process
+    controller), and fail closed; the excluded namespaces are the cluster's own and the pipeline's."""
+    policies = {p["metadata"]["name"]: p for p in _of_kind(base, "ValidatingAdmissionPolicy")}
+    bindings = {b["spec"]["policyName"]: b for b in _of_kind(base, "ValidatingAdmissionPolicyBinding")}
+    assert set(policies) == set(bindings) == {"tjpipe-trainjob-components", "tjpipe-excluded-namespaces"}
+    for name, policy in policies.items():
+        assert policy["spec"]["failurePolicy"] == "Fail", name
+        assert [c["expression"] for c in policy["spec"]["matchConditions"]] == [
+            f"'system:serviceaccounts:{NAMESPACE}' in request.userInfo.groups"
+        ], name
+        assert bindings[name]["spec"]["validationActions"] == ["Deny"], name
+    components = policies["tjpipe-trainjob-components"]["spec"]["matchConstraints"]["resourceRules"]
+    assert {(g, r) for rule in components for g in rule["apiGroups"] for r in rule["resources"]} == {
+        (_group(r), r.plural) for r in _APPLIED
+    }
+    param = bindings["tjpipe-excluded-namespaces"]["spec"]["paramRef"]
+    assert param["parameterNotFoundAction"] == "Deny" and param["namespace"] == NAMESPACE
+    excluded = _named(base, "ConfigMap", param["name"])["data"]["excludedNamespaces"].split(",")
+    assert excluded == ["kube-system", "kube-public", "kube-node-lease", NAMESPACE]
 
 
 def test_dev_overlay_is_one_of_everything(dev: list[Obj]) -> None:
@@ -402,11 +442,11 @@ _WATCHED = (
     resources.CLUSTER_TRAINING_RUNTIME,
     resources.JOBSET,
     resources.CONFIG_MAP,
-    resources.SECRET,
     resources.POD_GROUP,
     resources.VOLCANO_POD_GROUP,
     resources.PRIORITY_CLASS,
 )
+"""No Secrets: a role that may list or watch Secrets reads their data, whatever the client asks for."""
 _APPLIED = (
     resources.JOBSET,
     resources.POD_GROUP,
@@ -425,7 +465,11 @@ def _group(resource: resources.Resource) -> str:
 def _expected_permissions() -> dict[str, set[Permission]]:
     # Informers only: the watcher never reads an object by name, so no `get`, on Secrets or anything else.
     watcher = {(_group(r), r.plural, verb) for r in _WATCHED for verb in ("list", "watch")}
-    applier = {(_group(r), r.plural, verb) for r in _APPLIED for verb in ("get", "create", "patch")}
+    applier = {
+        (_group(r), r.plural, verb)
+        for r in _APPLIED
+        for verb in (("create",) if r is resources.SECRET else ("get", "create", "patch"))
+    }
     applier |= {
         (_group(resources.JOBSET), resources.JOBSET.plural, "delete"),
         (_group(resources.TRAINJOB), resources.TRAINJOB.plural, "get"),
@@ -470,7 +514,7 @@ def test_rbac_grants_exactly_what_the_code_uses(base: list[Obj]) -> None:
         assert expected[name] - granted == set(), f"{name} lacks what the code uses"
     watcher = _granted(roles["tjpipe-watcher"])
     assert {verb for _, _, verb in watcher} == {"list", "watch"}, "the watcher only lists and watches"
-    assert ("", "secrets", "get") not in watcher
+    assert not [p for p in watcher if p[1] == "secrets"]
     applier = _granted(roles["tjpipe-applier"])
     applier_verbs = {verb for _, _, verb in applier}
     assert not applier_verbs & {"watch", "deletecollection", "escalate", "bind", "impersonate"}
@@ -479,6 +523,8 @@ def test_rbac_grants_exactly_what_the_code_uses(base: list[Obj]) -> None:
         (_group(resources.TRAINJOB), "trainjobs/finalizers")
     }
     assert {(g, r) for g, r, verb in applier if verb == "list"} == {(_group(resources.TRAINJOB), "trainjobs")}
+    # Create alone on Secrets: get, list, watch, patch or update would each return Secret data.
+    assert {verb for _, r, verb in applier if r == "secrets"} == {"create"}
 
 
 def test_only_watcher_applier_and_webhook_are_bound_and_the_rest_get_no_token(base: list[Obj]) -> None:
@@ -597,6 +643,9 @@ def _allowed(authz: Any, account: str, permission: Permission) -> bool:
 
 PROBES: set[Permission] = {
     ("", "secrets", "get"),
+    ("", "secrets", "list"),
+    ("", "secrets", "watch"),
+    ("", "secrets", "patch"),
     ("", "configmaps", "get"),
     ("", "secrets", "update"),
     ("", "pods", "list"),

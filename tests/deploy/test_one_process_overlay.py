@@ -34,6 +34,7 @@ from .test_kustomize import (
     _ports,
     _progress,
     _selects,
+    CLUSTER_SCOPED,
     rbac_applied,
 )
 
@@ -68,9 +69,15 @@ def test_one_controller_replaces_the_three_services_and_everything_only_they_use
         "tjpipe-webhook",
     }
     for obj in one_process:
-        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"):
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']}"
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "trainjob-pipeline"
+    # The admission policies match the controller too: it is a ServiceAccount of the pipeline's namespace.
+    assert {p["metadata"]["name"] for p in _of_kind(one_process, "ValidatingAdmissionPolicy")} == {
+        "tjpipe-trainjob-components",
+        "tjpipe-excluded-namespaces",
+    }
+    assert _named(one_process, "ServiceAccount", "tjpipe-controller")["metadata"]["namespace"] == NAMESPACE
     deployment = _named(one_process, "Deployment", "tjpipe-controller")
     [pdb] = [
         p

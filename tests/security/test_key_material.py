@@ -1,16 +1,17 @@
 """Key material on the real local stack: what the watcher may read, and the Flux key the applier makes.
 
-The watcher's ConfigMap and Secret informers run against the real API server through a client that
-records every request and the bytes that came back: each list and watch must carry the pipeline's label
-selector, and the Secret ones must ask for metadata only, so no Secret data, and no Secret or ConfigMap
-of anyone else, ever reaches the process.
+The watcher's ConfigMap informers run against the real API server through a client that records every
+request and the bytes that came back: each list and watch must carry the pipeline's label selector, so no
+ConfigMap of anyone else reaches the process, and the watcher asks for no Secret at all (a role that may
+list Secrets reads their data, whatever the client asks for).
 
 A Flux TrainJob then runs through the three services. Its CURVE Secret is created once, with a random
 key in Trainer's certificate format (not the one Trainer derives from the TrainJob's UID, which every
-event on the bus carries), is labelled, and costs zero writes on every resync after. A Secret and a
-runtime snapshot left behind by Trainer (unlabelled, the key derived from the UID) are kept as they are,
-data and all: the pipeline only adds its label, once. No key appears on the bus or in a log. Write
-counts come from the API server's own ``apiserver_request_total`` (SSA is verb ``APPLY``).
+event on the bus carries), is labelled, and is never written again: later plans only create it, and the
+API server answers that it exists. A Secret and a runtime snapshot left behind by Trainer (unlabelled, the
+key derived from the UID) are kept as they are, data and all: the snapshot gets the pipeline's label, once;
+the Secret is neither read nor changed. No key appears on the bus or in a log. Write counts come from the
+API server's own ``apiserver_request_total`` (SSA is verb ``APPLY``, a create ``POST``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import asyncio
 import base64
 import hashlib
 import inspect
-import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import x25519
 from faults.support import (
     TRAINER,
     Pipeline,
+    WriteCounts,
     close_pipeline,
     condition_of,
     converged,
@@ -45,11 +46,11 @@ from faults.support import (
 from kubernetes import client as kube_client
 from unit.builders import replicated_job
 
+from tjpipe.applier.core import ALREADY_CREATED
 from tjpipe.applier.secrets import curve_certificate, z85_decode
 from tjpipe.contracts import labels, resources, streams
 from tjpipe.plumbing.kube import (
     METADATA_ACCEPT,
-    METADATA_LIST_ACCEPT,
     KubeApiError,
     KubeClient,
     KubeConfig,
@@ -121,7 +122,7 @@ def _object(kind: str, name: str, namespace: str, *, labelled: bool, data: dict[
     return {"apiVersion": "v1", "kind": kind, "metadata": meta, "data": data}
 
 
-async def test_the_watcher_asks_only_for_labelled_configmaps_and_secret_metadata(kube: Any, namespace: str) -> None:
+async def test_the_watcher_asks_only_for_labelled_configmaps_and_never_for_secrets(kube: Any, namespace: str) -> None:
     marker = base64.b64encode(b"do-not-read-" + uuid.uuid4().hex.encode()).decode()
     text_marker = "config-do-not-read-" + uuid.uuid4().hex
     with kube.api_client() as api:
@@ -138,64 +139,47 @@ async def test_the_watcher_asks_only_for_labelled_configmaps_and_secret_metadata
 
     async with RecordingKube(KubeConfig.load(str(kube.kubeconfig))) as client:
         watcher = _watcher(client, namespace)
-        secrets = [inf for inf in watcher.owned if inf.resource is resources.SECRET]
-        informers = [*watcher.config_maps, *secrets]
-        assert len(secrets) == 1 and len(watcher.config_maps) == 1
+        informers = [*watcher.config_maps, *watcher.owned]
+        assert len(watcher.config_maps) == 1
+        assert all(inf.resource is not resources.SECRET for inf in informers)
         tasks = [asyncio.create_task(inf.run()) for inf in informers]
         try:
-            for inf in informers:
-                await asyncio.wait_for(inf.synced.wait(), 30)
+            await asyncio.wait_for(watcher.config_maps[0].synced.wait(), 30)
             # Changes after the list arrive through the watch, filtered the same way.
             with kube.api_client() as api:
                 core = kube_client.CoreV1Api(api)
                 for labelled in (True, False):
                     suffix = "ours" if labelled else "theirs"
-                    core.create_namespaced_secret(
-                        namespace, _object("Secret", f"s2-{suffix}", namespace, labelled=labelled, data={"k": marker})
+                    core.create_namespaced_config_map(
+                        namespace,
+                        _object("ConfigMap", f"cm2-{suffix}", namespace, labelled=labelled, data={"k": text_marker}),
                     )
-                # A Secret whose label is removed stops being the watcher's: it is reported gone.
-                core.patch_namespaced_secret("s-ours", namespace, {"metadata": {"labels": {"x": "y"}}})
-                core.patch_namespaced_secret(
-                    "s-ours", namespace, [{"op": "remove", "path": "/metadata/labels/app.kubernetes.io~1managed-by"}]
-                )
             await until(
-                lambda: set(secrets[0].cache) == {(namespace, "s2-ours")}, timeout=20, what="the watch to catch up"
+                lambda: set(watcher.config_maps[0].cache) == {(namespace, "cm-ours"), (namespace, "cm2-ours")},
+                timeout=20,
+                what="the watch to catch up",
             )
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    assert set(watcher.config_maps[0].cache) == {(namespace, "cm-ours")}
-
-    secret_path = resources.SECRET.path(namespace=namespace)
     config_map_path = resources.CONFIG_MAP.path(namespace=namespace)
     seen = {(verb, path): (params, accept) for verb, path, params, accept in client.requests}
     for verb in ("GET", "WATCH"):
-        for path in (secret_path, config_map_path):
-            params, _ = seen[(verb, path)]
-            assert params.get("labelSelector") == labels.OWNED_SELECTOR, (verb, path)
-        assert seen[(verb, secret_path)][1] == (METADATA_LIST_ACCEPT if verb == "GET" else METADATA_ACCEPT)
-    # Every request for Secrets was one of those: never a GET of one Secret, never without the selector.
-    assert {path for _, path, _, _ in client.requests if "/secrets" in path} == {secret_path}
+        params, _ = seen[(verb, config_map_path)]
+        assert params.get("labelSelector") == labels.OWNED_SELECTOR, verb
+    assert not [path for _, path, _, _ in client.requests if "/secrets" in path]
 
-    # What the server sent back: metadata only, and only the labelled objects.
-    listed = [json.loads(body) for body in client.bodies[secret_path]]
-    assert {page["kind"] for page in listed} == {"PartialObjectMetadataList"}
-    assert [item["metadata"]["name"] for page in listed for item in page["items"]] == ["s-ours"]
-    watched = [json.loads(body) for body in client.bodies["WATCH " + secret_path]]
-    assert watched and {obj["kind"] for obj in watched} == {"PartialObjectMetadata"}
-    assert {obj["metadata"]["name"] for obj in watched} <= {"s2-ours", "s-ours"}
     everything = b"".join(b for bodies in client.bodies.values() for b in bodies)
     assert marker.encode() not in everything
     assert b"theirs" not in everything
     assert text_marker.encode() in everything  # ConfigMaps are read whole, but only the pipeline's own
 
 
-async def test_the_watcher_runs_on_its_narrowed_role_and_may_not_get_a_secret(kube: Any, namespace: str) -> None:
-    """Every watcher informer syncs with only deploy/base/rbac.yaml's watcher role (list and watch, no get),
-    and a GET of a Secret or ConfigMap is refused. A plain list of Secrets is not: RBAC cannot tell a list
-    of metadata from a list of data, which is why the watcher's own requests are checked above."""
+async def test_the_watcher_runs_on_its_narrowed_role_and_may_not_read_a_secret(kube: Any, namespace: str) -> None:
+    """Every watcher informer syncs with only deploy/base/rbac.yaml's watcher role (list and watch, no get,
+    no Secrets), and a GET of a Secret or ConfigMap and a list of Secrets are refused."""
     if kube.local is None:
         pytest.skip("creates ClusterRoles and a ServiceAccount token: local apiserver only")
     rbac = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
@@ -252,19 +236,17 @@ async def test_the_watcher_runs_on_its_narrowed_role_and_may_not_get_a_secret(ku
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-            secret_informer = next(inf for inf in watcher.owned if inf.resource is resources.SECRET)
-            assert set(secret_informer.cache) == {(namespace, "s-ours")}
-            # No get, on anything...
+            # No get, on anything, and nothing at all on Secrets.
             with pytest.raises(KubeApiError) as refused:
                 await client.get(resources.SECRET, namespace=namespace, name="s-ours")
             assert refused.value.status == 403
             with pytest.raises(KubeApiError) as refused:
                 await client.get(resources.CONFIG_MAP, namespace=namespace, name="any")
             assert refused.value.status == 403
-            # ...but the role's list still returns whole Secrets to whoever holds the token: RBAC cannot
-            # restrict a list to metadata or to a label. The watcher's code is what asks for less.
-            full = await client.request("GET", resources.SECRET.path(namespace=namespace))
-            assert json.loads(full.body)["items"][0]["data"] == {"k": "eA=="}
+            for params in (None, {"watch": "true"}):
+                with pytest.raises(KubeApiError) as refused:
+                    await client.request("GET", resources.SECRET.path(namespace=namespace), params=params)
+                assert refused.value.status == 403
     finally:
         with kube.api_client() as api:
             authz = kube_client.RbacAuthorizationV1Api(api)
@@ -313,8 +295,9 @@ def curve_keys(cert: bytes) -> tuple[str, str]:
     return values["public-key"], values["secret-key"]
 
 
-def secret_writes(pipeline: Pipeline) -> int:
-    return pipeline.writes().writes("secrets")
+def secret_changes(delta: WriteCounts) -> int:
+    """Secret writes other than creates (the applier's only verb on Secrets; a repeated one is answered 409)."""
+    return delta.writes("secrets", verbs={"APPLY", "PATCH", "PUT", "DELETE", "DELETECOLLECTION"})
 
 
 @pytest.fixture
@@ -369,9 +352,9 @@ async def test_flux_key_is_random_created_once_and_trainers_is_kept(pipeline: Pi
         js = nc.jetstream()
         await until(lambda: converged(pipeline, ["old", "new"]), timeout=90, what="both JobSets")
         await until(
-            lambda: pipeline.get("v1", "Secret", "old-flux-curve")["metadata"].get("labels") == OWNED,
+            lambda: pipeline.get("v1", "ConfigMap", "old-runtime-snapshot")["metadata"].get("labels") == OWNED,
             timeout=30,
-            what="the label on Trainer's Secret",
+            what="the label on Trainer's snapshot",
         )
         settled = await quiet(pipeline, js)
 
@@ -387,11 +370,13 @@ async def test_flux_key_is_random_created_once_and_trainers_is_kept(pipeline: Pi
         applies = {
             m["manager"]: m["operation"] for m in secret["metadata"]["managedFields"] if "f:data" in m["fieldsV1"]
         }
-        assert applies == {"trainer": "Apply"}
+        assert applies == {"trainer": "Update"}  # a create, not an apply: the applier may not patch Secrets
 
-        # Trainer's Secret and snapshot: data untouched, only the label added (by its own field manager).
+        # Trainer's Secret: untouched, unread, unlabelled. Its snapshot: data untouched, only the label added
+        # (by its own field manager).
         old_secret = pipeline.get("v1", "Secret", "old-flux-curve")
         assert base64.b64decode(old_secret["data"]["curve.cert"]) == trainers
+        assert "labels" not in old_secret["metadata"]
         old_snapshot = pipeline.get("v1", "ConfigMap", "old-runtime-snapshot")
         assert old_snapshot["data"] == {"runtime": snapshot_text}
         assert old_snapshot["metadata"]["labels"] == OWNED
@@ -402,21 +387,22 @@ async def test_flux_key_is_random_created_once_and_trainers_is_kept(pipeline: Pi
             what="old's entrypoint ConfigMap",
         )
         assert condition_of(pipeline.get(TRAINER, "TrainJob", "old"), "ResourcesCreated") is None
-        # Secret writes since the services started: new's create, and old's label. Nothing else.
-        assert (settled - before_start).writes("secrets") == 2, (settled - before_start).summary()
+        # Secret writes since the services started: creates only (new's, and old's answered 409), no change.
+        assert secret_changes(settled - before_start) == 0, (settled - before_start).summary()
+        assert (settled - before_start).writes("secrets", verbs={"POST"}) >= 2
 
-        # Resyncs (every 2 s) and a change to the TrainJob re-plan both jobs: not one Secret write more.
+        # Resyncs (every 2 s) and a change to the TrainJob re-plan both jobs: not one Secret changed.
         version = secret["metadata"]["resourceVersion"]
         pipeline.merge_patch(TRAINER, "TrainJob", "new", {"metadata": {"labels": {"touched": "yes"}}})
 
         async def secret_unchanged_twice() -> bool:
             results = await results_of(js, pipeline.namespace, "new")
-            return sum(1 for r in results if r.target.kind == "Secret" and r.action == "unchanged") >= 2
+            return sum(1 for r in results if r.target.kind == "Secret" and r.reason == ALREADY_CREATED) >= 2
 
-        await until_async(secret_unchanged_twice, timeout=60, what="re-plans answered 'unchanged'")
+        await until_async(secret_unchanged_twice, timeout=60, what="re-plans answered 'exists already'")
         await asyncio.sleep(4.5)  # two more resyncs
         after = await quiet(pipeline, js)
-        assert (after - settled).writes("secrets") == 0, (after - settled).summary()
+        assert secret_changes(after - settled) == 0, (after - settled).summary()
         assert (after - settled).writes("configmaps") == 0, (after - settled).summary()
         assert pipeline.get("v1", "Secret", "new-flux-curve")["metadata"]["resourceVersion"] == version
 

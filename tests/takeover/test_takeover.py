@@ -16,9 +16,10 @@ that did. The setup's own writes (webhook configurations) are left out.
 
 Expected, and asserted:
 - no JobSet or PodGroup is written when the pipeline takes over, suspended ones included;
-- taking over: one label merge patch per ConfigMap and Secret Trainer made (runtime snapshots, MPI
-  hostfiles and SSH Secrets), and one status apply for the suspended TrainJob without spec.trainer on a
-  torch runtime (the #4076 deviation, ``ResourcesCreated``/``ImmutableFieldsKept``); nothing else;
+- taking over: one label merge patch per ConfigMap Trainer made (runtime snapshots, MPI hostfiles), a
+  create per plan of each SSH Secret, answered 409 and changing nothing, and one status apply for the
+  suspended TrainJob without spec.trainer on a torch runtime (the #4076 deviation,
+  ``ResourcesCreated``/``ImmutableFieldsKept``); nothing else;
 - taking back: only the kinds of write Trainer makes on a restart over its own objects (no Event, so no
   reconcile failed, the pipeline's snapshots included), and the only objects changed are the label on the
   MPI hostfiles the pipeline built and the #4076 env of the suspended JobSet it built without spec.trainer.
@@ -281,10 +282,13 @@ async def test_trainer_to_pipeline_and_back_writes_no_jobset(
     # Taking over: the label alone (a merge patch) on each ConfigMap and Secret Trainer made, and the one
     # deliberate deviation: a suspended TrainJob without spec.trainer on a torch runtime gets the framework
     # env Trainer forgets (#4076), which its existing JobSet keeps out, so ResourcesCreated says so.
-    labelled = [f"ConfigMap/{n}" for n in snapshots + hostfiles] + [f"Secret/{n}-mpi-ssh-auth" for n in mpi]
+    # Trainer's SSH Secrets are left unread and unlabelled: the applier may only create Secrets, and its
+    # create, answered 409 AlreadyExists, is the whole check (once per plan of the TrainJob).
+    labelled = [f"ConfigMap/{n}" for n in snapshots + hostfiles]
+    secret_creates = takeover.pop("secrets POST", 0)
+    assert secret_creates >= len(mpi), takeover
     assert takeover == {
         "configmaps PATCH": len(snapshots) + len(hostfiles),
-        "secrets PATCH": len(mpi),
         "trainjobs/status APPLY": 1,
     }, takeover
     assert takeover_changed == sorted([*labelled, "TrainJob/tune-s"]), takeover_changed
