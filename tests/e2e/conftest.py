@@ -22,6 +22,8 @@ def pipeline(
     stack.start_infrastructure(
         nats_url=nats_url, kubeconfig=Path(kube.kubeconfig), install_crds=False, credentials=nats_credentials
     )
+    if kube.local is not None:
+        stack.use_own_identities()  # as tjpipe up runs them: each service as its own ServiceAccount
     for name in RUNTIMES:
         stack.install_runtime(name)
     stack.start_services()

@@ -186,13 +186,19 @@ def test_up_ignores_an_exported_kubeconfig_and_nats_url(tmp_path: Path) -> None:
         own_nats = nats_line.removeprefix("export NATS_URL=")
         assert own_nats.startswith("nats://127.0.0.1:") and own_nats != env["NATS_URL"]
         # No process of the stack sees the user's servers: the services get the stack's, the servers none.
+        # Each service that talks to the API server does so as its own ServiceAccount; the planner not at all.
+        identities = state / "kube-identities"
         for name, pid in pid_files.items():
             child = _environ(pid)
-            assert child.get("KUBECONFIG") in (None, own_kubeconfig), name
+            assert child.get("KUBECONFIG") in (None, own_kubeconfig, str(identities / f"{name}.kubeconfig")), name
             assert child.get("NATS_URL") in (None, own_nats), name
             assert "NATS_TLS_CA" not in child, name
+            if name in ("watcher", "applier", "webhook"):
+                assert child["KUBECONFIG"] == str(identities / f"{name}.kubeconfig"), name
             if name in ("watcher", "planner", "applier"):
-                assert (child["KUBECONFIG"], child["NATS_URL"]) == (own_kubeconfig, own_nats), name
+                assert child["NATS_URL"] == own_nats, name
+            if name == "planner":
+                assert "KUBECONFIG" not in child
             if name in ("etcd", "kube-apiserver", "nats"):
                 assert "KUBECONFIG" not in child and "NATS_URL" not in child, name
     finally:

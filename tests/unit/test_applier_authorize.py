@@ -237,3 +237,32 @@ def test_claims_beyond_the_cluster() -> None:
     assert not core.claim_beyond_cluster(record, cluster_revision="")
     assert core.stale_claim_action(100.0, 100.0 + 329, grace_seconds=330) == "hold"
     assert core.stale_claim_action(100.0, 100.0 + 330, grace_seconds=330) == "overwrite"
+
+
+def _record(created_for: str) -> m.AppliedRecord:
+    return m.AppliedRecord(source_version=1, source_seq=1, digest="d", state="applied", created_for=created_for)
+
+
+def test_whose_an_existing_secret_is_comes_from_the_ledger_alone() -> None:
+    """The applier may not read Secrets: a create answered 409 is judged by what the ledger says it created."""
+    secret = of_type(m.ApplySecret)
+    assert type(secret) in core.CREATE_ONLY
+    assert core.existing(secret, _record(secret.trainjob_uid)) == "ours"
+    assert core.existing(secret, _record("an-earlier-trainjob")) == "another-trainjob"
+    assert core.existing(secret, _record("")) == "unrecorded"  # e.g. a record from before created_for existed
+    assert core.existing(secret, None) == "unrecorded"
+
+
+def test_a_secret_is_not_deletable() -> None:
+    """A delete reads its target first (is it the TrainJob's?), and no read of a Secret is allowed."""
+    secret = of_type(m.ApplySecret)
+    delete = m.DeleteComponent(
+        trainjob=secret.trainjob,
+        trainjob_uid=secret.trainjob_uid,
+        source_seq=1,
+        source_version=1,
+        target=secret.target,
+        reason="test",
+    )
+    assert not verdict(delete).allowed
+    assert verdict(msgspec.structs.replace(delete, target=of_type(m.ApplyJobSet).target)).allowed
