@@ -405,16 +405,12 @@ class Applier:
         # ``planned`` is the encoded object, without generated key material, which is never part of the digest
         digest = core.content_digest(planned)
         for round_ in range(_CLAIM_ROUNDS):
-            # After a lost compare-and-set, remembering is what went wrong: ask the server.
-            if round_ == 0:
-                record, revision = await self.ledger.read(lkey, assume_absent=True)
-            else:
-                record, revision = await self.ledger.read_fresh(lkey)
-            if record is not None and core.is_stale(record, message):
-                if not await self._claim_is_corrupt(message, resource, lkey, record):
-                    return core.Done(action="skipped", reason=core.STALE_PLAN)
-                await self._replace_claim(message, lkey, record, revision)
+            read = await self._round_record(message, resource, lkey, round_)
+            if read is None:
                 continue  # look again, with the claim replaced (or someone else's newer one)
+            if isinstance(read, core.Done):
+                return read
+            record, revision = read
             live_raw: bytes | None = None
             read_live = False
             if record is not None:
@@ -509,6 +505,23 @@ class Applier:
             return core.Done(action=core.outcome(resp.status, before=before, after=after), resource_version=after)
         raise core.TransientError("the target kept changing under concurrent writers")
 
+    async def _round_record(
+        self, message: ObjectApply, resource: resources.Resource, lkey: str, round_: int
+    ) -> tuple[AppliedRecord | None, int] | core.Done | None:
+        """The target's ledger record and revision for one claim round, unless the plan is stale (``Done``) or a
+        corrupt newer claim was just replaced (``None``: look again)."""
+        # After a lost compare-and-set, remembering is what went wrong: ask the server.
+        if round_ == 0:
+            record, revision = await self.ledger.read(lkey, assume_absent=True)
+        else:
+            record, revision = await self.ledger.read_fresh(lkey)
+        if record is not None and core.is_stale(record, message):
+            if not await self._claim_is_corrupt(message, resource, lkey, record):
+                return core.Done(action="skipped", reason=core.STALE_PLAN)
+            await self._replace_claim(message, lkey, record, revision)
+            return None
+        return record, revision
+
     async def _create_once(self, message: ObjectApply, resource: resources.Resource, planned: bytes) -> core.Done:
         """One fenced create of a create-only target (``core.CREATE_ONLY``): it is never read and never patched.
 
@@ -519,15 +532,12 @@ class Applier:
         lkey = ledger_key(target)
         digest = core.content_digest(planned)
         for round_ in range(_CLAIM_ROUNDS):
-            if round_ == 0:
-                record, revision = await self.ledger.read(lkey, assume_absent=True)
-            else:
-                record, revision = await self.ledger.read_fresh(lkey)
-            if record is not None and core.is_stale(record, message):
-                if not await self._claim_is_corrupt(message, resource, lkey, record):
-                    return core.Done(action="skipped", reason=core.STALE_PLAN)
-                await self._replace_claim(message, lkey, record, revision)
-                continue
+            read = await self._round_record(message, resource, lkey, round_)
+            if read is None:
+                continue  # look again, with the claim replaced (or someone else's newer one)
+            if isinstance(read, core.Done):
+                return read
+            record, revision = read
             claim = AppliedRecord(
                 source_version=message.source_version,
                 source_seq=message.source_seq,
