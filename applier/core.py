@@ -157,8 +157,8 @@ def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | 
 
     An ``if-absent`` object is never changed once it exists, but one made before the label existed (by
     Trainer, or an older version of this pipeline) would stay invisible to the watcher, which selects
-    ConfigMaps and Secrets by that label. Metadata is the one thing even an immutable Secret lets change,
-    so the label alone is added, once; nothing the object holds is touched.
+    ConfigMaps by that label. So the label alone is added, once; nothing the object holds is touched.
+    Secrets never get here: they are create-only (``CREATE_ONLY``), never read or patched.
     """
     kind = message.target.kind
     if live_raw is None or message.policy != "if-absent" or kind not in labels.LABELLED_KINDS:
