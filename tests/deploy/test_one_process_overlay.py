@@ -20,6 +20,7 @@ from tjpipe.local.kustomize import kustomize_build
 from . import REPO, cli_env_names
 from .test_kubeflow_install import RELEASE, RELEASE_NAMESPACE, _by_key, tool
 from .test_kustomize import (
+    CLUSTER_SCOPED,
     METRICS_PORT,
     NAMESPACE,
     PROBES,
@@ -34,7 +35,6 @@ from .test_kustomize import (
     _ports,
     _progress,
     _selects,
-    CLUSTER_SCOPED,
     rbac_applied,
 )
 
