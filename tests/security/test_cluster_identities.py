@@ -25,10 +25,12 @@ from faults.support import (
     close_pipeline,
     condition_of,
     converged,
+    dead_letters,
     new_namespace,
     open_pipeline,
     trainjob,
     until,
+    until_async,
 )
 from kubernetes import client as kube_client
 
@@ -335,3 +337,35 @@ async def test_the_services_build_every_component_as_their_own_service_accounts(
         assert pipeline.get_or_none("v1", "ConfigMap", f"{name}-runtime-snapshot") is not None
         assert condition_of(pipeline.get(TRAINER, "TrainJob", name), "ComponentsApplied") is None
     assert pipeline.get(JOBSET, "JobSet", "mpi")["metadata"]["ownerReferences"][0]["name"] == "mpi"
+
+
+async def test_the_running_applier_is_refused_in_an_excluded_namespace(pipeline: Pipeline) -> None:
+    """The services really run under the policies: a TrainJob in ``kube-public`` (a real one, the target checks
+    pass) gets nothing built, because the API server refuses the applier's writes there."""
+    name = f"tj-{uuid.uuid4().hex[:6]}"
+    excluded = "kube-public"
+    pipeline.start_all()
+    pipeline.stack.start_service(
+        "watcher", name="watcher-excluded", extra=["--metrics-port", "0", "--namespace", excluded]
+    )
+    body = {**trainjob(name), "metadata": {"name": name, "namespace": excluded}}
+    kube_client.CustomObjectsApi(pipeline.api).create_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", excluded, "trainjobs", body
+    )
+    nc = await pipeline.connect()
+    try:
+        js = nc.jetstream()
+
+        async def refused() -> list[Any]:
+            return [d for d in await dead_letters(js, excluded) if d.reason == "permanent"]
+
+        letters = await until_async(refused, timeout=90, what="the applier's refused writes")
+    finally:
+        await nc.close()
+    assert any(f"the pipeline writes nothing in namespace {excluded}" in d.error for d in letters), letters
+    objects = kube_client.CustomObjectsApi(pipeline.api)
+    with pytest.raises(kube_client.ApiException):
+        objects.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", excluded, "jobsets", name)
+    snapshot = f"{name}-runtime-snapshot"
+    with pytest.raises(kube_client.ApiException):
+        kube_client.CoreV1Api(pipeline.api).read_namespaced_config_map(snapshot, excluded)
