@@ -9,6 +9,7 @@ when it writes them, so the history can be read, copied and replayed freely.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -119,13 +120,18 @@ async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None =
     ns, name = key.namespace, key.name
     entries: list[TimelineEntry] = []
     previous: TrainJobObserved | None = None
-    events = await read_stream(js, streams.EVENTS.name, subjects.trainjob_events_filter(ns, name), start_time=since)
+    # The four streams are read at once: each read waits on the server, none on another.
+    events, plans, results, letters = await asyncio.gather(
+        read_stream(js, streams.EVENTS.name, subjects.trainjob_events_filter(ns, name), start_time=since),
+        read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(ns, name), start_time=since),
+        read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), start_time=since),
+        read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", start_time=since),
+    )
     for stored, event in _decoded(events, decode_event, entries, "event", "undecodable event"):
         summary, detail = _event_summary(event, previous)
         entries.append(TimelineEntry(stored.time, stored.stream, stored.seq, "event", summary, detail))
         if isinstance(event, TrainJobObserved):
             previous = event
-    plans = await read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(ns, name), start_time=since)
     for stored, message in _decoded(plans, decode_apply, entries, "plan", "undecodable apply message"):
         entries.append(
             TimelineEntry(
@@ -138,7 +144,6 @@ async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None =
                 {"component": component_of(message), "source_seq": message.source_seq},
             )
         )
-    results = await read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), start_time=since)
     for stored, result in _decoded(results, decode_result, entries, "result", "undecodable apply result"):
         text = f"{result.action} {result.target} in {result.duration_ms:.0f} ms, {result.attempts} attempt(s)"
         if result.reason:
@@ -146,7 +151,6 @@ async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None =
         entries.append(
             TimelineEntry(stored.time, stored.stream, stored.seq, "result", text, msgspec.to_builtins(result))
         )
-    letters = await read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", start_time=since)
     for stored, letter in _decoded(letters, decode_dead_letter, entries, "dead-letter", "undecodable dead letter"):
         entries.append(
             TimelineEntry(

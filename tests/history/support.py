@@ -144,9 +144,12 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
-def browser(tmp: Path, *, width: int = 1280, height: int = 900) -> Any:
+def browser(tmp: Path, *, width: int = 1280, height: int = 900, phone: bool = False) -> Any:
     """Debian's Chromium, headless, driven by its chromedriver, with a profile of its own and nothing that
-    calls out (updates, sync, background networking); skips the test where either is not installed."""
+    calls out (updates, sync, background networking); skips the test where either is not installed.
+
+    ``phone``: the page is laid out as on a phone's screen of ``width`` CSS pixels (a headless window is
+    never narrower than 500)."""
     import shutil
 
     import pytest
@@ -172,6 +175,9 @@ def browser(tmp: Path, *, width: int = 1280, height: int = 900) -> Any:
         f"--window-size={width},{height}",
     ):
         options.add_argument(argument)
+    if phone:
+        metrics = {"width": width, "height": height, "pixelRatio": 2.0, "touch": True}
+        options.add_experimental_option("mobileEmulation", {"deviceMetrics": metrics})
     return webdriver.Chrome(service=Service(driver), options=options)
 
 

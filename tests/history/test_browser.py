@@ -52,7 +52,7 @@ def test_a_timeline_draws_every_entry_and_dead_letters_in_red_with_plans_a_click
     world: World, tmp_path: Path
 ) -> None:
     a = world.a
-    driver = browser(tmp_path, width=390, height=844)  # a phone's screen
+    driver = browser(tmp_path, width=390, height=844, phone=True)
     try:
         log_in(driver, world.server.url, world.token("viewer-a"))
         driver.get(f"{world.server.url}/#/ns/{a.namespace}/alpha")

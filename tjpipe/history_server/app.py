@@ -312,7 +312,8 @@ async def _plans(request: web.Request, seqs: list[int]) -> dict[int, list[Any]]:
 def _shown(message: Any) -> dict[str, Any]:
     body: dict[str, Any] = msgspec.to_builtins(message)
     body.pop("trace_id", None)
-    return {"component": component_of(message), **body}
+    body["component"] = component_of(message)  # the message's kind tag, with the object's name where it repeats
+    return body
 
 
 async def plan(request: web.Request) -> web.Response:
