@@ -29,8 +29,20 @@ if TYPE_CHECKING:
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _logging(parser: argparse.ArgumentParser) -> None:
     env_flag(parser, "--log-level", env="TJPIPE_LOG_LEVEL", default="info", help="debug, info, warning or error")
+    env_flag(
+        parser,
+        "--log-format",
+        env="TJPIPE_LOG_FORMAT",
+        default="auto",
+        choices=("json", "text", "auto"),
+        help="auto: JSON unless stderr is a terminal",
+    )
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    _logging(parser)
     env_flag(
         parser,
         "--metrics-port",
@@ -45,14 +57,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
         env="TJPIPE_REPLICA_ID",
         default="",
         help="name of this replica in partition leases; default host-pid",
-    )
-    env_flag(
-        parser,
-        "--log-format",
-        env="TJPIPE_LOG_FORMAT",
-        default="auto",
-        choices=("json", "text", "auto"),
-        help="auto: JSON unless stderr is a terminal",
     )
 
 
@@ -459,6 +463,7 @@ def _add_operator_commands(sub: Any) -> None:
         "history-server",
         help="serve the event history as a web UI and a JSON API, each namespace to those the cluster lets read it",
     )
+    _logging(history_server)
     _nats_client(history_server)
     _kube(history_server)
     from tjpipe.history_server.server import add_arguments

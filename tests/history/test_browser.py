@@ -73,6 +73,7 @@ def test_a_timeline_draws_every_entry_and_dead_letters_in_red_with_plans_a_click
         wait.until(ec.text_to_be_present_in_element((By.ID, "detail-body"), "kind: JobSet"))
         width = driver.execute_script("return document.documentElement.scrollWidth")
         assert width <= 400, f"the page is {width}px wide on a 390px screen"
+        driver.execute_script("window.scrollTo(0, 0)")
         screenshot(driver, "history-phone-timeline", tmp_path)
     finally:
         driver.quit()

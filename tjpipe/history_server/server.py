@@ -22,18 +22,9 @@ log = logging.getLogger("tjpipe.history_server")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The server's own flags; the NATS and Kubernetes ones are the other commands' (``cli``)."""
+    """The server's own flags; the logging, NATS and Kubernetes ones are the other commands' (``cli``)."""
     from tjpipe.settings import env_flag, env_list_flag
 
-    env_flag(parser, "--log-level", env="TJPIPE_LOG_LEVEL", default="info", help="debug, info, warning or error")
-    env_flag(
-        parser,
-        "--log-format",
-        env="TJPIPE_LOG_FORMAT",
-        default="auto",
-        choices=("json", "text", "auto"),
-        help="auto: JSON unless stderr is a terminal",
-    )
     env_flag(
         parser,
         "--listen",
