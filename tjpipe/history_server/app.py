@@ -102,6 +102,12 @@ async def _guard(
         status = exc.status
         _secure(exc, request.path)
         raise
+    except Exception as exc:  # the bus did not answer in time, or a bug: said as such, logged with its traceback
+        log.exception("%s %s failed", request.method, request.path)
+        failed = _error(503, f"could not read the history: {type(exc).__name__}")
+        status = failed.status
+        _secure(failed, request.path)
+        raise failed from None
     finally:
         caller = request.get("caller")
         log.info(
