@@ -9,14 +9,16 @@ the API server accepts every object; and the Kubeflow install takes the componen
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tjpipe.local.helm import helm_template
 from tjpipe.local.kustomize import kustomize_build
 
 from . import REPO, cli_env_names
-from .test_kubeflow_install import tool
+from .test_kubeflow_install import RELEASE, RELEASE_NAMESPACE, tool
 from .test_kustomize import (
     NAMESPACE,
     PROBES,
@@ -131,8 +133,19 @@ def test_the_authorizer_gives_it_the_two_reviews_and_nothing_else(
         assert sorted(p for p in others if allowed(NAME, p)) == []
 
 
-def test_the_kubeflow_install_takes_the_component_too() -> None:
+def test_the_kubeflow_install_and_its_helm_chart_take_the_component_too(tmp_path: Path) -> None:
     objects = tool.render_overlay(components=(COMPONENT,), progress=_progress)
     assert (NAMESPACE, NAME) in {
         (d["metadata"]["namespace"], d["metadata"]["name"]) for d in _of_kind(objects, "Deployment")
     }
+    chart = tool.assemble_chart(tmp_path / "chart", components=(COMPONENT,), progress=_progress)
+    rendered = helm_template(
+        chart,
+        release=RELEASE,
+        namespace=RELEASE_NAMESPACE,
+        extra_args=["--set", "image.repository=registry.example/tjpipe", "--set", "image.tag=v9"],
+        progress=_progress,
+    )
+    deployment = _named(rendered, "Deployment", NAME)
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/tjpipe:v9"
+    assert _named(rendered, "ClusterRole", NAME)["rules"] == _named(objects, "ClusterRole", NAME)["rules"]
