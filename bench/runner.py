@@ -31,7 +31,18 @@ import aiohttp
 from bench import stats, workload
 from bench.micro import run_planner_micro
 
-SCENARIOS = ("planner", "floor", "trainer", "trainer-memory", "one-process", "e2e", "paced", "writes", "memory")
+SCENARIOS = (
+    "planner",
+    "floor",
+    "trainer",
+    "trainer-memory",
+    "one-process",
+    "e2e",
+    "paced",
+    "writes",
+    "memory",
+    "history",
+)
 SERVER_SCENARIOS = ("floor", "trainer", "one-process", "e2e", "paced", "writes", "memory")
 
 
@@ -284,6 +295,17 @@ async def run(settings: Settings, report: dict[str, Any], clock: Clock) -> None:
         await run_with_stack(settings, report, runtimes, progress)
     else:
         report["meta"]["backend"] = "none (no scenario needed the shared stack)"
+    if "history" not in settings.skip:
+        from bench.history import history_server
+
+        progress(f"history server: {settings.memory_jobs} TrainJobs' history, on servers of its own")
+        scenarios["history"] = await history_server(
+            trainjobs=settings.memory_jobs,
+            requests=50 if settings.quick else 200,
+            runtime=runtimes[workload.TORCH_RUNTIME],
+            progress=progress,
+            keep_state=settings.keep_state,
+        )
     if settings.lifecycle_jobs:
         from bench.lifecycle import lifecycle
 

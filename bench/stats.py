@@ -465,6 +465,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         out.extend(_render_memory(sc["memory"], checks))
     if "lifecycle" in sc:
         out.extend(_render_lifecycle(sc["lifecycle"], checks))
+    if "history" in sc:
+        out.extend(_render_history(sc["history"]))
 
     notes = report.get("notes") or []
     if notes:
@@ -792,6 +794,26 @@ def add_ratios(scenarios: dict[str, Any]) -> None:
         }
 
 
+HISTORY_P99 = Target("<=", 0.200, "s")
+
+
+def _render_history(h: Mapping[str, Any]) -> list[str]:
+    out = ["## History server", ""]
+    out.append(
+        f"{h['trainjobs']} TrainJobs in {h['namespaces']} namespaces, {h['messages']} messages in the streams; "
+        f"the index read them in {format_value(h.get('index_ready_s'), 's')}, and the server then held "
+        f"{format_value(h.get('server_rss_mb'), 'MB')} ({format_value(h.get('server_hwm_mb'), 'MB')} at its peak)."
+    )
+    out.append("")
+    rows = []
+    for label, key in (("a namespace's list", "list_latency_s"), ("one timeline", "timeline_latency_s")):
+        lat = h.get(key) or {}
+        rows.append((label, lat.get("count"), format_value(lat.get("p50"), "s"), format_value(lat.get("p99"), "s")))
+    out.append(table(["request", "count", "p50", "p99"], rows))
+    out.append("")
+    return out
+
+
 def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every reported figure with its target (or as a reference), in report order."""
     out: list[dict[str, Any]] = []
@@ -835,6 +857,13 @@ def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     for s in mem.get("services", []):
         target = SERVICE_RSS if s["service"] in PIPELINE_SERVICES else None
         out.append(check("memory", f"RSS: {s['service']}", s.get("rss_mb"), "MB", target))
+    history = scenarios.get("history") or {}
+    for label, key in (("namespace list", "list_latency_s"), ("timeline", "timeline_latency_s")):
+        if history.get(key):
+            out.append(check("history server", f"{label} p50", history[key].get("p50"), "s", None))
+            out.append(check("history server", f"{label} p99", history[key].get("p99"), "s", HISTORY_P99))
+    if history:
+        out.append(check("history server", "RSS with the index", history.get("server_rss_mb"), "MB", None))
     return out
 
 

@@ -428,6 +428,7 @@ async def read_stream(
     start_time: float | None = None,
     last_per_subject: bool = False,
     batch: int = 256,
+    limit: int | None = None,
 ) -> list[StoredMessage]:
     """Every stored message on ``subject`` (wildcards allowed), oldest first, without touching any consumer.
 
@@ -435,7 +436,8 @@ async def read_stream(
     consumer is created, so the production consumers and the stream stay exactly as they were, which is what
     makes history and replay safe on a live system, and a read-only identity needs no right to create
     consumers (with which it could re-point a service's durable). ``last_per_subject`` has the server pick
-    only the newest message of each subject instead.
+    only the newest message of each subject instead. ``limit`` stops the read once that many messages
+    have arrived, for a reader that pages through a large stream from ``start_seq``.
     """
     import datetime as dt
 
@@ -461,6 +463,8 @@ async def read_stream(
         if not page:
             return out
         out += page
+        if limit is not None and len(out) >= limit:
+            return out
         request.pop("start_time", None)
         request["seq"] = page[-1].seq + 1
 

@@ -27,6 +27,9 @@ from tjpipe.local.natsd import start_nats
 from tjpipe.plumbing import bus
 from tjpipe.stack import nats_connect_options, setup_bus_as_admin
 
+TEST_USERS = {"alice": ("history-viewers",), "bob": ()}
+"""Plain users of the session's own apiserver (``kube.local.user_tokens``), bound to nothing by default."""
+
 
 @dataclass(frozen=True)
 class KubeCluster:
@@ -104,6 +107,7 @@ def kube(state_dir: Path, uncaptured_progress: Callable[[str], None]) -> Iterato
         log_dir=state_dir / "logs",
         kubeconfig_path=state_dir / "kubeconfig",
         progress=uncaptured_progress,
+        users=TEST_USERS,
     )
     try:
         with local.api_client() as api_client:

@@ -29,8 +29,20 @@ if TYPE_CHECKING:
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _logging(parser: argparse.ArgumentParser) -> None:
     env_flag(parser, "--log-level", env="TJPIPE_LOG_LEVEL", default="info", help="debug, info, warning or error")
+    env_flag(
+        parser,
+        "--log-format",
+        env="TJPIPE_LOG_FORMAT",
+        default="auto",
+        choices=("json", "text", "auto"),
+        help="auto: JSON unless stderr is a terminal",
+    )
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    _logging(parser)
     env_flag(
         parser,
         "--metrics-port",
@@ -45,14 +57,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
         env="TJPIPE_REPLICA_ID",
         default="",
         help="name of this replica in partition leases; default host-pid",
-    )
-    env_flag(
-        parser,
-        "--log-format",
-        env="TJPIPE_LOG_FORMAT",
-        default="auto",
-        choices=("json", "text", "auto"),
-        help="auto: JSON unless stderr is a terminal",
     )
 
 
@@ -455,6 +459,17 @@ def _add_operator_commands(sub: Any) -> None:
             "(default: .tjpipe/keys)",
         )
 
+    history_server = sub.add_parser(
+        "history-server",
+        help="serve the event history as a web UI and a JSON API, each namespace to those the cluster lets read it",
+    )
+    _logging(history_server)
+    _nats_client(history_server)
+    _kube(history_server)
+    from tjpipe.history_server.server import add_arguments
+
+    add_arguments(history_server)
+
     comp = sub.add_parser(
         "completion",
         help="print a shell completion script: bash, zsh or fish",
@@ -558,6 +573,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(_bus_setup(args))
     if command == "nats-credentials":
         return _nats_credentials(args)
+    if command == "history-server":
+        from tjpipe.history_server.server import run
+
+        return run(args)
     if command == "nats-tls":
         from tjpipe.credentials import write_self_signed_tls
 
@@ -703,6 +722,7 @@ def _up(args: argparse.Namespace) -> int:
         )
         stack.start_services()
         stack.start_webhook()
+        stack.start_history_server()
         demo = stack.create_demo() if args.demo else None
         # On the simulated cluster a second, MPI TrainJob shows a Secret and more ConfigMaps being cleaned up.
         more_demos = [stack.create_mpi_demo()] if demo and stack.simulation is not None else []
@@ -714,6 +734,7 @@ def _up(args: argparse.Namespace) -> int:
             stack.simulation = None
             stack.local_nats = None
             stack.webhook_url = ""  # keep its configuration: the webhook keeps running
+            stack.history_url = ""
             return 0
         console.print("[green]stack running[/]; press [bold]Ctrl-C[/] to stop everything")
         asyncio.run(_follow(stack, demo, more_demos))
@@ -766,6 +787,12 @@ def _where(stack: Any) -> None:
             f"  NATS ids:   {stack.credentials.root}   (the env file picks reader.nk; dlq retry needs dlq-operator.nk)"
         )
     _plain(f"  logs, pids: {paths.logs}")
+    if getattr(stack, "history_url", ""):
+        _plain(f"history UI:   {stack.history_url}   (the event history in a browser; JSON API under /api/v1)")
+        if stack.login_token:
+            _plain(f"  log in with the stack's admin token: {stack.login_token}")
+        else:
+            _plain("  log in with a token of the cluster, e.g. kubectl create token NAME -n NAMESPACE")
 
 
 def _down(args: argparse.Namespace) -> int:

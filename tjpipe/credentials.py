@@ -100,6 +100,16 @@ def _read_streams() -> list[str]:
     return allow
 
 
+def _consumer_info() -> list[str]:
+    """Read the stages' durables' state (pending and unacknowledged counts) for pipeline health; an info
+    request changes nothing."""
+    return [
+        f"{_API}.CONSUMER.INFO.{spec.stream}.{durable}"
+        for spec in (streams.PLANNER, streams.APPLIER)
+        for durable in _durables(spec)
+    ]
+
+
 def permissions() -> dict[str, Permissions | None]:
     """Identity → what it may publish and subscribe to, beyond its own inbox; ``None`` means everything.
 
@@ -133,7 +143,7 @@ def permissions() -> dict[str, Permissions | None]:
                 *_leases("applier"),
             ),
         ),
-        READER: Permissions(publish=tuple(read_allow)),
+        READER: Permissions(publish=(*read_allow, *_consumer_info())),
         DLQ_OPERATOR: Permissions(
             publish=(
                 *read_allow,

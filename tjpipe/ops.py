@@ -9,6 +9,7 @@ when it writes them, so the history can be read, copied and replayed freely.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -110,18 +111,27 @@ def _event_summary(event: Event, previous: TrainJobObserved | None) -> tuple[str
     return summary, {"cause": event.cause, "resourceVersion": rv, "changed": changes, "trace_id": event.trace_id}
 
 
-async def history(js: JetStreamContext, key: ObjectKey) -> list[TimelineEntry]:
-    """Every event, planned component, apply result and dead letter of one TrainJob, in time order."""
+async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None = None) -> list[TimelineEntry]:
+    """Every event, planned component, apply result and dead letter of one TrainJob, in time order.
+
+    ``since`` skips what the streams hold from before that time (a caller that knows when the TrainJob's
+    first event arrived saves the server the scan of everything older).
+    """
     ns, name = key.namespace, key.name
     entries: list[TimelineEntry] = []
     previous: TrainJobObserved | None = None
-    events = await read_stream(js, streams.EVENTS.name, subjects.trainjob_events_filter(ns, name))
+    # The four streams are read at once: each read waits on the server, none on another.
+    events, plans, results, letters = await asyncio.gather(
+        read_stream(js, streams.EVENTS.name, subjects.trainjob_events_filter(ns, name), start_time=since),
+        read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(ns, name), start_time=since),
+        read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), start_time=since),
+        read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", start_time=since),
+    )
     for stored, event in _decoded(events, decode_event, entries, "event", "undecodable event"):
         summary, detail = _event_summary(event, previous)
         entries.append(TimelineEntry(stored.time, stored.stream, stored.seq, "event", summary, detail))
         if isinstance(event, TrainJobObserved):
             previous = event
-    plans = await read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(ns, name))
     for stored, message in _decoded(plans, decode_apply, entries, "plan", "undecodable apply message"):
         entries.append(
             TimelineEntry(
@@ -134,7 +144,6 @@ async def history(js: JetStreamContext, key: ObjectKey) -> list[TimelineEntry]:
                 {"component": component_of(message), "source_seq": message.source_seq},
             )
         )
-    results = await read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name))
     for stored, result in _decoded(results, decode_result, entries, "result", "undecodable apply result"):
         text = f"{result.action} {result.target} in {result.duration_ms:.0f} ms, {result.attempts} attempt(s)"
         if result.reason:
@@ -142,7 +151,6 @@ async def history(js: JetStreamContext, key: ObjectKey) -> list[TimelineEntry]:
         entries.append(
             TimelineEntry(stored.time, stored.stream, stored.seq, "result", text, msgspec.to_builtins(result))
         )
-    letters = await read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}")
     for stored, letter in _decoded(letters, decode_dead_letter, entries, "dead-letter", "undecodable dead letter"):
         entries.append(
             TimelineEntry(
@@ -155,6 +163,23 @@ async def history(js: JetStreamContext, key: ObjectKey) -> list[TimelineEntry]:
             )
         )
     return sorted(entries, key=lambda e: (e.time, e.stream, e.seq))
+
+
+async def plans_of(
+    js: JetStreamContext, key: ObjectKey, source_seqs: Iterable[int], *, since: float | None = None
+) -> dict[int, list[ApplyMessage]]:
+    """The recorded plans of one TrainJob made from each of the events ``source_seqs``, by event sequence."""
+    wanted = set(source_seqs)
+    found: dict[int, list[ApplyMessage]] = {seq: [] for seq in wanted}
+    subject = subjects.trainjob_apply_filter(key.namespace, key.name)
+    for stored in await read_stream(js, streams.APPLY.name, subject, start_time=since):
+        try:
+            message = decode_apply(stored.data)
+        except msgspec.MsgspecError:
+            continue
+        if message.source_seq in wanted:
+            found[message.source_seq].append(message)
+    return found
 
 
 _Decoded = TypeVar("_Decoded")

@@ -121,6 +121,11 @@ _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _TRAINJOB_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
+def valid_namespace(text: str) -> bool:
+    """A DNS-1123 label, as Kubernetes names a namespace; never a subject wildcard or a dot."""
+    return bool(_NAMESPACE.fullmatch(text)) and len(text) <= 63
+
+
 def trainjob_key(text: str, namespace: str | None) -> ObjectKey:
     """``NAMESPACE/NAME``, or ``NAME`` with ``-n NAMESPACE`` (default ``default``), as kubectl names objects.
 
@@ -132,7 +137,7 @@ def trainjob_key(text: str, namespace: str | None) -> ObjectKey:
         ns = namespace or "default"
     elif namespace and namespace != ns:
         raise UsageError(f"{text!r} names namespace {ns!r} but --namespace says {namespace!r}")
-    if not _NAMESPACE.fullmatch(ns) or len(ns) > 63:
+    if not valid_namespace(ns):
         raise UsageError(
             f"invalid namespace {ns!r} in {text!r}: a namespace is at most 63 lowercase letters, digits "
             "and '-', starting and ending with a letter or digit (expected [NAMESPACE/]NAME)"

@@ -224,6 +224,8 @@ class Stack:
     simulation: Simulation | None = None
     service_kubeconfigs: ServiceKubeconfigs | None = None
     """Each service's own ServiceAccount kubeconfig, on the stack's own apiserver; None: the one kubeconfig."""
+    history_url: str = ""
+    """Where ``tjpipe history-server`` serves once ``start_history_server`` started it; empty otherwise."""
     _containers: list[Any] = field(default_factory=list)
 
     # ---------------------------------------------------------------------------------- infrastructure
@@ -507,6 +509,40 @@ class Stack:
             f"says {admission_webhook.TRAINER_VERSION}"
         )
         return process
+
+    def start_history_server(self, *, port: int | None = None) -> ManagedProcess:
+        """``tjpipe history-server`` on loopback as the read-only ``reader`` identity, counting refused
+        publishes from the services' metrics; returns once it has read the streams."""
+        listen = port or free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "tjpipe",
+            "history-server",
+            "--listen",
+            f"127.0.0.1:{listen}",
+            "--log-format",
+            "json",
+            *(f"--scrape=http://127.0.0.1:{p}/metrics" for n, p in self.metrics_ports.items() if n != "webhook"),
+        ]
+        env = self.service_env("history-server")
+        if self.credentials is not None:
+            env["NATS_CREDS"] = str(self.credentials.seed_file(READER).resolve())
+        process = spawn(name="history-server", argv=argv, log_dir=self.paths.logs, env=env)
+        self.services.append(process)
+        url = f"http://127.0.0.1:{listen}"
+        wait_until(
+            lambda: http_ok(f"{url}/readyz"), timeout=60, what=f"tjpipe history-server {url}/readyz", process=process
+        )
+        self.history_url = url
+        self.progress(f"started history-server (pid {process.pid}, {url}, log {process.log_path})")
+        return process
+
+    @property
+    def login_token(self) -> str:
+        """A bearer token of the stack's own apiserver's admin user, for the history server's login; empty on
+        an adopted cluster, whose tokens are its owner's to hand out."""
+        return self.local_kube.token if self.local_kube is not None else ""
 
     def unregister_webhook(self) -> None:
         """Remove the webhook configuration: with failurePolicy Fail, a stopped webhook would refuse every

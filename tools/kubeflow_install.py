@@ -39,6 +39,7 @@ from tjpipe.local.toolchain import go_module_dir
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "deploy" / "overlays" / "kubeflow"
 ONE_PROCESS = REPO / "deploy" / "components" / "one-process"
+HISTORY_SERVER = REPO / "deploy" / "components" / "history-server"
 CHART = REPO / "charts" / "trainjob-pipeline"
 # The image deploy/base names (its `images:` entry); the chart's values replace it.
 PIPELINE_IMAGE = "trainjob-pipeline"
@@ -171,8 +172,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             action="store_true",
             help="the three stages as one 'tjpipe controller' Deployment (deploy/components/one-process)",
         )
+        command.add_argument(
+            "--history-server",
+            action="store_true",
+            help="with the history server's web UI and JSON API (deploy/components/history-server)",
+        )
     args = parser.parse_args(argv)
-    components = (ONE_PROCESS,) if args.one_process else ()
+    components = tuple(
+        component
+        for component, wanted in ((ONE_PROCESS, args.one_process), (HISTORY_SERVER, args.history_server))
+        if wanted
+    )
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -48,7 +48,7 @@ def _bash_complete(line: str) -> list[str]:
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_bash_completion_offers_commands_flags_and_values() -> None:
     assert _bash_complete("tjpipe dlq ") == ["list", "retry", "show"]
-    assert _bash_complete("tjpipe his") == ["history"]
+    assert _bash_complete("tjpipe his") == ["history", "history-server"]
     assert _bash_complete("tjpipe --ver") == ["--version"]
     assert _bash_complete("tjpipe history -o ") == ["json", "table", "yaml"]
     assert _bash_complete("tjpipe dlq show --out") == ["--output"]

@@ -82,7 +82,7 @@ async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch
         StoredMessage(stream=streams.DLQ.name, seq=2, subject="dlq.y", data=encode(letter), headers={}, time=3.0),
     ]
 
-    async def read_stream(js: object, stream: str, subject: str) -> list[StoredMessage]:
+    async def read_stream(js: object, stream: str, subject: str, **options: object) -> list[StoredMessage]:
         return stored[stream]
 
     monkeypatch.setattr(ops, "read_stream", read_stream)

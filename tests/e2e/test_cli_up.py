@@ -90,7 +90,14 @@ def test_up_one_process_runs_the_three_stages_as_one_controller_each_with_its_ow
         assert up.returncode == 0, up.stdout + up.stderr
         pid_files = sorted((state / "logs").glob("*.pid"))
         pids = [int(p.read_text().split()[0]) for p in pid_files]
-        assert [p.stem for p in pid_files] == ["controller", "etcd", "kube-apiserver", "nats", "webhook"]
+        assert [p.stem for p in pid_files] == [
+            "controller",
+            "etcd",
+            "history-server",
+            "kube-apiserver",
+            "nats",
+            "webhook",
+        ]
         controller = _environ(pids[0])
         creds, keys = state / "creds", state / "keys"
         for stage in ("watcher", "planner", "applier"):

@@ -44,6 +44,11 @@ async def test_read_stream_pages_filters_and_starts_where_asked(nats_connect: An
         newest = await bus.read_stream(js, name, f"{prefix}.>", last_per_subject=True)
         assert [m.data for m in newest] == [b"m27", b"m28", b"m29"]
         assert await bus.read_stream(js, name, f"{prefix}.nothing.>") == []
+        # A reader that pages on its own: at least `limit` messages, whole batches, from where it asks.
+        first = await bus.read_stream(js, name, f"{prefix}.>", batch=4, limit=6)
+        assert [m.seq for m in first] == list(range(1, 9))
+        rest = await bus.read_stream(js, name, f"{prefix}.>", start_seq=first[-1].seq + 1, batch=4, limit=100)
+        assert [m.seq for m in rest] == list(range(9, 31))
         assert (await js.stream_info(name)).state.consumer_count == 0  # read without a consumer
     finally:
         await js.delete_stream(name)

@@ -60,9 +60,10 @@ def test_filters() -> None:
     assert s.events_filter(0) == "tj.ev.0.>"
     assert s.apply_filter() == "tj.apply.*.>"
     assert s.apply_filter(15) == "tj.apply.15.>"
-    assert s.trainjob_events_filter("ns", "tj") == "tj.ev.*.ns.tj"
-    assert s.trainjob_apply_filter("ns", "tj") == "tj.apply.*.ns.tj.>"
-    assert s.trainjob_results_filter("ns", "tj") == "tj.result.*.ns.tj.>"
+    p = s.partition_of("ns", "tj")
+    assert s.trainjob_events_filter("ns", "tj") == f"tj.ev.{p}.ns.tj"
+    assert s.trainjob_apply_filter("ns", "tj") == f"tj.apply.{p}.ns.tj.>"
+    assert s.trainjob_results_filter("ns", "tj") == f"tj.result.{p}.ns.tj.>"
 
 
 def _matches(pattern: str, subject: str) -> bool:

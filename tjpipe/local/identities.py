@@ -31,6 +31,7 @@ IDENTITY_FILES = (
     DEPLOY / "base" / "applier-policy.yaml",
     DEPLOY / "base" / "webhook.yaml",
     DEPLOY / "components" / "one-process" / "controller.yaml",
+    DEPLOY / "components" / "history-server" / "history-server.yaml",
 )
 IDENTITY_KINDS = frozenset(
     {
@@ -49,6 +50,7 @@ SERVICE_ACCOUNTS: Mapping[str, str] = {
     "applier": "tjpipe-applier",
     "webhook": "tjpipe-webhook",
     "controller": "tjpipe-controller",
+    "history-server": "tjpipe-history-server",
 }
 """The ServiceAccount each service that talks to the API server runs as."""
 TOKEN_SECONDS = 30 * 24 * 3600

@@ -29,8 +29,8 @@ import ipaddress
 import secrets
 import ssl
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -61,6 +61,8 @@ class LocalKube:
     ca_file: Path
     kubeconfig: Path
     processes: tuple[ManagedProcess, ...]
+    user_tokens: Mapping[str, str] = field(default_factory=dict)
+    """Bearer tokens of the users ``start_kube`` was asked for, by name."""
 
     @property
     def service_account_private_key(self) -> Path:
@@ -92,8 +94,13 @@ def start_kube(
     kubeconfig_path: Path,
     progress: Callable[[str], None],
     extra_apiserver_args: Sequence[str] = (),
+    users: Mapping[str, Sequence[str]] | None = None,
 ) -> LocalKube:
-    """Start etcd and kube-apiserver on 127.0.0.1 and write a kubeconfig for them."""
+    """Start etcd and kube-apiserver on 127.0.0.1 and write a kubeconfig for them.
+
+    ``users`` (name → groups) are people the apiserver knows by a token of their own and RBAC grants
+    nothing until a binding does: what a test of authorization needs besides ServiceAccounts.
+    """
     binaries = ensure_kube_binaries(progress=progress)
     started = time.monotonic()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +129,15 @@ def start_kube(
         pki = _write_pki(work_dir / "pki")
         token = secrets.token_urlsafe(32)
         tokens_file = work_dir / "tokens.csv"
-        write_private_file(tokens_file, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        user_tokens = {name: secrets.token_urlsafe(32) for name in users or {}}
+        lines = [f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"']
+        for name, groups in (users or {}).items():
+            lines.append(
+                f'{user_tokens[name]},{name},{name},"{",".join(groups)}"'
+                if groups
+                else f"{user_tokens[name]},{name},{name}"
+            )
+        write_private_file(tokens_file, "\n".join(lines) + "\n")
         wait_until(
             lambda: http_ok(f"{etcd_url}/health"),
             timeout=_ETCD_READY_TIMEOUT_SECONDS,
@@ -176,6 +191,7 @@ def start_kube(
         ca_file=pki.ca_cert,
         kubeconfig=kubeconfig_path,
         processes=tuple(processes),
+        user_tokens=user_tokens,
     )
 
 

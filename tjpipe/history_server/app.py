@@ -1,0 +1,405 @@
+"""The HTTP side: the JSON API, the UI's files, and the rules every answer goes through.
+
+Every ``/api`` answer is made in the same order: who is asking (401 without a token the API server accepts),
+is the request well formed (400), may the caller read what it names (403), and only then the data. So a
+caller who may not read a namespace learns nothing about it, not even whether a TrainJob of some name was
+ever there, and an answer about namespace N holds only N's records: the streams are read with N and the
+name in the subject filter, never a wildcard, since both are checked against Kubernetes' naming rules first.
+
+A token is accepted in the ``Authorization`` header only, never in a query string, where proxies and access
+logs would keep it; the request log names the user, never the token. The UI's files go out with a Content
+Security Policy that lets the page load and call nothing but this server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from tjpipe.contracts.messages import ObjectKey, component_of
+from tjpipe.history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
+from tjpipe.history_server.index import STATES, HistoryIndex, filtered
+
+if TYPE_CHECKING:
+    import aiohttp
+    from nats.js import JetStreamContext
+
+    from tjpipe.ops import TimelineEntry
+
+log = logging.getLogger("tjpipe.history_server")
+
+API = "/api/v1"
+LIST_LIMIT = 1000
+TIMELINE_LIMIT = 5000
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+_STATIC = {
+    "index.html": "text/html",
+    "app.js": "text/javascript",
+    "app.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
+
+
+@dataclass
+class Backend:
+    """What the handlers read: the bus, the index, the authorizer, and where to find refusal counts."""
+
+    js: JetStreamContext
+    index: HistoryIndex
+    authorizer: Authorizer
+    session: aiohttp.ClientSession
+    scrape: tuple[str, ...] = ()
+    ready: bool = False
+
+
+BACKEND = web.AppKey("backend", Backend)
+
+
+def _error(status: int, message: str, **headers: str) -> web.HTTPException:
+    body = json.dumps({"status": status, "error": message})
+    cls: type[web.HTTPException] = {
+        400: web.HTTPBadRequest,
+        401: web.HTTPUnauthorized,
+        403: web.HTTPForbidden,
+        404: web.HTTPNotFound,
+        503: web.HTTPServiceUnavailable,
+    }[status]
+    return cls(text=body, content_type="application/json", headers=headers)
+
+
+def _json(value: Any) -> web.Response:
+    return web.Response(text=json.dumps(value, ensure_ascii=False, default=str), content_type="application/json")
+
+
+# ----------------------------------------------------------------------------------------- middleware
+
+
+@web.middleware
+async def _guard(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    started = time.monotonic()
+    status = 500
+    try:
+        if any(k.lower() in ("token", "access_token", "bearer") for k in request.query):
+            raise _error(400, "send the token in the Authorization header, never in the URL")
+        response = await handler(request)
+        status = response.status
+    except web.HTTPException as exc:
+        status = exc.status
+        _secure(exc, request.path)
+        raise
+    except Exception as exc:  # the bus did not answer in time, or a bug: said as such, logged with its traceback
+        log.exception("%s %s failed", request.method, request.path)
+        failed = _error(503, f"could not read the history: {type(exc).__name__}")
+        status = failed.status
+        _secure(failed, request.path)
+        raise failed from None
+    finally:
+        caller = request.get("caller")
+        log.info(
+            "%s %s %d %.1f ms%s",
+            request.method,
+            request.path,
+            status,
+            (time.monotonic() - started) * 1000,
+            f" user={caller.username}" if caller is not None else "",
+        )
+    _secure(response, request.path)
+    return response
+
+
+def _secure(response: web.StreamResponse, path: str) -> None:
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["X-Frame-Options"] = "DENY"
+    if path.startswith("/api/"):
+        response.headers["Cache-Control"] = "no-store"
+
+
+async def _caller(request: web.Request) -> Caller:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _error(401, "a bearer token is required (Authorization: Bearer TOKEN)", **{"WWW-Authenticate": "Bearer"})
+    try:
+        caller = await request.app[BACKEND].authorizer.authenticate(token.strip())
+    except Unauthenticated:
+        raise _error(401, "the API server does not accept this token", **{"WWW-Authenticate": "Bearer"}) from None
+    except Unavailable as exc:
+        raise _error(503, str(exc)) from None
+    request["caller"] = caller
+    return caller
+
+
+async def _allowed(request: web.Request, caller: Caller, verb: str, namespace: str, name: str = "") -> bool:
+    try:
+        return await request.app[BACKEND].authorizer.allowed(caller, verb, namespace, name)
+    except Unavailable as exc:
+        raise _error(503, str(exc)) from None
+
+
+async def _require(request: web.Request, verb: str, namespace: str, name: str = "") -> Caller:
+    caller = await _caller(request)
+    if not _valid_namespace(namespace):
+        raise _error(400, f"invalid namespace {namespace!r}")
+    if name and not _valid_name(name):
+        raise _error(400, f"invalid TrainJob name {name!r}")
+    if not await _allowed(request, caller, verb, namespace, name):
+        where = f"TrainJob {name!r} in namespace {namespace!r}" if name else f"TrainJobs in namespace {namespace!r}"
+        raise _error(403, f"{caller.username} may not {verb} {where} (trainjobs.trainer.kubeflow.org)")
+    return caller
+
+
+def _valid_namespace(text: str) -> bool:
+    from tjpipe.opscli import valid_namespace
+
+    return valid_namespace(text)
+
+
+def _valid_name(text: str) -> bool:
+    from tjpipe.exits import UsageError
+    from tjpipe.opscli import trainjob_key
+
+    try:
+        trainjob_key(f"default/{text}", None)
+    except UsageError:
+        return False
+    return True
+
+
+def _state(request: web.Request) -> str | None:
+    state = request.query.get("state") or None
+    if state is not None and state not in STATES:
+        raise _error(400, f"unknown state {state!r}; one of {', '.join(STATES)}")
+    return state
+
+
+def _limit(request: web.Request, default: int) -> int:
+    try:
+        limit = int(request.query.get("limit", default))
+    except ValueError:
+        raise _error(400, "limit must be a whole number") from None
+    if limit < 1:
+        raise _error(400, "limit must be at least 1")
+    return min(limit, default)
+
+
+def _listing(summaries: list[Any], request: web.Request) -> dict[str, Any]:
+    state = _state(request)
+    limit = _limit(request, LIST_LIMIT)
+    chosen = filtered(summaries, state=state)
+    return {
+        "items": [s.to_json() for s in chosen[:limit]],
+        "total": len(chosen),
+        "truncated": len(chosen) > limit,
+    }
+
+
+# ------------------------------------------------------------------------------------------- handlers
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    backend = request.app[BACKEND]
+    if not backend.ready:
+        return web.Response(status=503, text="the history index has not read the streams yet\n")
+    if not backend.js._nc.is_connected:
+        return web.Response(status=503, text="not connected to NATS\n")
+    return web.Response(text="ok\n")
+
+
+async def whoami(request: web.Request) -> web.Response:
+    caller = await _caller(request)
+    cluster_wide = await _allowed(request, caller, "list", "")
+    return _json({"username": caller.username, "groups": list(caller.groups), "clusterWide": cluster_wide})
+
+
+async def namespaces(request: web.Request) -> web.Response:
+    """The namespaces the history knows of that the caller may list TrainJobs in."""
+    caller = await _caller(request)
+    known = request.app[BACKEND].index.namespaces()
+    if await _allowed(request, caller, "list", ""):
+        return _json({"items": known, "clusterWide": True})
+    decisions = await asyncio.gather(*(_allowed(request, caller, "list", ns) for ns in known))
+    return _json({"items": [ns for ns, ok in zip(known, decisions, strict=True) if ok], "clusterWide": False})
+
+
+async def all_trainjobs(request: web.Request) -> web.Response:
+    caller = await _caller(request)
+    if not await _allowed(request, caller, "list", ""):
+        raise _error(
+            403, f"{caller.username} may not list TrainJobs in all namespaces (trainjobs.trainer.kubeflow.org)"
+        )
+    return _json(_listing(list(request.app[BACKEND].index.everywhere()), request))
+
+
+async def trainjobs(request: web.Request) -> web.Response:
+    namespace = request.match_info["namespace"]
+    await _require(request, "list", namespace)
+    return _json(_listing(request.app[BACKEND].index.in_namespace(namespace), request))
+
+
+def _entry(e: TimelineEntry) -> dict[str, Any]:
+    return {
+        "time": e.time,
+        "at": dt.datetime.fromtimestamp(e.time, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "stream": e.stream,
+        "seq": e.seq,
+        "kind": e.kind,
+        "summary": e.summary,
+        "detail": e.detail,
+    }
+
+
+async def history(request: web.Request) -> web.Response:
+    from tjpipe import ops
+
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await _require(request, "get", namespace, name)
+    backend = request.app[BACKEND]
+    summary = backend.index.get(namespace, name)
+    since = summary.first_seen - 1.0 if summary is not None and summary.first_seen else None
+    entries = await ops.history(backend.js, ObjectKey(namespace=namespace, name=name), since=since)
+    if not entries and summary is None:
+        raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
+    limit = _limit(request, TIMELINE_LIMIT)
+    return _json(
+        {
+            "trainjob": summary.to_json() if summary is not None else {"namespace": namespace, "name": name},
+            "entries": [_entry(e) for e in entries[-limit:]],
+            "total": len(entries),
+            "truncated": len(entries) > limit,
+        }
+    )
+
+
+def _seq(text: str | None, what: str) -> int:
+    try:
+        value = int(text or "")
+    except ValueError:
+        raise _error(400, f"{what} must be an event sequence number") from None
+    if value < 1:
+        raise _error(400, f"{what} must be an event sequence number")
+    return value
+
+
+async def _plans(request: web.Request, seqs: list[int]) -> dict[int, list[Any]]:
+    from tjpipe import ops
+
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await _require(request, "get", namespace, name)
+    backend = request.app[BACKEND]
+    summary = backend.index.get(namespace, name)
+    since = summary.first_seen - 1.0 if summary is not None and summary.first_seen else None
+    found = await ops.plans_of(backend.js, ObjectKey(namespace=namespace, name=name), seqs, since=since)
+    for seq in seqs:
+        if not found[seq]:
+            raise _error(404, f"no plan of TrainJob {namespace}/{name} was made from event {seq}")
+    return found
+
+
+def _shown(message: Any) -> dict[str, Any]:
+    body: dict[str, Any] = msgspec.to_builtins(message)
+    body.pop("trace_id", None)
+    body["component"] = component_of(message)  # the message's kind tag, with the object's name where it repeats
+    return body
+
+
+async def plan(request: web.Request) -> web.Response:
+    """Every component planned from one event, as YAML documents (``?output=json`` for JSON)."""
+    from tjpipe.opscli import to_yaml_all
+
+    seq = _seq(request.match_info["seq"], "the plan's event")
+    messages = (await _plans(request, [seq]))[seq]
+    shown = [_shown(m) for m in sorted(messages, key=component_of)]
+    if request.query.get("output") == "json":
+        return _json(shown)
+    return web.Response(text=to_yaml_all(shown), content_type="application/yaml", charset="utf-8")
+
+
+_WHEN_PLANNED = frozenset({"observed_at", "source_version"})
+"""Fields of an apply message that say when it was planned, not what: left out of a plan diff."""
+
+
+async def plan_diff(request: web.Request) -> web.Response:
+    """What changed between the plans made from two events of one TrainJob, field by field per component."""
+    from tjpipe import ops
+
+    old, new = _seq(request.query.get("from"), "from"), _seq(request.query.get("to"), "to")
+    found = await _plans(request, [old, new])
+    changed = {
+        component: kept
+        for component, diffs in ops.compare_plans(found[old], found[new]).items()
+        if (kept := [d for d in diffs if d[0] not in _WHEN_PLANNED])
+    }
+    return _json(
+        {
+            "from": old,
+            "to": new,
+            "components": {c: [{"field": p, "from": a, "to": b} for p, a, b in diffs] for c, diffs in changed.items()},
+        }
+    )
+
+
+async def health(request: web.Request) -> web.Response:
+    """Pipeline-wide figures (no namespace's records): any user the API server knows may read them."""
+    from tjpipe.history_server.health import pipeline_health
+
+    await _caller(request)
+    backend = request.app[BACKEND]
+    figures = await pipeline_health(backend.js, backend.session, backend.scrape)
+    figures["index"] = {"trainjobs": len(backend.index), "states": backend.index.counts(), "ready": backend.ready}
+    return _json(figures)
+
+
+# ---------------------------------------------------------------------------------------------- the UI
+
+
+def _static(name: str) -> bytes:
+    return resources.files("tjpipe.history_server").joinpath("static", name).read_bytes()
+
+
+async def page(request: web.Request) -> web.Response:
+    return web.Response(body=_static("index.html"), content_type="text/html", charset="utf-8")
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["file"]
+    if name not in _STATIC:
+        raise web.HTTPNotFound()
+    return web.Response(body=_static(name), content_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
+
+
+def make_app(backend: Backend) -> web.Application:
+    app = web.Application(middlewares=[_guard])
+    app[BACKEND] = backend
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get(f"{API}/whoami", whoami)
+    app.router.add_get(f"{API}/namespaces", namespaces)
+    app.router.add_get(f"{API}/trainjobs", all_trainjobs)
+    app.router.add_get(f"{API}/health", health)
+    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs", trainjobs)
+    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/history", history)
+    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/diff", plan_diff)
+    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/{{seq}}", plan)
+    app.router.add_get("/", page)
+    app.router.add_get("/static/{file}", static)
+    return app

@@ -1,0 +1,271 @@
+"""What the TrainJob list shows, kept as one small record per TrainJob and built as the streams are read.
+
+Why an index: the list of a namespace is the newest state of every TrainJob in it, live or deleted, and
+working that out from the streams on each request means reading every event of every TrainJob. The index
+reads each event once, in stream order, keeps a few fields of it, and afterwards only reads what arrived
+since. Why it stays bounded: it holds a fixed-size summary per TrainJob, never an event body, and drops a
+TrainJob once the streams no longer hold any of its events or dead letters, so it is as large as the
+streams' retention and no larger. Why its own decoder: only the metadata, the runtime reference and the
+conditions matter here, so the rest of an event (the TrainJob's pod templates, the runtime, the JobSet) is
+skipped by the parser instead of being built into objects and thrown away.
+
+One TrainJob's timeline is not kept here: it is read from the streams on demand (``tjpipe.ops.history``,
+the same code ``tjpipe history`` runs), starting at the time the index saw that TrainJob's first event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from tjpipe.contracts import streams, subjects
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+    from tjpipe.plumbing.bus import StoredMessage
+
+STATES = ("Created", "Running", "Suspended", "Complete", "Failed", "Deleted")
+"""What the list shows for a TrainJob, from the newest event the streams hold of it."""
+
+READ_PAGE = 2048
+"""Messages read per pass while catching up: what one pass holds in memory at most."""
+
+
+# The light view of an event: the fields the list needs, every other field skipped by the decoder.
+class _Meta(msgspec.Struct, frozen=True, kw_only=True):
+    uid: str = ""
+    creation_timestamp: str = msgspec.field(default="", name="creationTimestamp")
+
+
+class _RuntimeRef(msgspec.Struct, frozen=True, kw_only=True):
+    name: str = ""
+    kind: str = ""
+
+
+class _Spec(msgspec.Struct, frozen=True, kw_only=True):
+    runtime_ref: _RuntimeRef = msgspec.field(default_factory=_RuntimeRef, name="runtimeRef")
+    suspend: bool = False
+
+
+class _Condition(msgspec.Struct, frozen=True, kw_only=True):
+    type: str = ""
+    status: str = ""
+
+
+class _JobStatus(msgspec.Struct, frozen=True, kw_only=True):
+    active: int = 0
+
+
+class _Status(msgspec.Struct, frozen=True, kw_only=True):
+    conditions: list[_Condition] = []
+    jobs_status: list[_JobStatus] = msgspec.field(default_factory=list, name="jobsStatus")
+
+
+class _TrainJob(msgspec.Struct, frozen=True, kw_only=True):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+class _Observed(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.observed"):
+    trainjob: _TrainJob
+    observed_at: float = 0.0
+
+
+class _Deleted(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.deleted"):
+    uid: str = ""
+    observed_at: float = 0.0
+
+
+_decode = msgspec.json.Decoder(_Observed | _Deleted).decode
+
+
+def state_of(job: _TrainJob) -> str:
+    """Trainer's terminal conditions first, then suspension, then whether any of its Jobs has pods running."""
+    true = {c.type for c in job.status.conditions if c.status == "True"}
+    if "Failed" in true:
+        return "Failed"
+    if "Complete" in true:
+        return "Complete"
+    if "Suspended" in true or job.spec.suspend:
+        return "Suspended"
+    if any(s.active > 0 for s in job.status.jobs_status):
+        return "Running"
+    return "Created"
+
+
+@dataclass(slots=True)
+class Summary:
+    """One TrainJob as the list shows it."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    runtime: str = ""
+    runtime_kind: str = ""
+    state: str = "Created"
+    created: str = ""
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    events: int = 0
+    dead_letters: int = 0
+    last_event_seq: int = 0
+    last_dead_letter_seq: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "uid": self.uid,
+            "runtime": self.runtime,
+            "runtimeKind": self.runtime_kind,
+            "state": self.state,
+            "deleted": self.state == "Deleted",
+            "creationTimestamp": self.created,
+            "firstSeen": self.first_seen,
+            "lastSeen": self.last_seen,
+            "events": self.events,
+            "deadLetters": self.dead_letters,
+        }
+
+
+class HistoryIndex:
+    """TrainJob summaries by namespace, folded from the events and dead-letter streams in stream order."""
+
+    def __init__(self) -> None:
+        self._namespaces: dict[str, dict[str, Summary]] = {}
+        self.next_seq: dict[str, int] = {}
+        self.undecodable = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self._namespaces.clear()
+        self.next_seq.update({streams.EVENTS.name: 1, streams.DLQ.name: 1})
+        self.undecodable = 0
+
+    def __len__(self) -> int:
+        return sum(len(jobs) for jobs in self._namespaces.values())
+
+    # ------------------------------------------------------------------------------------ the fold
+
+    def _summary(self, namespace: str, name: str) -> Summary:
+        jobs = self._namespaces.setdefault(namespace, {})
+        found = jobs.get(name)
+        if found is None:
+            found = jobs[name] = Summary(namespace=namespace, name=name)
+        return found
+
+    def add_event(self, stored: StoredMessage) -> None:
+        namespace, name = subjects.trainjob_of_subject(stored.subject)
+        if namespace == "_":
+            return
+        try:
+            event = _decode(stored.data)
+        except msgspec.MsgspecError:
+            self.undecodable += 1
+            return
+        summary = self._summary(namespace, name)
+        if not summary.events:
+            summary.first_seen = stored.time
+        summary.events += 1
+        summary.last_seen = stored.time
+        summary.last_event_seq = stored.seq
+        if isinstance(event, _Deleted):
+            summary.state = "Deleted"
+            return
+        job = event.trainjob
+        if job.metadata.uid != summary.uid:  # a new TrainJob of an old name starts its own story
+            summary.uid = job.metadata.uid
+        summary.created = job.metadata.creation_timestamp or summary.created
+        summary.runtime = job.spec.runtime_ref.name
+        summary.runtime_kind = job.spec.runtime_ref.kind or "ClusterTrainingRuntime"
+        summary.state = state_of(job)
+
+    def add_dead_letter(self, stored: StoredMessage) -> None:
+        parts = stored.subject.split(".")
+        if len(parts) < 5:
+            return
+        summary = self._summary(parts[3], parts[4])
+        if not summary.first_seen:
+            summary.first_seen = stored.time
+        summary.dead_letters += 1
+        summary.last_dead_letter_seq = stored.seq
+        summary.last_seen = max(summary.last_seen, stored.time)
+
+    def prune(self, first_event_seq: int, first_dead_letter_seq: int) -> int:
+        """Forget TrainJobs none of whose events or dead letters the streams still hold; how many went."""
+        gone = 0
+        for namespace in list(self._namespaces):
+            jobs = self._namespaces[namespace]
+            for name in [
+                n
+                for n, s in jobs.items()
+                if s.last_event_seq < first_event_seq and s.last_dead_letter_seq < first_dead_letter_seq
+            ]:
+                del jobs[name]
+                gone += 1
+            if not jobs:
+                del self._namespaces[namespace]
+        return gone
+
+    # ----------------------------------------------------------------------------------- the reads
+
+    def namespaces(self) -> list[str]:
+        return sorted(self._namespaces)
+
+    def in_namespace(self, namespace: str) -> list[Summary]:
+        """The namespace's TrainJobs, the most recently active first."""
+        return sorted(self._namespaces.get(namespace, {}).values(), key=lambda s: (-s.last_seen, s.name))
+
+    def everywhere(self) -> Iterator[Summary]:
+        for namespace in self.namespaces():
+            yield from self.in_namespace(namespace)
+
+    def get(self, namespace: str, name: str) -> Summary | None:
+        return self._namespaces.get(namespace, {}).get(name)
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(STATES, 0)
+        for jobs in self._namespaces.values():
+            for summary in jobs.values():
+                out[summary.state] = out.get(summary.state, 0) + 1
+        return out
+
+    # ----------------------------------------------------------------------------- reading the bus
+
+    async def catch_up(self, js: JetStreamContext) -> int:
+        """Fold in everything that arrived since the last call, a page at a time; how many messages."""
+        from tjpipe.plumbing.bus import read_stream
+
+        firsts = []
+        for stream in (streams.EVENTS.name, streams.DLQ.name):
+            info = await js.stream_info(stream)
+            firsts.append(int(info.state.first_seq or 0))
+            if int(info.state.last_seq or 0) + 1 < self.next_seq[stream]:
+                # The stream was purged or made anew below our position: start over, so nothing counts twice.
+                self.reset()
+        read = 0
+        for stream, subject, fold in (
+            (streams.EVENTS.name, subjects.events_filter(), self.add_event),
+            (streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>", self.add_dead_letter),
+        ):
+            while True:
+                page = await read_stream(js, stream, subject, start_seq=self.next_seq[stream], limit=READ_PAGE)
+                for stored in page:
+                    fold(stored)
+                read += len(page)
+                if not page:
+                    break
+                self.next_seq[stream] = page[-1].seq + 1
+                if len(page) < READ_PAGE:
+                    break
+        self.prune(*firsts)
+        return read
+
+
+def filtered(summaries: Iterable[Summary], *, state: str | None) -> list[Summary]:
+    return [s for s in summaries if state is None or s.state == state]

@@ -1,0 +1,155 @@
+"""The process: connect to the bus as a read-only identity, keep the index current, serve until a signal.
+
+The index is caught up before the server calls itself ready, then again every ``--refresh-seconds``; a
+failed catch-up (NATS away for a moment) is logged and tried again on the next tick, with what the index
+already holds still served. The server's own Kubernetes credentials are used for nothing but TokenReviews
+and SubjectAccessReviews, which is all its RBAC allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+from typing import Any
+
+from tjpipe.exits import UsageError
+
+log = logging.getLogger("tjpipe.history_server")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server's own flags; the logging, NATS and Kubernetes ones are the other commands' (``cli``)."""
+    from tjpipe.settings import env_flag, env_list_flag
+
+    env_flag(
+        parser,
+        "--listen",
+        env="TJPIPE_HISTORY_LISTEN",
+        default="127.0.0.1:8080",
+        help="HOST:PORT to serve the UI and the API on (default 127.0.0.1:8080)",
+    )
+    env_flag(parser, "--tls-cert", env="TJPIPE_HISTORY_TLS_CERT", help="serve HTTPS with this certificate, PEM")
+    env_flag(parser, "--tls-key", env="TJPIPE_HISTORY_TLS_KEY", help="its private key, PEM")
+    env_flag(
+        parser,
+        "--auth-cache-seconds",
+        env="TJPIPE_HISTORY_AUTH_CACHE_SECONDS",
+        default=10.0,
+        type=float,
+        help="how long a TokenReview or SubjectAccessReview answer is reused (default 10)",
+    )
+    env_flag(
+        parser,
+        "--refresh-seconds",
+        env="TJPIPE_HISTORY_REFRESH_SECONDS",
+        default=2.0,
+        type=float,
+        help="how often the TrainJob index reads what arrived on the streams (default 2)",
+    )
+    env_list_flag(
+        parser,
+        "--scrape",
+        env="TJPIPE_HISTORY_SCRAPE",
+        help="a service's /metrics URL to count refused publishes from (repeatable)",
+    )
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if not args.tls_cert and not args.tls_key:
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"--tls-cert/--tls-key: {exc}") from None
+    return context
+
+
+def run(args: argparse.Namespace) -> int:
+    from tjpipe.plumbing.runner import configure_logging
+
+    listen = parse_listen(args.listen)
+    tls = _tls(args)
+    json_logs = {"json": True, "text": False}.get(args.log_format)
+    configure_logging(args.log_level, json_logs=json_logs)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # our own request log names no token
+    try:
+        asyncio.run(serve(args, listen, tls))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLContext | None) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
+    from tjpipe.history_server.app import Backend, make_app
+    from tjpipe.history_server.index import HistoryIndex
+    from tjpipe.opscli import connect_nats
+    from tjpipe.plumbing.kube import KubeClient, KubeConfig
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    nc = await connect_nats(args, "history-server")
+    kube = KubeClient(KubeConfig.load(args.kubeconfig, context=args.context))
+    session = aiohttp.ClientSession()
+    backend = Backend(
+        js=nc.jetstream(),
+        index=HistoryIndex(),
+        authorizer=ClusterAuthorizer(KubePoster(kube), ttl=args.auth_cache_seconds),
+        session=session,
+        scrape=tuple(args.scrape or ()),
+    )
+    runner = web.AppRunner(make_app(backend), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, listen[0], listen[1], ssl_context=tls)
+    await site.start()
+    scheme = "https" if tls else "http"
+    log.info("history server on %s://%s:%d", scheme, *listen)
+    refresher = asyncio.create_task(keep_current(backend, stop, every=args.refresh_seconds))
+    try:
+        await stop.wait()
+    finally:
+        refresher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await refresher
+        await runner.cleanup()
+        await session.close()
+        await kube.close()
+        await nc.close()
+
+
+async def keep_current(backend: Any, stop: asyncio.Event, *, every: float) -> None:
+    """Catch the index up now and every ``every`` seconds; ready after the first complete pass."""
+    while not stop.is_set():
+        try:
+            read = await backend.index.catch_up(backend.js)
+        except Exception as exc:  # the bus away for a moment: serve what is known, try again next tick
+            log.warning("could not read the streams: %s: %s", type(exc).__name__, exc)
+        else:
+            if not backend.ready:
+                log.info("history index ready: %d TrainJob(s)", len(backend.index))
+            elif read:
+                log.debug("history index: %d new message(s), %d TrainJob(s)", read, len(backend.index))
+            backend.ready = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=every)
