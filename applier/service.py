@@ -59,6 +59,7 @@ from tjpipe.plumbing.observability import (
 )
 from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
 from tjpipe.plumbing.runner import ServiceSettings, started
+from tjpipe.plumbing.stream_usage import StreamUsage
 
 log = logging.getLogger("applier")
 
@@ -194,6 +195,9 @@ class Applier:
                         done = await self._delete_once(message, resource)
                     else:
                         done = await self._apply_once(message, resource, key, body)
+        except core.TrainJobGone as exc:
+            await self._finish(msg, message, "skipped", attempts, started, reason=f"{exc.why}: nothing to do")
+            return
         except core.Unauthorized as exc:
             await self._refuse(msg, message, exc.why, attempts, started)
             return
@@ -247,6 +251,8 @@ class Applier:
         if not verdict.allowed and not fresh:
             facts = await self._trainjob(message, fresh=True)
             verdict = core.authorize_trainjob(message, facts)
+        if verdict.gone:
+            raise core.TrainJobGone(verdict.why)
         if not verdict.allowed or facts is None:
             raise core.Unauthorized(verdict.why)
         return facts
@@ -778,15 +784,25 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
         await service.health.start()
         ledger = await Ledger.open(service.js)
         applier = Applier(settings, service.kube_client(), service.js, ledger, trusted_plans=trusted_plans)
-        # The same keyword call as run_planner's (a pair to duplicate finders): one call, each stage's own values.
-        await consume_partitioned(
-            service.nc,
+        usage = StreamUsage(
             service.js,
-            streams.APPLIER,
-            applier.handle_batch,
-            role="applier",
-            replica=settings.replica,
-            batch=settings.batch,
-            lease_ttl=settings.lease_ttl,
-            stop=stop,
+            [spec.name for spec in streams.ALL_STREAMS],
+            records=[spec.name for spec in streams.RECORD_STREAMS],
         )
+        watching = asyncio.create_task(usage.run(stop))
+        try:
+            # The same keyword call as run_planner's (a pair to duplicate finders): one call, each stage's own values.
+            await consume_partitioned(
+                service.nc,
+                service.js,
+                streams.APPLIER,
+                applier.handle_batch,
+                role="applier",
+                replica=settings.replica,
+                batch=settings.batch,
+                lease_ttl=settings.lease_ttl,
+                stop=stop,
+            )
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)

@@ -328,7 +328,7 @@ async def test_c_nats_restart_while_trainjobs_are_created(pipeline: Pipeline) ->
     creator = threading.Thread(target=create_slowly, name="create-trainjobs")
     creator.start()
     await asyncio.sleep(1.5)
-    info = await bus.stream_info(streams.EVENTS.name)
+    info = await bus.stream_info(streams.EVENTS_HISTORY.name)
     events_before = (info.state.messages, info.state.last_seq)
     await nc.close()
     await asyncio.to_thread(p.restart_nats, downtime=3.0)
@@ -339,7 +339,7 @@ async def test_c_nats_restart_while_trainjobs_are_created(pipeline: Pipeline) ->
     nc = await p.connect()
     try:
         bus = nc.jetstream()
-        info = await bus.stream_info(streams.EVENTS.name)
+        info = await bus.stream_info(streams.EVENTS_HISTORY.name)
         assert info.state.messages >= events_before[0] and info.state.first_seq == 1, (info.state, events_before)
         await until(lambda: converged(p, [*names, "c-seq"]), timeout=90, what="every JobSet after the restart")
         await until(lambda: step_of(p, "c-seq") == ("3", "3"), timeout=60, what="c-seq at step 3")
