@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from tjpipe.applier import core, secrets
+from tjpipe.applier.cluster import ClusterEpoch, standing
 from tjpipe.applier.ledger import Ledger, ledger_key
 from tjpipe.contracts import conditions, resources, streams, subjects
 from tjpipe.contracts.messages import (
@@ -53,6 +54,7 @@ from tjpipe.plumbing.observability import (
     APPLIES,
     DEAD_LETTERS,
     END_TO_END,
+    FOREIGN_CLAIMS,
     RETRIES,
     STALE_CLAIMS,
     UNAUTHORIZED,
@@ -82,6 +84,8 @@ class ApplierSettings(ServiceSettings):
     lease_ttl: float = 6.0
     trainjob_cache_seconds: float = 5.0
     """How long a TrainJob verified against the cluster is trusted without reading it again."""
+    cluster_id: str = ""
+    """What tells this cluster's ledger claims from another's; empty: the kube-system namespace's uid."""
     stale_claim_grace_seconds: float = 330.0
     """How long a ledger claim newer than the cluster may hold a target before it is deemed corrupt and
     overwritten: a bit over the watcher's resync (5 min), since every resync brings a plan at least as new
@@ -121,6 +125,7 @@ class Applier:
         ledger: Ledger,
         *,
         trusted_plans: signing.Keyring,
+        epoch: ClusterEpoch | None = None,
     ) -> None:
         # Plain attribute assignments, alike in shape to other constructors' (duplicate finders pair them).
         self.settings = settings
@@ -128,6 +133,7 @@ class Applier:
         self.kube = kube
         self.js = js
         self.ledger = ledger
+        self.epoch = epoch
         self.stats = ApplierStats()
         self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(settings.concurrency)
@@ -382,9 +388,13 @@ class Applier:
         lkey = ledger_key(target)
         record, revision = await self.ledger.read_fresh(lkey)
         if record is not None and core.is_stale(record, message):
-            if not await self._claim_is_corrupt(message, resource, lkey, record):
+            elsewhere = await self._made_elsewhere(message, record)
+            if elsewhere:
+                if not await self._set_aside(message, lkey, record, revision, elsewhere):
+                    raise core.TransientError("the ledger record changed while it was being set aside")
+            elif not await self._claim_is_corrupt(message, resource, lkey, record):
                 return core.Done(action="skipped", reason=core.STALE_PLAN)
-            if not await self._replace_claim(message, lkey, record, revision):
+            elif not await self._replace_claim(message, lkey, record, revision):
                 raise core.TransientError("the ledger record changed while it was being replaced")
         try:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
@@ -415,6 +425,10 @@ class Applier:
             else:
                 record, revision = await self.ledger.read_fresh(lkey)
             if record is not None and core.is_stale(record, message):
+                elsewhere = await self._made_elsewhere(message, record)
+                if elsewhere:
+                    await self._set_aside(message, lkey, record, revision, elsewhere)
+                    continue  # look again, with the claim set aside (or someone else's newer one)
                 if not await self._claim_is_corrupt(message, resource, lkey, record):
                     return core.Done(action="skipped", reason=core.STALE_PLAN)
                 await self._replace_claim(message, lkey, record, revision)
@@ -429,7 +443,10 @@ class Applier:
                     advanced = await self.ledger.write(
                         lkey,
                         msgspec.structs.replace(
-                            record, source_version=message.source_version, source_seq=message.source_seq
+                            record,
+                            source_version=message.source_version,
+                            source_seq=message.source_seq,
+                            cluster=self._stamp(),
                         ),
                         revision=revision,
                     )
@@ -472,12 +489,17 @@ class Applier:
                     state="applied",
                     resource_version=live_rv,
                     managed=core.managed_digest(live_raw, manager=message.field_manager, subresource=None),
+                    cluster=self._stamp(),
                 )
                 if await self.ledger.write(lkey, record_held, revision=revision) is None:
                     continue  # someone else wrote the record meanwhile: look again
                 return core.Done(action="unchanged", resource_version=live_rv, reason=core.ALREADY_HELD)
             claim = AppliedRecord(
-                source_version=message.source_version, source_seq=message.source_seq, digest=digest, state="claimed"
+                source_version=message.source_version,
+                source_seq=message.source_seq,
+                digest=digest,
+                state="claimed",
+                cluster=self._stamp(),
             )
             claimed = await self.ledger.write(lkey, claim, revision=revision)
             if claimed is None:
@@ -529,10 +551,69 @@ class Applier:
                 return core.Done(action="skipped", resource_version=rv, reason=core.CREATED_CONCURRENTLY)
         raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
 
+    def _stamp(self) -> str:
+        return self.epoch.stamp if self.epoch is not None else ""
+
+    async def _made_elsewhere(self, message: ApplyMessage, record: AppliedRecord) -> str:
+        """Why a claim newer than this plan belongs to another history (``applier.cluster``); ``""`` if not.
+
+        A claim of another cluster or an earlier epoch says so by its stamp. One of this cluster and epoch
+        that is newer than the cluster's current revision proves that etcd went back since it was made,
+        which begins a new epoch.
+        """
+        if self.epoch is None:
+            return ""
+        where = standing(record.cluster, self.epoch.stamp)
+        if where in ("other-cluster", "rewound"):
+            return where
+        if where != "current":
+            return ""
+        current = await self._cluster_revision(message.trainjob.namespace)
+        if not core.claim_beyond_cluster(record, cluster_revision=current):
+            return ""
+        revision = int(current) if current.isdigit() else 0
+        try:
+            await self.epoch.observe(revision=revision, seen=record.source_version)
+        except KubeApiError as exc:
+            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+        return "rewound" if standing(record.cluster, self.epoch.stamp) == "rewound" else ""
+
+    async def _set_aside(
+        self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int, why: str
+    ) -> bool:
+        """Replace a claim of another history with this plan's (compare-and-set); ``False`` if the key changed."""
+        reset = AppliedRecord(
+            source_version=message.source_version,
+            source_seq=message.source_seq,
+            digest="",
+            state="claimed",
+            cluster=self._stamp(),
+        )
+        if await self.ledger.write(lkey, reset, revision=revision) is None:
+            return False
+        FOREIGN_CLAIMS.labels(why=why).inc()
+        held = self._stale_claims.pop(lkey, None)
+        log.warning(
+            "%s: set aside a ledger claim for source version %d made %s (%s; now %s)",
+            message.target,
+            record.source_version,
+            "by another cluster" if why == "other-cluster" else "before the cluster's revisions went back",
+            record.cluster,
+            self._stamp(),
+            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
+        )
+        if held is not None:  # it had been held as corrupt before the rewind was known: the condition goes
+            await self._clear_condition(message)
+        return True
+
     async def _replace_claim(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> bool:
         """Overwrite a corrupt claim with this message's (compare-and-set); ``False`` if the key changed first."""
         reset = AppliedRecord(
-            source_version=message.source_version, source_seq=message.source_seq, digest="", state="claimed"
+            source_version=message.source_version,
+            source_seq=message.source_seq,
+            digest="",
+            state="claimed",
+            cluster=self._stamp(),
         )
         if await self.ledger.write(lkey, reset, revision=revision) is None:
             return False
@@ -783,7 +864,9 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
     ) as service:
         await service.health.start()
         ledger = await Ledger.open(service.js)
-        applier = Applier(settings, service.kube_client(), service.js, ledger, trusted_plans=trusted_plans)
+        epoch = ClusterEpoch(ledger.kv, service.kube_client(), configured=settings.cluster_id)
+        await epoch.start()
+        applier = Applier(settings, service.kube_client(), service.js, ledger, trusted_plans=trusted_plans, epoch=epoch)
         usage = StreamUsage(
             service.js,
             [spec.name for spec in streams.ALL_STREAMS],

@@ -262,6 +262,8 @@ class AppliedRecord(msgspec.Struct, frozen=True, kw_only=True):
     resource_version: str = ""
     managed: str = ""
     """Digest of our managedFields entry on the live object after the apply; unchanged means untouched."""
+    cluster: str = ""
+    """Where the claim was made, ``<cluster>/<epoch>`` (``applier.cluster``); empty in claims of older versions."""
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

@@ -104,6 +104,13 @@ def _applier_options(parser: argparse.ArgumentParser) -> None:
     )
     env_flag(
         parser,
+        "--cluster-id",
+        env="TJPIPE_CLUSTER_ID",
+        default="",
+        help="what tells this cluster's ledger claims from another's (default: the kube-system namespace's uid)",
+    )
+    env_flag(
+        parser,
         "--trainjob-cache-seconds",
         env="TJPIPE_TRAINJOB_CACHE_SECONDS",
         default=5.0,
