@@ -85,8 +85,17 @@ def mark_key(cluster: str) -> str:
     return f"{MARK_PREFIX}.{re.sub(r'[^-_=a-zA-Z0-9]', '_', cluster)}"
 
 
+class _Meta(msgspec.Struct):
+    uid: str = ""
+    resourceVersion: str = ""
+
+
+class _Object(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
 _mark_decoder = msgspec.json.Decoder(ClusterMark)
-_meta_decoder = msgspec.json.Decoder(dict[str, dict[str, object]])
+_object_decoder = msgspec.json.Decoder(_Object)
 
 
 class ClusterEpoch:
@@ -111,14 +120,13 @@ class ClusterEpoch:
                 exc.reason,
             )
             return FALLBACK_CLUSTER
-        uid = _meta_decoder.decode(raw.body).get("metadata", {}).get("uid")
-        return str(uid) if uid else FALLBACK_CLUSTER
+        return _object_decoder.decode(raw.body).metadata.uid or FALLBACK_CLUSTER
 
     async def _revision(self) -> int:
         """The cluster's current revision: the resourceVersion of a one-item list of TrainJobs."""
         resp = await self.kube.request("GET", resources.TRAINJOB.path(), params={"limit": "1"}, timeout=30)
-        version = _meta_decoder.decode(resp.body).get("metadata", {}).get("resourceVersion", "")
-        return int(str(version)) if str(version).isdigit() else 0
+        version = _object_decoder.decode(resp.body).metadata.resourceVersion
+        return int(version) if version.isdigit() else 0
 
     async def start(self) -> None:
         """The first observation; the applier writes nothing before it, so it waits for the API server."""
