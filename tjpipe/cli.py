@@ -277,8 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     setup = sub.add_parser(
         "bus-setup",
         help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
-        description="Stream retention comes from the environment: TJPIPE_<EVENTS|APPLY|RESULTS|DLQ>_MAX_AGE "
-        "(e.g. 30d) and _MAX_BYTES (e.g. 2gi); stream and KV replicas from TJPIPE_STREAM_REPLICAS (default 1).",
+        description="Stream retention comes from the environment: "
+        "TJPIPE_<EVENTS|APPLY|EVENTS_HISTORY|APPLY_HISTORY|RESULTS|DLQ>_MAX_AGE (e.g. 30d) and _MAX_BYTES "
+        "(e.g. 2gi); stream and KV replicas from TJPIPE_STREAM_REPLICAS (default 1). A bus made by an earlier "
+        "version is upgraded in place: the history streams first, then the work streams' retention.",
     )
     _nats_client(setup)
     setup.set_defaults(bus=FromEnvironment(_stream_settings))
