@@ -24,11 +24,16 @@ log = logging.getLogger(__name__)
 
 FULL_AT = 0.98
 """A stream holding this share of its byte limit is full: the next messages push the oldest out."""
+MESSAGE_ROOM = 1024 * 1024
+"""A stream at its limit drops old messages until the new one fits, so it may sit up to one message below
+the limit: a gap smaller than a large message (at most a quarter of the limit) is full too."""
 INTERVAL_SECONDS = 15.0
 
 
 def is_full(held: int, limit: int) -> bool:
-    return limit > 0 and held >= FULL_AT * limit
+    if limit <= 0:
+        return False
+    return limit - held <= max((1 - FULL_AT) * limit, min(MESSAGE_ROOM, limit / 4))
 
 
 class StreamUsage:

@@ -129,14 +129,14 @@ async def test_a_full_record_stream_costs_history_never_progress(pipeline: Pipel
     try:
         js = nc.jetstream()
         await services_ready(js)
-        limit = 4_096
+        limit = 16_384
         await limit_stream(js, stream, limit)
         info = await js.stream_info(stream)
         assert info.config.discard == js_api.DiscardPolicy.OLD
-        names = [f"rec-{i}" for i in range(8)]
+        names = [f"rec-{i}" for i in range(12)]
         for name in names:
             p.create(trainjob(name, num_nodes=1))
-        await dead_letter_noise(p, js, 12)
+        await dead_letter_noise(p, js, 40)
         await until(lambda: converged(p, names), timeout=90, what="every TrainJob with the record stream full")
 
         full = await js.stream_info(stream)

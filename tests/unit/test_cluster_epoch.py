@@ -36,4 +36,6 @@ def test_marks_cannot_collide_with_ledger_keys() -> None:
 
 
 def test_a_stream_is_full_near_its_limit_and_never_without_one() -> None:
-    assert is_full(990, 1000) and not is_full(500, 1000) and not is_full(10**12, -1)
+    assert is_full(990, 1000) and is_full(800, 1000) and not is_full(500, 1000) and not is_full(10**12, -1)
+    gib = 1024**3
+    assert is_full(gib - 10 * 1024**2, gib) and not is_full(gib - 100 * 1024**2, gib)
