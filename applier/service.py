@@ -554,6 +554,16 @@ class Applier:
     def _stamp(self) -> str:
         return self.epoch.stamp if self.epoch is not None else ""
 
+    def _fresh_claim(self, message: ApplyMessage) -> AppliedRecord:
+        """This message's claim, to put in place of one that cannot stand (corrupt, or of another history)."""
+        return AppliedRecord(
+            source_version=message.source_version,
+            source_seq=message.source_seq,
+            digest="",
+            state="claimed",
+            cluster=self._stamp(),
+        )
+
     async def _made_elsewhere(self, message: ApplyMessage, record: AppliedRecord) -> str:
         """Why a claim newer than this plan belongs to another history (``applier.cluster``); ``""`` if not.
 
@@ -582,13 +592,7 @@ class Applier:
         self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int, why: str
     ) -> bool:
         """Replace a claim of another history with this plan's (compare-and-set); ``False`` if the key changed."""
-        reset = AppliedRecord(
-            source_version=message.source_version,
-            source_seq=message.source_seq,
-            digest="",
-            state="claimed",
-            cluster=self._stamp(),
-        )
+        reset = self._fresh_claim(message)
         if await self.ledger.write(lkey, reset, revision=revision) is None:
             return False
         FOREIGN_CLAIMS.labels(why=why).inc()
@@ -608,13 +612,7 @@ class Applier:
 
     async def _replace_claim(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> bool:
         """Overwrite a corrupt claim with this message's (compare-and-set); ``False`` if the key changed first."""
-        reset = AppliedRecord(
-            source_version=message.source_version,
-            source_seq=message.source_seq,
-            digest="",
-            state="claimed",
-            cluster=self._stamp(),
-        )
+        reset = self._fresh_claim(message)
         if await self.ledger.write(lkey, reset, revision=revision) is None:
             return False
         STALE_CLAIMS.labels(action="overwritten").inc()

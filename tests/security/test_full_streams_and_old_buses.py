@@ -129,34 +129,34 @@ async def test_a_full_record_stream_costs_history_never_progress(pipeline: Pipel
     try:
         js = nc.jetstream()
         await services_ready(js)
-        limit = 16_384
+        assert (await js.stream_info(stream)).config.discard == js_api.DiscardPolicy.OLD
+        first = [f"rec-{i}" for i in range(6)]
+        for name in first:
+            p.create(trainjob(name, num_nodes=1))
+        await dead_letter_noise(p, js, 12)
+        await until(lambda: converged(p, first), timeout=90, what="the first TrainJobs")
+        await quiet(p, js)
+        # The operator's byte limit, at half of what the stream holds: it is full from here on.
+        limit = max(2_048, (await js.stream_info(stream)).state.bytes // 2)
         await limit_stream(js, stream, limit)
-        info = await js.stream_info(stream)
-        assert info.config.discard == js_api.DiscardPolicy.OLD
-        names = [f"rec-{i}" for i in range(12)]
+
+        names = [f"rec-more-{i}" for i in range(6)]
         for name in names:
             p.create(trainjob(name, num_nodes=1))
-        await dead_letter_noise(p, js, 40)
-        await until(lambda: converged(p, names), timeout=90, what="every TrainJob with the record stream full")
-
+        await dead_letter_noise(p, js, 12)
+        await until(lambda: converged(p, names), timeout=90, what="new TrainJobs with the record stream full")
+        await quiet(p, js)
         full = await js.stream_info(stream)
-        assert full.state.bytes <= limit and full.state.first_seq > 1, full.state  # the oldest went, nothing waited
-        assert not await _publishes_refused(ports)
-        # The gauges an alert reads, and the log line, from the applier.
-        await until(
-            lambda: stream_gauge(ports["applier"], "tjpipe_stream_max_bytes", stream) == limit,
-            timeout=40,
-            what=f"tjpipe_stream_max_bytes for {stream}",
-        )
-        held = stream_gauge(ports["applier"], "tjpipe_stream_bytes", stream)
-        assert held is not None and 0 < held <= limit
-        await until(lambda: f"stream {stream} is full" in p.log_text("applier"), timeout=40, what="the log line")
+        assert 0 < full.state.bytes <= limit and full.state.first_seq > 1, full.state  # the oldest went
+        assert not await _publishes_refused(ports)  # and nothing waited for room
 
-        later = [f"rec-later-{i}" for i in range(4)]
-        for name in later:
-            p.create(trainjob(name, num_nodes=1))
-        await dead_letter_noise(p, js, 4)
-        await until(lambda: converged(p, later), timeout=60, what="new TrainJobs with the record stream full")
+        # The gauges an alert reads, and the log line, from the applier.
+        def gauges() -> bool:
+            size = stream_gauge(ports["applier"], "tjpipe_stream_bytes", stream) or 0
+            return stream_gauge(ports["applier"], "tjpipe_stream_max_bytes", stream) == limit and 0 < size <= limit
+
+        await until(gauges, timeout=40, what=f"tjpipe_stream_bytes and tjpipe_stream_max_bytes for {stream}")
+        await until(lambda: f"stream {stream} is full" in p.log_text("applier"), timeout=40, what="the log line")
     finally:
         await nc.close()
 
