@@ -9,8 +9,9 @@ namespace, a kind that is not a component, a status for another TrainJob, the de
 TrainJob does not control. Each must end in a dead letter with reason ``unauthorized``, be counted in
 ``tjpipe_unauthorized_total``, and cost the API server zero writes, counted from its own
 ``apiserver_request_total`` (SSA is verb ``APPLY``), not even an Event. A plan for a TrainJob that does not
-exist or has another uid (one deleted while its plans were in flight looks just so) writes nothing either,
-and ends ``skipped`` in the results, with no dead letter.
+exist or has another uid (one deleted while its plans were in flight looks just so), such as a Secret in
+``kube-system`` for a TrainJob said to be there, writes nothing either, and ends ``skipped`` in the results,
+with no dead letter.
 """
 
 from __future__ import annotations
@@ -236,10 +237,14 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
                 reason="forged",
             ),
         }
-        gone = {
-            label: cases.pop(label)
-            for label in ("a TrainJob that does not exist", "the TrainJob's name with another uid")
-        }
+        # A plan for a TrainJob that does not exist cannot be told from one for a TrainJob deleted while it was
+        # in flight: it writes nothing, and ends skipped instead of as a dead letter.
+        gone_labels = (
+            "a TrainJob that does not exist",
+            "the TrainJob's name with another uid",
+            "a Secret in kube-system, for a TrainJob said to be there",
+        )
+        gone = {label: cases.pop(label) for label in gone_labels}
         for message in [*cases.values(), *gone.values()]:
             await publish_signed(p, planner_id, message)
 
@@ -256,7 +261,7 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
         assert {(dl.stage, dl.reason) for dl in got} == {("applier", "unauthorized")}, [dl.error for dl in got]
         unauthorized = metric(ports["applier"], "tjpipe_unauthorized_total")
         assert sum(unauthorized.values()) == len(cases), unauthorized
-        results = await results_of(js, ns)
+        results = [*await results_of(js, ns), *await results_of(js, "kube-system")]
         skipped = [r for r in results if "does not exist" in r.reason or "the message names" in r.reason]
         assert len(skipped) == len(gone), [(r.action, r.target, r.reason) for r in results]
         assert {r.action for r in skipped} == {"skipped"}, [(r.action, r.reason) for r in skipped]
