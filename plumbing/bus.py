@@ -267,21 +267,22 @@ async def _ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) -
     message it has not copied yet. Run again, every step finds its work done.
     """
     recorded = [spec for spec in specs if spec.sources]
+    switching: set[str] = set()
     for spec in specs:
         if spec.sources:
             continue
-        current = await _current_retention(js, spec.name)
-        await _put_stream(js, _stream_config(spec, retention=current or "limits"))
+        current = await _current_retention(js, spec.name) or "limits"
+        if current != spec.retention:
+            switching.add(spec.name)
+        await _put_stream(js, _stream_config(spec, retention=current))
     for spec in recorded:
         await _put_stream(js, _stream_config(spec))
     for spec in recorded:
-        await _until_sourcing(js, spec.name)
+        if switching & set(spec.sources):
+            await _until_sourcing(js, spec.name)
     for spec in specs:
-        if not spec.sources and spec.retention != "limits":
-            if await _current_retention(js, spec.name) != spec.retention:
-                log.info(
-                    "stream %s now drops what is acknowledged and recorded (%s retention)", spec.name, spec.retention
-                )
+        if spec.name in switching:
+            log.info("stream %s now drops what is acknowledged and recorded (%s retention)", spec.name, spec.retention)
             await _put_stream(js, _stream_config(spec))
 
 
@@ -322,7 +323,8 @@ async def _until_sourcing(js: JetStreamContext, stream: str, *, timeout: float =
         if now > deadline:
             if running:
                 return  # caught up or not, the running source keeps what it still has to copy
-            raise TimeoutError(f"the sources of stream {stream} did not start within {timeout:.0f}s: {sources}")
+            # Not a timeout of the retried kind: waiting longer here would not start the source.
+            raise RuntimeError(f"the sources of stream {stream} did not start within {timeout:.0f}s: {sources}")
         if now - said > 10:
             lag = sum(s.lag or 0 for s in sources)
             log.info("stream %s is copying from %s (%d messages to go)", stream, [s.name for s in sources], lag)
