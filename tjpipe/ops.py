@@ -180,8 +180,14 @@ def _decoded(
         yield stored, decoded
 
 
+_RECORDED_FROM = {history: work for work, history in streams.HISTORY_OF.items()}
+
+
 def _raw_entry(stored: StoredMessage, kind: str, summary: str) -> TimelineEntry:
-    return TimelineEntry(stored.time, stored.stream, stored.seq, kind, summary, {"subject": stored.subject})
+    """A record named like the decoded ones: a history copy by its work stream and its place there."""
+    stream = _RECORDED_FROM.get(stored.stream, stored.stream)
+    seq = stored.origin_seq or stored.seq
+    return TimelineEntry(stored.time, stream, seq, kind, summary, {"subject": stored.subject})
 
 
 # ------------------------------------------------------------------------------------------------ replay
