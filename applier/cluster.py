@@ -129,7 +129,8 @@ class ClusterEpoch:
         return int(version) if version.isdigit() else 0
 
     async def start(self) -> None:
-        """The first observation; the applier writes nothing before it, so it waits for the API server."""
+        """The first observation, tried until the API server answers; claims made before it carry no stamp
+        (few: a TrainJob is read from the API server before anything is claimed for it)."""
         delay = 0.5
         while True:
             try:
@@ -138,7 +139,7 @@ class ClusterEpoch:
             except (KubeApiError, OSError, TimeoutError) as exc:
                 log.warning("cannot read the cluster's identity and revision yet (%s); trying again", exc)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, 5.0)
 
     async def observe(self, *, revision: int | None = None, seen: int = 0) -> bool:
         """Read (or take) the cluster's revision, update the mark; whether a new epoch began."""

@@ -863,7 +863,9 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
         await service.health.start()
         ledger = await Ledger.open(service.js)
         epoch = ClusterEpoch(ledger.kv, service.kube_client(), configured=settings.cluster_id)
-        await epoch.start()
+        # Not awaited: with the API server away the applier still takes its messages and hands them back.
+        # A claim made before the first answer carries no stamp and is judged as older versions' are.
+        stamping = asyncio.create_task(epoch.start())
         applier = Applier(settings, service.kube_client(), service.js, ledger, trusted_plans=trusted_plans, epoch=epoch)
         usage = StreamUsage(
             service.js,
@@ -885,5 +887,6 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
                 stop=stop,
             )
         finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+            for task in (watching, stamping):
+                task.cancel()
+            await asyncio.gather(watching, stamping, return_exceptions=True)
