@@ -200,12 +200,12 @@ def jobset_admission_policy(
 
 
 def metric(port: int, name: str) -> dict[str, float]:
-    """Samples of one counter from a service's /metrics, by their label text (``{reason="x",stage="y"}``)."""
+    """Samples of one metric from a service's /metrics, by their label text (``{reason="x",stage="y"}``)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith(name + "{"):
+        if line.startswith((name + "{", name + " ")):  # an unlabelled sample's key is ""
             labels, _, value = line.rpartition(" ")
             out[labels[len(name) :]] = float(value)
     return out
