@@ -58,6 +58,18 @@ class Unauthorized(Exception):
         self.why = why
 
 
+class TrainJobGone(Exception):
+    """The TrainJob a plan is for no longer exists (deleted, or replaced by one of the same name).
+
+    Its plans in flight are finished, not failed: nothing is written, the result says ``skipped`` and why,
+    and no dead letter is kept, since there is nothing for an operator to do.
+    """
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 TRANSIENT_STATUSES = frozenset({0, 408, 409, 425, 429, 500, 502, 503, 504})
 PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 410, 413, 415, 422})
 """A 401 gets here only after the API client loaded its credentials again and the retry was refused too
@@ -393,6 +405,8 @@ def managed_digest(raw: bytes, *, manager: str, subresource: str | None) -> str:
 class Verdict:
     allowed: bool
     why: str = ""
+    gone: bool = False
+    """Refused because the TrainJob the message names no longer exists: noise, not a forgery."""
 
 
 ALLOWED = Verdict(True)
@@ -546,10 +560,12 @@ def trainjob_facts(raw: bytes | None) -> TrainJobFacts | None:
 def authorize_trainjob(message: ApplyMessage, facts: TrainJobFacts | None) -> Verdict:
     """The TrainJob the message names exists, is the same object (uid), and is ours to manage."""
     if facts is None:
-        return Verdict(False, f"TrainJob {message.trainjob} does not exist")
+        return Verdict(False, f"TrainJob {message.trainjob} does not exist", gone=True)
     if facts.uid != message.trainjob_uid:
         return Verdict(
-            False, f"TrainJob {message.trainjob} has uid {facts.uid}, the message names {message.trainjob_uid}"
+            False,
+            f"TrainJob {message.trainjob} has uid {facts.uid}, the message names {message.trainjob_uid}",
+            gone=True,
         )
     if facts.managed_by not in ("", t.MANAGED_BY_TRAINJOB_CONTROLLER):
         return Verdict(False, f"TrainJob {message.trainjob} is managed by {facts.managed_by}")

@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from tjpipe.applier import core, secrets
+from tjpipe.applier.cluster import ClusterEpoch, standing
 from tjpipe.applier.ledger import Ledger, ledger_key
 from tjpipe.contracts import conditions, resources, streams, subjects
 from tjpipe.contracts.messages import (
@@ -53,12 +54,14 @@ from tjpipe.plumbing.observability import (
     APPLIES,
     DEAD_LETTERS,
     END_TO_END,
+    FOREIGN_CLAIMS,
     RETRIES,
     STALE_CLAIMS,
     UNAUTHORIZED,
 )
 from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
 from tjpipe.plumbing.runner import ServiceSettings, started
+from tjpipe.plumbing.stream_usage import StreamUsage
 
 log = logging.getLogger("applier")
 
@@ -81,6 +84,8 @@ class ApplierSettings(ServiceSettings):
     lease_ttl: float = 6.0
     trainjob_cache_seconds: float = 5.0
     """How long a TrainJob verified against the cluster is trusted without reading it again."""
+    cluster_id: str = ""
+    """What tells this cluster's ledger claims from another's; empty: the kube-system namespace's uid."""
     stale_claim_grace_seconds: float = 330.0
     """How long a ledger claim newer than the cluster may hold a target before it is deemed corrupt and
     overwritten: a bit over the watcher's resync (5 min), since every resync brings a plan at least as new
@@ -120,6 +125,7 @@ class Applier:
         ledger: Ledger,
         *,
         trusted_plans: signing.Keyring,
+        epoch: ClusterEpoch | None = None,
     ) -> None:
         # Plain attribute assignments, alike in shape to other constructors' (duplicate finders pair them).
         self.settings = settings
@@ -127,6 +133,7 @@ class Applier:
         self.kube = kube
         self.js = js
         self.ledger = ledger
+        self.epoch = epoch
         self.stats = ApplierStats()
         self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(settings.concurrency)
@@ -194,6 +201,9 @@ class Applier:
                         done = await self._delete_once(message, resource)
                     else:
                         done = await self._apply_once(message, resource, key, body)
+        except core.TrainJobGone as exc:
+            await self._finish(msg, message, "skipped", attempts, started, reason=f"{exc.why}: nothing to do")
+            return
         except core.Unauthorized as exc:
             await self._refuse(msg, message, exc.why, attempts, started)
             return
@@ -247,6 +257,8 @@ class Applier:
         if not verdict.allowed and not fresh:
             facts = await self._trainjob(message, fresh=True)
             verdict = core.authorize_trainjob(message, facts)
+        if verdict.gone:
+            raise core.TrainJobGone(verdict.why)
         if not verdict.allowed or facts is None:
             raise core.Unauthorized(verdict.why)
         return facts
@@ -376,9 +388,13 @@ class Applier:
         lkey = ledger_key(target)
         record, revision = await self.ledger.read_fresh(lkey)
         if record is not None and core.is_stale(record, message):
-            if not await self._claim_is_corrupt(message, resource, lkey, record):
+            elsewhere = await self._made_elsewhere(message, record)
+            if elsewhere:
+                if not await self._set_aside(message, lkey, record, revision, elsewhere):
+                    raise core.TransientError("the ledger record changed while it was being set aside")
+            elif not await self._claim_is_corrupt(message, resource, lkey, record):
                 return core.Done(action="skipped", reason=core.STALE_PLAN)
-            if not await self._replace_claim(message, lkey, record, revision):
+            elif not await self._replace_claim(message, lkey, record, revision):
                 raise core.TransientError("the ledger record changed while it was being replaced")
         try:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
@@ -421,7 +437,10 @@ class Applier:
                     advanced = await self.ledger.write(
                         lkey,
                         msgspec.structs.replace(
-                            record, source_version=message.source_version, source_seq=message.source_seq
+                            record,
+                            source_version=message.source_version,
+                            source_seq=message.source_seq,
+                            cluster=self._stamp(),
                         ),
                         revision=revision,
                     )
@@ -464,12 +483,17 @@ class Applier:
                     state="applied",
                     resource_version=live_rv,
                     managed=core.managed_digest(live_raw, manager=message.field_manager, subresource=None),
+                    cluster=self._stamp(),
                 )
                 if await self.ledger.write(lkey, record_held, revision=revision) is None:
                     continue  # someone else wrote the record meanwhile: look again
                 return core.Done(action="unchanged", resource_version=live_rv, reason=core.ALREADY_HELD)
             claim = AppliedRecord(
-                source_version=message.source_version, source_seq=message.source_seq, digest=digest, state="claimed"
+                source_version=message.source_version,
+                source_seq=message.source_seq,
+                digest=digest,
+                state="claimed",
+                cluster=self._stamp(),
             )
             claimed = await self.ledger.write(lkey, claim, revision=revision)
             if claimed is None:
@@ -516,6 +540,10 @@ class Applier:
         else:
             record, revision = await self.ledger.read_fresh(lkey)
         if record is not None and core.is_stale(record, message):
+            elsewhere = await self._made_elsewhere(message, record)
+            if elsewhere:
+                await self._set_aside(message, lkey, record, revision, elsewhere)
+                return None  # look again, with the claim set aside (or someone else's newer one)
             if not await self._claim_is_corrupt(message, resource, lkey, record):
                 return core.Done(action="skipped", reason=core.STALE_PLAN)
             await self._replace_claim(message, lkey, record, revision)
@@ -538,12 +566,15 @@ class Applier:
             if isinstance(read, core.Done):
                 return read
             record, revision = read
+            # Whom another cluster's (or an earlier epoch's) record names says nothing of this cluster's object.
+            known = record if record is not None and record.cluster == self._stamp() else None
             claim = AppliedRecord(
                 source_version=message.source_version,
                 source_seq=message.source_seq,
                 digest=digest,
                 state="claimed",
-                created_for=record.created_for if record is not None else "",
+                created_for=known.created_for if known is not None else "",
+                cluster=self._stamp(),
             )
             claimed = await self.ledger.write(lkey, claim, revision=revision)
             if claimed is None:
@@ -555,7 +586,7 @@ class Applier:
             except KubeApiError as exc:
                 if exc.status != 409 or exc.reason != "AlreadyExists":
                     raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
-                whose = core.existing(message, record)
+                whose = core.existing(message, known)
                 if whose == "another-trainjob":
                     raise core.Unauthorized(
                         f"existing {target} was created for another TrainJob (uid {claim.created_for}),"
@@ -587,11 +618,68 @@ class Applier:
                 return core.Done(action="skipped", resource_version=rv, reason=core.CREATED_CONCURRENTLY)
         raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
 
+    def _stamp(self) -> str:
+        return self.epoch.stamp if self.epoch is not None else ""
+
+    def _fresh_claim(self, message: ApplyMessage) -> AppliedRecord:
+        """This message's claim, to put in place of one that cannot stand (corrupt, or of another history)."""
+        return AppliedRecord(
+            source_version=message.source_version,
+            source_seq=message.source_seq,
+            digest="",
+            state="claimed",
+            cluster=self._stamp(),
+        )
+
+    async def _made_elsewhere(self, message: ApplyMessage, record: AppliedRecord) -> str:
+        """Why a claim newer than this plan belongs to another history (``applier.cluster``); ``""`` if not.
+
+        A claim of another cluster or an earlier epoch says so by its stamp. One of this cluster and epoch
+        that is newer than the cluster's current revision proves that etcd went back since it was made,
+        which begins a new epoch.
+        """
+        if self.epoch is None:
+            return ""
+        where = standing(record.cluster, self.epoch.stamp)
+        if where in ("other-cluster", "rewound"):
+            return where
+        if where != "current":
+            return ""
+        current = await self._cluster_revision(message.trainjob.namespace)
+        if not core.claim_beyond_cluster(record, cluster_revision=current):
+            return ""
+        revision = int(current) if current.isdigit() else 0
+        try:
+            await self.epoch.observe(revision=revision, seen=record.source_version)
+        except KubeApiError as exc:
+            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+        return "rewound" if standing(record.cluster, self.epoch.stamp) == "rewound" else ""
+
+    async def _set_aside(
+        self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int, why: str
+    ) -> bool:
+        """Replace a claim of another history with this plan's (compare-and-set); ``False`` if the key changed."""
+        reset = self._fresh_claim(message)
+        if await self.ledger.write(lkey, reset, revision=revision) is None:
+            return False
+        FOREIGN_CLAIMS.labels(why=why).inc()
+        held = self._stale_claims.pop(lkey, None)
+        log.warning(
+            "%s: set aside a ledger claim for source version %d made %s (%s; now %s)",
+            message.target,
+            record.source_version,
+            "by another cluster" if why == "other-cluster" else "before the cluster's revisions went back",
+            record.cluster,
+            self._stamp(),
+            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
+        )
+        if held is not None:  # it had been held as corrupt before the rewind was known: the condition goes
+            await self._clear_condition(message)
+        return True
+
     async def _replace_claim(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> bool:
         """Overwrite a corrupt claim with this message's (compare-and-set); ``False`` if the key changed first."""
-        reset = AppliedRecord(
-            source_version=message.source_version, source_seq=message.source_seq, digest="", state="claimed"
-        )
+        reset = self._fresh_claim(message)
         if await self.ledger.write(lkey, reset, revision=revision) is None:
             return False
         STALE_CLAIMS.labels(action="overwritten").inc()
@@ -841,16 +929,31 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
     ) as service:
         await service.health.start()
         ledger = await Ledger.open(service.js)
-        applier = Applier(settings, service.kube_client(), service.js, ledger, trusted_plans=trusted_plans)
-        # The same keyword call as run_planner's (a pair to duplicate finders): one call, each stage's own values.
-        await consume_partitioned(
-            service.nc,
+        epoch = ClusterEpoch(ledger.kv, service.kube_client(), configured=settings.cluster_id)
+        # Not awaited: with the API server away the applier still takes its messages and hands them back.
+        # A claim made before the first answer carries no stamp and is judged as older versions' are.
+        stamping = asyncio.create_task(epoch.start())
+        applier = Applier(settings, service.kube_client(), service.js, ledger, trusted_plans=trusted_plans, epoch=epoch)
+        usage = StreamUsage(
             service.js,
-            streams.APPLIER,
-            applier.handle_batch,
-            role="applier",
-            replica=settings.replica,
-            batch=settings.batch,
-            lease_ttl=settings.lease_ttl,
-            stop=stop,
+            [spec.name for spec in streams.ALL_STREAMS],
+            records=[spec.name for spec in streams.RECORD_STREAMS],
         )
+        watching = asyncio.create_task(usage.run(stop))
+        try:
+            # The same keyword call as run_planner's (a pair to duplicate finders): one call, each stage's own values.
+            await consume_partitioned(
+                service.nc,
+                service.js,
+                streams.APPLIER,
+                applier.handle_batch,
+                role="applier",
+                replica=settings.replica,
+                batch=settings.batch,
+                lease_ttl=settings.lease_ttl,
+                stop=stop,
+            )
+        finally:
+            for task in (watching, stamping):
+                task.cancel()
+            await asyncio.gather(watching, stamping, return_exceptions=True)

@@ -317,8 +317,8 @@ async def e2e_run(
     tracker = ResultTracker(ctx.nc, namespace, required)
     await tracker.start()
     start_seq = await last_seq(ctx.js, streams.RESULTS.name) + 1
-    event_seq = await last_seq(ctx.js, streams.EVENTS.name) + 1
-    apply_seq = await last_seq(ctx.js, streams.APPLY.name) + 1
+    event_seq = await last_seq(ctx.js, streams.EVENTS_HISTORY.name) + 1
+    apply_seq = await last_seq(ctx.js, streams.APPLY_HISTORY.name) + 1
     window = await open_window(ctx)
 
     sent: dict[str, float] = {}
@@ -435,17 +435,20 @@ async def stage_breakdown(
 ) -> dict[str, dict[str, float | int | None]]:
     """Where each TrainJob's latency went, from the streams' own timestamps (the NATS server's clock).
 
-    * ``watcher``: TrainJob created → its first event stored in TJ_EVENTS;
-    * ``planner``: that event stored → the first JobSet apply message stored in TJ_APPLY;
+    * ``watcher``: TrainJob created → its first event stored (as recorded in TJ_EVENTS_HISTORY, whose copy
+      is stored a fraction of a millisecond after the original);
+    * ``planner``: that event stored → the first JobSet apply message stored (TJ_APPLY_HISTORY);
     * ``applier wait``: that message stored → the applier started on it (fetch, batch, slot, lock);
     * ``applier work``: the applier's own ``duration_ms`` (ledger, GET, apply, ledger).
     """
     events: dict[str, float] = {}
-    for message in await bus.read_stream(ctx.js, streams.EVENTS.name, f"tj.ev.*.{namespace}.*", start_seq=event_seq):
+    for message in await bus.read_stream(
+        ctx.js, streams.EVENTS_HISTORY.name, f"tj.ev.*.{namespace}.*", start_seq=event_seq
+    ):
         events.setdefault(message.subject.split(".")[4], message.time)
     applies: dict[str, float] = {}
     subject = f"tj.apply.*.{namespace}.*.jobset"
-    for message in await bus.read_stream(ctx.js, streams.APPLY.name, subject, start_seq=apply_seq):
+    for message in await bus.read_stream(ctx.js, streams.APPLY_HISTORY.name, subject, start_seq=apply_seq):
         applies.setdefault(message.subject.split(".")[4], message.time)
     parts: dict[str, list[float]] = {"watcher": [], "planner": [], "applier wait": [], "applier work": []}
     for name, created_at in created.items():
@@ -567,7 +570,7 @@ async def replay_latest_events(ctx: Context) -> dict[str, Any]:
         latest: dict[str, bus.StoredMessage] = {}
         for namespace in ctx.namespaces:
             for message in await bus.read_stream(
-                ctx.js, streams.EVENTS.name, f"tj.ev.*.{namespace}.*", last_per_subject=True
+                ctx.js, streams.EVENTS_HISTORY.name, f"tj.ev.*.{namespace}.*", last_per_subject=True
             ):
                 latest[message.subject] = message
         token = secrets.token_hex(4)

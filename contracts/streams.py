@@ -5,9 +5,26 @@ free of any client library. The admin set-up (``plumbing.bus.setup_bus``: ``tjpi
 up``, the deployment's set-up Job) translates them and creates or updates them idempotently; the services'
 own NATS identities may only bind to what it made.
 
-All streams use limits retention. It is the only retention that keeps what was consumed, and the event
-history is a product feature here (``tjpipe history`` and ``tjpipe replay`` read it), not just a queue.
-Each stream's duplicate window is what turns publisher-side message ids into effectively-once delivery.
+Work and its record are kept apart, so that a full record costs only record, never progress. The work
+streams (``TJ_EVENTS``, ``TJ_APPLY``) use interest retention: a message stays until every consumer that has
+interest in it has acknowledged it, and then goes, so what fills a work stream is only unfinished work,
+and room comes back the moment the consumers catch up. A limits-retention work stream kept every
+acknowledged message for its whole age window, so once it was full it stayed full, and its publishers
+waited for room no consumer could make. Work queue retention would drop acknowledged messages too, but the
+server cannot switch an existing stream to or from it, so an existing bus could not be upgraded in place;
+interest can, and the per-partition durables (disjoint filters, one consumer per subject) make it behave
+as a work queue.
+
+The record is a set of history streams sourced from the work streams (JetStream stream sources):
+``TJ_EVENTS_HISTORY`` and ``TJ_APPLY_HISTORY`` copy every message, with its subject, and keep it by their own
+age and byte limits, dropping the oldest at the limit (discard old). The source is a consumer of the work
+stream too, so under interest retention a message leaves the work stream only once it is both done and
+recorded: the history misses nothing, and a full history drops its own oldest records instead of holding
+anything up. ``TJ_RESULTS`` and ``TJ_DLQ`` are records from the start (nothing consumes them to make
+progress), so they also discard old. ``tjpipe history``, ``replay`` and ``dlq`` read only the records.
+
+Each work stream's duplicate window is what turns publisher-side message ids into effectively-once
+delivery; a message removed after its ack keeps its id in the window.
 """
 
 from __future__ import annotations
@@ -31,6 +48,10 @@ class StreamSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_bytes: int = -1
     duplicate_window_seconds: float = 600.0
     replicas: int = 1
+    retention: Literal["limits", "interest"] = "limits"
+    """``interest`` for work streams (acknowledged and recorded messages go), ``limits`` for records."""
+    sources: tuple[str, ...] = ()
+    """Streams this one copies every message from (a history stream); such a stream has no subjects of its own."""
     discard: Literal["new", "old"] = "new"
     """What the stream does at its byte or message limit.
 
@@ -51,25 +72,49 @@ class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_ack_pending: int = 1000
 
 
+GIB = 1024**3
+
 EVENTS = StreamSpec(
     name="TJ_EVENTS",
     subjects=(f"{subjects.EVENTS_PREFIX}.>",),
-    description="TrainJob change events as observed by the watcher",
+    description="TrainJob change events as observed by the watcher, until the planner has planned them",
     max_age_seconds=7 * DAY,
+    retention="interest",
 )
 APPLY = StreamSpec(
     name="TJ_APPLY",
     subjects=(f"{subjects.APPLY_PREFIX}.>",),
-    description="Per-component apply configurations planned for each TrainJob",
+    description="Per-component apply configurations planned for each TrainJob, until the applier has applied them",
     max_age_seconds=3 * DAY,
+    retention="interest",
+)
+# Records: nothing consumes them to make progress, so at their byte limit they drop their oldest messages
+# rather than make anyone wait for room. Their byte limits are finite by default, so that together they
+# stay below the server's file store and a growing record can never take the room work needs.
+EVENTS_HISTORY = StreamSpec(
+    name="TJ_EVENTS_HISTORY",
+    subjects=(),
+    sources=(EVENTS.name,),
+    description="Every event the watcher published, kept as history",
+    max_age_seconds=7 * DAY,
+    max_bytes=2 * GIB,
+    discard="old",
+)
+APPLY_HISTORY = StreamSpec(
+    name="TJ_APPLY_HISTORY",
+    subjects=(),
+    sources=(APPLY.name,),
+    description="Every apply message the planner published, kept as history",
+    max_age_seconds=3 * DAY,
+    max_bytes=2 * GIB,
+    discard="old",
 )
 RESULTS = StreamSpec(
     name="TJ_RESULTS",
     subjects=(f"{subjects.RESULTS_PREFIX}.>",),
     description="The outcome of every apply: created, configured, unchanged, skipped or failed",
     max_age_seconds=3 * DAY,
-    # History, not work: nothing consumes results to make progress, so at its limit the stream drops the
-    # oldest results rather than making the applier wait for room.
+    max_bytes=GIB,
     discard="old",
 )
 DLQ = StreamSpec(
@@ -77,9 +122,17 @@ DLQ = StreamSpec(
     subjects=(f"{subjects.DLQ_PREFIX}.>",),
     description="Messages that can never succeed as sent, with the reason and the original payload",
     max_age_seconds=30 * DAY,
+    max_bytes=GIB,
+    discard="old",
 )
 
-ALL_STREAMS: tuple[StreamSpec, ...] = (EVENTS, APPLY, RESULTS, DLQ)
+WORK_STREAMS: tuple[StreamSpec, ...] = (EVENTS, APPLY)
+RECORD_STREAMS: tuple[StreamSpec, ...] = (EVENTS_HISTORY, APPLY_HISTORY, RESULTS, DLQ)
+"""What ``tjpipe history``, ``replay`` and ``dlq`` read, and the ``reader`` identity may read."""
+ALL_STREAMS: tuple[StreamSpec, ...] = WORK_STREAMS + RECORD_STREAMS
+
+HISTORY_OF = {EVENTS.name: EVENTS_HISTORY.name, APPLY.name: APPLY_HISTORY.name}
+"""Work stream → the history stream that records it."""
 
 APPLIED_BUCKET = "tj_applied"
 """Key-value bucket of AppliedRecord, one key per target: ``<namespace>.<kind>.<name>[.status]``."""
@@ -142,7 +195,8 @@ _NO_SETTINGS: Mapping[str, str] = MappingProxyType({})
 def configured_streams(environ: Mapping[str, str] = _NO_SETTINGS) -> tuple[StreamSpec, ...]:
     """The streams with retention from ``TJPIPE_<STREAM>_MAX_AGE`` / ``TJPIPE_<STREAM>_MAX_BYTES``.
 
-    ``<STREAM>`` is EVENTS, APPLY, RESULTS or DLQ, e.g. ``TJPIPE_EVENTS_MAX_AGE=30d``. The bus set-up
+    ``<STREAM>`` is EVENTS, APPLY, EVENTS_HISTORY, APPLY_HISTORY, RESULTS or DLQ, e.g.
+    ``TJPIPE_EVENTS_HISTORY_MAX_AGE=30d``. The bus set-up
     (``tjpipe bus-setup``, admin identity) passes the process environment in and configures the streams;
     contracts read no environment themselves. Without ``environ``: the defaults.
     """

@@ -39,6 +39,7 @@ from tjpipe.contracts.messages import DeadLetter, encode
 from tjpipe.contracts.streams import APPLIED_BUCKET, APPLIER, DLQ, PLANNER, ConsumerSpec, StreamSpec
 from tjpipe.contracts.subjects import PARTITIONS
 from tjpipe.plumbing import publishing
+from tjpipe.plumbing.observability import PUBLISH_REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -202,12 +203,15 @@ async def require_admin(nc: NATS, *, timeout: float = 10.0) -> None:
         await asyncio.gather(request, return_exceptions=True)
 
 
-def _stream_config(spec: StreamSpec) -> js_api.StreamConfig:
+def _stream_config(spec: StreamSpec, *, retention: str | None = None) -> js_api.StreamConfig:
+    """The server's config for ``spec``; ``retention`` overrides the spec's (the upgrade's first step)."""
+    chosen = retention or spec.retention
     return js_api.StreamConfig(
         name=spec.name,
         description=spec.description,
         subjects=list(spec.subjects),
-        retention=js_api.RetentionPolicy.LIMITS,
+        sources=[js_api.StreamSource(name=source) for source in spec.sources] or None,
+        retention=js_api.RetentionPolicy.INTEREST if chosen == "interest" else js_api.RetentionPolicy.LIMITS,
         storage=js_api.StorageType.FILE,
         max_age=spec.max_age_seconds,
         max_bytes=spec.max_bytes,
@@ -253,12 +257,79 @@ async def until_done(step: Callable[[], Awaitable[T]], *, what: str, attempts: i
 
 
 async def _ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) -> None:
+    """Create or update the streams; switch the work streams to their retention only once they are recorded.
+
+    The order is what makes an upgrade of a bus made by an older version (every stream limits retention,
+    no history streams) lose nothing: a work stream is first written with the retention it already has
+    (limits when new), then every history stream is made and starts copying from the first message its
+    work stream holds, and only once each source is running does a work stream get interest retention,
+    which lets the server drop what is acknowledged and recorded. The source's own consumer keeps any
+    message it has not copied yet. Run again, every step finds its work done.
+    """
+    recorded = [spec for spec in specs if spec.sources]
+    switching: set[str] = set()
     for spec in specs:
-        config = _stream_config(spec)
-        try:
-            await js.add_stream(config)
-        except BadRequestError:
-            await js.update_stream(config)
+        if spec.sources:
+            continue
+        current = await _current_retention(js, spec.name) or "limits"
+        if current != spec.retention:
+            switching.add(spec.name)
+        await _put_stream(js, _stream_config(spec, retention=current))
+    for spec in recorded:
+        await _put_stream(js, _stream_config(spec))
+    for spec in recorded:
+        if switching & set(spec.sources):
+            await _until_sourcing(js, spec.name)
+    for spec in specs:
+        if spec.name in switching:
+            log.info("stream %s now drops what is acknowledged and recorded (%s retention)", spec.name, spec.retention)
+            await _put_stream(js, _stream_config(spec))
+
+
+async def _put_stream(js: JetStreamContext, config: js_api.StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except BadRequestError:
+        await js.update_stream(config)
+
+
+async def _current_retention(js: JetStreamContext, stream: str) -> str | None:
+    try:
+        info = await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        return None
+    return "interest" if info.config.retention == js_api.RetentionPolicy.INTEREST else "limits"
+
+
+SOURCE_START_SECONDS = 120.0
+
+
+async def _until_sourcing(js: JetStreamContext, stream: str, *, timeout: float = SOURCE_START_SECONDS) -> None:
+    """Wait until every source of ``stream`` runs and has caught up once (an upgrade copies the old history).
+
+    Once a source runs, its consumer on the work stream keeps whatever it has not copied, so after that a
+    work stream may drop what its own consumers acknowledged. A source that has not started within the
+    timeout fails the set-up (it is run again), rather than risk a record with a hole in it.
+    """
+    deadline = time.monotonic() + timeout
+    said = 0.0
+    while True:
+        info = await js.stream_info(stream)
+        sources = info.sources or []
+        running = bool(sources) and all(s.error is None and s.active is not None and s.active >= 0 for s in sources)
+        if running and all((s.lag or 0) == 0 for s in sources):
+            return
+        now = time.monotonic()
+        if now > deadline:
+            if running:
+                return  # caught up or not, the running source keeps what it still has to copy
+            # Not a timeout of the retried kind: waiting longer here would not start the source.
+            raise RuntimeError(f"the sources of stream {stream} did not start within {timeout:.0f}s: {sources}")
+        if now - said > 10:
+            lag = sum(s.lag or 0 for s in sources)
+            log.info("stream %s is copying from %s (%d messages to go)", stream, [s.name for s in sources], lag)
+            said = now
+        await asyncio.sleep(0.2)
 
 
 async def setup_bus(
@@ -402,9 +473,18 @@ async def dead_letter(
         dead_at=time.time(),
     )
     log.error("dead-lettered %s (%s): %s", msg.subject, reason, error)
-    # A full dead-letter stream makes the caller wait for room: a dead letter is never dropped.
+    # The dead-letter stream is a record that drops its oldest letters at its limit, so it takes every
+    # letter at once; should the server refuse one anyway (its file store full), the letter is given up
+    # with a log line rather than hold the caller's partition: the original stays in its history stream,
+    # and the result stream and the TrainJob's condition say what happened.
     subject = subjects.dlq_subject(stage, namespace, name)
-    await publishing.publish_stored(js, subject, encode(letter), stream=DLQ.name)
+    try:
+        await js.publish(subject, encode(letter), timeout=5.0)
+    except nats.js.errors.APIError as exc:
+        if not publishing.is_refused(exc):
+            raise
+        PUBLISH_REFUSED.labels(stream=DLQ.name).inc()
+        log.error("stream %s refused the dead letter for %s (%s); it is not kept", DLQ.name, msg.subject, exc)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -417,6 +497,8 @@ class StoredMessage:
     data: bytes
     headers: dict[str, str]
     time: float
+    origin_seq: int = 0
+    """Its sequence in the work stream it was recorded from (a history stream's copy); else ``seq``."""
 
 
 async def read_stream(
@@ -469,6 +551,8 @@ async def read_stream(
         request["seq"] = page[-1].seq + 1
 
 
+SOURCE_HEADER = "Nats-Stream-Source"
+
 _DIRECT_GET_HEADERS = frozenset(
     {
         "Nats-Stream",
@@ -478,8 +562,15 @@ _DIRECT_GET_HEADERS = frozenset(
         "Nats-Num-Pending",
         "Nats-Last-Sequence",
         "Nats-UpTo-Sequence",
+        SOURCE_HEADER,
     }
 )
+
+
+def _origin_seq(headers: dict[str, str], seq: int) -> int:
+    """``<stream> <seq> ...`` in the header the server adds to a sourced copy: the original's sequence."""
+    parts = headers.get(SOURCE_HEADER, "").split()
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else seq
 
 
 def _timestamp(text: str) -> float:
@@ -525,14 +616,16 @@ async def _direct_get_batch(
                     return out
                 log.debug("direct get on %s refused: %s %s", stream, status, headers.get("Description"))
                 return None
+            seq = int(headers["Nats-Sequence"])
             out.append(
                 StoredMessage(
                     stream=stream,
-                    seq=int(headers["Nats-Sequence"]),
+                    seq=seq,
                     subject=headers["Nats-Subject"],
                     data=msg.data,
                     headers={k: v for k, v in headers.items() if k not in _DIRECT_GET_HEADERS},
                     time=_timestamp(headers["Nats-Time-Stamp"]),
+                    origin_seq=_origin_seq(headers, seq),
                 )
             )
     finally:

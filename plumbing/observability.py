@@ -88,6 +88,21 @@ PUBLISH_REFUSED = Counter(
     ["stream"],
     registry=REGISTRY,
 )
+STREAM_BYTES = Gauge("tjpipe_stream_bytes", "Bytes a stream holds (stream info)", ["stream"], registry=REGISTRY)
+STREAM_MAX_BYTES = Gauge(
+    "tjpipe_stream_max_bytes", "A stream's byte limit; -1 when it has none", ["stream"], registry=REGISTRY
+)
+FOREIGN_CLAIMS = Counter(
+    "tjpipe_foreign_ledger_claims_total",
+    "Ledger claims set aside because another cluster, or this cluster before its revisions went back, made them",
+    ["why"],
+    registry=REGISTRY,
+)
+CLUSTER_REWINDS = Counter(
+    "tjpipe_cluster_rewinds_total",
+    "Times the applier found the cluster's revision below one it had seen (etcd restored from a backup)",
+    registry=REGISTRY,
+)
 CONSUMER_LAG = Gauge(
     "tjpipe_consumer_lag", "Messages waiting in a consumer (num_pending at last fetch)", ["consumer"], registry=REGISTRY
 )

@@ -1,12 +1,15 @@
 """Publishing to a stream that may be full: wait for room, never drop, never spin.
 
-Work streams (events, apply messages, dead letters) discard *new* messages at their byte or message
-limit: JetStream refuses the publish (503, error code 10077, "maximum bytes exceeded") and stores nothing,
-instead of silently deleting the oldest unread message to make room. A refused message is still only in
-the publisher's hands, so the publisher keeps it and tries again with a growing delay, counting each
-refusal in ``tjpipe_publish_refused_total{stream}`` and logging a warning, until consumers or retention
-make room. A refusal is safe to retry with the same ``Nats-Msg-Id``: the server registers an id only for a
-message it stored (checked on a real server in ``tests/security/test_stalls.py``), so the retried copy, or
+Work streams (events, apply messages) discard *new* messages at their byte or message limit: JetStream
+refuses the publish (503, error code 10077, "maximum bytes exceeded") and stores nothing, instead of
+silently deleting the oldest unread message to make room. A refused message is still only in the
+publisher's hands, so the publisher keeps it and tries again with a growing delay, counting each refusal
+in ``tjpipe_publish_refused_total{stream}`` and logging a warning, until the consumers make room: a work
+stream holds only unfinished work (``contracts.streams``), so room comes back as they catch up. Records
+(history, results, dead letters) drop their oldest messages instead and never refuse for room.
+
+A refusal is safe to retry with the same ``Nats-Msg-Id``: the server registers an id only for a message it
+stored (checked on a real server in ``tests/security/test_stalls.py``), so the retried copy, or
 a later resync of the same observation, is not taken for a duplicate.
 """
 

@@ -108,6 +108,13 @@ def _applier_options(parser: argparse.ArgumentParser) -> None:
     )
     env_flag(
         parser,
+        "--cluster-id",
+        env="TJPIPE_CLUSTER_ID",
+        default="",
+        help="what tells this cluster's ledger claims from another's (default: the kube-system namespace's uid)",
+    )
+    env_flag(
+        parser,
         "--trainjob-cache-seconds",
         env="TJPIPE_TRAINJOB_CACHE_SECONDS",
         default=5.0,
@@ -274,8 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     setup = sub.add_parser(
         "bus-setup",
         help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
-        description="Stream retention comes from the environment: TJPIPE_<EVENTS|APPLY|RESULTS|DLQ>_MAX_AGE "
-        "(e.g. 30d) and _MAX_BYTES (e.g. 2gi); stream and KV replicas from TJPIPE_STREAM_REPLICAS (default 1).",
+        description="Stream retention comes from the environment: "
+        "TJPIPE_<EVENTS|APPLY|EVENTS_HISTORY|APPLY_HISTORY|RESULTS|DLQ>_MAX_AGE (e.g. 30d) and _MAX_BYTES "
+        "(e.g. 2gi); stream and KV replicas from TJPIPE_STREAM_REPLICAS (default 1). A bus made by an earlier "
+        "version is upgraded in place: the history streams first, then the work streams' retention.",
     )
     _nats_client(setup)
     setup.set_defaults(bus=FromEnvironment(_stream_settings))

@@ -50,7 +50,7 @@ SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER}
 SEED_SUFFIX = ".nk"
 
 _API = "$JS.API"
-_WORK_STREAMS = tuple(spec.name for spec in streams.ALL_STREAMS)
+_RECORD_STREAMS = tuple(spec.name for spec in streams.RECORD_STREAMS)
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,11 @@ def _leases(role: str) -> list[str]:
 
 
 def _read_streams() -> list[str]:
-    """Read every work stream with direct gets: no consumer is created, so none can be re-pointed."""
+    """Read the records (history, results, dead letters) with direct gets: no consumer is created, so none
+    can be re-pointed. The work streams are not readable: what is there is only what waits to be done, and
+    every message of it is in a history stream too."""
     allow: list[str] = []
-    for stream in _WORK_STREAMS:
+    for stream in _RECORD_STREAMS:
         allow += [f"{_API}.STREAM.INFO.{stream}", f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.>"]
     return allow
 
@@ -141,6 +143,8 @@ def permissions() -> dict[str, Permissions | None]:
                 f"{_API}.DIRECT.GET.{applied}.>",
                 f"{_API}.STREAM.MSG.GET.{applied}",
                 *_leases("applier"),
+                # How full every stream is, for tjpipe_stream_bytes (plumbing.stream_usage); info only.
+                *(f"{_API}.STREAM.INFO.{spec.name}" for spec in streams.ALL_STREAMS if spec.name != streams.APPLY.name),
             ),
         ),
         READER: Permissions(publish=(*read_allow, *_consumer_info())),

@@ -120,24 +120,26 @@ async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None =
     ns, name = key.namespace, key.name
     entries: list[TimelineEntry] = []
     previous: TrainJobObserved | None = None
-    # The four streams are read at once: each read waits on the server, none on another.
+    # The four record streams are read at once: each read waits on the server, none on another. Events and
+    # plans are named by their place in the work stream (what a plan's source_seq and a dead letter's
+    # stream_seq refer to).
     events, plans, results, letters = await asyncio.gather(
-        read_stream(js, streams.EVENTS.name, subjects.trainjob_events_filter(ns, name), start_time=since),
-        read_stream(js, streams.APPLY.name, subjects.trainjob_apply_filter(ns, name), start_time=since),
+        read_stream(js, streams.EVENTS_HISTORY.name, subjects.trainjob_events_filter(ns, name), start_time=since),
+        read_stream(js, streams.APPLY_HISTORY.name, subjects.trainjob_apply_filter(ns, name), start_time=since),
         read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), start_time=since),
         read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", start_time=since),
     )
     for stored, event in _decoded(events, decode_event, entries, "event", "undecodable event"):
         summary, detail = _event_summary(event, previous)
-        entries.append(TimelineEntry(stored.time, stored.stream, stored.seq, "event", summary, detail))
+        entries.append(TimelineEntry(stored.time, streams.EVENTS.name, stored.origin_seq, "event", summary, detail))
         if isinstance(event, TrainJobObserved):
             previous = event
     for stored, message in _decoded(plans, decode_apply, entries, "plan", "undecodable apply message"):
         entries.append(
             TimelineEntry(
                 stored.time,
-                stored.stream,
-                stored.seq,
+                streams.APPLY.name,
+                stored.origin_seq,
                 "plan",
                 f"{component_of(message)} → {message.target} "
                 f"(policy {message.policy}, from event {message.source_seq})",
@@ -172,7 +174,7 @@ async def plans_of(
     wanted = set(source_seqs)
     found: dict[int, list[ApplyMessage]] = {seq: [] for seq in wanted}
     subject = subjects.trainjob_apply_filter(key.namespace, key.name)
-    for stored in await read_stream(js, streams.APPLY.name, subject, start_time=since):
+    for stored in await read_stream(js, streams.APPLY_HISTORY.name, subject, start_time=since):
         try:
             message = decode_apply(stored.data)
         except msgspec.MsgspecError:
@@ -203,8 +205,14 @@ def _decoded(
         yield stored, decoded
 
 
+_RECORDED_FROM = {history: work for work, history in streams.HISTORY_OF.items()}
+
+
 def _raw_entry(stored: StoredMessage, kind: str, summary: str) -> TimelineEntry:
-    return TimelineEntry(stored.time, stored.stream, stored.seq, kind, summary, {"subject": stored.subject})
+    """A record named like the decoded ones: a history copy by its work stream and its place there."""
+    stream = _RECORDED_FROM.get(stored.stream, stored.stream)
+    seq = stored.origin_seq or stored.seq
+    return TimelineEntry(stored.time, stream, seq, kind, summary, {"subject": stored.subject})
 
 
 # ------------------------------------------------------------------------------------------------ replay
@@ -275,12 +283,16 @@ async def replay(
 ) -> ReplayReport:
     """Plan every recorded event again, offline, and compare with the plans recorded for it."""
     subject = subjects.trainjob_events_filter(key.namespace, key.name) if key else subjects.events_filter()
-    events = await read_stream(js, streams.EVENTS.name, subject, start_seq=from_seq, start_time=since)
+    events = [
+        e
+        for e in await read_stream(js, streams.EVENTS_HISTORY.name, subject, start_time=since)
+        if from_seq is None or e.origin_seq >= from_seq
+    ]
     apply_subject = subjects.trainjob_apply_filter(key.namespace, key.name) if key else subjects.apply_filter()
     recorded: dict[int, list[ApplyMessage]] = {}
-    first_seq = min((e.seq for e in events), default=None)
+    first_seq = min((e.origin_seq for e in events), default=None)
     if first_seq is not None:
-        for stored in await read_stream(js, streams.APPLY.name, apply_subject, start_time=since):
+        for stored in await read_stream(js, streams.APPLY_HISTORY.name, apply_subject, start_time=since):
             try:
                 message = decode_apply(stored.data)
             except msgspec.MsgspecError:
@@ -295,9 +307,9 @@ async def replay(
             event = decode_event(stored.data)
         except msgspec.MsgspecError:
             continue  # dead-lettered by the planner; nothing was planned from it
-        result = plan(event, source_seq=stored.seq, framework=framework or planner_core.FRAMEWORK)
-        changed = compare_plans(recorded.get(stored.seq, []), result.applies)
-        report.events.append(ReplayedEvent(key=result.trainjob, seq=stored.seq, changed=changed))
+        result = plan(event, source_seq=stored.origin_seq, framework=framework or planner_core.FRAMEWORK)
+        changed = compare_plans(recorded.get(stored.origin_seq, []), result.applies)
+        report.events.append(ReplayedEvent(key=result.trainjob, seq=stored.origin_seq, changed=changed))
     return report
 
 

@@ -236,6 +236,7 @@ def applier(args: argparse.Namespace) -> ApplierSettings:
         kube_context=args.context,
         concurrency=args.concurrency,
         stale_claim_grace_seconds=args.stale_claim_grace,
+        cluster_id=args.cluster_id,
         trainjob_cache_seconds=args.trainjob_cache_seconds,
         trusted_plan_keys=args.trusted_plan_keys,
     )

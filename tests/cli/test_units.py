@@ -75,7 +75,7 @@ async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch
     letter = DeadLetter(stage="applier", reason="permanent", error="422", subject="s", payload=b"{}")
     stored = {
         name: [StoredMessage(stream=name, seq=1, subject=f"{name}.x", data=b"{not json", headers={}, time=1.0)]
-        for name in (streams.EVENTS.name, streams.APPLY.name, streams.RESULTS.name)
+        for name in (streams.EVENTS_HISTORY.name, streams.APPLY_HISTORY.name, streams.RESULTS.name)
     }
     stored[streams.DLQ.name] = [
         StoredMessage(stream=streams.DLQ.name, seq=1, subject="dlq.x", data=b"[]", headers={}, time=2.0),

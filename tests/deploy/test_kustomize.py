@@ -480,6 +480,8 @@ def _expected_permissions() -> dict[str, set[Permission]]:
         (_group(resources.TRAINJOB), f"{resources.TRAINJOB.plural}/finalizers", "update"),
         (_group(resources.EVENT), resources.EVENT.plural, "create"),
         (_group(resources.EVENT), resources.EVENT.plural, "patch"),
+        # The kube-system namespace's uid, which tells this cluster's ledger claims from another's.
+        ("", "namespaces", "get"),
     }
     # The admission webhook reads the runtime a TrainJob names, for the runtimePatches rule its JobSet, and
     # for a Volcano runtime the PriorityClass names (metadata-only list).
@@ -506,7 +508,15 @@ def test_rbac_grants_exactly_what_the_code_uses(base: list[Obj]) -> None:
     assert set(roles) == set(expected)
     for name, role in roles.items():
         for rule in role["rules"]:
-            assert not {"nonResourceURLs", "resourceNames"} & set(rule), f"{name}: {rule}"
+            assert "nonResourceURLs" not in rule, f"{name}: {rule}"
+            # One named object only: the applier reads the kube-system namespace, and no other.
+            if "resourceNames" in rule:
+                assert (name, rule["resources"], rule["resourceNames"], rule["verbs"]) == (
+                    "tjpipe-applier",
+                    ["namespaces"],
+                    ["kube-system"],
+                    ["get"],
+                ), f"{name}: {rule}"
             for field in ("apiGroups", "resources", "verbs"):
                 assert not any("*" in value for value in rule[field]), f"{name} has a wildcard: {rule}"
         granted = _granted(role)
@@ -628,12 +638,14 @@ def _allowed(authz: Any, account: str, permission: Permission) -> bool:
     """What the API server's authorizer answers for this namespace's ServiceAccount ``account``."""
     group, resource, verb = permission
     plural, _, subresource = resource.partition("/")
+    # Namespaces are cluster-scoped, and the applier may read one by name only: kube-system.
+    where = {"name": "kube-system"} if plural == "namespaces" else {"namespace": "team-a"}
     review = kube_client.V1SubjectAccessReview(
         spec=kube_client.V1SubjectAccessReviewSpec(
             user=f"system:serviceaccount:{NAMESPACE}:{account}",
             groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
             resource_attributes=kube_client.V1ResourceAttributes(
-                group=group, resource=plural, subresource=subresource or None, verb=verb, namespace="team-a"
+                group=group, resource=plural, subresource=subresource or None, verb=verb, **where
             ),
         )
     )

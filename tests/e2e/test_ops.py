@@ -141,7 +141,9 @@ async def test_plan_prints_what_the_pipeline_applies(
     planned = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
     nc = await pipeline.connect("reader")
     try:
-        stored = await read_stream(nc.jetstream(), streams.APPLY.name, subjects.trainjob_apply_filter(namespace, name))
+        stored = await read_stream(
+            nc.jetstream(), streams.APPLY_HISTORY.name, subjects.trainjob_apply_filter(namespace, name)
+        )
     finally:
         await nc.close()
     applied = [m for m in map(lambda s: decode_apply(s.data), stored) if isinstance(m, ApplyJobSet)]

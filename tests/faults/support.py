@@ -40,6 +40,7 @@ from tjpipe.credentials import generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import LocalNats, start_nats
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
+from tjpipe.plumbing.bus import SOURCE_HEADER
 from tjpipe.stack import Stack, StatePaths
 
 TRAINER = "trainer.kubeflow.org/v1alpha1"
@@ -199,12 +200,12 @@ def jobset_admission_policy(
 
 
 def metric(port: int, name: str) -> dict[str, float]:
-    """Samples of one counter from a service's /metrics, by their label text (``{reason="x",stage="y"}``)."""
+    """Samples of one metric from a service's /metrics, by their label text (``{reason="x",stage="y"}``)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith(name + "{"):
+        if line.startswith((name + "{", name + " ")):  # an unlabelled sample's key is ""
             labels, _, value = line.rpartition(" ")
             out[labels[len(name) :]] = float(value)
     return out
@@ -439,21 +440,42 @@ def close_pipeline(pipeline: Pipeline) -> str:
 # ------------------------------------------------------------------------------------------------ bus
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """A message as its work stream had it: ``seq`` is its place there, read back from its history copy."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+
 async def stream_messages(js: JetStreamContext, stream: str, subject: str) -> list[Any]:
-    """Every message in ``stream`` on ``subject`` (wildcards allowed), oldest first, read by direct get."""
+    """Every message in ``stream`` on ``subject`` (wildcards allowed), oldest first, read by direct get.
+
+    A work stream keeps only what waits to be done, so for one its history stream is read, and each copy
+    is given back with the subject, sequence and headers it had in the work stream.
+    """
+    history = streams.HISTORY_OF.get(stream)
     out: list[Any] = []
     seq = 1
     while True:
         try:
-            msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+            msg = await js.get_msg(history or stream, seq=seq, subject=subject, next=True)
         except NotFoundError:
             return out
-        out.append(msg)
         seq = int(msg.seq) + 1
+        if history is None:
+            out.append(msg)
+            continue
+        headers = dict(msg.headers or {})
+        source = headers.pop(SOURCE_HEADER, "").split()
+        origin = int(source[1]) if len(source) > 1 and source[1].isdigit() else int(msg.seq)
+        out.append(Recorded(seq=origin, subject=str(msg.subject), data=bytes(msg.data or b""), headers=headers))
 
 
 async def subject_count(js: JetStreamContext, stream: str, subject: str) -> int:
-    info = await js.stream_info(stream, subjects_filter=subject)
+    info = await js.stream_info(streams.HISTORY_OF.get(stream, stream), subjects_filter=subject)
     return int(sum((info.state.subjects or {}).values()))
 
 

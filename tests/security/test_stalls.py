@@ -7,8 +7,7 @@
   lasts and is overwritten after the grace, instead of skipping the target as stale for ever.
 - A plan too large for the bus's max payload is dead-lettered once, with ``ResourcesCreated=False``
   reason ``PlanTooLarge`` on the TrainJob, instead of being retried every second for ever.
-- A work stream at its byte limit refuses new messages rather than deleting unread ones: the planner backs
-  off (counted, logged), and every TrainJob converges once there is room.
+- (Full work and record streams: ``test_full_streams_and_old_buses.py``.)
 - JetStream registers a message id only for a message it stored, so a refused publish's retry (or a later
   resync of the same observation) is not dropped as a duplicate.
 """
@@ -44,7 +43,6 @@ from faults.support import (
     step_patch,
     trainjob,
     until,
-    until_async,
 )
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 from nats.js import api as js_api
@@ -234,52 +232,6 @@ async def test_a_plan_too_large_for_the_bus_is_a_dead_letter_and_a_condition_not
 
 
 # ------------------------------------------------------------------------------------------ full streams
-
-
-@pytest.mark.parametrize(
-    ("stream", "publisher", "room"), [("TJ_APPLY", "planner", 40_000), ("TJ_EVENTS", "watcher", 6_000)]
-)
-async def test_a_full_work_stream_refuses_and_loses_no_trainjob(
-    pipeline: Pipeline, stream: str, publisher: str, room: int
-) -> None:
-    p = pipeline
-    ports = start_with_metrics(p)
-    nc = await p.connect()
-    try:
-        js = nc.jetstream()
-        await services_ready(js)
-        info = await js.stream_info(stream)
-        assert info.config.discard == js_api.DiscardPolicy.NEW
-        assert (await js.stream_info(streams.EVENTS.name)).config.discard == js_api.DiscardPolicy.NEW
-        assert (await js.stream_info(streams.DLQ.name)).config.discard == js_api.DiscardPolicy.NEW
-        assert (await js.stream_info(streams.RESULTS.name)).config.discard == js_api.DiscardPolicy.OLD
-        # Room for a few messages only: an operator's byte limit, reached.
-        small = info.state.bytes + room
-        config = info.config
-        config.max_bytes = small
-        await js.update_stream(config)
-        names = [f"full-{i}" for i in range(16)]
-        for name in names:
-            p.create(trainjob(name, num_nodes=1))
-
-        async def refused() -> bool:
-            counts = metric(ports[publisher], "tjpipe_publish_refused_total")
-            return counts.get(f'{{stream="{stream}"}}', 0) > 0
-
-        await until_async(refused, timeout=60, what=f"the {publisher} to meet the full stream")
-        assert "is full" in p.log_text(publisher)
-        await asyncio.sleep(3)
-        full = await js.stream_info(stream)
-        assert full.state.first_seq == 1  # nothing stored was deleted to make room
-        assert not converged(p, names)
-
-        # The operator makes room; every TrainJob arrives, none was lost.
-        config.max_bytes = -1
-        await js.update_stream(config)
-        await until(lambda: converged(p, names), timeout=120, what="every TrainJob once there is room")
-        assert (await js.stream_info(stream)).state.first_seq == 1
-    finally:
-        await nc.close()
 
 
 async def test_a_refused_publish_leaves_no_message_id_behind(tmp_path: Path) -> None:

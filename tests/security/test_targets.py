@@ -4,11 +4,14 @@ The messages here are signed with the planner's own key: they get past the signa
 from a compromised or buggy planner would, and only the applier's verification against the live cluster
 stands between them and the API server. Each is a way the bus could ask the applier to use its
 cluster-wide rights for something no TrainJob justifies: a Secret in ``kube-system``, an existing
-ConfigMap controlled by someone else or by nobody, a TrainJob that does not exist, has another uid or is
-managed by another controller, another namespace, a kind that is not a component, a status for another
-TrainJob, the delete of a JobSet the TrainJob does not control. Each must end in a dead letter with reason
-``unauthorized``, be counted in ``tjpipe_unauthorized_total``, and cost the API server zero writes,
-counted from its own ``apiserver_request_total`` (SSA is verb ``APPLY``), not even an Event.
+ConfigMap controlled by someone else or by nobody, a TrainJob managed by another controller, another
+namespace, a kind that is not a component, a status for another TrainJob, the delete of a JobSet the
+TrainJob does not control. Each must end in a dead letter with reason ``unauthorized``, be counted in
+``tjpipe_unauthorized_total``, and cost the API server zero writes, counted from its own
+``apiserver_request_total`` (SSA is verb ``APPLY``), not even an Event. A plan for a TrainJob that does not
+exist or has another uid (one deleted while its plans were in flight looks just so), such as a Secret in
+``kube-system`` for a TrainJob said to be there, writes nothing either, and ends ``skipped`` in the results,
+with no dead letter.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from faults.support import (
     metric,
     quiet,
     read_write_counts,
+    results_of,
     services_ready,
     start_with_metrics,
     trainjob,
@@ -233,7 +237,15 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
                 reason="forged",
             ),
         }
-        for message in cases.values():
+        # A plan for a TrainJob that does not exist cannot be told from one for a TrainJob deleted while it was
+        # in flight: it writes nothing, and ends skipped instead of as a dead letter.
+        gone_labels = (
+            "a TrainJob that does not exist",
+            "the TrainJob's name with another uid",
+            "a Secret in kube-system, for a TrainJob said to be there",
+        )
+        gone = {label: cases.pop(label) for label in gone_labels}
+        for message in [*cases.values(), *gone.values()]:
             await publish_signed(p, planner_id, message)
 
         async def all_dead() -> bool:
@@ -249,6 +261,10 @@ async def test_messages_no_trainjob_justifies_write_nothing_and_are_dead_lettere
         assert {(dl.stage, dl.reason) for dl in got} == {("applier", "unauthorized")}, [dl.error for dl in got]
         unauthorized = metric(ports["applier"], "tjpipe_unauthorized_total")
         assert sum(unauthorized.values()) == len(cases), unauthorized
+        results = [*await results_of(js, ns), *await results_of(js, "kube-system")]
+        skipped = [r for r in results if "does not exist" in r.reason or "the message names" in r.reason]
+        assert len(skipped) == len(gone), [(r.action, r.target, r.reason) for r in results]
+        assert {r.action for r in skipped} == {"skipped"}, [(r.action, r.reason) for r in skipped]
 
         # Nothing came of them.
         assert (

@@ -144,7 +144,7 @@ class HistoryIndex:
 
     def reset(self) -> None:
         self._namespaces.clear()
-        self.next_seq.update({streams.EVENTS.name: 1, streams.DLQ.name: 1})
+        self.next_seq.update({streams.EVENTS_HISTORY.name: 1, streams.DLQ.name: 1})
         self.undecodable = 0
 
     def __len__(self) -> int:
@@ -242,7 +242,7 @@ class HistoryIndex:
         from tjpipe.plumbing.bus import read_stream
 
         firsts = []
-        for stream in (streams.EVENTS.name, streams.DLQ.name):
+        for stream in (streams.EVENTS_HISTORY.name, streams.DLQ.name):
             info = await js.stream_info(stream)
             firsts.append(int(info.state.first_seq or 0))
             if int(info.state.last_seq or 0) + 1 < self.next_seq[stream]:
@@ -250,7 +250,7 @@ class HistoryIndex:
                 self.reset()
         read = 0
         for stream, subject, fold in (
-            (streams.EVENTS.name, subjects.events_filter(), self.add_event),
+            (streams.EVENTS_HISTORY.name, subjects.events_filter(), self.add_event),
             (streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>", self.add_dead_letter),
         ):
             while True:
