@@ -103,12 +103,15 @@ def _read_streams() -> list[str]:
 
 
 def _consumer_info() -> list[str]:
-    """Read the stages' durables' state (pending and unacknowledged counts) for pipeline health; an info
-    request changes nothing."""
+    """Read the stages' durables' state (pending and unacknowledged counts) and the work streams' sizes (the
+    backlog) for pipeline health; an info request changes nothing and shows no message."""
     return [
-        f"{_API}.CONSUMER.INFO.{spec.stream}.{durable}"
-        for spec in (streams.PLANNER, streams.APPLIER)
-        for durable in _durables(spec)
+        *(f"{_API}.STREAM.INFO.{spec.name}" for spec in (streams.EVENTS, streams.APPLY)),
+        *(
+            f"{_API}.CONSUMER.INFO.{spec.stream}.{durable}"
+            for spec in (streams.PLANNER, streams.APPLIER)
+            for durable in _durables(spec)
+        ),
     ]
 
 

@@ -132,7 +132,15 @@ def test_the_cluster_wide_list_needs_the_cluster_wide_permission(world: World) -
 def test_the_health_page_reads_the_streams_and_the_consumers(world: World) -> None:
     status, health = _api(world, "/health", "viewer-a")
     assert status == 200
-    assert {s["stream"] for s in health["streams"]} == {"TJ_EVENTS", "TJ_APPLY", "TJ_RESULTS", "TJ_DLQ"}
+    assert {s["stream"] for s in health["streams"]} == {
+        "TJ_EVENTS",
+        "TJ_APPLY",
+        "TJ_EVENTS_HISTORY",
+        "TJ_APPLY_HISTORY",
+        "TJ_RESULTS",
+        "TJ_DLQ",
+    }
+    assert not any("error" in s for s in health["streams"])
     assert len(health["consumers"]) == 32 and not any("error" in c for c in health["consumers"])
     assert health["deadLetters"] >= 2
     assert health["refusedPublishes"]["known"] is False  # this server was told of no /metrics page

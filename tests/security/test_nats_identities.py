@@ -237,7 +237,6 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         # The work streams hold only what waits to be done; the record is in the history streams.
         f"{API}.DIRECT.GET.{EVENTS}",
         f"{API}.DIRECT.GET.{APPLY}",
-        f"{API}.STREAM.INFO.{EVENTS}",
     ],
     "dlq-operator": [
         *MANAGEMENT,
