@@ -298,6 +298,7 @@ class Stack:
             crds.install_crds(new_api_client(self.kubeconfig), manifests)
             names = ", ".join(m["metadata"]["name"] for m in manifests)
             self.progress(f"CRDs installed from the owning Go modules in {time.monotonic() - started:.1f}s: {names}")
+            self.install_runtimes()
         if self.simulate and self.local_kube is not None:
             self.start_simulation()
         self.keys.ensure()
@@ -503,6 +504,19 @@ class Stack:
     def install_runtime(self, name: str) -> None:
         runtime = crds.shipped_runtimes()[name]
         crds.apply_objects(new_api_client(self._require_kubeconfig()), [runtime], field_manager="tjpipe-demo")
+
+    def install_runtimes(self) -> None:
+        """Every ClusterTrainingRuntime Trainer v2.3.0 ships, and what its install provides for them (the cache
+        initializer's ServiceAccount and RBAC): what a cluster with Trainer installed offers its users."""
+        runtimes = crds.shipped_runtimes()
+        prerequisites = crds.runtime_prerequisites()
+        with new_api_client(self._require_kubeconfig()) as client:
+            crds.apply_objects(client, [*prerequisites, *runtimes.values()], field_manager=crds.SETUP_FIELD_MANAGER)
+        self.progress(
+            f"installed Trainer {crds.TRAINER_VERSION}'s {len(runtimes)} ClusterTrainingRuntimes "
+            f"({', '.join(sorted(runtimes))}), the cache initializer's ClusterRole, and its ServiceAccount and "
+            f"RoleBinding in namespace {crds.CACHE_INITIALIZER_NAMESPACE}"
+        )
 
     def create_demo(self) -> tuple[str, str]:
         """Install ``torch-distributed`` and a TrainJob shaped like Trainer's MNIST example."""
