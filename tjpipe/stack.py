@@ -102,6 +102,29 @@ class StatePaths:
         """The stages' signing keys and the keyrings that trust them (``tjpipe.local.signing_keys``)."""
         return self.root / "keys"
 
+    def foreign_entries(self) -> list[str]:
+        """What the state folder holds that no start of the stack makes (``purge_state`` refuses those)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(entry.name for entry in self.root.iterdir() if entry.name not in _STATE_ENTRIES)
+
+
+_STATE_ENTRIES = frozenset(
+    {"logs", "kubeconfig", "env", "nats", "nats.conf", "kube", "creds", "keys", "webhook-tls", "nats-auth.conf"}
+)
+"""Every name ``Stack`` writes at the top of its state folder."""
+
+
+def purge_state(paths: StatePaths) -> bool:
+    """Delete the state folder of a stopped stack, so that the next start begins from nothing; False if there
+    was none. The caller checked ``foreign_entries`` first."""
+    import shutil
+
+    if not paths.root.exists():
+        return False
+    shutil.rmtree(paths.root)
+    return True
+
 
 def docker_available() -> bool:
     """Whether a Docker engine answers (not just a client binary being installed)."""
@@ -291,6 +314,7 @@ class Stack:
             )
             self.kubeconfig = self.local_kube.kubeconfig
             self.progress(f"Kubernetes: ready at {self.local_kube.server}")
+            self.remove_stale_registrations()
 
         if install_crds if install_crds is not None else not existing_kube:
             started = time.monotonic()
@@ -303,6 +327,23 @@ class Stack:
             self.start_simulation()
         self.keys.ensure()
         self.write_env()
+
+    def processes_registering(self) -> set[str]:
+        """The processes this stack runs that register objects on its apiserver (``tjpipe.local.registrations``):
+        the webhook always, the simulated cluster's when it is simulated."""
+        from tjpipe.local import admission_webhook, cluster
+
+        return {admission_webhook.PROCESS_NAME, *(cluster.PROCESSES if self.simulate else ())}
+
+    def remove_stale_registrations(self) -> None:
+        """Remove what an earlier start of the stack on the same state registered for processes this one does
+        not run (a full stack's JobSet webhooks, StorageClass and nodes, when only the control plane runs)."""
+        from tjpipe.local.registrations import remove_registrations
+
+        with new_api_client(self._require_kubeconfig()) as client:
+            removed = remove_registrations(client, running=self.processes_registering())
+        if removed:
+            self.progress(f"Kubernetes: removed what processes not running now had registered: {', '.join(removed)}")
 
     def start_simulation(self) -> None:
         """Controllers, scheduler, JobSet's manager and simulated nodes on the stack's own apiserver."""
