@@ -36,6 +36,7 @@ Everything listens on 127.0.0.1, leader election is off (one replica each), and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
@@ -69,6 +70,8 @@ STORAGE_CLASS = "standard"
 HOST_PATH_PROVISIONER = "kubernetes.io/host-path"
 """kube-controller-manager's in-tree provisioner, on with ``--enable-hostpath-provisioner``."""
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+HOST_PATH_FOLDER = "/tmp/hostpath_pv/"
+"""Where kube-controller-manager's host-path provisioner makes each volume's folder (fixed in Kubernetes)."""
 SETUP_FIELD_MANAGER = "tjpipe-cluster-setup"
 
 KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK = "kube-controller-manager", "kube-scheduler", "kwok"
@@ -129,8 +132,26 @@ class SimulatedCluster:
             return ensure_nodes(api, count=count, shape=shape, kwok=self.simulation.processes[-1])
 
     def stop(self, timeout: float = 10) -> None:
+        """Stop everything, and remove the empty host-path folders of the volumes still provisioned: a cluster
+        started here is thrown away with its tests, and its claims with it."""
+        folders = self._volume_folders()
         self.simulation.stop(timeout=timeout)
         self.kube.stop(timeout=timeout)
+        for folder in folders:
+            with contextlib.suppress(OSError):  # never a folder anything wrote into
+                folder.rmdir()
+
+    def _volume_folders(self) -> list[Path]:
+        try:
+            with new_api_client(self.kube.kubeconfig) as api:
+                volumes: Any = CoreV1Api(api).list_persistent_volume()
+        except Exception:  # the apiserver may be gone already; the folders then stay
+            return []
+        return [
+            Path(volume.spec.host_path.path)
+            for volume in volumes.items
+            if volume.spec.host_path is not None and volume.spec.host_path.path.startswith(HOST_PATH_FOLDER)
+        ]
 
 
 def start_simulated_cluster(
