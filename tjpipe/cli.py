@@ -392,6 +392,12 @@ def _add_operator_commands(sub: Any) -> None:
     down.add_argument(
         "--state-dir", type=Path, default=Path(".tjpipe"), help="the stack's state folder (default: .tjpipe)"
     )
+    down.add_argument(
+        "--purge",
+        action="store_true",
+        help="then delete the state folder (cluster data, NATS streams, credentials, keys, logs) to start over; "
+        "refused for a folder holding anything the stack did not make",
+    )
 
     hist = sub.add_parser("history", help="the timeline of one TrainJob: events, plans, results, dead letters")
     _trainjob_argument(hist)
@@ -805,10 +811,20 @@ def _where(stack: Any) -> None:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from tjpipe.stack import StatePaths, stop_detached
+    from tjpipe.exits import UsageError
+    from tjpipe.stack import StatePaths, purge_state, stop_detached
 
-    stopped = stop_detached(StatePaths(args.state_dir.resolve()))
+    paths = StatePaths(args.state_dir.resolve())
+    if args.purge and paths.root.exists() and not paths.root.is_dir():
+        raise UsageError(f"{paths.root} is not a folder; not purging it")
+    foreign = paths.foreign_entries() if args.purge else []
+    if foreign:
+        # Checked before anything is stopped: a mistyped --state-dir must never cost a user's files.
+        raise UsageError(f"{paths.root} holds what the stack did not make ({', '.join(foreign)}); not purging it")
+    stopped = stop_detached(paths)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    if args.purge:
+        print(f"deleted the state folder {paths.root}" if purge_state(paths) else f"no state folder at {paths.root}")
     return 0
 
 

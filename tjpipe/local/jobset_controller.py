@@ -29,8 +29,10 @@ from tjpipe.local import toolchain
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.pki import write_serving_pki
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
+from tjpipe.local.registrations import registered_for
 
 WEBHOOK_MANIFESTS = "config/components/webhook/manifests.yaml"
+PROCESS_NAME = "jobset-manager"
 SETUP_FIELD_MANAGER = "tjpipe-jobset-setup"
 _READY_TIMEOUT_SECONDS = 60.0
 _WEBHOOK_ADMITS_TIMEOUT_SECONDS = 30.0
@@ -97,7 +99,7 @@ def start_jobset_manager(
     config_path = work_dir / "jobset-config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     process = spawn(
-        name="jobset-manager",
+        name=PROCESS_NAME,
         argv=[str(binary), f"--config={config_path}", f"--kubeconfig={kubeconfig}", "--zap-devel=false"],
         log_dir=log_dir,
     )
@@ -110,7 +112,9 @@ def start_jobset_manager(
             what=f"JobSet manager /readyz on {health_url}",
             process=process,
         )
-        configurations = webhook_configurations(url=webhook_url, ca_bundle=ca_pem)
+        configurations = [
+            registered_for(PROCESS_NAME, c) for c in webhook_configurations(url=webhook_url, ca_bundle=ca_pem)
+        ]
         apply_objects(api_client, configurations, field_manager=SETUP_FIELD_MANAGER)
         _wait_until_admitted(api_client, process)
     except BaseException:
