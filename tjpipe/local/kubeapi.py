@@ -24,6 +24,7 @@ path on small cloud disks.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 import secrets
@@ -105,24 +106,16 @@ def start_kube(
         name="etcd",
         argv=[
             str(binaries.etcd),
-            "--name=default",
-            f"--data-dir={work_dir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}",
-            "--unsafe-no-fsync=true",
+            *etcd_flags(data_dir=work_dir / "etcd", client_url=etcd_url, listen_client_url=etcd_url, peer_url=peer_url),
         ],
         log_dir=log_dir,
     )
     processes: list[ManagedProcess] = [etcd]
     try:
         # Key generation overlaps with etcd's startup.
-        pki = _write_pki(work_dir / "pki")
-        token = secrets.token_urlsafe(32)
+        pki = write_pki(work_dir / "pki")
         tokens_file = work_dir / "tokens.csv"
-        write_private_file(tokens_file, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        token = write_token_file(tokens_file)
         wait_until(
             lambda: http_ok(f"{etcd_url}/health"),
             timeout=_ETCD_READY_TIMEOUT_SECONDS,
@@ -134,19 +127,14 @@ def start_kube(
         server = f"https://127.0.0.1:{port}"
         argv = [
             str(binaries.kube_apiserver),
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            f"--tls-cert-file={pki.serving_cert}",
-            f"--tls-private-key-file={pki.serving_key}",
-            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            "--allow-privileged=true",
-            "--disable-admission-plugins=ServiceAccount",
-            "--authorization-mode=RBAC",
-            f"--token-auth-file={tokens_file}",
-            f"--service-account-issuer={server}/",
-            f"--service-account-key-file={pki.service_account_public_key}",
-            f"--service-account-signing-key-file={pki.service_account_private_key}",
+            *apiserver_flags(
+                etcd_url=etcd_url,
+                bind_address="127.0.0.1",
+                port=port,
+                pki=pki,
+                tokens_file=tokens_file,
+                issuer=f"{server}/",
+            ),
         ]
         advertise_address = _advertise_address_if_needed()
         if advertise_address is not None:
@@ -167,7 +155,7 @@ def start_kube(
             process.stop()
         raise
 
-    _write_kubeconfig(kubeconfig_path, server=server, ca_file=pki.ca_cert, token=token)
+    write_kubeconfig(kubeconfig_path, server=server, ca_file=pki.ca_cert, token=token)
     elapsed = time.monotonic() - started
     progress(f"kube-apiserver ready at {server} in {elapsed:.1f}s (kubeconfig {kubeconfig_path})")
     return LocalKube(
@@ -179,8 +167,56 @@ def start_kube(
     )
 
 
+def etcd_flags(*, data_dir: Path | str, client_url: str, listen_client_url: str, peer_url: str) -> list[str]:
+    """etcd's flags, one member (``default``); the local stack and compose run it with these."""
+    return [
+        "--name=default",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={listen_client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=default={peer_url}",
+        "--unsafe-no-fsync=true",
+    ]
+
+
+def apiserver_flags(
+    *, etcd_url: str, bind_address: str, port: int, pki: ApiserverPki, tokens_file: Path | str, issuer: str
+) -> list[str]:
+    """kube-apiserver's flags: TLS from ``pki``, a static token file, RBAC, service-account tokens signed
+    with ``pki``'s key; the local stack and compose run it with these."""
+    return [
+        f"--etcd-servers={etcd_url}",
+        f"--bind-address={bind_address}",
+        f"--secure-port={port}",
+        f"--tls-cert-file={pki.serving_cert}",
+        f"--tls-private-key-file={pki.serving_key}",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        "--allow-privileged=true",
+        "--disable-admission-plugins=ServiceAccount",
+        "--authorization-mode=RBAC",
+        f"--token-auth-file={tokens_file}",
+        f"--service-account-issuer={issuer}",
+        f"--service-account-key-file={pki.service_account_public_key}",
+        f"--service-account-signing-key-file={pki.service_account_private_key}",
+    ]
+
+
+def write_token_file(path: Path) -> str:
+    """A fresh admin bearer token (group ``system:masters``) in the apiserver's token file; returns it."""
+    token = secrets.token_urlsafe(32)
+    write_private_file(path, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+    return token
+
+
+def read_token_file(path: Path) -> str:
+    """The admin token ``write_token_file`` wrote."""
+    return path.read_text().split(",", 1)[0]
+
+
 @dataclass(frozen=True)
-class _Pki:
+class ApiserverPki:
     ca_cert: Path
     serving_cert: Path
     serving_key: Path
@@ -188,7 +224,20 @@ class _Pki:
     service_account_public_key: Path
 
 
-def _write_pki(pki_dir: Path) -> _Pki:
+def pki_paths(pki_dir: Path) -> ApiserverPki:
+    """Where ``write_pki`` puts each file."""
+    return ApiserverPki(
+        ca_cert=pki_dir / "ca.crt",
+        serving_cert=pki_dir / "apiserver.crt",
+        serving_key=pki_dir / "apiserver.key",
+        service_account_private_key=pki_dir / _SERVICE_ACCOUNT_KEY,
+        service_account_public_key=pki_dir / "sa.pub",
+    )
+
+
+def write_pki(pki_dir: Path, *, dns_names: Sequence[str] = ()) -> ApiserverPki:
+    """A CA, the apiserver's serving certificate (loopback, the in-cluster names, and ``dns_names``) and the
+    service-account signing key pair, in ``pki_dir`` (keys 0600)."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=365)
@@ -204,6 +253,7 @@ def _write_pki(pki_dir: Path) -> _Pki:
         x509.IPAddress(ipaddress.ip_address("::1")),
         # The first address of the service range is the in-cluster `kubernetes` Service.
         x509.IPAddress(next(ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE).hosts())),
+        *(x509.DNSName(name) for name in dns_names),
     ]
     serving_key, serving_cert = serving_certificate(
         ca_key,
@@ -216,13 +266,7 @@ def _write_pki(pki_dir: Path) -> _Pki:
 
     service_account_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
-    pki = _Pki(
-        ca_cert=pki_dir / "ca.crt",
-        serving_cert=pki_dir / "apiserver.crt",
-        serving_key=pki_dir / "apiserver.key",
-        service_account_private_key=pki_dir / _SERVICE_ACCOUNT_KEY,
-        service_account_public_key=pki_dir / "sa.pub",
-    )
+    pki = pki_paths(pki_dir)
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     pki.serving_cert.write_bytes(serving_cert.public_bytes(serialization.Encoding.PEM))
     write_private_file(pki.serving_key, private_key_pem(serving_key))
@@ -235,14 +279,21 @@ def _write_pki(pki_dir: Path) -> _Pki:
     return pki
 
 
-def _write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str) -> None:
+def write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str, embed_ca: bool = False) -> None:
+    """A kubeconfig for the admin token; with ``embed_ca`` the CA travels inside it (for another machine's
+    or container's view of the same cluster, where the CA file's path means nothing)."""
+    cluster: dict[str, str] = {"server": server}
+    if embed_ca:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_file.read_bytes()).decode()
+    else:
+        cluster["certificate-authority"] = str(ca_file.resolve())
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {
                 "name": CONTEXT_NAME,
-                "cluster": {"server": server, "certificate-authority": str(ca_file.resolve())},
+                "cluster": cluster,
             }
         ],
         "users": [{"name": ADMIN_USER, "user": {"token": token}}],
