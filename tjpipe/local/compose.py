@@ -48,6 +48,10 @@ PROJECT_IMAGE = "trainjob-pipeline:dev"
 INIT_IMAGE = "trainjob-pipeline-init:dev"
 BASE_IMAGE = "trainjob-pipeline/debian:bookworm"
 """Not a public name: the Debian stand-in for the Dockerfile's Python base, made by debootstrap."""
+COMPOSE_V2_MODULE = "github.com/docker/compose/v2"
+COMPOSE_V2_VERSION = "v2.40.3"  # the newest the module proxy served when this was written; its go.mod says 1.24
+"""Docker's own compose v2 CLI plugin, built from its module like every other Go program here (the tests
+check the file with it and run the stack with it where Debian's docker-compose 1.29 is all apt has)."""
 MANIFESTS_ENV = toolchain.MANIFESTS_ENV
 MANIFESTS_DIR = "/opt/tjpipe-manifests"
 
@@ -304,6 +308,27 @@ def export_manifests(target: Path, *, progress: Callable[[str], None] = print) -
             copy(source.module, source.version, source.path)
     for path in target.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def ensure_compose_v2(*, progress: Callable[[str], None] = print) -> Path:
+    """A Docker configuration folder whose ``cli-plugins/docker-compose`` is compose v2, built once and
+    cached; ``DOCKER_CONFIG=<it> docker compose …`` then runs it."""
+    from tjpipe.local.kustomize import GoTool, ensure_go_tool
+
+    tool = GoTool(
+        name="docker-compose",
+        module=COMPOSE_V2_MODULE,
+        version=COMPOSE_V2_VERSION,
+        package=f"{COMPOSE_V2_MODULE}/cmd",
+        ldflags=f"-s -w -X {COMPOSE_V2_MODULE}/internal.Version={COMPOSE_V2_VERSION}",
+    )
+    binary = ensure_go_tool(tool, progress=progress)
+    config = binary.parent / "docker-config"
+    plugin = config / "cli-plugins" / "docker-compose"
+    if not plugin.exists():
+        plugin.parent.mkdir(parents=True, exist_ok=True)
+        plugin.symlink_to(binary)
+    return config
 
 
 # ------------------------------------------------------------------------------------------------- main
