@@ -18,7 +18,7 @@ from kubernetes.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from rich.markup import escape
 
-from tjpipe.local.kubeapi import new_api_client
+from tjpipe.local.kubeapi import new_api_client, wait_for_api
 
 _GROUP, _VERSION = "trainer.kubeflow.org", "v1alpha1"
 _JOBSET_GROUP, _JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
@@ -205,10 +205,9 @@ def wait_until_admitting(kubeconfig: Path, *, timeout: float, say: Callable[[str
     """Until the cluster takes the demo: JobSet's webhooks default a JobSet, ``tjpipe webhook`` is called, and
     the simulated nodes are Ready (on a stack whose parts start side by side, as compose's do)."""
     from tjpipe.local import admission_webhook, cluster, jobset_controller
-    from tjpipe.local.install_crds import _wait_for_api
     from tjpipe.local.procs import wait_until
 
-    _wait_for_api(kubeconfig, timeout=timeout)
+    wait_for_api(kubeconfig, timeout=timeout)
     with new_api_client(kubeconfig) as api:
         jobset_controller.wait_until_admitted(api, None, timeout=timeout)
         admission_webhook.wait_until_called(api, None, timeout=timeout)

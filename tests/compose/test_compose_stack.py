@@ -10,6 +10,7 @@ the compose v2 plugin built from its module; the file is checked by both.
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +66,7 @@ def images(engine: None) -> None:
     spec = importlib.util.spec_from_file_location("compose_images", REPO / "tools" / "compose_images.py")
     assert spec is not None and spec.loader is not None
     compose_images = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = compose_images  # its dataclasses look their module up there
     spec.loader.exec_module(compose_images)
     started = time.monotonic()
     assert compose_images.main([]) == 0
@@ -72,9 +74,10 @@ def images(engine: None) -> None:
 
 
 @pytest.fixture(scope="module")
-def project(images: None, v2_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    tools = compose_tools(v2_config)
-    tool = tools.get("docker-compose") or tools["docker compose"]
+def project(images: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    """The stack under Debian's docker-compose 1.29 (what apt installs), else under compose v2."""
+    tools = compose_tools(None) or compose_tools(compose.ensure_compose_v2(progress=_say))
+    tool = next(iter(tools.values()))
     stack = Project(tool=tool, state=tmp_path_factory.mktemp("compose-state"))
     started = time.monotonic()
     try:
@@ -83,14 +86,6 @@ def project(images: None, v2_config: Path, tmp_path_factory: pytest.TempPathFact
         yield stack
     finally:
         stack.down()
-
-
-@pytest.mark.parametrize("tool", ["docker-compose", "docker compose"])
-def test_both_compose_tools_accept_the_file(tool: str, v2_config: Path, tmp_path: Path) -> None:
-    command = compose_tools(v2_config).get(tool)
-    if command is None:
-        pytest.skip(f"{tool} is not installed (apt-get install docker-compose)")
-    Project(tool=command, state=tmp_path).run("config", "-q", timeout=60)
 
 
 def test_demo_trainjobs_complete_and_are_cleaned_up(project: Project) -> None:
@@ -178,6 +173,14 @@ def test_applier_restart_writes_nothing(project: Project) -> None:
     after = read_write_counts(kube)
     delta = after - before
     assert _pipeline_writes(delta) == 0, {k: v for k, v in delta.all_writes().items() if v}
+
+
+@pytest.mark.parametrize("tool", ["docker-compose", "docker compose"])
+def test_both_compose_tools_accept_the_file(tool: str, v2_config: Path, tmp_path: Path) -> None:
+    command = compose_tools(v2_config).get(tool)
+    if command is None:
+        pytest.skip(f"{tool} is not installed (apt-get install docker-compose)")
+    Project(tool=command, state=tmp_path).run("config", "-q", timeout=60)
 
 
 def test_down_leaves_no_container_volume_or_network(project: Project) -> None:

@@ -249,10 +249,9 @@ def prepare(
 def setup(*, kubeconfig: Path, nodes: int, timeout: float, progress: Callable[[str], None] = print) -> None:
     """What the stack installs on its apiserver once it answers (the same list ``tjpipe up`` installs)."""
     from tjpipe.local import admission_webhook, cluster, crds, jobset_controller
-    from tjpipe.local.install_crds import _wait_for_api
-    from tjpipe.local.kubeapi import new_api_client
+    from tjpipe.local.kubeapi import new_api_client, wait_for_api
 
-    _wait_for_api(kubeconfig, timeout=timeout)
+    wait_for_api(kubeconfig, timeout=timeout)
     started = time.monotonic()
     manifests = crds.crd_manifests(progress=progress)
     with new_api_client(kubeconfig) as api:

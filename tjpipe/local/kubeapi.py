@@ -340,3 +340,19 @@ def _local_ipv4_addresses() -> list[str]:
                 addresses.append(candidate)
         previous = line
     return addresses
+
+
+def wait_for_api(kubeconfig: Path, *, timeout: float, poll_seconds: float = 2.0) -> None:
+    """Until the apiserver a kubeconfig names answers ``/version`` (one that starts beside its caller)."""
+    from kubernetes.client import VersionApi
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with new_api_client(kubeconfig) as api:
+                VersionApi(api).get_code()
+            return
+        except Exception as error:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the API server in {kubeconfig} did not answer within {timeout:.0f}s") from error
+            time.sleep(poll_seconds)
