@@ -425,3 +425,36 @@ def test_dockerignore_keeps_the_context_to_the_package() -> None:
     assert {"pyproject.toml", "README.md", *SERVICES, "contracts", "plumbing", "tjpipe"} <= included
     copied = {args.split()[0] for args in dockerfile_stages()["build"].all("COPY") if not args.startswith("--from")}
     assert copied <= included
+
+
+# ----------------------------------------------------------------------------- the one-shot `init` step
+
+
+def test_prepare_writes_each_file_once_and_the_host_view(tmp_path: Path) -> None:
+    """What `init` runs, into a scratch root: every file a container reads, kept on a second run (the
+    stack after `stop`/`start` is the same cluster), and a host view that holds no private key but the
+    reader's seed."""
+    from tjpipe.local import compose as shape
+
+    root, state = tmp_path / "root", tmp_path / "state"
+
+    def prepare(port: int) -> None:
+        shape.prepare(
+            root=root, state=state, apiserver_host_port=port, nats_host_port=4222, pod_run_seconds=5, progress=print
+        )
+
+    prepare(6443)
+    first = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    prepare(16443)
+    kept = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert kept == first, "a second init must keep every certificate, key, token and identity"
+    for service in CONTROL_PLANE - {"etcd"}:
+        for flag in shape.component_flags()[service]:
+            value = flag.partition("=")[2]
+            if value.startswith("/etc/"):
+                assert (root / value.lstrip("/")).is_file(), f"{service} reads {value}, which init did not write"
+    host = yaml.safe_load((state / "kubeconfig").read_text())
+    assert host["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:16443"
+    assert sorted(p.name for p in state.iterdir()) == ["env", "kubeconfig", "nats-ca.crt", "reader.nk"]
+    assert not any(b"PRIVATE KEY" in p.read_bytes() for p in state.iterdir())
+    assert (state / "reader.nk").stat().st_mode & 0o077 == 0
