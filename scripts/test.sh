@@ -15,8 +15,6 @@ echo "· building or finding Trainer v2.3.0's controller manager (tests/takeover
 "$venv/python" -c 'from tjpipe.local.toolchain import ensure_trainer_controller as e; e(progress=print)'
 echo "· building or finding helm (tests/deploy render the Kubeflow chart; first build: a few minutes)"
 "$venv/python" -c 'from tjpipe.local.helm import ensure_helm as e; e(progress=print)'
-echo "· building or finding compose v2 (tests/compose check the compose file with it; first build: 10-20 minutes)"
-"$venv/python" -c 'from tjpipe.local.compose import ensure_compose_v2 as e; e(progress=print)'
 echo "· ruff";          "$venv/ruff" check .
 echo "· mypy --strict"; "$venv/mypy"
 echo "· import layers"; "$venv/lint-imports"

@@ -45,11 +45,15 @@ def engine_problem() -> str | None:
 
 
 def compose_tools(v2_config: Path | None) -> dict[str, list[str]]:
-    """The compose commands present: Debian's docker-compose 1.29 and the v2 plugin (``DOCKER_CONFIG``)."""
+    """The compose commands present: Debian's docker-compose 1.29, and compose v2 as a plugin the docker CLI
+    has, or as built from its module (``v2_config``, a Docker configuration folder holding it)."""
     tools: dict[str, list[str]] = {}
     if shutil.which("docker-compose"):
         tools["docker-compose"] = ["docker-compose"]
-    if v2_config is not None:
+    native = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=ENGINE_TIMEOUT, check=False)
+    if native.returncode == 0:
+        tools["docker compose"] = ["docker", "compose"]
+    elif v2_config is not None:
         tools["docker compose"] = ["docker", "--config", str(v2_config), "compose"]
     return tools
 

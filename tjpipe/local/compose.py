@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from tjpipe.local import toolchain
+from tjpipe.local.kustomize import GoTool, ensure_go_tool, go_tool_path
 
 # ------------------------------------------------------------------------------------------------ images
 # The public names the compose file uses; scripts/compose-images.sh builds stand-ins under the same names.
@@ -309,19 +310,25 @@ def export_manifests(target: Path, *, progress: Callable[[str], None] = print) -
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-def ensure_compose_v2(*, progress: Callable[[str], None] = print) -> Path:
-    """A Docker configuration folder whose ``cli-plugins/docker-compose`` is compose v2, built once and
-    cached; ``DOCKER_CONFIG=<it> docker compose …`` then runs it."""
-    from tjpipe.local.kustomize import GoTool, ensure_go_tool
-
-    tool = GoTool(
+def _compose_v2_tool() -> GoTool:
+    return GoTool(
         name="docker-compose",
         module=COMPOSE_V2_MODULE,
         version=COMPOSE_V2_VERSION,
         package=f"{COMPOSE_V2_MODULE}/cmd",
         ldflags=f"-s -w -X {COMPOSE_V2_MODULE}/internal.Version={COMPOSE_V2_VERSION}",
     )
-    binary = ensure_go_tool(tool, progress=progress)
+
+
+def compose_v2_built() -> bool:
+    """Whether ``ensure_compose_v2`` would find its binary cached (building it takes 10-20 min on 2 cores)."""
+    return go_tool_path(_compose_v2_tool()).is_file()
+
+
+def ensure_compose_v2(*, progress: Callable[[str], None] = print) -> Path:
+    """A Docker configuration folder whose ``cli-plugins/docker-compose`` is compose v2, built once and
+    cached; ``docker --config <it> compose …`` then runs it."""
+    binary = ensure_go_tool(_compose_v2_tool(), progress=progress)
     config = binary.parent / "docker-config"
     plugin = config / "cli-plugins" / "docker-compose"
     if not plugin.exists():
