@@ -165,7 +165,7 @@ def test_services_set_what_the_cli_reads_and_nothing_else(model: dict[str, Any])
         assert not environment & PER_REPLICA_ENV, f"{service}: a shared setting for a per-replica name"
     # The planner never talks to the API server, so it gets no credentials.
     assert "KUBECONFIG" not in model["services"]["planner"]["environment"]
-    assert not {v["source"] for v in model["services"]["planner"].get("volumes") or []} & {"kube", "k3s-output"}
+    assert not {v["source"] for v in model["services"]["planner"].get("volumes") or []} & {"kube", "kube-pki"}
 
 
 def test_one_nats_server_so_streams_keep_one_replica(model: dict[str, Any]) -> None:
