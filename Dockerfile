@@ -1,10 +1,11 @@
 # trainjob-pipeline images. Targets:
-#   runtime (default): the three services, `docker run IMAGE watcher|planner|applier|webhook`.
-#   init:              the compose stack's one-shot steps (python -m tjpipe.local.compose): the runtime image
-#                      plus the module files they read (the Trainer, JobSet and PodGroup CRDs, Trainer's
-#                      runtimes, JobSet's webhooks), exported while the image builds by a stage that carries
-#                      Go, so `compose up` needs no network access for them. Offline,
-#                      scripts/compose-images.sh builds the same image from the modules this machine has.
+#   runtime: the services, `docker run IMAGE watcher|planner|applier|webhook` (build it with --target runtime:
+#            the last stage, and so the default, is init).
+#   init:    the compose stack's one-shot steps (python -m tjpipe.local.compose): the runtime image plus the
+#            module files they read (the Trainer, JobSet and PodGroup CRDs, Trainer's runtimes, JobSet's
+#            webhooks), exported while the image builds by a stage that carries Go, so `compose up` needs no
+#            network access for them. Offline, scripts/compose-images.sh builds the same image from the
+#            modules this machine has.
 # The runtime stage comes before the Go stage: the classic builder runs every stage up to its target, and the
 # runtime image must build where no Go image can be pulled.
 ARG PYTHON_IMAGE=python:3.11-slim
