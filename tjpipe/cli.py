@@ -278,6 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="adopt what KUBECONFIG and NATS_URL name (those set; the flags above win)",
     )
 
+    demo = sub.add_parser(
+        "demo",
+        help="on the running cluster KUBECONFIG names (the compose stack's `demo` service): create the demo "
+        "TrainJobs, follow them to Complete, delete them and show the clean-up",
+    )
+    _kube(demo)
+    demo.add_argument("--timeout", type=_positive_seconds, default=600.0, help="give up after this many seconds")
+
     setup = sub.add_parser(
         "bus-setup",
         help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
@@ -577,6 +585,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _up(args)
     if command == "down":
         return _down(args)
+    if command == "demo":
+        return _demo(args)
     if command == "keys":
         return _keys(args)
     if command == "completion":
@@ -761,6 +771,27 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         stack.stop()
     console.print("stopped; no process left running")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tjpipe import demo
+    from tjpipe.exits import Failure, UsageError
+    from tjpipe.stack import demo_trainjob, mpi_demo_trainjob
+
+    if not args.kubeconfig:
+        raise UsageError("name the cluster: --kubeconfig PATH or KUBECONFIG")
+    kubeconfig = Path(args.kubeconfig)
+    demo.wait_until_admitting(kubeconfig, timeout=args.timeout, say=_say)
+    trainjobs = demo.create_trainjobs(kubeconfig, [demo_trainjob(), mpi_demo_trainjob()], field_manager="tjpipe-demo")
+    for namespace, name in trainjobs:
+        _plain(f"created TrainJob {namespace}/{name}")
+    if not demo.follow(kubeconfig, trainjobs, say=_say, timeout=args.timeout):
+        raise Failure(f"the demo TrainJobs did not finish and get cleaned up within {args.timeout:.0f}s")
+    console.print(
+        "[bold green]demo finished[/]: the TrainJobs ran to Complete and the garbage collector removed everything "
+        "they owned"
+    )
     return 0
 
 

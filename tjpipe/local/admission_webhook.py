@@ -116,9 +116,16 @@ def register(api_client: ApiClient, *, url: str, ca_bundle: bytes, process: Mana
     """Apply the configuration and wait until the apiserver calls it (a bad runtime, dry-run, is refused)."""
     configuration = registered_for(PROCESS_NAME, webhook_configuration(url=url, ca_bundle=ca_bundle))
     apply_objects(api_client, [configuration], field_manager=SETUP_FIELD_MANAGER)
+    wait_until_called(api_client, process)
+
+
+def wait_until_called(
+    api_client: ApiClient, process: ManagedProcess | None, *, timeout: float = _ADMITS_TIMEOUT_SECONDS
+) -> None:
+    """Until the apiserver calls the registered webhook (a bad runtime, dry-run, is refused)."""
     wait_until(
         lambda: _refuses_bad_runtime(api_client),
-        timeout=_ADMITS_TIMEOUT_SECONDS,
+        timeout=timeout,
         what="the apiserver to call tjpipe webhook for a dry-run ClusterTrainingRuntime",
         process=process,
     )

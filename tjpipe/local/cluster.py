@@ -185,18 +185,67 @@ def start_simulated_cluster(
     return SimulatedCluster(kube=kube, simulation=simulation)
 
 
-def _component_flags(kubeconfig: str, *, port: int, cert_dir: Path) -> list[str]:
+def _component_flags(kubeconfig: str, *, bind_address: str, port: int, cert_dir: Path | str) -> list[str]:
     """The flags kube-controller-manager and kube-scheduler share: one kubeconfig for the API and for
-    delegated authn/authz, no leader election, a loopback HTTPS health port with a self-signed cert."""
+    delegated authn/authz, no leader election, an HTTPS health port with a self-signed cert."""
     return [
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         "--leader-elect=false",
-        "--bind-address=127.0.0.1",
+        f"--bind-address={bind_address}",
         f"--secure-port={port}",
         f"--cert-dir={cert_dir}",
     ]
+
+
+# The three below are what the local stack and compose run these components with (one cluster shape).
+def controller_manager_flags(
+    kubeconfig: str,
+    *,
+    bind_address: str,
+    port: int,
+    cert_dir: Path | str,
+    service_account_key: Path | str,
+    root_ca: Path | str,
+) -> list[str]:
+    return [
+        *_component_flags(kubeconfig, bind_address=bind_address, port=port, cert_dir=cert_dir),
+        f"--service-account-private-key-file={service_account_key}",
+        f"--root-ca-file={root_ca}",
+        "--use-service-account-credentials=false",
+        # Storage for the claims JobSets make (see the module docstring and storage_class()).
+        "--enable-hostpath-provisioner=true",
+        # Two hundred TrainJobs finishing together is a burst of Job and Pod writes.
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
+    ]
+
+
+def scheduler_flags(kubeconfig: str, *, bind_address: str, port: int, cert_dir: Path | str) -> list[str]:
+    return [
+        *_component_flags(kubeconfig, bind_address=bind_address, port=port, cert_dir=cert_dir),
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
+    ]
+
+
+def kwok_flags(kubeconfig: str, *, config: Path | str, server_address: str) -> list[str]:
+    return [
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+        f"--server-address={server_address}",
+        f"--cidr={_POD_CIDR}",
+        "--node-lease-duration-seconds=40",
+    ]
+
+
+def write_kwok_config(path: Path, *, pod_run_seconds: float) -> None:
+    """kwok's stages (``kwok_stages``) as the file ``--config`` names."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump_all(kwok_stages(pod_run_seconds=pod_run_seconds), sort_keys=False))
 
 
 def start_simulation(
@@ -224,15 +273,14 @@ def start_simulation(
             name=KUBE_CONTROLLER_MANAGER,
             argv=[
                 str(binaries.kube_controller_manager),
-                *_component_flags(kubeconfig, port=port, cert_dir=work_dir / "kube-controller-manager"),
-                f"--service-account-private-key-file={kube.service_account_private_key}",
-                f"--root-ca-file={kube.ca_file}",
-                "--use-service-account-credentials=false",
-                # Storage for the claims JobSets make (see the module docstring and storage_class()).
-                "--enable-hostpath-provisioner=true",
-                # Two hundred TrainJobs finishing together is a burst of Job and Pod writes.
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
+                *controller_manager_flags(
+                    kubeconfig,
+                    bind_address="127.0.0.1",
+                    port=port,
+                    cert_dir=work_dir / "kube-controller-manager",
+                    service_account_key=kube.service_account_private_key,
+                    root_ca=kube.ca_file,
+                ),
             ],
             log_dir=log_dir,
         )
@@ -244,9 +292,7 @@ def start_simulation(
             name=KUBE_SCHEDULER,
             argv=[
                 str(binaries.kube_scheduler),
-                *_component_flags(kubeconfig, port=port, cert_dir=work_dir / "kube-scheduler"),
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
+                *scheduler_flags(kubeconfig, bind_address="127.0.0.1", port=port, cert_dir=work_dir / "kube-scheduler"),
             ],
             log_dir=log_dir,
         )
@@ -255,18 +301,12 @@ def start_simulation(
 
         port = free_port()
         kwok_config = work_dir / "kwok.yaml"
-        kwok_config.write_text(yaml.safe_dump_all(kwok_stages(pod_run_seconds=pod_run_seconds), sort_keys=False))
+        write_kwok_config(kwok_config, pod_run_seconds=pod_run_seconds)
         kwok = spawn(
             name=KWOK,
             argv=[
                 str(binaries.kwok),
-                f"--config={kwok_config}",
-                f"--kubeconfig={kubeconfig}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-                f"--server-address=127.0.0.1:{port}",
-                f"--cidr={_POD_CIDR}",
-                "--node-lease-duration-seconds=40",
+                *kwok_flags(kubeconfig, config=kwok_config, server_address=f"127.0.0.1:{port}"),
             ],
             log_dir=log_dir,
             # kwok also reads ~/.kwok/kwok.yaml when it exists; a private home keeps a user's file out.
@@ -370,13 +410,22 @@ def create_nodes(api: ApiClient, *, count: int, shape: NodeShape, prefix: str = 
 
 
 def _all_ready(api: ApiClient, names: tuple[str, ...]) -> bool:
+    return _ready_nodes(api) >= set(names)
+
+
+def nodes_ready(api: ApiClient) -> int:
+    """How many simulated nodes are Ready."""
+    return len(_ready_nodes(api))
+
+
+def _ready_nodes(api: ApiClient) -> set[str]:
     ready = set()
     nodes: Any = CoreV1Api(api).list_node(label_selector=f"{NODE_LABEL}=true")
     for node in nodes.items:
         for condition in node.status.conditions or []:
             if condition.type == "Ready" and condition.status == "True":
                 ready.add(node.metadata.name)
-    return ready >= set(names)
+    return ready
 
 
 def _self_signed_probe() -> ssl.SSLContext:
