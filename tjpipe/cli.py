@@ -278,6 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="adopt what KUBECONFIG and NATS_URL name (those set; the flags above win)",
     )
 
+    demo = sub.add_parser(
+        "demo",
+        help="on the running cluster KUBECONFIG names (the compose stack's `demo` service): create the demo "
+        "TrainJobs, follow them to Complete, delete them and show the clean-up",
+    )
+    _kube(demo)
+    demo.add_argument("--timeout", type=_positive_seconds, default=600.0, help="give up after this many seconds")
+
     setup = sub.add_parser(
         "bus-setup",
         help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
@@ -391,6 +399,12 @@ def _add_operator_commands(sub: Any) -> None:
     down = sub.add_parser("down", help="stop a stack started with 'tjpipe up --detach'")
     down.add_argument(
         "--state-dir", type=Path, default=Path(".tjpipe"), help="the stack's state folder (default: .tjpipe)"
+    )
+    down.add_argument(
+        "--purge",
+        action="store_true",
+        help="then delete the state folder (cluster data, NATS streams, credentials, keys, logs) to start over; "
+        "refused for a folder holding anything the stack did not make",
     )
 
     hist = sub.add_parser("history", help="the timeline of one TrainJob: events, plans, results, dead letters")
@@ -571,6 +585,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _up(args)
     if command == "down":
         return _down(args)
+    if command == "demo":
+        return _demo(args)
     if command == "keys":
         return _keys(args)
     if command == "completion":
@@ -758,6 +774,27 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from tjpipe import demo
+    from tjpipe.exits import Failure, UsageError
+    from tjpipe.stack import demo_trainjob, mpi_demo_trainjob
+
+    if not args.kubeconfig:
+        raise UsageError("name the cluster: --kubeconfig PATH or KUBECONFIG")
+    kubeconfig = Path(args.kubeconfig)
+    demo.wait_until_admitting(kubeconfig, timeout=args.timeout, say=_say)
+    trainjobs = demo.create_trainjobs(kubeconfig, [demo_trainjob(), mpi_demo_trainjob()], field_manager="tjpipe-demo")
+    for namespace, name in trainjobs:
+        _plain(f"created TrainJob {namespace}/{name}")
+    if not demo.follow(kubeconfig, trainjobs, say=_say, timeout=args.timeout):
+        raise Failure(f"the demo TrainJobs did not finish and get cleaned up within {args.timeout:.0f}s")
+    console.print(
+        "[bold green]demo finished[/]: the TrainJobs ran to Complete and the garbage collector removed everything "
+        "they owned"
+    )
+    return 0
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -805,10 +842,20 @@ def _where(stack: Any) -> None:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from tjpipe.stack import StatePaths, stop_detached
+    from tjpipe.exits import UsageError
+    from tjpipe.stack import StatePaths, purge_state, stop_detached
 
-    stopped = stop_detached(StatePaths(args.state_dir.resolve()))
+    paths = StatePaths(args.state_dir.resolve())
+    if args.purge and paths.root.exists() and not paths.root.is_dir():
+        raise UsageError(f"{paths.root} is not a folder; not purging it")
+    foreign = paths.foreign_entries() if args.purge else []
+    if foreign:
+        # Checked before anything is stopped: a mistyped --state-dir must never cost a user's files.
+        raise UsageError(f"{paths.root} holds what the stack did not make ({', '.join(foreign)}); not purging it")
+    stopped = stop_detached(paths)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    if args.purge:
+        print(f"deleted the state folder {paths.root}" if purge_state(paths) else f"no state folder at {paths.root}")
     return 0
 
 

@@ -18,7 +18,7 @@ from kubernetes.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from rich.markup import escape
 
-from tjpipe.local.kubeapi import new_api_client
+from tjpipe.local.kubeapi import new_api_client, wait_for_api
 
 _GROUP, _VERSION = "trainer.kubeflow.org", "v1alpha1"
 _JOBSET_GROUP, _JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
@@ -199,3 +199,45 @@ class DemoWatch:
 def _owned_by(metadata: dict[str, Any], owner_uids: set[str]) -> bool:
     references = metadata.get("ownerReferences") or metadata.get("owner_references") or []
     return any(reference.get("uid") in owner_uids for reference in references)
+
+
+def wait_until_admitting(kubeconfig: Path, *, timeout: float, say: Callable[[str], None]) -> None:
+    """Until the cluster takes the demo: JobSet's webhooks default a JobSet, ``tjpipe webhook`` is called, and
+    the simulated nodes are Ready (on a stack whose parts start side by side, as compose's do)."""
+    from tjpipe.local import admission_webhook, cluster, jobset_controller
+    from tjpipe.local.procs import wait_until
+
+    wait_for_api(kubeconfig, timeout=timeout)
+    with new_api_client(kubeconfig) as api:
+        jobset_controller.wait_until_admitted(api, None, timeout=timeout)
+        admission_webhook.wait_until_called(api, None, timeout=timeout)
+        wait_until(lambda: cluster.nodes_ready(api) > 0, timeout=timeout, what="a simulated node to become Ready")
+    say("the cluster admits TrainJobs: JobSet's webhooks and tjpipe webhook answer, nodes are Ready")
+
+
+def create_trainjobs(kubeconfig: Path, trainjobs: list[dict[str, Any]], *, field_manager: str) -> list[tuple[str, str]]:
+    """Server-side apply the TrainJobs and their namespaces; returns their (namespace, name)."""
+    from tjpipe.local import crds
+
+    namespaces = sorted({t["metadata"]["namespace"] for t in trainjobs})
+    objects = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}} for ns in namespaces]
+    with new_api_client(kubeconfig) as api:
+        crds.apply_objects(api, [*objects, *trainjobs], field_manager=field_manager)
+    return [(t["metadata"]["namespace"], t["metadata"]["name"]) for t in trainjobs]
+
+
+def follow(kubeconfig: Path, trainjobs: list[tuple[str, str]], *, say: Callable[[str], None], timeout: float) -> bool:
+    """``DemoWatch`` each TrainJob until every one finished and was cleaned up; False if ``timeout`` passed."""
+    watches = [DemoWatch(kubeconfig, namespace, name, say=say) for namespace, name in trainjobs]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(watch.state != "done" for watch in watches):
+            if time.monotonic() >= deadline:
+                return False
+            for watch in watches:
+                watch.poll()
+            time.sleep(0.5)
+    finally:
+        for watch in watches:
+            watch.close()
+    return True

@@ -108,6 +108,41 @@ class StatePaths:
         """A kubeconfig and ServiceAccount token per service (``tjpipe.local.identities``), mode 0600."""
         return self.root / "kube-identities"
 
+    def foreign_entries(self) -> list[str]:
+        """What the state folder holds that no start of the stack makes (``purge_state`` refuses those)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(entry.name for entry in self.root.iterdir() if entry.name not in _STATE_ENTRIES)
+
+
+_STATE_ENTRIES = frozenset(
+    {
+        "logs",
+        "kubeconfig",
+        "env",
+        "nats",
+        "nats.conf",
+        "kube",
+        "creds",
+        "keys",
+        "webhook-tls",
+        "nats-auth.conf",
+        "kube-identities",
+    }
+)
+"""Every name ``Stack`` writes at the top of its state folder."""
+
+
+def purge_state(paths: StatePaths) -> bool:
+    """Delete the state folder of a stopped stack, so that the next start begins from nothing; False if there
+    was none. The caller checked ``foreign_entries`` first."""
+    import shutil
+
+    if not paths.root.exists():
+        return False
+    shutil.rmtree(paths.root)
+    return True
+
 
 def docker_available() -> bool:
     """Whether a Docker engine answers (not just a client binary being installed)."""
@@ -301,6 +336,7 @@ class Stack:
             )
             self.kubeconfig = self.local_kube.kubeconfig
             self.progress(f"Kubernetes: ready at {self.local_kube.server}")
+            self.remove_stale_registrations()
 
         if install_crds if install_crds is not None else not existing_kube:
             started = time.monotonic()
@@ -308,6 +344,7 @@ class Stack:
             crds.install_crds(new_api_client(self.kubeconfig), manifests)
             names = ", ".join(m["metadata"]["name"] for m in manifests)
             self.progress(f"CRDs installed from the owning Go modules in {time.monotonic() - started:.1f}s: {names}")
+            self.install_runtimes()
         if self.local_kube is not None:
             # An adopted cluster is the user's: its identities are deploy/'s to make, not the stack's.
             self.use_own_identities()
@@ -328,6 +365,23 @@ class Stack:
         self.progress(
             "Kubernetes: the services run as their own ServiceAccounts (deploy/base/rbac.yaml, applier-policy.yaml)"
         )
+
+    def processes_registering(self) -> set[str]:
+        """The processes this stack runs that register objects on its apiserver (``tjpipe.local.registrations``):
+        the webhook always, the simulated cluster's when it is simulated."""
+        from tjpipe.local import admission_webhook, cluster
+
+        return {admission_webhook.PROCESS_NAME, *(cluster.PROCESSES if self.simulate else ())}
+
+    def remove_stale_registrations(self) -> None:
+        """Remove what an earlier start of the stack on the same state registered for processes this one does
+        not run (a full stack's JobSet webhooks, StorageClass and nodes, when only the control plane runs)."""
+        from tjpipe.local.registrations import remove_registrations
+
+        with new_api_client(self._require_kubeconfig()) as client:
+            removed = remove_registrations(client, running=self.processes_registering())
+        if removed:
+            self.progress(f"Kubernetes: removed what processes not running now had registered: {', '.join(removed)}")
 
     def start_simulation(self) -> None:
         """Controllers, scheduler, JobSet's manager and simulated nodes on the stack's own apiserver."""
@@ -567,6 +621,19 @@ class Stack:
     def install_runtime(self, name: str) -> None:
         runtime = crds.shipped_runtimes()[name]
         crds.apply_objects(new_api_client(self._require_kubeconfig()), [runtime], field_manager="tjpipe-demo")
+
+    def install_runtimes(self) -> None:
+        """Every ClusterTrainingRuntime Trainer v2.3.0 ships, and what its install provides for them (the cache
+        initializer's ServiceAccount and RBAC): what a cluster with Trainer installed offers its users."""
+        runtimes = crds.shipped_runtimes()
+        prerequisites = crds.runtime_prerequisites()
+        with new_api_client(self._require_kubeconfig()) as client:
+            crds.apply_objects(client, [*prerequisites, *runtimes.values()], field_manager=crds.SETUP_FIELD_MANAGER)
+        self.progress(
+            f"installed Trainer {crds.TRAINER_VERSION}'s {len(runtimes)} ClusterTrainingRuntimes "
+            f"({', '.join(sorted(runtimes))}), the cache initializer's ClusterRole, and its ServiceAccount and "
+            f"RoleBinding in namespace {crds.CACHE_INITIALIZER_NAMESPACE}"
+        )
 
     def create_demo(self) -> tuple[str, str]:
         """Install ``torch-distributed`` and a TrainJob shaped like Trainer's MNIST example."""

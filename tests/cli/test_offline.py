@@ -308,3 +308,33 @@ def test_completion_scripts_are_printed() -> None:
     for shell, first in (("bash", "# tjpipe completion for bash"), ("zsh", "#compdef tjpipe"), ("fish", "# tjpipe")):
         done = tjpipe("completion", shell)
         assert done.returncode == 0 and done.stdout.startswith(first) and done.stderr == "", shell
+
+
+def test_down_purge_deletes_a_state_folder_and_nothing_else(tmp_path: Path) -> None:
+    state = tmp_path / "state [x]"
+    (state / "logs").mkdir(parents=True)
+    (state / "kubeconfig").write_text("made by the stack")
+    (state / "notes.txt").write_text("mine")
+    refused = tjpipe("down", "--purge", "--state-dir", str(state))
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == f"error: {state} holds what the stack did not make (notes.txt); not purging it\n"
+    assert (state / "notes.txt").read_text() == "mine" and (state / "kubeconfig").exists()
+    (state / "notes.txt").unlink()
+    purged = tjpipe("down", "--purge", "--state-dir", str(state))
+    assert (purged.returncode, purged.stdout, purged.stderr) == (
+        0,
+        f"nothing was running\ndeleted the state folder {state}\n",
+        "",
+    )
+    assert not state.exists()
+    again = tjpipe("down", "--purge", "--state-dir", str(state))
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0,
+        f"nothing was running\nno state folder at {state}\n",
+        "",
+    )
+    a_file = tmp_path / "file"
+    a_file.write_text("mine")
+    not_a_folder = tjpipe("down", "--purge", "--state-dir", str(a_file))
+    assert (not_a_folder.returncode, not_a_folder.stdout) == (2, "")
+    assert not_a_folder.stderr == f"error: {a_file} is not a folder; not purging it\n" and a_file.exists()

@@ -1,5 +1,7 @@
 """compose/docker-compose.yml: valid Compose, and the same services, commands and settings as ``tjpipe up``.
 
+tests/compose runs the file on a real engine; this checks its shape without one, quickly.
+
 Validity is checked twice, both with the Compose Specification's own material from the Go module
 ``github.com/compose-spec/compose-go/v2`` (the library docker compose loads files with): its JSON schema, with
 the ``jsonschema`` package, and its loader, built from the module, which also interpolates variables,
@@ -13,7 +15,6 @@ import copy
 import json
 import os
 import re
-import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,9 @@ COMPOSE_SPEC_VALIDATOR = GoTool(
     version=COMPOSE_GO_VERSION,
     package=f"{COMPOSE_GO_MODULE}/cmd",
 )
-INFRASTRUCTURE = {"nats", "k3s", "crds", "keys", "nats-credentials", "bus-setup"}
+CONTROL_PLANE = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "jobset-manager"}
+INFRASTRUCTURE = CONTROL_PLANE | {"init", "setup", "nats", "bus-setup", "webhook", "demo"}
+ONE_SHOTS = {"init", "setup", "bus-setup", "demo"}
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +105,8 @@ def test_compose_file_is_valid_under_the_compose_spec_schema(
 @pytest.mark.parametrize(
     ("path", "value"),
     [
-        (("services", "watcher", "depends_on", "nats", "condition"), "service_ready"),
-        (("services", "k3s", "privileged"), ["yes"]),
+        (("services", "watcher", "depends_on", "setup", "condition"), "service_ready"),
+        (("services", "kube-apiserver", "read_only"), ["yes"]),
         (("services", "planner", "restart_policy"), "always"),
     ],
 )
@@ -120,7 +123,9 @@ def test_the_schema_check_catches_mistakes(
 
 
 def test_compose_go_loads_the_project(model: dict[str, Any]) -> None:
-    assert model["name"] == "trainjob-pipeline"
+    # The project's name comes from compose/.env, which both tools read: docker-compose 1.29 has no `name:`.
+    assert "name" not in yaml.safe_load(COMPOSE_FILE.read_text())
+    assert "COMPOSE_PROJECT_NAME=trainjob-pipeline" in (COMPOSE_FILE.parent / ".env").read_text().splitlines()
     assert set(model["services"]) == set(SERVICES) | INFRASTRUCTURE
     stages = dockerfile_stages()
     for name, service in model["services"].items():
@@ -160,7 +165,7 @@ def test_services_set_what_the_cli_reads_and_nothing_else(model: dict[str, Any])
         assert not environment & PER_REPLICA_ENV, f"{service}: a shared setting for a per-replica name"
     # The planner never talks to the API server, so it gets no credentials.
     assert "KUBECONFIG" not in model["services"]["planner"]["environment"]
-    assert not {v["source"] for v in model["services"]["planner"].get("volumes") or []} & {"kube", "k3s-output"}
+    assert not {v["source"] for v in model["services"]["planner"].get("volumes") or []} & {"kube", "kube-pki"}
 
 
 def test_one_nats_server_so_streams_keep_one_replica(model: dict[str, Any]) -> None:
@@ -186,39 +191,61 @@ def test_nats_runs_jetstream_on_a_named_volume_with_a_healthcheck(model: dict[st
     assert "http://localhost:8222/healthz?js-enabled-only=true" in nats["healthcheck"]["test"]
 
 
-def test_k3s_serves_the_api_and_writes_a_kubeconfig(model: dict[str, Any]) -> None:
-    k3s = model["services"]["k3s"]
-    assert k3s["image"].startswith("rancher/k3s:")
-    assert k3s["privileged"] is True
-    command = k3s["command"]
-    assert command[0] == "server"
-    assert "traefik" in command[command.index("--disable") + 1 :]
-    # The name other containers reach it by must be in the serving certificate.
-    assert command[command.index("--tls-san") + 1] == "k3s"
-    output = Path(k3s["environment"]["K3S_KUBECONFIG_OUTPUT"])
-    volumes = {v["target"]: v["source"] for v in k3s["volumes"]}
-    assert str(output.parent) in volumes
+def test_the_control_plane_runs_the_public_images_with_the_local_stacks_flags(model: dict[str, Any]) -> None:
+    """One cluster shape: each component's flags are what ``tjpipe up`` runs it with (the functions in
+    tjpipe.local), at the paths compose mounts; each image is the public one at the local stack's version."""
+    from tjpipe.local import compose as shape
+
+    images = {
+        "etcd": shape.ETCD_IMAGE,
+        "kube-apiserver": shape.APISERVER_IMAGE,
+        "kube-controller-manager": shape.CONTROLLER_MANAGER_IMAGE,
+        "kube-scheduler": shape.SCHEDULER_IMAGE,
+        "kwok": shape.KWOK_IMAGE,
+        "jobset-manager": shape.JOBSET_IMAGE,
+    }
+    flags = shape.component_flags()
+    assert set(flags) == CONTROL_PLANE
+    for name in CONTROL_PLANE:
+        service = model["services"][name]
+        assert service["image"] == images[name]
+        assert service["command"] == flags[name], name
+    assert model["services"]["nats"]["image"] == shape.NATS_IMAGE
+    assert {model["services"][s]["image"] for s in SERVICES} == {shape.PROJECT_IMAGE}
+    assert {model["services"][s]["image"] for s in ("init", "setup")} == {shape.INIT_IMAGE}
 
 
-def test_the_services_get_the_kubeconfig_the_crds_step_writes(model: dict[str, Any]) -> None:
+def test_every_kubeconfig_and_certificate_the_containers_read_comes_from_init(model: dict[str, Any]) -> None:
+    """A path a container is told to read lies in a volume ``init`` writes (so compose.prepare made it)."""
     services = model["services"]
-    k3s_output_volume = {v["target"]: v["source"] for v in services["k3s"]["volumes"]}["/output"]
-    crds = services["crds"]
-    assert crds["build"]["target"] == "crds"
-    crds_mounts = {v["target"]: v for v in crds["volumes"]}
-    source = Path(crds["environment"]["KUBECONFIG"])
-    assert crds_mounts[str(source.parent)]["source"] == k3s_output_volume
-    assert source.name == Path(services["k3s"]["environment"]["K3S_KUBECONFIG_OUTPUT"]).name
-    command = crds["command"]
-    assert command[command.index("--server") + 1] == "https://k3s:6443"
-    written = Path(command[command.index("--write-kubeconfig") + 1])
-    assert not crds_mounts[str(written.parent)].get("read_only")
-    for service in ("watcher", "applier"):
-        spec = services[service]
-        assert spec["environment"]["KUBECONFIG"] == str(written)
-        mounts = {v["target"]: v for v in spec["volumes"]}
-        assert mounts[str(written.parent)]["source"] == crds_mounts[str(written.parent)]["source"]
-        assert mounts[str(written.parent)]["read_only"] is True
+    written = {v["source"] for v in services["init"]["volumes"] if v["type"] == "volume"}
+    for name in (*CONTROL_PLANE, "watcher", "applier", "webhook", "demo", "setup"):
+        spec = services[name]
+        mounts = {v["target"]: v for v in spec.get("volumes") or []}
+        wanted = [a.split("=", 1)[1] for a in spec.get("command") or [] if a.startswith("--") and "=/etc/" in a]
+        wanted += [v for k, v in (spec.get("environment") or {}).items() if k == "KUBECONFIG"]
+        for path in wanted:
+            mount = next((m for t, m in mounts.items() if Path(path).is_relative_to(t)), None)
+            assert mount is not None, f"{name} reads {path}, which no volume holds"
+            if name != "etcd":
+                assert mount["source"] in written, f"{name}: {path} is in {mount['source']}, which init does not write"
+                assert mount.get("read_only") is True or mount["source"] == "etcd-data", (name, path)
+
+
+def test_the_one_shots_run_the_projects_own_steps(model: dict[str, Any]) -> None:
+    services = model["services"]
+    for name, step in (("init", "prepare"), ("setup", "setup")):
+        spec = services[name]
+        assert spec["build"]["target"] == "init"
+        assert spec["entrypoint"] == ["python", "-m", "tjpipe.local.compose"]
+        assert spec["command"][0] == step
+        assert spec["restart"] == "no"
+    assert services["init"]["network_mode"] == "none"
+    assert services["init"]["user"] == "0:0"
+    assert set(services["init"]["cap_add"]) == {"CHOWN", "DAC_OVERRIDE", "FOWNER"}
+    state = next(v for v in services["init"]["volumes"] if v["target"] == "/state")
+    assert state["type"] == "bind" and Path(state["source"]) == REPO / "compose" / "state"
+    assert services["demo"]["command"][0] == "demo"
 
 
 KEY_VOLUMES = {
@@ -241,10 +268,10 @@ def test_each_service_mounts_only_its_own_keys(model: dict[str, Any]) -> None:
             if name in spec["environment"]:
                 path = Path(spec["environment"][name])
                 assert any(path == t or t in path.parents for t in targets), (service, name, path)
-    keys = model["services"]["keys"]
-    assert {v["source"] for v in keys["volumes"]} == every
-    assert keys["network_mode"] == "none"
-    assert keys["command"][0].startswith("tjpipe keys init --dir /keys")
+    init = model["services"]["init"]
+    assert every <= {v["source"] for v in init["volumes"]}
+    for name in set(model["services"]) - set(SERVICES) - {"init"}:
+        assert not {v["source"] for v in model["services"][name].get("volumes") or []} & every, name
 
 
 NATS_CREDS_VOLUMES = {identity: f"{identity}-nats-creds" for identity in ("watcher", "planner", "applier", "admin")}
@@ -262,11 +289,8 @@ def test_each_service_connects_as_its_own_nats_identity_over_tls(model: dict[str
         assert creds["read_only"] is True
         assert Path(spec["environment"]["NATS_CREDS"]).parent == Path(creds["target"])
         assert Path(spec["environment"]["NATS_TLS_CA"]).parent == Path(mounts["nats-ca"]["target"])
-    for name in set(services) - set(SERVICES) - {"bus-setup", "nats-credentials"}:
+    for name in set(services) - set(SERVICES) - {"bus-setup", "init"}:
         assert not {v["source"] for v in services[name].get("volumes") or []} & every, name
-    maker = services["nats-credentials"]
-    assert maker["network_mode"] == "none"
-    assert maker["command"][0].startswith("tjpipe nats-credentials --dir /creds/all --authorization /nats-conf/")
     assert services["bus-setup"]["command"] == ["bus-setup"]
 
 
@@ -276,17 +300,23 @@ def test_startup_order(model: dict[str, Any]) -> None:
     def conditions(name: str) -> dict[str, str]:
         return {dep: spec["condition"] for dep, spec in (services[name].get("depends_on") or {}).items()}
 
-    assert conditions("crds") == {"k3s": "service_healthy"}
-    keys = {"keys": "service_completed_successfully"}
-    assert conditions("watcher") == {"nats": "service_healthy", "crds": "service_completed_successfully", **keys}
-    assert conditions("applier") == {"nats": "service_healthy", "crds": "service_completed_successfully", **keys}
-    assert conditions("planner") == {"nats": "service_healthy", **keys}
-    assert conditions("nats") == {"nats-credentials": "service_completed_successfully"}
+    done = "service_completed_successfully"
+    assert conditions("kube-apiserver") == {"init": done, "etcd": "service_started"}
+    assert conditions("setup") == {"kube-apiserver": "service_started"}
+    assert conditions("jobset-manager") == {"setup": done}
+    assert conditions("nats") == {"init": done}
     assert conditions("bus-setup") == {"nats": "service_healthy"}
-    assert services["crds"]["restart"] == "no"
-    assert services["keys"]["restart"] == "no"
-    for name in ("nats", "k3s"):
-        assert services[name]["healthcheck"]["test"]
+    assert conditions("watcher") == {"bus-setup": done, "setup": done}
+    assert conditions("applier") == {"bus-setup": done, "setup": done}
+    assert conditions("planner") == {"bus-setup": done}
+    assert conditions("webhook") == {"setup": done}
+    demo = conditions("demo")
+    assert {s: demo[s] for s in (*SERVICES, "webhook")} == dict.fromkeys((*SERVICES, "webhook"), "service_healthy")
+    assert set(demo) >= CONTROL_PLANE - {"etcd", "kube-apiserver"}
+    for name in ONE_SHOTS:
+        assert services[name]["restart"] == "no", name
+    for name in (*SERVICES, "webhook", "nats"):
+        assert services[name]["healthcheck"]["test"], name
 
 
 def test_published_ports_are_loopback_only(model: dict[str, Any]) -> None:
@@ -308,7 +338,8 @@ def test_services_run_hardened(model: dict[str, Any]) -> None:
 
 def test_dockerfile_runtime_stage_is_slim_and_non_root() -> None:
     stages = dockerfile_stages()
-    assert list(stages)[-1] == "runtime", "the default target (the last stage) must be the runtime image"
+    # Before any stage that needs Go: the classic builder runs every stage up to its target, offline too.
+    assert list(stages)[:2] == ["build", "runtime"]
     runtime = stages["runtime"]
     assert runtime.base == "python:3.11-slim"
     assert runtime.last("USER") in ("10001", "10001:10001")
@@ -321,15 +352,15 @@ def test_dockerfile_runtime_stage_is_slim_and_non_root() -> None:
     assert "pip wheel" in " ".join(build.all("RUN"))
 
 
-def test_dockerfile_crds_stage_has_go_and_runs_the_installer() -> None:
+def test_dockerfile_init_stage_is_the_runtime_plus_exported_manifests() -> None:
     stages = dockerfile_stages()
-    crds = stages["crds"]
+    manifests, init = stages["manifests"], stages["init"]
     go_stage = next(stage for stage in stages.values() if stage.base.startswith("golang:1.26"))
-    assert f"--from={go_stage.name} /usr/local/go /usr/local/go" in crds.all("COPY")
-    assert crds.last("USER") in ("10001", "10001:10001")
-    assert crds.exec_form("ENTRYPOINT") == ["python", "-m", "tjpipe.local.install_crds"]
-    # The modules are fetched while the image builds, so the one-shot needs no network for them.
-    assert "crd_manifests" in " ".join(crds.all("RUN"))
+    assert f"--from={go_stage.name} /usr/local/go /usr/local/go" in manifests.all("COPY")
+    assert "python -m tjpipe.local.compose export-manifests /opt/tjpipe-manifests" in " ".join(manifests.all("RUN"))
+    assert init.base == "runtime"
+    assert init.all("COPY") == ["--from=manifests /opt/tjpipe-manifests /opt/tjpipe-manifests"]
+    assert init.all("RUN") == [] and init.last("USER") is None
 
 
 def _locked_requirements() -> dict[str, tuple[str, list[str]]]:
@@ -396,39 +427,34 @@ def test_dockerignore_keeps_the_context_to_the_package() -> None:
     assert copied <= included
 
 
-# ------------------------------------------------------------------------- the one-shot CRD installer
+# ----------------------------------------------------------------------------- the one-shot `init` step
 
 
-@pytest.mark.cluster
-def test_install_crds_rewrites_the_kubeconfig_and_installs(kube: Any, tmp_path: Path) -> None:
-    """What the compose `crds` service runs, against the test cluster, with a server rewrite as compose does."""
-    from kubernetes import client
+def test_prepare_writes_each_file_once_and_the_host_view(tmp_path: Path) -> None:
+    """What `init` runs, into a scratch root: every file a container reads, kept on a second run (the
+    stack after `stop`/`start` is the same cluster), and a host view that holds no private key but the
+    reader's seed."""
+    from tjpipe.local import compose as shape
 
-    from tjpipe.local import install_crds
-    from tjpipe.local.crds import crd_manifests
-    from tjpipe.local.kubeapi import new_api_client
+    root, state = tmp_path / "root", tmp_path / "state"
 
-    original = yaml.safe_load(Path(kube.kubeconfig).read_text())
-    server = original["clusters"][0]["cluster"]["server"]
-    # Another name for the same server, as `k3s` is for 127.0.0.1 in compose; localhost is in its certificate.
-    rewritten = server.replace("127.0.0.1", "localhost")
-    out = tmp_path / "kube" / "kubeconfig"
-    assert (
-        install_crds.main(["--kubeconfig", str(kube.kubeconfig), "--server", rewritten, "--write-kubeconfig", str(out)])
-        == 0
-    )
+    def prepare(port: int) -> None:
+        shape.prepare(
+            root=root, state=state, apiserver_host_port=port, nats_host_port=4222, pod_run_seconds=5, progress=print
+        )
 
-    written = yaml.safe_load(out.read_text())
-    assert {entry["cluster"]["server"] for entry in written["clusters"]} == {rewritten}
-    assert stat.S_IMODE(out.stat().st_mode) == 0o644
-    with new_api_client(out) as api:
-        listed = client.ApiextensionsV1Api(api).list_custom_resource_definition().items
-    names = {crd.metadata.name for crd in listed if crd.metadata is not None}
-    assert {manifest["metadata"]["name"] for manifest in crd_manifests(progress=lambda _: None)} <= names
-
-
-def test_install_crds_needs_a_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tjpipe.local import install_crds
-
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    assert install_crds.main([]) == 2
+    prepare(6443)
+    first = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    prepare(16443)
+    kept = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert kept == first, "a second init must keep every certificate, key, token and identity"
+    for service in CONTROL_PLANE - {"etcd"}:
+        for flag in shape.component_flags()[service]:
+            value = flag.partition("=")[2]
+            if value.startswith("/etc/"):
+                assert (root / value.lstrip("/")).is_file(), f"{service} reads {value}, which init did not write"
+    host = yaml.safe_load((state / "kubeconfig").read_text())
+    assert host["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:16443"
+    assert sorted(p.name for p in state.iterdir()) == ["env", "kubeconfig", "nats-ca.crt", "reader.nk"]
+    assert not any(b"PRIVATE KEY" in p.read_bytes() for p in state.iterdir())
+    assert (state / "reader.nk").stat().st_mode & 0o077 == 0

@@ -140,6 +140,97 @@ def _check_demo_jobset(state: Path, *, log: str = "applier") -> None:
     assert any(r.get("action") == "created" and r.get("trainjob") == "tjpipe-demo/mnist" for r in records)
 
 
+def _registrations(state: Path) -> dict[str, str]:
+    """kind/name -> process of every object the stack registered for one of its processes."""
+    from kubernetes.client import AdmissionregistrationV1Api, CoreV1Api, StorageV1Api
+
+    from tjpipe.local.kubeapi import new_api_client
+    from tjpipe.local.registrations import REGISTERED_FOR
+
+    found: dict[str, str] = {}
+    with new_api_client(state / "kubeconfig") as api:
+        admission = AdmissionregistrationV1Api(api)
+        listings = {
+            "MutatingWebhookConfiguration": admission.list_mutating_webhook_configuration(
+                label_selector=REGISTERED_FOR
+            ),
+            "ValidatingWebhookConfiguration": admission.list_validating_webhook_configuration(
+                label_selector=REGISTERED_FOR
+            ),
+            "StorageClass": StorageV1Api(api).list_storage_class(label_selector=REGISTERED_FOR),
+            "Node": CoreV1Api(api).list_node(label_selector=REGISTERED_FOR),
+        }
+        for kind, listed in listings.items():
+            for item in listed.items:
+                found[f"{kind}/{item.metadata.name}"] = item.metadata.labels[REGISTERED_FOR]
+    return found
+
+
+def _cluster_objects(state: Path) -> tuple[list[str], list[str]]:
+    """The ClusterTrainingRuntimes' names, and the cache initializer's objects Trainer's install makes."""
+    from kubernetes import dynamic
+
+    from tjpipe.local.kubeapi import new_api_client
+
+    client = dynamic.DynamicClient(new_api_client(state / "kubeconfig"))
+    runtimes = client.resources.get(api_version="trainer.kubeflow.org/v1alpha1", kind="ClusterTrainingRuntime")
+    cache = []
+    for api_version, kind, namespace in (
+        ("rbac.authorization.k8s.io/v1", "ClusterRole", None),
+        ("v1", "ServiceAccount", "default"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", "default"),
+    ):
+        got = client.resources.get(api_version=api_version, kind=kind).get(
+            name="kubeflow-trainer-cache-initializer", namespace=namespace
+        )
+        cache.append(f"{kind}/{got.metadata.name}")
+    return sorted(r.metadata.name for r in runtimes.get().items), cache
+
+
+def test_a_stack_started_again_in_another_mode_keeps_no_registration_of_what_it_no_longer_runs(tmp_path: Path) -> None:
+    """A full stack, stopped, then the control plane only on the same state: JobSet's webhooks (failurePolicy
+    Fail, their port dead) must be gone, or every JobSet would be refused; then ``down --purge``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "KUBECONFIG")}
+    state = tmp_path / ".tjpipe"
+    pids: list[int] = []
+    try:
+        full = _tjpipe("up", "--detach", cwd=tmp_path, env=env)
+        assert full.returncode == 0, full.stdout + full.stderr
+        pids = [int(p.read_text().split()[0]) for p in (state / "logs").glob("*.pid")]
+        registered = _registrations(state)
+        assert sorted(set(registered.values())) == ["jobset-manager", "kube-controller-manager", "kwok", "webhook"]
+        assert registered["MutatingWebhookConfiguration/tjpipe-jobset-mutating-webhook-configuration"] == (
+            "jobset-manager"
+        )
+        assert registered["StorageClass/standard"] == "kube-controller-manager"
+        assert sorted(k for k, v in registered.items() if v == "kwok") == [f"Node/sim-node-{i}" for i in range(4)]
+        # Trainer's shipped runtimes without --demo, and what its install adds for the cache initializer.
+        runtimes, cache = _cluster_objects(state)
+        assert len(runtimes) == 9 and "torchtune-llama3.2-1b" in runtimes and "torch-distributed-with-cache" in runtimes
+        assert cache == ["ClusterRole/kubeflow-trainer-cache-initializer"] + [
+            f"{kind}/kubeflow-trainer-cache-initializer" for kind in ("ServiceAccount", "RoleBinding")
+        ]
+        down = _tjpipe("down", cwd=tmp_path, env=env, timeout=120)
+        assert down.returncode == 0, down.stderr
+
+        again = _tjpipe("up", "--detach", "--control-plane-only", "--demo", cwd=tmp_path, env=env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        pids = [int(p.read_text().split()[0]) for p in (state / "logs").glob("*.pid")]
+        text = " ".join(again.stderr.split())
+        assert "removed what processes not running now had registered:" in text
+        assert "validating_webhook_configuration/tjpipe-jobset-validating-webhook-configuration" in text
+        assert _registrations(state) == {
+            "ValidatingWebhookConfiguration/tjpipe-validator.trainer.kubeflow.org": "webhook"
+        }
+        _check_demo_jobset(state)  # JobSet's stale webhooks would have refused it (HTTP 500)
+    finally:
+        purge = _tjpipe("down", "--purge", cwd=tmp_path, env=env, timeout=120)
+    assert purge.returncode == 0, purge.stderr
+    assert f"deleted the state folder {state}" in purge.stdout
+    assert not state.exists()
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
 DECOY_SERVER = "https://192.0.2.1:6443"  # TEST-NET-1: routed nowhere
 
 

@@ -141,31 +141,6 @@ async def test_an_mpi_job_with_a_launcher_completes(reconciler: Reconciler) -> N
     _no_foreign_conditions(trail, {"Complete"})
 
 
-def _initializer_volume(p: Pipeline, name: str) -> str:
-    """A PersistentVolume reserved for the torchtune runtime's ``initializer`` claim of TrainJob ``name``.
-
-    The simulated cluster has no storage provisioner; kube-controller-manager's volume binder binds a
-    claim to a volume that already exists, which is all a pod needs to be scheduled (kwok mounts nothing).
-    """
-    pv_name = f"{p.namespace}-{name}-initializer"
-    body: Obj = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": pv_name},
-        "spec": {
-            "capacity": {"storage": "20Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": f"/tmp/{pv_name}"},
-            # JobSet names the claim <template name>-<JobSet name>.
-            "claimRef": {"namespace": p.namespace, "name": f"initializer-{name}"},
-        },
-    }
-    kube_client.CoreV1Api(p.api).create_persistent_volume(body)
-    return pv_name
-
-
 async def test_a_job_with_initializers_completes(reconciler: Reconciler) -> None:
     """torchtune-llama3.2-1b with a dataset and a model to initialize: both initializer Jobs complete
     before the trainer's Job is even created (dependsOn Complete), then the trainer completes."""
@@ -173,42 +148,41 @@ async def test_a_job_with_initializers_completes(reconciler: Reconciler) -> None
     await reconciler.ready()
     name = "tune"
     dataset, model = "hf://tatsu-lab/alpaca", "hf://meta-llama/Llama-3.2-1B-Instruct"
-    pv = _initializer_volume(p, name)
-    try:
-        p.create(
-            trainjob(
-                name,
-                runtime="torchtune-llama3.2-1b",
-                trainer={},
-                extra_spec={"initializer": {"dataset": {"storageUri": dataset}, "model": {"storageUri": model}}},
-            )
+    p.create(
+        trainjob(
+            name,
+            runtime="torchtune-llama3.2-1b",
+            trainer={},
+            extra_spec={"initializer": {"dataset": {"storageUri": dataset}, "model": {"storageUri": model}}},
         )
-        trail = StatusTrail(name)
-        want = expected(
-            COMPLETE,
-            jobs=[
-                job_status("dataset-initializer", succeeded=1),
-                job_status("model-initializer", succeeded=1),
-                job_status("node", succeeded=1),
-            ],
-        )
-        await _finished_like_trainer(p, trail, want, what="Complete")
-        pods = {pod["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"]: pod for pod in pods_of(p, name)}
-        assert sorted(pods) == ["dataset-initializer", "model-initializer", "node"]
-        assert phases(list(pods.values())) == ["Succeeded"] * 3
-        for rjob, uri in (("dataset-initializer", dataset), ("model-initializer", model)):
-            env = {e["name"]: e.get("value") for e in pods[rjob]["spec"]["containers"][0].get("env", [])}
-            assert env.get("STORAGE_URI") == uri, (rjob, env)
-        initialized = max(
-            status["state"]["terminated"]["finishedAt"]
-            for rjob in ("dataset-initializer", "model-initializer")
-            for status in pods[rjob]["status"]["containerStatuses"]
-        )
-        assert pods["node"]["metadata"]["creationTimestamp"] >= initialized
-        _no_foreign_conditions(trail, {"Complete"})
-    finally:
-        with contextlib.suppress(ApiException):
-            kube_client.CoreV1Api(p.api).delete_persistent_volume(pv)
+    )
+    trail = StatusTrail(name)
+    want = expected(
+        COMPLETE,
+        jobs=[
+            job_status("dataset-initializer", succeeded=1),
+            job_status("model-initializer", succeeded=1),
+            job_status("node", succeeded=1),
+        ],
+    )
+    await _finished_like_trainer(p, trail, want, what="Complete")
+    pods = {pod["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"]: pod for pod in pods_of(p, name)}
+    assert sorted(pods) == ["dataset-initializer", "model-initializer", "node"]
+    assert phases(list(pods.values())) == ["Succeeded"] * 3
+    for rjob, uri in (("dataset-initializer", dataset), ("model-initializer", model)):
+        env = {e["name"]: e.get("value") for e in pods[rjob]["spec"]["containers"][0].get("env", [])}
+        assert env.get("STORAGE_URI") == uri, (rjob, env)
+    initialized = max(
+        status["state"]["terminated"]["finishedAt"]
+        for rjob in ("dataset-initializer", "model-initializer")
+        for status in pods[rjob]["status"]["containerStatuses"]
+    )
+    assert pods["node"]["metadata"]["creationTimestamp"] >= initialized
+    # The runtime's shared claim (JobSet names it <template>-<JobSet>), provisioned by the default class.
+    claim = p.get("v1", "PersistentVolumeClaim", f"initializer-{name}")
+    assert claim["status"]["phase"] == "Bound", claim
+    assert [o["kind"] for o in claim["metadata"]["ownerReferences"]] == ["JobSet"]
+    _no_foreign_conditions(trail, {"Complete"})
 
 
 # --------------------------------------------------------------------------------------------- failure

@@ -21,8 +21,11 @@ from kubernetes.client.exceptions import ApiException
 from tjpipe.contracts import trainer as t
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.procs import ManagedProcess, wait_until
+from tjpipe.local.registrations import registered_for
 from tjpipe.planner import admission
 
+PROCESS_NAME = "webhook"
+"""The stack's ``tjpipe webhook`` process, which the configuration registered by ``register`` is for."""
 CONFIGURATION_NAME = "tjpipe-validator.trainer.kubeflow.org"
 """Not Trainer's own name, so that installing it never silently replaces (or is replaced by) Trainer's."""
 SETUP_FIELD_MANAGER = "tjpipe-webhook-setup"
@@ -111,10 +114,18 @@ def trainer_public_objects() -> list[dict[str, Any]]:
 
 def register(api_client: ApiClient, *, url: str, ca_bundle: bytes, process: ManagedProcess | None = None) -> None:
     """Apply the configuration and wait until the apiserver calls it (a bad runtime, dry-run, is refused)."""
-    apply_objects(api_client, [webhook_configuration(url=url, ca_bundle=ca_bundle)], field_manager=SETUP_FIELD_MANAGER)
+    configuration = registered_for(PROCESS_NAME, webhook_configuration(url=url, ca_bundle=ca_bundle))
+    apply_objects(api_client, [configuration], field_manager=SETUP_FIELD_MANAGER)
+    wait_until_called(api_client, process)
+
+
+def wait_until_called(
+    api_client: ApiClient, process: ManagedProcess | None, *, timeout: float = _ADMITS_TIMEOUT_SECONDS
+) -> None:
+    """Until the apiserver calls the registered webhook (a bad runtime, dry-run, is refused)."""
     wait_until(
         lambda: _refuses_bad_runtime(api_client),
-        timeout=_ADMITS_TIMEOUT_SECONDS,
+        timeout=timeout,
         what="the apiserver to call tjpipe webhook for a dry-run ClusterTrainingRuntime",
         process=process,
     )

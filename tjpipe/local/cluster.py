@@ -6,7 +6,8 @@ owned objects and JobSet's own admission rules never run. This module adds, each
 module at a pinned version (``toolchain.ensure_cluster_binaries``, ``toolchain.ensure_jobset_manager``):
 
 * kube-controller-manager (the apiserver's release): Jobs make Pods, the garbage collector deletes what a
-  deleted owner owned, namespaces finish terminating, service accounts get tokens;
+  deleted owner owned, namespaces finish terminating, service accounts get tokens, and its volume
+  controller provisions and binds storage (below);
 * kube-scheduler (same release): pods are bound to nodes that fit their cpu, memory and GPU requests;
 * JobSet's manager with its webhooks (``jobset_controller``): JobSets make Jobs and report status;
 * kwok: nodes that exist only as API objects, and pod lifecycles played by rules (kwok "Stages") instead
@@ -15,6 +16,15 @@ module at a pinned version (``toolchain.ensure_cluster_binaries``, ``toolchain.e
   Failed instead when the pod carries ``FAIL_ANNOTATION: "true"``. A pod being deleted is marked Failed
   (what a kubelet does after killing its containers), so the Job controller can account for it and
   release its finalizer, and is then removed.
+
+Why storage at all, when nothing mounts it: a pod whose PersistentVolumeClaim is unbound is never
+scheduled, and three of Trainer's shipped runtimes (torchtune) claim a volume through JobSet's
+``volumeClaimPolicies``. The default StorageClass ``STORAGE_CLASS`` names kube-controller-manager's own
+host-path provisioner (``--enable-hostpath-provisioner``, the in-tree plugin upstream keeps for
+single-machine clusters): the real PV controller provisions one PersistentVolume per claim (an empty
+folder under ``/tmp/hostpath_pv/``), binds it, and deletes volume and folder once the claim is gone.
+JobSet owns the claims it makes unless their policy says ``Retain``, so the garbage collector removes
+them with their JobSet.
 
 Why annotations on pods: a user can put them on a TrainJob's pods through ``spec.runtimePatches``
 (``...replicatedJobs[].template.spec.template.metadata.annotations``), so one cluster can run passing,
@@ -26,6 +36,7 @@ Everything listens on 127.0.0.1, leader election is off (one replica each), and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
@@ -38,10 +49,12 @@ import yaml
 from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from tjpipe.local.crds import crd_manifests, install_crds
+from tjpipe.local.crds import apply_objects, crd_manifests, install_crds
+from tjpipe.local.jobset_controller import PROCESS_NAME as JOBSET_MANAGER
 from tjpipe.local.jobset_controller import LocalJobSet, start_jobset_manager
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.procs import ManagedProcess, free_port, http_status, spawn, wait_until
+from tjpipe.local.registrations import REGISTERED_FOR, registered_for
 from tjpipe.local.toolchain import ensure_cluster_binaries
 
 FAIL_ANNOTATION = "sim.tjpipe.local/fail"
@@ -52,6 +65,18 @@ NODE_LABEL = "sim.tjpipe.local/node"
 """Label on every simulated node (value ``"true"``)."""
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 """kwok's own convention: it manages the nodes that carry this annotation with the value ``fake``."""
+STORAGE_CLASS = "standard"
+"""The default StorageClass: every claim without a class of its own is provisioned by it."""
+HOST_PATH_PROVISIONER = "kubernetes.io/host-path"
+"""kube-controller-manager's in-tree provisioner, on with ``--enable-hostpath-provisioner``."""
+DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+HOST_PATH_FOLDER = "/tmp/hostpath_pv/"
+"""Where kube-controller-manager's host-path provisioner makes each volume's folder (fixed in Kubernetes)."""
+SETUP_FIELD_MANAGER = "tjpipe-cluster-setup"
+
+KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK = "kube-controller-manager", "kube-scheduler", "kwok"
+PROCESSES = (KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, JOBSET_MANAGER, KWOK)
+"""The simulation's processes by name (their logs, pid files and ``registrations`` labels)."""
 
 DEFAULT_NODES = 4
 DEFAULT_POD_RUN_SECONDS = 5.0
@@ -107,8 +132,26 @@ class SimulatedCluster:
             return ensure_nodes(api, count=count, shape=shape, kwok=self.simulation.processes[-1])
 
     def stop(self, timeout: float = 10) -> None:
+        """Stop everything, and remove the empty host-path folders of the volumes still provisioned: a cluster
+        started here is thrown away with its tests, and its claims with it."""
+        folders = self._volume_folders()
         self.simulation.stop(timeout=timeout)
         self.kube.stop(timeout=timeout)
+        for folder in folders:
+            with contextlib.suppress(OSError):  # never a folder anything wrote into
+                folder.rmdir()
+
+    def _volume_folders(self) -> list[Path]:
+        try:
+            with new_api_client(self.kube.kubeconfig) as api:
+                volumes: Any = CoreV1Api(api).list_persistent_volume()
+        except Exception:  # the apiserver may be gone already; the folders then stay
+            return []
+        return [
+            Path(volume.spec.host_path.path)
+            for volume in volumes.items
+            if volume.spec.host_path is not None and volume.spec.host_path.path.startswith(HOST_PATH_FOLDER)
+        ]
 
 
 def start_simulated_cluster(
@@ -142,18 +185,67 @@ def start_simulated_cluster(
     return SimulatedCluster(kube=kube, simulation=simulation)
 
 
-def _component_flags(kubeconfig: str, *, port: int, cert_dir: Path) -> list[str]:
+def _component_flags(kubeconfig: str, *, bind_address: str, port: int, cert_dir: Path | str) -> list[str]:
     """The flags kube-controller-manager and kube-scheduler share: one kubeconfig for the API and for
-    delegated authn/authz, no leader election, a loopback HTTPS health port with a self-signed cert."""
+    delegated authn/authz, no leader election, an HTTPS health port with a self-signed cert."""
     return [
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         "--leader-elect=false",
-        "--bind-address=127.0.0.1",
+        f"--bind-address={bind_address}",
         f"--secure-port={port}",
         f"--cert-dir={cert_dir}",
     ]
+
+
+# The three below are what the local stack and compose run these components with (one cluster shape).
+def controller_manager_flags(
+    kubeconfig: str,
+    *,
+    bind_address: str,
+    port: int,
+    cert_dir: Path | str,
+    service_account_key: Path | str,
+    root_ca: Path | str,
+) -> list[str]:
+    return [
+        *_component_flags(kubeconfig, bind_address=bind_address, port=port, cert_dir=cert_dir),
+        f"--service-account-private-key-file={service_account_key}",
+        f"--root-ca-file={root_ca}",
+        "--use-service-account-credentials=false",
+        # Storage for the claims JobSets make (see the module docstring and storage_class()).
+        "--enable-hostpath-provisioner=true",
+        # Two hundred TrainJobs finishing together is a burst of Job and Pod writes.
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
+    ]
+
+
+def scheduler_flags(kubeconfig: str, *, bind_address: str, port: int, cert_dir: Path | str) -> list[str]:
+    return [
+        *_component_flags(kubeconfig, bind_address=bind_address, port=port, cert_dir=cert_dir),
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
+    ]
+
+
+def kwok_flags(kubeconfig: str, *, config: Path | str, server_address: str) -> list[str]:
+    return [
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+        f"--server-address={server_address}",
+        f"--cidr={_POD_CIDR}",
+        "--node-lease-duration-seconds=40",
+    ]
+
+
+def write_kwok_config(path: Path, *, pod_run_seconds: float) -> None:
+    """kwok's stages (``kwok_stages``) as the file ``--config`` names."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump_all(kwok_stages(pod_run_seconds=pod_run_seconds), sort_keys=False))
 
 
 def start_simulation(
@@ -178,16 +270,17 @@ def start_simulation(
     try:
         port = free_port()
         kcm = spawn(
-            name="kube-controller-manager",
+            name=KUBE_CONTROLLER_MANAGER,
             argv=[
                 str(binaries.kube_controller_manager),
-                *_component_flags(kubeconfig, port=port, cert_dir=work_dir / "kube-controller-manager"),
-                f"--service-account-private-key-file={kube.service_account_private_key}",
-                f"--root-ca-file={kube.ca_file}",
-                "--use-service-account-credentials=false",
-                # Two hundred TrainJobs finishing together is a burst of Job and Pod writes.
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
+                *controller_manager_flags(
+                    kubeconfig,
+                    bind_address="127.0.0.1",
+                    port=port,
+                    cert_dir=work_dir / "kube-controller-manager",
+                    service_account_key=kube.service_account_private_key,
+                    root_ca=kube.ca_file,
+                ),
             ],
             log_dir=log_dir,
         )
@@ -196,12 +289,10 @@ def start_simulation(
 
         port = free_port()
         scheduler = spawn(
-            name="kube-scheduler",
+            name=KUBE_SCHEDULER,
             argv=[
                 str(binaries.kube_scheduler),
-                *_component_flags(kubeconfig, port=port, cert_dir=work_dir / "kube-scheduler"),
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
+                *scheduler_flags(kubeconfig, bind_address="127.0.0.1", port=port, cert_dir=work_dir / "kube-scheduler"),
             ],
             log_dir=log_dir,
         )
@@ -210,18 +301,12 @@ def start_simulation(
 
         port = free_port()
         kwok_config = work_dir / "kwok.yaml"
-        kwok_config.write_text(yaml.safe_dump_all(kwok_stages(pod_run_seconds=pod_run_seconds), sort_keys=False))
+        write_kwok_config(kwok_config, pod_run_seconds=pod_run_seconds)
         kwok = spawn(
-            name="kwok",
+            name=KWOK,
             argv=[
                 str(binaries.kwok),
-                f"--config={kwok_config}",
-                f"--kubeconfig={kubeconfig}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-                f"--server-address=127.0.0.1:{port}",
-                f"--cidr={_POD_CIDR}",
-                "--node-lease-duration-seconds=40",
+                *kwok_flags(kubeconfig, config=kwok_config, server_address=f"127.0.0.1:{port}"),
             ],
             log_dir=log_dir,
             # kwok also reads ~/.kwok/kwok.yaml when it exists; a private home keeps a user's file out.
@@ -245,6 +330,7 @@ def start_simulation(
                     what=f"{process.name} {url}",
                     process=process,
                 )
+            apply_objects(api, [registered_for(kcm.name, storage_class())], field_manager=SETUP_FIELD_MANAGER)
             node_names = ensure_nodes(api, count=nodes, shape=node_shape, kwok=kwok)
     except BaseException:
         for process in reversed(processes):
@@ -256,9 +342,23 @@ def start_simulation(
     progress(
         f"simulated cluster ready in {time.monotonic() - started:.1f}s: kube-controller-manager, kube-scheduler, "
         f"JobSet manager, kwok with {nodes} nodes (each {node_shape.cpu} cpu, {node_shape.memory}{gpus}); "
-        f"pods run {pod_run_seconds:g}s, no containers"
+        f"default StorageClass {STORAGE_CLASS} ({HOST_PATH_PROVISIONER}); pods run {pod_run_seconds:g}s, no containers"
     )
     return Simulation(processes=tuple(processes), jobset=jobset, node_names=node_names)
+
+
+def storage_class() -> dict[str, Any]:
+    """The default StorageClass: kube-controller-manager provisions a host-path volume per claim at once
+    (``Immediate``: the simulated nodes share one host, so no node needs choosing first) and deletes it
+    with its claim."""
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": STORAGE_CLASS, "annotations": {DEFAULT_CLASS_ANNOTATION: "true"}},
+        "provisioner": HOST_PATH_PROVISIONER,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+    }
 
 
 def ensure_nodes(
@@ -291,6 +391,7 @@ def create_nodes(api: ApiClient, *, count: int, shape: NodeShape, prefix: str = 
                 "annotations": {KWOK_NODE_ANNOTATION: "fake"},
                 "labels": {
                     NODE_LABEL: "true",
+                    REGISTERED_FOR: KWOK,
                     "kubernetes.io/hostname": name,
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
@@ -309,13 +410,22 @@ def create_nodes(api: ApiClient, *, count: int, shape: NodeShape, prefix: str = 
 
 
 def _all_ready(api: ApiClient, names: tuple[str, ...]) -> bool:
+    return _ready_nodes(api) >= set(names)
+
+
+def nodes_ready(api: ApiClient) -> int:
+    """How many simulated nodes are Ready."""
+    return len(_ready_nodes(api))
+
+
+def _ready_nodes(api: ApiClient) -> set[str]:
     ready = set()
     nodes: Any = CoreV1Api(api).list_node(label_selector=f"{NODE_LABEL}=true")
     for node in nodes.items:
         for condition in node.status.conditions or []:
             if condition.type == "Ready" and condition.status == "True":
                 ready.add(node.metadata.name)
-    return ready >= set(names)
+    return ready
 
 
 def _self_signed_probe() -> ssl.SSLContext:

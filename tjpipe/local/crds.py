@@ -55,6 +55,13 @@ _RUNTIMES_OVERLAY = "manifests/overlays/runtimes"
 # Shipped as a base of its own that the default overlay does not include; we render it with the overlay's
 # transforms so it looks exactly as it would if the overlay listed it.
 _EXTRA_RUNTIME_BASES = ("manifests/base/runtimes/data-cache",)
+# What Trainer's data-cache overlay installs beside torch-distributed-with-cache: the cluster role of the
+# cache initializer, and the ServiceAccount and RoleBinding its runtime names, per namespace.
+_CACHE_CLUSTER_ROLE = "manifests/overlays/data-cache/cluster_role.yaml"
+_CACHE_NAMESPACE_RBAC = "manifests/overlays/data-cache/namespace-rbac"
+CACHE_INITIALIZER_NAMESPACE = "default"
+"""Where Trainer's data-cache overlay puts the ServiceAccount; other namespaces get it with
+``cache_initializer_namespace_objects``, as Trainer's overlay tells its users to."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,27 @@ def shipped_runtimes() -> dict[str, dict[str, Any]]:
             raise RuntimeError(f"Trainer {TRAINER_VERSION} ships two ClusterTrainingRuntimes named {name}")
         runtimes[name] = obj
     return runtimes
+
+
+def cache_initializer_namespace_objects(namespace: str) -> list[dict[str, Any]]:
+    """The ServiceAccount ``kubeflow-trainer-cache-initializer`` that torch-distributed-with-cache's dataset
+    initializer runs as, and the RoleBinding to its ClusterRole, in ``namespace``."""
+    objects = _render_kustomization(go_module_dir(TRAINER_MODULE, TRAINER_VERSION) / _CACHE_NAMESPACE_RBAC)
+    for obj in objects:
+        obj["metadata"]["namespace"] = namespace
+    return objects
+
+
+def runtime_prerequisites() -> list[dict[str, Any]]:
+    """What Trainer's install provides that its shipped runtimes name: the cache initializer's ClusterRole,
+    and its ServiceAccount and RoleBinding in ``CACHE_INITIALIZER_NAMESPACE``, as the data-cache overlay
+    places them. (That overlay's LeaderWorkerSet controller serves the cache program itself, which never
+    runs on a simulated cluster, so it is left out.)"""
+    root = go_module_dir(TRAINER_MODULE, TRAINER_VERSION)
+    return [
+        *_load_yaml_documents(root / _CACHE_CLUSTER_ROLE),
+        *cache_initializer_namespace_objects(CACHE_INITIALIZER_NAMESPACE),
+    ]
 
 
 # --- server access ------------------------------------------------------------------------------------

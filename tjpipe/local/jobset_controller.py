@@ -29,8 +29,10 @@ from tjpipe.local import toolchain
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.pki import write_serving_pki
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
+from tjpipe.local.registrations import registered_for
 
 WEBHOOK_MANIFESTS = "config/components/webhook/manifests.yaml"
+PROCESS_NAME = "jobset-manager"
 SETUP_FIELD_MANAGER = "tjpipe-jobset-setup"
 _READY_TIMEOUT_SECONDS = 60.0
 _WEBHOOK_ADMITS_TIMEOUT_SECONDS = 30.0
@@ -70,6 +72,30 @@ def webhook_configurations(*, url: str, ca_bundle: bytes, name_prefix: str = "tj
     return out
 
 
+WEBHOOK_CA_NAME = "tjpipe-jobset-webhook-ca"
+
+
+# The two below are what the local stack and compose run JobSet's manager with (one cluster shape).
+def manager_config(
+    *, host: str, webhook_port: int, metrics_port: int, health_port: int, cert_dir: Path | str
+) -> dict[str, Any]:
+    """JobSet's Configuration file: one replica (no leader election), the webhook's certificate from
+    ``cert_dir`` rather than JobSet's in-cluster rotation, every port on ``host``."""
+    return {
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"port": webhook_port, "host": host, "certDir": str(cert_dir)},
+        "metrics": {"bindAddress": f"{host}:{metrics_port}", "certDir": str(cert_dir)},
+        "health": {"healthProbeBindAddress": f"{host}:{health_port}"},
+    }
+
+
+def manager_flags(*, config: Path | str, kubeconfig: Path | str) -> list[str]:
+    return [f"--config={config}", f"--kubeconfig={kubeconfig}", "--zap-devel=false"]
+
+
 def start_jobset_manager(
     *,
     api_client: ApiClient,
@@ -83,22 +109,23 @@ def start_jobset_manager(
     started = time.monotonic()
     work_dir.mkdir(parents=True, exist_ok=True)
     cert_dir = work_dir / "certs"
-    ca_pem = write_serving_pki(cert_dir, ca_name="tjpipe-jobset-webhook-ca", common_name="jobset-webhook")
+    ca_pem = write_serving_pki(cert_dir, ca_name=WEBHOOK_CA_NAME, common_name="jobset-webhook")
     webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
-    config = {
-        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
-        "kind": "Configuration",
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
-        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
-        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}", "certDir": str(cert_dir)},
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
-    }
     config_path = work_dir / "jobset-config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    config_path.write_text(
+        yaml.safe_dump(
+            manager_config(
+                host="127.0.0.1",
+                webhook_port=webhook_port,
+                metrics_port=metrics_port,
+                health_port=health_port,
+                cert_dir=cert_dir,
+            )
+        )
+    )
     process = spawn(
-        name="jobset-manager",
-        argv=[str(binary), f"--config={config_path}", f"--kubeconfig={kubeconfig}", "--zap-devel=false"],
+        name=PROCESS_NAME,
+        argv=[str(binary), *manager_flags(config=config_path, kubeconfig=kubeconfig)],
         log_dir=log_dir,
     )
     health_url = f"http://127.0.0.1:{health_port}"
@@ -110,9 +137,11 @@ def start_jobset_manager(
             what=f"JobSet manager /readyz on {health_url}",
             process=process,
         )
-        configurations = webhook_configurations(url=webhook_url, ca_bundle=ca_pem)
+        configurations = [
+            registered_for(PROCESS_NAME, c) for c in webhook_configurations(url=webhook_url, ca_bundle=ca_pem)
+        ]
         apply_objects(api_client, configurations, field_manager=SETUP_FIELD_MANAGER)
-        _wait_until_admitted(api_client, process)
+        wait_until_admitted(api_client, process)
     except BaseException:
         process.stop()
         raise
@@ -125,7 +154,9 @@ def start_jobset_manager(
     )
 
 
-def _wait_until_admitted(api_client: ApiClient, process: ManagedProcess) -> None:
+def wait_until_admitted(
+    api_client: ApiClient, process: ManagedProcess | None, *, timeout: float = _WEBHOOK_ADMITS_TIMEOUT_SECONDS
+) -> None:
     """Until a dry-run JobSet create comes back defaulted by JobSet's mutating webhook.
 
     The apiserver picks new webhook configurations up from an informer a moment after they are written.
@@ -159,7 +190,7 @@ def _wait_until_admitted(api_client: ApiClient, process: ManagedProcess) -> None
 
     wait_until(
         defaulted,
-        timeout=_WEBHOOK_ADMITS_TIMEOUT_SECONDS,
+        timeout=timeout,
         what="JobSet's mutating webhook to default a dry-run JobSet",
         process=process,
     )

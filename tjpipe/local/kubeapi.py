@@ -24,6 +24,7 @@ path on small cloud disks.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 import secrets
@@ -112,32 +113,17 @@ def start_kube(
         name="etcd",
         argv=[
             str(binaries.etcd),
-            "--name=default",
-            f"--data-dir={work_dir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}",
-            "--unsafe-no-fsync=true",
+            *etcd_flags(data_dir=work_dir / "etcd", client_url=etcd_url, listen_client_url=etcd_url, peer_url=peer_url),
         ],
         log_dir=log_dir,
     )
     processes: list[ManagedProcess] = [etcd]
     try:
         # Key generation overlaps with etcd's startup.
-        pki = _write_pki(work_dir / "pki")
-        token = secrets.token_urlsafe(32)
+        pki = write_pki(work_dir / "pki")
         tokens_file = work_dir / "tokens.csv"
         user_tokens = {name: secrets.token_urlsafe(32) for name in users or {}}
-        lines = [f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"']
-        for name, groups in (users or {}).items():
-            lines.append(
-                f'{user_tokens[name]},{name},{name},"{",".join(groups)}"'
-                if groups
-                else f"{user_tokens[name]},{name},{name}"
-            )
-        write_private_file(tokens_file, "\n".join(lines) + "\n")
+        token = write_token_file(tokens_file, users={n: (user_tokens[n], g) for n, g in (users or {}).items()})
         wait_until(
             lambda: http_ok(f"{etcd_url}/health"),
             timeout=_ETCD_READY_TIMEOUT_SECONDS,
@@ -149,19 +135,14 @@ def start_kube(
         server = f"https://127.0.0.1:{port}"
         argv = [
             str(binaries.kube_apiserver),
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            f"--tls-cert-file={pki.serving_cert}",
-            f"--tls-private-key-file={pki.serving_key}",
-            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            "--allow-privileged=true",
-            "--disable-admission-plugins=ServiceAccount",
-            "--authorization-mode=RBAC",
-            f"--token-auth-file={tokens_file}",
-            f"--service-account-issuer={server}/",
-            f"--service-account-key-file={pki.service_account_public_key}",
-            f"--service-account-signing-key-file={pki.service_account_private_key}",
+            *apiserver_flags(
+                etcd_url=etcd_url,
+                bind_address="127.0.0.1",
+                port=port,
+                pki=pki,
+                tokens_file=tokens_file,
+                issuer=f"{server}/",
+            ),
         ]
         advertise_address = _advertise_address_if_needed()
         if advertise_address is not None:
@@ -182,7 +163,7 @@ def start_kube(
             process.stop()
         raise
 
-    _write_kubeconfig(kubeconfig_path, server=server, ca_file=pki.ca_cert, token=token)
+    write_kubeconfig(kubeconfig_path, server=server, ca_file=pki.ca_cert, token=token)
     elapsed = time.monotonic() - started
     progress(f"kube-apiserver ready at {server} in {elapsed:.1f}s (kubeconfig {kubeconfig_path})")
     return LocalKube(
@@ -195,8 +176,60 @@ def start_kube(
     )
 
 
+def etcd_flags(*, data_dir: Path | str, client_url: str, listen_client_url: str, peer_url: str) -> list[str]:
+    """etcd's flags, one member (``default``); the local stack and compose run it with these."""
+    return [
+        "--name=default",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={listen_client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=default={peer_url}",
+        "--unsafe-no-fsync=true",
+    ]
+
+
+def apiserver_flags(
+    *, etcd_url: str, bind_address: str, port: int, pki: ApiserverPki, tokens_file: Path | str, issuer: str
+) -> list[str]:
+    """kube-apiserver's flags: TLS from ``pki``, a static token file, RBAC, service-account tokens signed
+    with ``pki``'s key; the local stack and compose run it with these."""
+    return [
+        f"--etcd-servers={etcd_url}",
+        f"--bind-address={bind_address}",
+        f"--secure-port={port}",
+        f"--tls-cert-file={pki.serving_cert}",
+        f"--tls-private-key-file={pki.serving_key}",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        "--allow-privileged=true",
+        "--disable-admission-plugins=ServiceAccount",
+        "--authorization-mode=RBAC",
+        f"--token-auth-file={tokens_file}",
+        f"--service-account-issuer={issuer}",
+        f"--service-account-key-file={pki.service_account_public_key}",
+        f"--service-account-signing-key-file={pki.service_account_private_key}",
+    ]
+
+
+def write_token_file(path: Path, *, users: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> str:
+    """A fresh admin bearer token (group ``system:masters``) in the apiserver's token file, with a line for each
+    of ``users`` (name: its token and groups); returns the admin's token."""
+    token = secrets.token_urlsafe(32)
+    lines = [f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"']
+    for name, (user_token, groups) in (users or {}).items():
+        lines.append(f'{user_token},{name},{name},"{",".join(groups)}"' if groups else f"{user_token},{name},{name}")
+    write_private_file(path, "\n".join(lines) + "\n")
+    return token
+
+
+def read_token_file(path: Path) -> str:
+    """The admin token ``write_token_file`` wrote."""
+    return path.read_text().split(",", 1)[0]
+
+
 @dataclass(frozen=True)
-class _Pki:
+class ApiserverPki:
     ca_cert: Path
     serving_cert: Path
     serving_key: Path
@@ -204,7 +237,20 @@ class _Pki:
     service_account_public_key: Path
 
 
-def _write_pki(pki_dir: Path) -> _Pki:
+def pki_paths(pki_dir: Path) -> ApiserverPki:
+    """Where ``write_pki`` puts each file."""
+    return ApiserverPki(
+        ca_cert=pki_dir / "ca.crt",
+        serving_cert=pki_dir / "apiserver.crt",
+        serving_key=pki_dir / "apiserver.key",
+        service_account_private_key=pki_dir / _SERVICE_ACCOUNT_KEY,
+        service_account_public_key=pki_dir / "sa.pub",
+    )
+
+
+def write_pki(pki_dir: Path, *, dns_names: Sequence[str] = ()) -> ApiserverPki:
+    """A CA, the apiserver's serving certificate (loopback, the in-cluster names, and ``dns_names``) and the
+    service-account signing key pair, in ``pki_dir`` (keys 0600)."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=365)
@@ -220,6 +266,7 @@ def _write_pki(pki_dir: Path) -> _Pki:
         x509.IPAddress(ipaddress.ip_address("::1")),
         # The first address of the service range is the in-cluster `kubernetes` Service.
         x509.IPAddress(next(ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE).hosts())),
+        *(x509.DNSName(name) for name in dns_names),
     ]
     serving_key, serving_cert = serving_certificate(
         ca_key,
@@ -232,13 +279,7 @@ def _write_pki(pki_dir: Path) -> _Pki:
 
     service_account_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
-    pki = _Pki(
-        ca_cert=pki_dir / "ca.crt",
-        serving_cert=pki_dir / "apiserver.crt",
-        serving_key=pki_dir / "apiserver.key",
-        service_account_private_key=pki_dir / _SERVICE_ACCOUNT_KEY,
-        service_account_public_key=pki_dir / "sa.pub",
-    )
+    pki = pki_paths(pki_dir)
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     pki.serving_cert.write_bytes(serving_cert.public_bytes(serialization.Encoding.PEM))
     write_private_file(pki.serving_key, private_key_pem(serving_key))
@@ -251,14 +292,21 @@ def _write_pki(pki_dir: Path) -> _Pki:
     return pki
 
 
-def _write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str) -> None:
+def write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str, embed_ca: bool = False) -> None:
+    """A kubeconfig for the admin token; with ``embed_ca`` the CA travels inside it (for another machine's
+    or container's view of the same cluster, where the CA file's path means nothing)."""
+    cluster: dict[str, str] = {"server": server}
+    if embed_ca:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_file.read_bytes()).decode()
+    else:
+        cluster["certificate-authority"] = str(ca_file.resolve())
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {
                 "name": CONTEXT_NAME,
-                "cluster": {"server": server, "certificate-authority": str(ca_file.resolve())},
+                "cluster": cluster,
             }
         ],
         "users": [{"name": ADMIN_USER, "user": {"token": token}}],
@@ -305,3 +353,19 @@ def _local_ipv4_addresses() -> list[str]:
                 addresses.append(candidate)
         previous = line
     return addresses
+
+
+def wait_for_api(kubeconfig: Path, *, timeout: float, poll_seconds: float = 2.0) -> None:
+    """Until the apiserver a kubeconfig names answers ``/version`` (one that starts beside its caller)."""
+    from kubernetes.client import VersionApi
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with new_api_client(kubeconfig) as api:
+                VersionApi(api).get_code()
+            return
+        except Exception as error:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the API server in {kubeconfig} did not answer within {timeout:.0f}s") from error
+            time.sleep(poll_seconds)

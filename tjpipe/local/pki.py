@@ -93,8 +93,9 @@ def private_key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> byte
     )
 
 
-def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str) -> bytes:
-    """A CA and a serving certificate for 127.0.0.1 in ``cert_dir`` as tls.crt/tls.key; returns the CA PEM."""
+def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str, dns_names: Sequence[str] = ()) -> bytes:
+    """A CA and a serving certificate for 127.0.0.1 (and ``dns_names``) in ``cert_dir`` as tls.crt/tls.key;
+    returns the CA PEM."""
     cert_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
@@ -103,7 +104,11 @@ def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str) -> byte
         ca_key,
         ca_cert,
         common_name=common_name,
-        names=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+        names=[
+            x509.DNSName("localhost"),
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            *(x509.DNSName(name) for name in dns_names),
+        ],
         not_before=not_before,
         not_after=not_after,
     )

@@ -95,9 +95,33 @@ def ensure_kube_binaries(*, progress: Callable[[str], None]) -> KubeBinaries:
     return binaries
 
 
+MANIFESTS_ENV = "TJPIPE_MANIFESTS_DIR"
+"""A folder of module files exported ahead of time (``tjpipe.local.compose.export_manifests``): an image
+without Go reads the CRDs, runtimes and webhook manifests from there instead of the module cache."""
+
+
+def exported_manifests_dir() -> Path | None:
+    configured = os.environ.get(MANIFESTS_ENV)
+    return Path(configured) if configured else None
+
+
+def exported_module_dir(root: Path, path: str, version: str) -> Path:
+    """Where ``export_manifests`` puts (part of) a module version under ``root``."""
+    return root / "modules" / f"{path}@{version}"
+
+
+def generated_crds_subdir(module: str, version: str, package: str) -> Path:
+    """The relative folder ``generated_crds_dir`` keeps one package's generated CRDs in."""
+    return Path(f"{module.replace('/', '_')}@{version}") / package.replace("/", "_")
+
+
 @functools.cache
 def go_module_dir(path: str, version: str) -> Path:
-    """Directory of a module version in the Go module cache, downloading it if needed."""
+    """Directory of a module version in the Go module cache, downloading it if needed (or, where
+    ``TJPIPE_MANIFESTS_DIR`` is set, the exported copy there)."""
+    exported = exported_manifests_dir()
+    if exported is not None:
+        return exported_module_dir(exported, path, version)
     go = _go_command(missing=f"reading {path}@{version} needs the Go module cache")
     with tempfile.TemporaryDirectory(prefix="tjpipe-gomod-") as scratch:
         completed = subprocess.run(
@@ -411,7 +435,10 @@ def generated_crds_dir(module: str, version: str, package: str, *, progress: Cal
     ``volcano.sh/apis``, its CRDs only in the main repository), the CRD is made from the owner's own types,
     the way the owner's build makes it.
     """
-    out = cache_root() / "crds" / f"{module.replace('/', '_')}@{version}" / package.replace("/", "_")
+    exported = exported_manifests_dir()
+    if exported is not None:
+        return exported / "crds" / generated_crds_subdir(module, version, package)
+    out = cache_root() / "crds" / generated_crds_subdir(module, version, package)
     if out.is_dir() and any(out.glob("*.yaml")):
         return out
     go = _go_command(missing=f"the CRDs of {module}@{version} are not generated yet")

@@ -1,0 +1,154 @@
+"""One compose project per test run, driven through the docker CLI as a user would, and always torn down.
+
+Why a project of its own (a random name, free host ports, a state folder under the test's tmp): a run must
+never touch a stack someone started by hand from the same file, nor a second run's. Why every wait is
+bounded and every call has a timeout: an engine that hangs must fail a test, not CI.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tjpipe.local.kubeapi import LocalKube
+from tjpipe.local.procs import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
+ENGINE_TIMEOUT = 10.0
+
+
+def engine_problem() -> str | None:
+    """Why no stack can run here, in one line, or None when a Docker engine answers."""
+    if shutil.which("docker") is None:
+        return "no docker command on PATH (.ci/run installs docker.io and starts dockerd)"
+    try:
+        completed = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=ENGINE_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        return "the Docker engine did not answer `docker info` within 10 s"
+    if completed.returncode != 0:
+        return "no Docker engine answers `docker info` (.ci/run starts dockerd when none runs)"
+    return None
+
+
+def compose_tools(v2_config: Path | None) -> dict[str, list[str]]:
+    """The compose commands present: Debian's docker-compose 1.29, and compose v2 as a plugin the docker CLI
+    has, or as built from its module (``v2_config``, a Docker configuration folder holding it)."""
+    tools: dict[str, list[str]] = {}
+    if shutil.which("docker-compose"):
+        tools["docker-compose"] = ["docker-compose"]
+    native = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=ENGINE_TIMEOUT, check=False)
+    if native.returncode == 0:
+        tools["docker compose"] = ["docker", "compose"]
+    elif v2_config is not None:
+        tools["docker compose"] = ["docker", "--config", str(v2_config), "compose"]
+    return tools
+
+
+@dataclass
+class Project:
+    """``<tool> -p NAME -f compose/docker-compose.yml …`` with this run's ports and state folder."""
+
+    tool: Sequence[str]
+    state: Path
+    name: str = field(default_factory=lambda: f"tjtest{secrets.token_hex(4)}")
+    kube_port: int = field(default_factory=free_port)
+    nats_port: int = field(default_factory=free_port)
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TJPIPE_", "COMPOSE_"))}
+        env.update(
+            TJPIPE_COMPOSE_STATE=str(self.state),
+            TJPIPE_COMPOSE_KUBE_PORT=str(self.kube_port),
+            TJPIPE_COMPOSE_NATS_PORT=str(self.nats_port),
+            TJPIPE_POD_RUN_SECONDS="3",
+        )
+        return env
+
+    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+        completed = subprocess.run(
+            [*self.tool, "-p", self.name, "-f", str(COMPOSE_FILE), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and completed.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(self.tool)} {' '.join(args)} failed ({completed.returncode}):\n"
+                f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
+            )
+        return completed
+
+    def container(self, service: str) -> str:
+        """The id of the service's container (one replica), stopped or not."""
+        project = f"label=com.docker.compose.project={self.name}"
+        service_label = f"label=com.docker.compose.service={service}"
+        found = _docker("ps", "-a", "-q", "--filter", project, "--filter", service_label).split()
+        assert found, f"no container for {service} in project {self.name}"
+        return found[0]
+
+    def state_of(self, service: str) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads(_docker("inspect", "--format", "{{json .State}}", self.container(service)))
+        return state
+
+    def wait_exited(self, service: str, *, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.state_of(service)
+            if state["Status"] == "exited":
+                return int(state["ExitCode"])
+            time.sleep(2)
+        raise AssertionError(f"{service} still running after {timeout:.0f}s:\n{self.logs(service)[-4000:]}")
+
+    def wait_healthy(self, service: str, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (self.state_of(service).get("Health") or {}).get("Status") == "healthy":
+                return
+            time.sleep(1)
+        raise AssertionError(f"{service} not healthy after {timeout:.0f}s:\n{self.logs(service)[-4000:]}")
+
+    def logs(self, *services: str) -> str:
+        return self.run("logs", "--no-color", *services, timeout=60, check=False).stdout
+
+    def down(self) -> None:
+        self.run("down", "-v", "--remove-orphans", "--timeout", "5", timeout=180, check=False)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        label = f"label=com.docker.compose.project={self.name}"
+        return {
+            "containers": _docker("ps", "-a", "-q", "--filter", label).split(),
+            "volumes": _docker("volume", "ls", "-q", "--filter", label).split(),
+            "networks": _docker("network", "ls", "-q", "--filter", label).split(),
+        }
+
+    def kube(self) -> LocalKube:
+        """The published apiserver as the host sees it, from the kubeconfig init wrote into the state folder."""
+        kubeconfig = self.state / "kubeconfig"
+        loaded = yaml.safe_load(kubeconfig.read_text())
+        cluster = loaded["clusters"][0]["cluster"]
+        ca_file = self.state / "apiserver-ca.crt"
+        ca_file.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        token = loaded["users"][0]["user"]["token"]
+        return LocalKube(server=cluster["server"], token=token, ca_file=ca_file, kubeconfig=kubeconfig, processes=())
+
+
+def _docker(*args: str) -> str:
+    completed = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True)
+    return completed.stdout
