@@ -30,7 +30,7 @@ from nats.js import JetStreamContext
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from tjpipe.applier import core, secrets
-from tjpipe.applier.ledger import Ledger, ledger_key
+from tjpipe.applier.ledger import Ledger, ledger_key, seen_key
 from tjpipe.contracts import conditions, resources, streams, subjects
 from tjpipe.contracts.messages import (
     AppliedRecord,
@@ -55,7 +55,9 @@ from tjpipe.plumbing.observability import (
     END_TO_END,
     RETRIES,
     STALE_CLAIMS,
+    TRAINJOBS_CREATED,
     UNAUTHORIZED,
+    count_transitions,
 )
 from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
 from tjpipe.plumbing.runner import ServiceSettings, started
@@ -228,9 +230,27 @@ class Applier:
             and core.condition_names(message, facts.applier_condition)
         ):
             await self._clear_condition(message)
+        if facts is not None:
+            await self._count_lifecycle(message, facts, done)
         await self._finish(
             msg, message, done.action, attempts, started, resource_version=done.resource_version, reason=done.reason
         )
+
+    async def _count_lifecycle(self, message: ApplyMessage, facts: core.TrainJobFacts, done: core.Done) -> None:
+        """The ``kubeflow_trainer_*`` counts this message accounts for, each made by exactly one applier.
+
+        Created: the first applier to record the TrainJob's uid in the ledger (compare-and-set) counts it.
+        A status change: the applier whose write made it; the write was conditional on the TrainJob version
+        the planner saw without the condition, so no other write can make the same change.
+        """
+        namespace = message.trainjob.namespace
+        try:
+            if await self.ledger.first_sight(seen_key(namespace, message.trainjob.name), facts.uid):
+                TRAINJOBS_CREATED.labels(namespace, facts.runtime).inc()
+        except Exception as exc:  # the bus failed just now: a metric is not worth a redelivery
+            log.warning("%s: could not record the TrainJob in the ledger: %s", message.trainjob, exc)
+        if isinstance(message, ApplyTrainJobStatus) and done.action in ("created", "configured"):
+            count_transitions(message.transitions, namespace=namespace, runtime=facts.runtime)
 
     # --------------------------------------------------------------------------------- authorization
 
