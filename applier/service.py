@@ -54,6 +54,7 @@ from tjpipe.plumbing.observability import (
     DEAD_LETTERS,
     END_TO_END,
     RETRIES,
+    STAGE_SECONDS,
     STALE_CLAIMS,
     TRAINJOBS_CREATED,
     UNAUTHORIZED,
@@ -695,6 +696,7 @@ class Applier:
         )
         self.stats.count(action)
         APPLIES.labels(kind=message.target.kind, action=action).inc()
+        STAGE_SECONDS.labels(stage="applier").observe(duration_ms / 1000)
         if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
             END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
         subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)

@@ -106,6 +106,15 @@ END_TO_END = Histogram(
     registry=REGISTRY,
 )
 
+STAGE_SECONDS = Histogram(
+    "tjpipe_stage_seconds",
+    "Time a stage spends on one message: the watcher until the stream took its event, the planner until its"
+    " plan was published, the applier until the component was applied and its result recorded",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+
 LIFECYCLE_LABELS = ("namespace", "runtime")
 """The labels of the ``kubeflow_trainer_*`` TrainJob metrics: the TrainJob's namespace and its runtime's name."""
 

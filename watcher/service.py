@@ -36,7 +36,13 @@ from tjpipe.contracts.values import meta, name_of, namespace_of
 from tjpipe.plumbing import bus, publishing, signing
 from tjpipe.plumbing.informer import Cached, Informer, Key
 from tjpipe.plumbing.kube import KubeClient, KubeConfig
-from tjpipe.plumbing.observability import EVENTS, TRAINJOBS_ACTIVE, TRAINJOBS_DELETED, ActiveCounts
+from tjpipe.plumbing.observability import (
+    EVENTS,
+    STAGE_SECONDS,
+    TRAINJOBS_ACTIVE,
+    TRAINJOBS_DELETED,
+    ActiveCounts,
+)
 from tjpipe.plumbing.runner import ServiceSettings, started
 from tjpipe.watcher import core, trim
 
@@ -381,6 +387,7 @@ class Watcher:
             headers[bus.TRACE_ID] = trace_id
         subject = subjects.event_subject(key[0], key[1])
         headers[signing.SIGNATURE_HEADER] = self.signer.sign(subject, payload)
+        started = time.perf_counter()
         delay = 0.2
         while True:
             try:
@@ -405,6 +412,7 @@ class Watcher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         EVENTS.labels(cause=cause.split()[0], outcome="duplicate" if ack.duplicate else "published").inc()
+        STAGE_SECONDS.labels(stage="watcher").observe(time.perf_counter() - started)
         if ack.duplicate:
             self.stats.duplicates += 1
         else:

@@ -8,20 +8,30 @@ one TrainJob is active. Then an applier and a watcher are replaced by new proces
 changed again, so each is planned and applied anew: nothing is counted a second time (what the stopped
 replicas had counted is kept from their last scrape, as Prometheus keeps a series that reset), and the new
 watcher's gauge is right at once.
+
+The same running replicas then check the monitoring component: every expression of the Grafana dashboard
+and the PrometheusRule must parse and read only metrics and labels that these services' ``/metrics`` have
+(``tests/deploy/monitoring.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from kubernetes import dynamic
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy import monitoring
+from tjpipe.contracts import subjects
+from tjpipe.contracts.kube import ConfigMap
+from tjpipe.contracts.messages import ApplyConfigMap, ObjectKey, Target, encode
 from tjpipe.stack import Stack, StatePaths
 
 from .support import TRAINER, condition_of, create, eventually, get
@@ -55,12 +65,20 @@ def replicated(
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(port: int, namespace: str) -> Samples:
-    """This replica's ``kubeflow_trainer_*`` samples of one namespace, by name and the other labels."""
+def metrics_text(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+        text: str = resp.read().decode()
+    return text
+
+
+STOPPED: list[str] = []
+"""The last scrapes of the replicas the first test stops; the second reads them too, as Prometheus would have."""
+
+
+def scrape(port: int, namespace: str, *, text: str | None = None) -> Samples:
+    """This replica's ``kubeflow_trainer_*`` samples of one namespace, by name and the other labels."""
     out: Samples = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(metrics_text(port) if text is None else text):
         for sample in family.samples:
             if sample.name.startswith("kubeflow_trainer_") and sample.labels.get("namespace") == namespace:
                 labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "namespace"))
@@ -143,7 +161,8 @@ def test_two_replicas_of_every_stage_count_each_change_once(replicated: Stack, k
     assert [total([s], "kubeflow_trainer_trainjobs_active") for s in active] == [1.0, 1.0]
 
     # Replace an applier and a watcher; keep what they counted, as a Prometheus series that reset keeps it.
-    kept = [scrape(ports["applier-a"], namespace), scrape(ports["watcher-a"], namespace)]
+    STOPPED.extend(metrics_text(ports[name]) for name in ("applier-a", "watcher-a"))
+    kept = [scrape(0, namespace, text=text) for text in STOPPED]
     for name in ("applier-a", "watcher-a"):
         next(p for p in replicated.services if p.name == name).stop()
     replicated.start_service("applier", name="applier-c")
@@ -168,3 +187,54 @@ def test_two_replicas_of_every_stage_count_each_change_once(replicated: Stack, k
     after = kept + [scrape(ports[name], namespace) for name in live]
     assert counts(after) == expected
     assert total([scrape(ports["watcher-c"], namespace)], "kubeflow_trainer_trainjobs_active") == 1.0
+
+
+def unjustified_apply(namespace: str) -> tuple[str, bytes]:
+    """A genuine (signed) apply message for a TrainJob that does not exist: dead-lettered as unauthorized."""
+    name = "nobody"
+    obj = msgspec.convert(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}}, ConfigMap
+    )
+    message = ApplyConfigMap(
+        trainjob=ObjectKey(namespace=namespace, name=name),
+        trainjob_uid="00000000-0000-0000-0000-000000000000",
+        target=Target(api_version="v1", kind="ConfigMap", namespace=namespace, name=name),
+        source_seq=1,
+        object=obj,
+    )
+    return subjects.apply_subject(namespace, name, "configmap"), encode(message)
+
+
+def test_every_dashboard_and_alert_expression_reads_what_the_services_expose(replicated: Stack, namespace: str) -> None:
+    """After the test above, plus one dead letter: the scrapes hold the series the expressions read."""
+    subject, payload = unjustified_apply(namespace)
+
+    async def publish() -> None:
+        nc = await replicated.connect()
+        try:
+            await nc.jetstream().publish(subject, payload, headers=replicated.sign_headers(subject, payload))
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+    live = [p.name for p in replicated.services if p.is_running()]
+    eventually(
+        lambda: any("tjpipe_unauthorized_total{" in metrics_text(replicated.metrics_ports[name]) for name in live),
+        what="the unauthorized apply counted",
+    )
+    texts = [*STOPPED, *(metrics_text(replicated.metrics_ports[name]) for name in live)]
+    exposed, declared_only = monitoring.exposed(texts)
+    found = [
+        problem
+        for e in monitoring.every_expression()
+        for problem in monitoring.problems(e, exposed, pending_allowed=True)
+    ]
+    for variable, metric, label in monitoring.variable_queries():
+        if label not in exposed.get(metric, set()):
+            found.append(f"variable {variable}: {metric} has no label {label}")
+    assert found == []
+    pending = sorted(set(monitoring.PENDING) - set(exposed))
+    print(
+        f"read from a scrape: {len(exposed)} series names; declared with no sample yet: {sorted(declared_only)};"
+        f" pending (h-streams): {pending}"
+    )
