@@ -20,7 +20,6 @@ import asyncio
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -32,9 +31,9 @@ from deploy import monitoring
 from tjpipe.contracts import subjects
 from tjpipe.contracts.kube import ConfigMap
 from tjpipe.contracts.messages import ApplyConfigMap, ObjectKey, Target, encode
-from tjpipe.stack import Stack, StatePaths
+from tjpipe.stack import Stack
 
-from .support import TRAINER, condition_of, create, eventually, get
+from .support import TRAINER, condition_of, create, eventually, get, stack_on_session_servers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(300)]
 
@@ -47,19 +46,11 @@ STAGES = ("watcher", "planner", "applier")
 def replicated(
     kube: Any, nats_url: str, nats_credentials: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    stack = Stack(paths=StatePaths(tmp_path_factory.mktemp("stack")), progress=lambda _: None)
-    stack.start_infrastructure(
-        nats_url=nats_url, kubeconfig=Path(kube.kubeconfig), install_crds=False, credentials=nats_credentials
-    )
-    stack.install_runtime(RUNTIME)
-    for stage in STAGES:
-        for replica in REPLICAS:
-            stack.start_service(stage, name=f"{stage}-{replica}")
-    yield stack
-    logs = {p.name: p.log_tail() for p in stack.services}
-    stack.stop()
-    for process_name, tail in logs.items():
-        print(f"--- {process_name} ---\n{tail}")
+    with stack_on_session_servers(kube, nats_url, nats_credentials, tmp_path_factory, (RUNTIME,)) as stack:
+        for stage in STAGES:
+            for replica in REPLICAS:
+                stack.start_service(stage, name=f"{stage}-{replica}")
+        yield stack
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
