@@ -8,8 +8,10 @@ import re
 from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
+from tjpipe.contracts import streams
 from tjpipe.contracts.messages import Transition
 from tjpipe.plumbing import observability
+from tjpipe.plumbing.partitions import PartitionedConsumer, partition_consumer
 
 TARGET_LABELS = {"service", "namespace", "pod", "container", "endpoint", "job", "instance"}
 """Labels a Prometheus Operator scrape puts on every series; one of ours with such a name becomes exported_*."""
@@ -117,3 +119,17 @@ def test_active_reports_what_its_source_says_and_nothing_while_unknown() -> None
         ({"namespace": "a", "runtime": "torch-distributed"}, 2),
         ({"namespace": "b", "runtime": "jax-distributed"}, 1),
     ]
+
+
+async def test_a_released_partition_leaves_no_lag_behind() -> None:
+    """The replica that takes a partition over reports its lag; the old value must not stay on the dashboard."""
+    durable = partition_consumer(streams.PLANNER, 3).durable
+    observability.CONSUMER_LAG.labels(consumer=durable).set(500)
+    consumer = PartitionedConsumer(None, None, streams.PLANNER, _no_batch, batch=1)  # type: ignore[arg-type]
+    await consumer.release(3)
+    assert observability.REGISTRY.get_sample_value("tjpipe_consumer_lag", {"consumer": durable}) is None
+    await consumer.release(3)  # a partition released twice, or never held: nothing to remove, no error
+
+
+async def _no_batch(msgs: list[object]) -> None:
+    raise AssertionError("no message is delivered here")
