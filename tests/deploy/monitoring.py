@@ -46,6 +46,8 @@ class Uses:
 
     selectors: dict[str, set[str]] = field(default_factory=dict)
     grouping: set[str] = field(default_factory=set)
+    equal: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    """Per metric the (label, value) pairs its selector asks for exactly, e.g. ``role="planner"``."""
 
 
 def dashboard() -> dict[str, Any]:
@@ -106,6 +108,9 @@ def _walk(node: Any, found: Uses) -> None:
         labels.discard("__name__")
         assert node.name, f"a selector without a metric name: {node}"
         found.selectors.setdefault(node.name, set()).update(labels)
+        found.equal.setdefault(node.name, set()).update(
+            (m.name, m.value) for m in node.matchers.matchers if m.op == promql_parser.MatchOp.Equal
+        )
     elif isinstance(node, promql_parser.MatrixSelector):
         _walk(node.vector_selector, found)
     elif isinstance(node, promql_parser.AggregateExpr):
@@ -131,8 +136,9 @@ def _walk(node: Any, found: Uses) -> None:
         assert isinstance(node, promql_parser.NumberLiteral | promql_parser.StringLiteral), f"unexpected {node!r}"
 
 
-Exposed = dict[str, set[str]]
-"""Sample name -> the label names its samples carry, as a scrape returned them."""
+Exposed = dict[str, dict[str, set[str]]]
+"""Sample name -> label name -> the values its samples carry, as a scrape returned them (no values: only
+declared in code, see ``exposed``)."""
 
 
 def problems(expression: Expression, exposed: Exposed, *, pending_allowed: bool) -> list[str]:
@@ -144,7 +150,11 @@ def problems(expression: Expression, exposed: Exposed, *, pending_allowed: bool)
         if metric in SYNTHETIC:
             have = set(SYNTHETIC[metric])
         elif metric in exposed:
-            have = exposed[metric]
+            have = set(exposed[metric])
+            for label, value in sorted(used.equal.get(metric, ())):
+                values = exposed[metric].get(label)
+                if values and value not in values:
+                    out.append(f"{expression.where}: no {metric} sample has {label}={value!r}")
         elif metric in PENDING and pending_allowed:
             have = {PENDING[metric]}
         else:
@@ -192,7 +202,9 @@ def exposed(texts: list[str]) -> tuple[Exposed, set[str]]:
         for family in text_string_to_metric_families(text):
             typed[family.name] = family.type
             for sample in family.samples:
-                out.setdefault(sample.name, set()).update(sample.labels)
+                labels = out.setdefault(sample.name, {})
+                for label, value in sample.labels.items():
+                    labels.setdefault(label, set()).add(value)
     declared = declared_labels()
     empty: set[str] = set()
     for name, kind in typed.items():
@@ -202,5 +214,5 @@ def exposed(texts: list[str]) -> tuple[Exposed, set[str]]:
         empty.add(name)
         for sample_name in names:
             labels = set(declared[name]) | ({"le"} if sample_name.endswith("_bucket") else set())
-            out[sample_name] = labels
+            out[sample_name] = {label: set() for label in labels}
     return out, empty

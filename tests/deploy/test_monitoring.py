@@ -74,7 +74,10 @@ def test_every_expression_parses(expression: m.Expression) -> None:
 
 
 def test_the_checker_finds_a_wrong_metric_a_wrong_label_and_bad_syntax() -> None:
-    exposed = {"tjpipe_dead_letters_total": {"stage", "reason"}}
+    exposed = {
+        "tjpipe_dead_letters_total": {"stage": {"planner"}, "reason": {"undecodable"}},
+        "tjpipe_partitions_owned": {"role": {"planner", "applier"}},
+    }
     wrong_name = m.Expression("x", "sum(rate(tjpipe_dead_letter_total[5m]))")
     wrong_label = m.Expression("y", 'sum by (kind) (rate(tjpipe_dead_letters_total{stag="planner"}[5m]))')
     missing = "x: tjpipe_dead_letter_total is not exposed by any service"
@@ -87,6 +90,12 @@ def test_the_checker_finds_a_wrong_metric_a_wrong_label_and_bad_syntax() -> None
     assert m.problems(pending, exposed, pending_allowed=True) == []
     not_yet = "z: tjpipe_stream_bytes is not exposed by any service"
     assert m.problems(pending, exposed, pending_allowed=False) == [not_yet, "z: no metric it reads has label stream"]
+    no_such_role = m.Expression(
+        "r", 'sum(tjpipe_partitions_owned{role="plannr"}) or sum(tjpipe_partitions_owned{role="applier"})'
+    )
+    assert m.problems(no_such_role, exposed, pending_allowed=True) == [
+        "r: no tjpipe_partitions_owned sample has role='plannr'"
+    ]
     with pytest.raises(ValueError):
         promql_parser.parse("sum by (stage) (rate(tjpipe_dead_letters_total[5m])")
 

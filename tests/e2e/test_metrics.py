@@ -221,7 +221,7 @@ def test_every_dashboard_and_alert_expression_reads_what_the_services_expose(rep
         for problem in monitoring.problems(e, exposed, pending_allowed=True)
     ]
     for variable, metric, label in monitoring.variable_queries():
-        if label not in exposed.get(metric, set()):
+        if label not in exposed.get(metric, {}):
             found.append(f"variable {variable}: {metric} has no label {label}")
     assert found == []
     pending = sorted(set(monitoring.PENDING) - set(exposed))
