@@ -18,6 +18,7 @@ import msgspec
 
 from tjpipe.contracts import conditions, labels, resources
 from tjpipe.contracts import trainer as t
+from tjpipe.contracts.lifecycle import NO_RUNTIME
 from tjpipe.contracts.messages import (
     FIELD_MANAGER,
     AppliedRecord,
@@ -515,6 +516,8 @@ class TrainJobFacts:
     resource_version: str = ""
     applier_condition: str = ""
     """The message of the applier-owned condition, empty when the TrainJob does not have it."""
+    runtime: str = NO_RUNTIME
+    """The runtime's name (``spec.runtimeRef.name``, immutable): the lifecycle metrics' label."""
 
 
 class _Condition(msgspec.Struct, kw_only=True):
@@ -526,8 +529,13 @@ class _JobStatus(msgspec.Struct, kw_only=True):
     conditions: list[_Condition] = []
 
 
+class _RuntimeRef(msgspec.Struct, kw_only=True):
+    name: str = ""
+
+
 class _JobSpec(msgspec.Struct, kw_only=True):
     managedBy: str = ""
+    runtimeRef: _RuntimeRef = msgspec.field(default_factory=_RuntimeRef)
 
 
 class _JobMeta(msgspec.Struct, kw_only=True):
@@ -554,6 +562,7 @@ def trainjob_facts(raw: bytes | None) -> TrainJobFacts | None:
         managed_by=job.spec.managedBy,
         resource_version=job.metadata.resourceVersion,
         applier_condition=ours,
+        runtime=job.spec.runtimeRef.name or NO_RUNTIME,
     )
 
 

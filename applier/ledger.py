@@ -31,6 +31,11 @@ from tjpipe.plumbing.bus import until_set_up
 _decoder = msgspec.json.Decoder(AppliedRecord)
 
 
+def seen_key(namespace: str, name: str) -> str:
+    """The key naming the TrainJob of this name the appliers have counted as created: its uid."""
+    return f"{namespace}.trainjob.{name}.seen"
+
+
 def ledger_key(target: Target) -> str:
     key = f"{target.namespace}.{target.kind.lower()}.{target.name}"
     return f"{key}.{target.subresource}" if target.subresource else key
@@ -41,6 +46,7 @@ class Ledger:
         self.kv = kv
         self._remember = remember
         self._known: OrderedDict[str, tuple[AppliedRecord | None, int]] = OrderedDict()
+        self._seen: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
     async def open(cls, js: JetStreamContext) -> Ledger:
@@ -91,6 +97,35 @@ class Ledger:
             return None
         self._note(key, record, written)
         return written
+
+    async def first_sight(self, key: str, uid: str) -> bool:
+        """Record that the TrainJob ``uid`` was seen under ``key``; whether this call was the first to.
+
+        Compare-and-set, like every write here: of any number of appliers, restarts and redeliveries, exactly
+        one call returns True per uid (a TrainJob made again under the same name has a new uid).
+        """
+        if self._seen.get(key) == uid:
+            self._seen.move_to_end(key)
+            return False
+        try:
+            await self.kv.create(key, uid.encode())
+            first = True
+        except (KeyWrongLastSequenceError, BadRequestError):
+            try:
+                entry = await self.kv.get(key)
+            except KeyNotFoundError:
+                return False  # deleted meanwhile: the next message asks again
+            first = False
+            if entry.value != uid.encode():
+                try:
+                    await self.kv.update(key, uid.encode(), last=entry.revision)
+                    first = True
+                except (KeyWrongLastSequenceError, BadRequestError):
+                    return False  # another applier recorded it first; it counts
+        self._seen[key] = uid
+        while len(self._seen) > self._remember:
+            self._seen.popitem(last=False)
+        return first
 
     def forget(self, key: str) -> None:
         self._known.pop(key, None)

@@ -31,7 +31,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from tjpipe.applier import core, secrets
 from tjpipe.applier.cluster import ClusterEpoch, standing
-from tjpipe.applier.ledger import Ledger, ledger_key
+from tjpipe.applier.ledger import Ledger, ledger_key, seen_key
 from tjpipe.contracts import conditions, resources, streams, subjects
 from tjpipe.contracts.messages import (
     AppliedRecord,
@@ -56,8 +56,11 @@ from tjpipe.plumbing.observability import (
     END_TO_END,
     FOREIGN_CLAIMS,
     RETRIES,
+    STAGE_SECONDS,
     STALE_CLAIMS,
+    TRAINJOBS_CREATED,
     UNAUTHORIZED,
+    count_transitions,
 )
 from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
 from tjpipe.plumbing.runner import ServiceSettings, started
@@ -238,9 +241,27 @@ class Applier:
             and core.condition_names(message, facts.applier_condition)
         ):
             await self._clear_condition(message)
+        if facts is not None:
+            await self._count_lifecycle(message, facts, done)
         await self._finish(
             msg, message, done.action, attempts, started, resource_version=done.resource_version, reason=done.reason
         )
+
+    async def _count_lifecycle(self, message: ApplyMessage, facts: core.TrainJobFacts, done: core.Done) -> None:
+        """The ``kubeflow_trainer_*`` counts this message accounts for, each made by exactly one applier.
+
+        Created: the first applier to record the TrainJob's uid in the ledger (compare-and-set) counts it.
+        A status change: the applier whose write made it; the write was conditional on the TrainJob version
+        the planner saw without the condition, so no other write can make the same change.
+        """
+        namespace = message.trainjob.namespace
+        try:
+            if await self.ledger.first_sight(seen_key(namespace, message.trainjob.name), facts.uid):
+                TRAINJOBS_CREATED.labels(namespace, facts.runtime).inc()
+        except Exception as exc:  # the bus failed just now: a metric is not worth a redelivery
+            log.warning("%s: could not record the TrainJob in the ledger: %s", message.trainjob, exc)
+        if isinstance(message, ApplyTrainJobStatus) and done.action in ("created", "configured"):
+            count_transitions(message.transitions, namespace=namespace, runtime=facts.runtime)
 
     # --------------------------------------------------------------------------------- authorization
 
@@ -827,6 +848,7 @@ class Applier:
         )
         self.stats.count(action)
         APPLIES.labels(kind=message.target.kind, action=action).inc()
+        STAGE_SECONDS.labels(stage="applier").observe(duration_ms / 1000)
         if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
             END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
         subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)

@@ -146,8 +146,26 @@ class ApplyJobSet(_Apply, frozen=True, kw_only=True, tag="jobset"):
     object: JobSet
 
 
+LifecycleChange = Literal["completed", "failed", "suspended"]
+
+
+class Transition(msgspec.Struct, frozen=True, kw_only=True):
+    """A TrainJob lifecycle change a status apply makes: a condition that was not True at the planned version.
+
+    The planner states it; the applier counts it only when its status apply, conditional on that very
+    version, changed the TrainJob, which is what makes the count happen once (see the README's metrics).
+    """
+
+    change: LifecycleChange
+    reason: str = ""
+    """The condition's reason, e.g. ``DeadlineExceeded`` for ``failed``."""
+    duration_seconds: float | msgspec.UnsetType = msgspec.UNSET
+    """From the TrainJob's creation to the condition's transition, for ``completed`` and ``failed``."""
+
+
 class ApplyTrainJobStatus(_Apply, frozen=True, kw_only=True, tag="trainjob-status"):
     object: TrainJob
+    transitions: tuple[Transition, ...] = ()
 
 
 class ApplyConfigMap(_Apply, frozen=True, kw_only=True, tag="configmap"):

@@ -437,4 +437,5 @@ def _status_message(job: TrainJob, desired: dict[str, Any], common: _Common) -> 
             subresource="status",
         ),
         object=obj,
+        transitions=status_rules.lifecycle_changes(job, desired),
     )

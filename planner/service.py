@@ -31,7 +31,7 @@ from tjpipe.contracts.messages import (
 )
 from tjpipe.planner.core import plan, plan_too_large
 from tjpipe.plumbing import bus, publishing, signing
-from tjpipe.plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS
+from tjpipe.plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
 from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
 from tjpipe.plumbing.runner import ServiceSettings, started
 
@@ -90,6 +90,7 @@ class Planner:
         """The server's max payload (headers and body); ``run_planner`` sets it from the connection."""
 
     async def handle(self, msg: Msg) -> None:
+        started = time.perf_counter()
         seq = msg.metadata.sequence.stream
         try:
             # Before anything reads the bytes: an event the watcher did not sign is not planned at all.
@@ -131,6 +132,7 @@ class Planner:
             extra={"trainjob": str(result.trainjob), "seq": seq},
         )
         await msg.ack()
+        STAGE_SECONDS.labels(stage="planner").observe(time.perf_counter() - started)
 
     async def _plan_too_large(self, msg: Msg, event: TrainJobObserved, sizes: dict[str, int]) -> None:
         """A plan that cannot fit the bus never will: its event is dead-lettered, not retried for ever.

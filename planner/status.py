@@ -14,12 +14,15 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from tjpipe.contracts import trainer as t
 from tjpipe.contracts.conditions import APPLIER_CONDITION_TYPES
-from tjpipe.contracts.deadlines import deadline_of
+from tjpipe.contracts.deadlines import deadline_of, parse_time
 from tjpipe.contracts.jobset import JobSet
+from tjpipe.contracts.messages import LifecycleChange, Transition
 from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set
+from tjpipe.contracts.values import is_set, meta, or_default
 from tjpipe.planner.runtime_info import builtins, spec_of
 
 Obj = dict[str, Any]
@@ -179,3 +182,31 @@ def desired_status(
 def status_changed(job: TrainJob, desired: Obj) -> bool:
     current = current_status(job)
     return any(current.get(key) != value for key, value in desired.items())
+
+
+_LIFECYCLE: tuple[tuple[str, LifecycleChange], ...] = (
+    (t.CONDITION_COMPLETE, "completed"),
+    (t.CONDITION_FAILED, "failed"),
+    (t.CONDITION_SUSPENDED, "suspended"),
+)
+
+
+def lifecycle_changes(job: TrainJob, desired: Obj) -> tuple[Transition, ...]:
+    """The conditions ``desired`` turns True that the TrainJob, at the version planned from, does not have True.
+
+    The status apply is conditional on that version, so only one write can make each change: that is why
+    the applier may count what this returns when its write succeeds.
+    """
+    before = current_status(job).get("conditions") or []
+    after: list[Obj] = desired.get("conditions") or []
+    created = or_default(meta(job).creation_timestamp, "")
+    changes = []
+    for kind, change in _LIFECYCLE:
+        if is_true(before, kind) or not is_true(after, kind):
+            continue
+        cond = find_condition(after, kind) or {}
+        duration: float | msgspec.UnsetType = msgspec.UNSET
+        if change != "suspended" and created and cond.get("lastTransitionTime"):
+            duration = max(0.0, parse_time(cond["lastTransitionTime"]) - parse_time(created))
+        changes.append(Transition(change=change, reason=str(cond.get("reason") or ""), duration_seconds=duration))
+    return tuple(changes)

@@ -4,7 +4,9 @@ One metric registry per process, with names shared by the three services, so a d
 across replicas. The registry also carries the standard ``process_*`` and ``python_*`` collectors and
 ``tjpipe_build_info``. No label is called ``service``, ``namespace``, ``pod``, ``job`` or ``instance``: a
 Prometheus Operator scrape adds those to every series, and a clash renames ours to ``exported_*``; the
-service a series comes from is ``tjpipe_service``. Liveness answers as long as the event loop runs;
+service a series comes from is ``tjpipe_service``. The one exception is Kubeflow Trainer's proposed
+``kubeflow_trainer_*`` lifecycle metrics, which keep upstream's ``namespace`` label (the TrainJob's); the
+ServiceMonitor scrapes with ``honorLabels`` so it is kept as it is. Liveness answers as long as the event loop runs;
 readiness is a set of named checks the service registers (NATS connected, API server reachable), so a
 replica that lost a dependency is taken out of rotation without being restarted.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from importlib import metadata
 from typing import Protocol
 
@@ -31,6 +33,10 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tjpipe.contracts.messages import Transition
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +120,109 @@ END_TO_END = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
     registry=REGISTRY,
 )
+
+STAGE_SECONDS = Histogram(
+    "tjpipe_stage_seconds",
+    "Time a stage spends on one message: the watcher until the stream took its event, the planner until its"
+    " plan was published, the applier until the component was applied and its result recorded",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+
+LIFECYCLE_LABELS = ("namespace", "runtime")
+"""The labels of the ``kubeflow_trainer_*`` TrainJob metrics: the TrainJob's namespace and its runtime's name."""
+
+TRAINJOBS_CREATED = Counter(
+    "kubeflow_trainer_trainjobs_created",
+    "TrainJobs created: counted once, by the applier that first acts for one",
+    LIFECYCLE_LABELS,
+    registry=REGISTRY,
+)
+TRAINJOBS_COMPLETED = Counter(
+    "kubeflow_trainer_trainjobs_completed",
+    "TrainJobs that became Complete: counted once, by the applier whose status write made it so",
+    LIFECYCLE_LABELS,
+    registry=REGISTRY,
+)
+TRAINJOBS_FAILED = Counter(
+    "kubeflow_trainer_trainjobs_failed",
+    "TrainJobs that became Failed, by the Failed condition's reason",
+    (*LIFECYCLE_LABELS, "reason"),
+    registry=REGISTRY,
+)
+TRAINJOBS_SUSPENDED = Counter(
+    "kubeflow_trainer_trainjobs_suspended",
+    "Times a TrainJob became Suspended",
+    LIFECYCLE_LABELS,
+    registry=REGISTRY,
+)
+TRAINJOBS_DELETED = Counter(
+    "kubeflow_trainer_trainjobs_deleted",
+    "TrainJobs deleted: counted by the watcher whose deletion event the stream took (not a duplicate)",
+    LIFECYCLE_LABELS,
+    registry=REGISTRY,
+)
+TRAINJOB_DURATION = Histogram(
+    "kubeflow_trainer_trainjob_duration_seconds",
+    "From a TrainJob's creation to its Complete or Failed condition (result)",
+    (*LIFECYCLE_LABELS, "result"),
+    buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 10800, 21600),
+    registry=REGISTRY,
+)
+
+_RESULT = {"completed": "Complete", "failed": "Failed"}
+"""The duration's ``result`` label: the condition type, as Trainer's proposal has it."""
+
+
+def count_transitions(transitions: Iterable[Transition], *, namespace: str, runtime: str) -> None:
+    """Count the lifecycle changes one status write made (the caller knows the write made them)."""
+    for change in transitions:
+        if change.change == "completed":
+            TRAINJOBS_COMPLETED.labels(namespace, runtime).inc()
+        elif change.change == "failed":
+            TRAINJOBS_FAILED.labels(namespace, runtime, change.reason or "Unknown").inc()
+        else:
+            TRAINJOBS_SUSPENDED.labels(namespace, runtime).inc()
+        if change.change in _RESULT and isinstance(change.duration_seconds, float | int):
+            TRAINJOB_DURATION.labels(namespace, runtime, _RESULT[change.change]).observe(change.duration_seconds)
+
+
+ActiveCounts = Mapping[tuple[str, str], int]
+"""Active TrainJobs per (namespace, runtime)."""
+
+
+class ActiveTrainJobs(Collector):
+    """``kubeflow_trainer_trainjobs_active``, computed when scraped from what the watcher's cache holds now.
+
+    A gauge kept by adding and subtracting would be wrong after every restart; one read from the cache is
+    right as soon as the watcher has listed the TrainJobs, and reports nothing before that. Every watcher
+    replica sees the whole cluster, so replicas agree and a dashboard takes their ``max``, not their sum.
+    """
+
+    NAME = "kubeflow_trainer_trainjobs_active"
+    HELP = "TrainJobs that exist and are neither Complete nor Failed, as this watcher's cache has them"
+
+    def __init__(self) -> None:
+        self._source: Callable[[], ActiveCounts | None] | None = None
+
+    def track(self, source: Callable[[], ActiveCounts | None] | None) -> None:
+        """Report what ``source`` returns (``None``: not known yet); the process's watcher sets it."""
+        self._source = source
+
+    def describe(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily(self.NAME, self.HELP, labels=LIFECYCLE_LABELS)
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=LIFECYCLE_LABELS)
+        counts = self._source() if self._source is not None else None
+        for (namespace, runtime), count in sorted((counts or {}).items()):
+            family.add_metric([namespace, runtime], count)
+        yield family
+
+
+TRAINJOBS_ACTIVE = ActiveTrainJobs()
+REGISTRY.register(TRAINJOBS_ACTIVE)
 
 ReadinessCheck = Callable[[], Awaitable[bool] | bool]
 

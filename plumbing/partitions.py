@@ -176,6 +176,10 @@ class PartitionedConsumer:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        # The replica that takes the partition reports its lag from now on; a last value left here would
+        # stay on the dashboard for ever, as if the backlog had stopped moving.
+        with contextlib.suppress(KeyError):
+            CONSUMER_LAG.remove(partition_consumer(self.spec, partition).durable)
         PARTITIONS_OWNED.labels(role=self.spec.durable).set(len(self._tasks))
 
     async def _loop(self, pull: StreamingPull, durable: str) -> None:

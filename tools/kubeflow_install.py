@@ -40,6 +40,11 @@ REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "deploy" / "overlays" / "kubeflow"
 ONE_PROCESS = REPO / "deploy" / "components" / "one-process"
 HISTORY_SERVER = REPO / "deploy" / "components" / "history-server"
+MONITORING = REPO / "deploy" / "components" / "monitoring"
+# The monitoring component's objects by the chart value that turns them on (all off by default): the metrics
+# Services only serve the ServiceMonitor, so they go with it.
+MONITORING_FILES = {"ServiceMonitor": "servicemonitor", "Service": "servicemonitor", "PrometheusRule": "prometheusrule"}
+MONITORING_DEFAULT_FILE = "dashboard"
 CHART = REPO / "charts" / "trainjob-pipeline"
 # The image deploy/base names (its `images:` entry); the chart's values replace it.
 PIPELINE_IMAGE = "trainjob-pipeline"
@@ -148,6 +153,7 @@ def assemble_chart(
     if len(crds) != 3 or not runtimes:
         raise RuntimeError(f"{overlay} rendered {len(crds)} Trainer CRDs and {len(runtimes)} runtimes")
     repository, tag = _pipeline_image(pipeline)
+    monitoring = _monitoring_objects(overlay, components, pipeline, progress=progress)
     shutil.copytree(CHART, out, dirs_exist_ok=True)
     (out / "crds").mkdir()
     for crd in crds:
@@ -156,8 +162,38 @@ def assemble_chart(
     files.mkdir()
     (files / "pipeline.yaml").write_text(_dump(pipeline))
     (files / "trainer-runtimes.yaml").write_text(_dump(runtimes))
+    (files / "monitoring").mkdir()
+    for name, objs in monitoring.items():
+        (files / "monitoring" / f"{name}.yaml").write_text(_dump(objs))
     (files / "image.yaml").write_text(yaml.safe_dump({"repository": repository, "tag": tag}, default_style='"'))
     return out
+
+
+def _monitoring_objects(
+    overlay: Path, components: Sequence[Path], without: Sequence[Obj], *, progress: Callable[[str], None]
+) -> dict[str, list[Obj]]:
+    """What deploy/components/monitoring adds to the render, by chart file (``MONITORING_FILES``).
+
+    The overlay is rendered once more with the component; it may only add objects, which the chart then
+    emits behind its ``monitoring.*.enabled`` values.
+    """
+    rendered = render_overlay(overlay, components=(*components, MONITORING), progress=progress)
+    before = {_object_key(obj): obj for obj in without}
+    added: dict[str, list[Obj]] = {}
+    for obj in rendered:
+        if _is_trainer_crd(obj) or obj["kind"] == "ClusterTrainingRuntime":
+            continue
+        key = _object_key(obj)
+        if key in before:
+            if before[key] != obj:
+                raise RuntimeError(f"{MONITORING} changes {key}; it may only add objects")
+            continue
+        added.setdefault(MONITORING_FILES.get(obj["kind"], MONITORING_DEFAULT_FILE), []).append(obj)
+    return added
+
+
+def _object_key(obj: Obj) -> tuple[str, str, str]:
+    return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

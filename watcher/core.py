@@ -7,12 +7,14 @@ id — the key of JetStream's de-duplication — is computed in exactly one plac
 
 from __future__ import annotations
 
+import collections
 import functools
+from collections.abc import Iterable
 
 import msgspec
 import yaml
 
-from tjpipe.contracts import trainer
+from tjpipe.contracts import lifecycle, trainer
 from tjpipe.contracts.jobset import JobSet
 from tjpipe.contracts.kube import ConfigMap, OwnerReference
 from tjpipe.contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob, TrainJobSpec
@@ -154,3 +156,14 @@ def half_built(causes: list[str], *, has_snapshot: bool, has_jobset: bool) -> bo
     if has_snapshot == has_jobset:
         return False
     return all(cause.endswith(" ADDED") for cause in causes)
+
+
+def active_label(job: TrainJob) -> tuple[str, str] | None:
+    """(namespace, runtime) of a TrainJob that counts as active, ``None`` for a finished one or another controller's."""
+    if not lifecycle.is_ours(job) or lifecycle.is_finished(job):
+        return None
+    return (namespace_of(job), lifecycle.runtime_label(job))
+
+
+def active_counts(labels: Iterable[tuple[str, str] | None]) -> dict[tuple[str, str], int]:
+    return dict(collections.Counter(label for label in labels if label is not None))

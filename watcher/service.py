@@ -26,7 +26,7 @@ import msgspec
 import nats.errors
 from nats.js import JetStreamContext
 
-from tjpipe.contracts import labels, resources, streams, subjects, trainer
+from tjpipe.contracts import labels, lifecycle, resources, streams, subjects, trainer
 from tjpipe.contracts.deadlines import deadline_of
 from tjpipe.contracts.jobset import JobSet
 from tjpipe.contracts.kube import ConfigMap, ObjectMeta
@@ -36,7 +36,13 @@ from tjpipe.contracts.values import meta, name_of, namespace_of
 from tjpipe.plumbing import bus, publishing, signing
 from tjpipe.plumbing.informer import Cached, Informer, Key
 from tjpipe.plumbing.kube import KubeClient, KubeConfig
-from tjpipe.plumbing.observability import EVENTS
+from tjpipe.plumbing.observability import (
+    EVENTS,
+    STAGE_SECONDS,
+    TRAINJOBS_ACTIVE,
+    TRAINJOBS_DELETED,
+    ActiveCounts,
+)
 from tjpipe.plumbing.runner import ServiceSettings, started
 from tjpipe.watcher import core, trim
 
@@ -93,6 +99,9 @@ class Watcher:
         self.js = js
         self.signer = signer
         self.stats = WatcherStats()
+        self._active: dict[Key, tuple[str, str] | None] = {}
+        """Each cached TrainJob's active label (namespace, runtime), ``None`` when finished or not ours."""
+        TRAINJOBS_ACTIVE.track(self._active_counts)
         namespaces: tuple[str | None, ...] = settings.namespaces or (None,)
         self.trainjobs = [
             Informer(kube, resources.TRAINJOB, TrainJob, self._on_trainjob, namespace=ns, trim=trim.trainjob)
@@ -193,7 +202,9 @@ class Watcher:
     async def _on_trainjob(self, kind: str, key: Key, cached: Cached[TrainJob] | None) -> None:
         if cached is None:
             return
+        job = cached.obj
         if kind == "DELETED":
+            self._active.pop(key, None)
             timer = self._deadline_timers.pop(key, None)
             if timer is not None:
                 timer.cancel()
@@ -204,9 +215,21 @@ class Watcher:
                 observed_at=time.time(),
                 trace_id=uuid.uuid4().hex,
             )
-            await self._publish(key, encode(event), f"{cached.uid}/deleted", "TrainJob DELETED")
+            # Every watcher replica publishes the deletion under the same message id, and the stream takes
+            # only the first: the replica whose publish was not a duplicate counts it.
+            if await self._publish(key, encode(event), f"{cached.uid}/deleted", "TrainJob DELETED") and (
+                lifecycle.is_ours(job)
+            ):
+                TRAINJOBS_DELETED.labels(key[0], lifecycle.runtime_label(job)).inc()
             return
-        await self.publish_observation(cached.obj, cause=f"TrainJob {kind}")
+        self._active[key] = core.active_label(job)
+        await self.publish_observation(job, cause=f"TrainJob {kind}")
+
+    def _active_counts(self) -> ActiveCounts | None:
+        """Active TrainJobs by namespace and runtime; ``None`` until every TrainJob informer has listed."""
+        if not all(inf.synced.is_set() for inf in self.trainjobs):
+            return None
+        return core.active_counts(self._active.values())
 
     async def _on_jobset(self, kind: str, key: Key, cached: Cached[JobSet] | None) -> None:
         if cached is None:
@@ -344,12 +367,14 @@ class Watcher:
 
         self._deadline_timers[key] = loop.call_later(delay, fire)
 
-    async def _publish(self, key: Key, payload: bytes, msg_id: str, cause: str, *, trace_id: str = "") -> None:
+    async def _publish(self, key: Key, payload: bytes, msg_id: str, cause: str, *, trace_id: str = "") -> bool:
+        """Publish until the stream takes it; whether it was new to the stream (not a duplicate, not too large)."""
         headers = {bus.MSG_ID: msg_id}
         if trace_id:
             headers[bus.TRACE_ID] = trace_id
         subject = subjects.event_subject(key[0], key[1])
         headers[signing.SIGNATURE_HEADER] = self.signer.sign(subject, payload)
+        started = time.perf_counter()
         delay = 0.2
         while True:
             try:
@@ -366,7 +391,7 @@ class Watcher:
                     exc,
                     extra={"trainjob": f"{key[0]}/{key[1]}"},
                 )
-                return
+                return False
             except Exception as exc:  # the bus is down or slow, or the stream is full: keep the event, try again
                 self.stats.publish_retries += 1
                 if not publishing.note_refused(exc, stream=streams.EVENTS.name, subject=subject, delay=delay):
@@ -374,6 +399,7 @@ class Watcher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         EVENTS.labels(cause=cause.split()[0], outcome="duplicate" if ack.duplicate else "published").inc()
+        STAGE_SECONDS.labels(stage="watcher").observe(time.perf_counter() - started)
         if ack.duplicate:
             self.stats.duplicates += 1
         else:
@@ -387,6 +413,7 @@ class Watcher:
             " [duplicate]" if ack.duplicate else "",
             extra={"trainjob": f"{key[0]}/{key[1]}", "trace_id": trace_id, "seq": ack.seq},
         )
+        return not ack.duplicate
 
     # ----------------------------------------------------------------------------------------------- run
 

@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api as js_api
 
-from tjpipe.applier.ledger import Ledger
+from tjpipe.applier.ledger import Ledger, seen_key
 from tjpipe.contracts.messages import AppliedRecord
 from tjpipe.plumbing.pull import StreamingPull
 
@@ -192,3 +192,19 @@ async def test_the_memory_is_bounded(nc: NATS) -> None:
         assert (await ledger.read("k4", assume_absent=True))[0] == _record(5)
     finally:
         await js.delete_key_value(bucket)
+
+
+async def test_of_racing_appliers_exactly_one_sees_a_trainjob_first_and_a_new_uid_counts_again(
+    ledger_pair: tuple[Ledger, Ledger],
+) -> None:
+    """What ``kubeflow_trainer_trainjobs_created_total`` counts: one True per uid, however many ask, however often."""
+    a, b = ledger_pair
+    key = seen_key("ns", "mnist")
+    firsts = await asyncio.gather(*(ledger.first_sight(key, "uid-1") for ledger in (a, b, a, b)))
+    assert sorted(firsts) == [False, False, False, True]
+    assert not await a.first_sight(key, "uid-1") and not await b.first_sight(key, "uid-1")
+    restarted = Ledger(a.kv)  # an applier started anew remembers nothing; the bucket does
+    assert not await restarted.first_sight(key, "uid-1")
+    # The TrainJob deleted and made again under its name: a new uid, counted once more.
+    again = await asyncio.gather(*(ledger.first_sight(key, "uid-2") for ledger in (a, b, restarted)))
+    assert sorted(again) == [False, False, True]
