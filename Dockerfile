@@ -3,7 +3,8 @@
 #            the last stage, and so the default, is init).
 #   init:    the compose stack's one-shot steps (python -m tjpipe.local.compose): the runtime image plus the
 #            module files they read (the Trainer, JobSet and PodGroup CRDs, Trainer's runtimes, JobSet's
-#            webhooks), exported while the image builds by a stage that carries Go, so `compose up` needs no
+#            webhooks) and deploy/'s identity objects, exported while the image builds by a stage that carries
+#            Go (the manifests), so `compose up` needs no
 #            network access for them. Offline, scripts/compose-images.sh builds the same image from the
 #            modules this machine has.
 # The runtime stage comes before the Go stage: the classic builder runs every stage up to its target, and the
@@ -57,4 +58,7 @@ RUN python -m tjpipe.local.compose export-manifests /opt/tjpipe-manifests && rm 
 
 FROM runtime AS init
 COPY --from=manifests /opt/tjpipe-manifests /opt/tjpipe-manifests
-ENV TJPIPE_MANIFESTS_DIR=/opt/tjpipe-manifests
+# The pipeline's ServiceAccounts, roles and admission policies, which setup applies (tjpipe.local.identities).
+COPY deploy/base /opt/tjpipe-deploy/base
+COPY deploy/components /opt/tjpipe-deploy/components
+ENV TJPIPE_MANIFESTS_DIR=/opt/tjpipe-manifests TJPIPE_DEPLOY_DIR=/opt/tjpipe-deploy

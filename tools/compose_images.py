@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tjpipe.local import compose, toolchain
+from tjpipe.local import compose, identities, toolchain
 from tjpipe.local.natsd import nats_server_binary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,7 +240,7 @@ def build_nats_image() -> None:
 def build_project_images() -> None:
     """The Dockerfile's runtime image on the Debian stand-in, then the init image: the same plus the
     manifests the one-shot set-up reads (CRDs, Trainer's runtimes, JobSet's webhooks), exported from the
-    Go modules here (the Dockerfile's ``init`` stage fetches them with Go instead)."""
+    Go modules here, and deploy/'s identity objects (the Dockerfile's ``init`` stage fetches them with Go instead)."""
     started = time.monotonic()
     _docker(
         "build",
@@ -259,8 +259,12 @@ def build_project_images() -> None:
     with tempfile.TemporaryDirectory(prefix="tjpipe-init-") as scratch:
         context = Path(scratch)
         compose.export_manifests(context / "manifests", progress=_say)
+        for relative in identities.IDENTITY_FILES:
+            (context / "deploy" / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(identities.deploy_dir() / relative, context / "deploy" / relative)
         project_id = _docker("image", "inspect", "--format", "{{.Id}}", compose.PROJECT_IMAGE).strip()
         files = sorted(p for p in (context / "manifests").rglob("*") if p.is_file())
+        files += sorted(p for p in (context / "deploy").rglob("*") if p.is_file())
         inputs = _digest(project_id, *(str(p.relative_to(context)) for p in files), *files)
         if _label(compose.INIT_IMAGE) == inputs:
             _say(f"{compose.INIT_IMAGE}: up to date")
@@ -268,7 +272,8 @@ def build_project_images() -> None:
         dockerfile = (
             f"FROM {compose.PROJECT_IMAGE}\n"
             f"COPY manifests {compose.MANIFESTS_DIR}\n"
-            f"ENV {compose.MANIFESTS_ENV}={compose.MANIFESTS_DIR}\n"
+            f"COPY deploy {compose.DEPLOY_DIR}\n"
+            f"ENV {compose.MANIFESTS_ENV}={compose.MANIFESTS_DIR} {identities.DEPLOY_ENV}={compose.DEPLOY_DIR}\n"
         )
         _build(compose.INIT_IMAGE, context, dockerfile, inputs=inputs)
     _say(f"{compose.INIT_IMAGE}: built")

@@ -67,6 +67,7 @@ class Project:
     name: str = field(default_factory=lambda: f"tjtest{secrets.token_hex(4)}")
     kube_port: int = field(default_factory=free_port)
     nats_port: int = field(default_factory=free_port)
+    history_port: int = field(default_factory=free_port)
 
     @property
     def env(self) -> dict[str, str]:
@@ -75,6 +76,7 @@ class Project:
             TJPIPE_COMPOSE_STATE=str(self.state),
             TJPIPE_COMPOSE_KUBE_PORT=str(self.kube_port),
             TJPIPE_COMPOSE_NATS_PORT=str(self.nats_port),
+            TJPIPE_COMPOSE_HISTORY_PORT=str(self.history_port),
             TJPIPE_POD_RUN_SECONDS="3",
         )
         return env
@@ -123,6 +125,12 @@ class Project:
                 return
             time.sleep(1)
         raise AssertionError(f"{service} not healthy after {timeout:.0f}s:\n{self.logs(service)[-4000:]}")
+
+    def exec(self, service: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        """``argv`` in the service's running container, as its user."""
+        return subprocess.run(
+            ["docker", "exec", self.container(service), *argv], capture_output=True, text=True, timeout=60, check=False
+        )
 
     def logs(self, *services: str) -> str:
         return self.run("logs", "--no-color", *services, timeout=60, check=False).stdout

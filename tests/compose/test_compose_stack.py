@@ -1,5 +1,6 @@
 """compose/docker-compose.yml on a real Docker engine: the stack comes up, runs the demo and 50 more
-TrainJobs to Complete on the simulated cluster, survives an applier restart without writing, and leaves
+TrainJobs to Complete on the simulated cluster with each service as its own ServiceAccount, serves the
+history over HTTP to the host's login token, survives an applier restart without writing, and leaves
 nothing behind.
 
 The images are built first with the project's own offline builder (scripts/compose-images.sh; cached, so
@@ -10,8 +11,11 @@ the compose v2 plugin built from its module; the file is checked by both.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,9 +109,57 @@ def test_demo_trainjobs_complete_and_are_cleaned_up(project: Project) -> None:
 def test_host_reaches_the_apiserver_and_the_bus(project: Project) -> None:
     with new_api_client(project.state / "kubeconfig") as api:
         assert VersionApi(api).get_code().git_version == "v1.36.3"
-    for name in ("reader.nk", "nats-ca.crt", "env"):
+    for name in ("reader.nk", "nats-ca.crt", "login-token", "env"):
         assert (project.state / name).is_file()
     assert (project.state / "reader.nk").stat().st_mode & 0o077 == 0
+
+
+# What the applier's container asks the API server, with the kubeconfig and token it mounts: who it is, and to
+# create a ConfigMap in kube-system, which its role does not allow (nothing is created: the answer is 403).
+WHO_AM_I = """
+import json, kubernetes
+from kubernetes.client import AuthenticationV1Api, CoreV1Api, V1ConfigMap, V1ObjectMeta
+from kubernetes.client.rest import ApiException
+api = kubernetes.config.new_client_from_config()
+user = AuthenticationV1Api(api).create_self_subject_review({"apiVersion": "authentication.k8s.io/v1",
+    "kind": "SelfSubjectReview"}).status.user_info.username
+try:
+    CoreV1Api(api).create_namespaced_config_map("kube-system", V1ConfigMap(metadata=V1ObjectMeta(name="x")))
+    status = 201
+except ApiException as exc:
+    status = exc.status
+print(json.dumps({"user": user, "kube-system-write": status}))
+"""
+
+
+def test_the_applier_runs_as_its_own_service_account(project: Project) -> None:
+    completed = project.exec("applier", "python", "-c", WHO_AM_I)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    answer = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert answer == {"user": "system:serviceaccount:trainjob-pipeline:tjpipe-applier", "kube-system-write": 403}
+
+
+def test_the_history_server_lists_the_demo_trainjobs_to_the_host_token(project: Project) -> None:
+    project.wait_healthy("history-server", timeout=120)
+    token = (project.state / "login-token").read_text().strip()
+    url = f"http://127.0.0.1:{project.history_port}/api/v1/namespaces/tjpipe-demo/trainjobs"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    deadline = time.monotonic() + 60
+    names: set[str] = set()
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            names = {item["name"] for item in json.load(response)["items"]}
+        if {"mnist", "deepspeed"} <= names:
+            break
+        time.sleep(2)
+    assert {"mnist", "deepspeed"} <= names, names
+    refused = urllib.request.Request(url, headers={"Authorization": "Bearer not-a-token"})
+    try:
+        urllib.request.urlopen(refused, timeout=10)
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 401
+    else:
+        raise AssertionError("the history server answered a token the API server does not know")
 
 
 def _load_trainjob(index: int) -> dict[str, Any]:

@@ -48,7 +48,7 @@ COMPOSE_SPEC_VALIDATOR = GoTool(
     package=f"{COMPOSE_GO_MODULE}/cmd",
 )
 CONTROL_PLANE = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "jobset-manager"}
-INFRASTRUCTURE = CONTROL_PLANE | {"init", "setup", "nats", "bus-setup", "webhook", "demo"}
+INFRASTRUCTURE = CONTROL_PLANE | {"init", "setup", "nats", "bus-setup", "webhook", "history-server", "demo"}
 ONE_SHOTS = {"init", "setup", "bus-setup", "demo"}
 
 
@@ -219,7 +219,7 @@ def test_every_kubeconfig_and_certificate_the_containers_read_comes_from_init(mo
     """A path a container is told to read lies in a volume ``init`` writes (so compose.prepare made it)."""
     services = model["services"]
     written = {v["source"] for v in services["init"]["volumes"] if v["type"] == "volume"}
-    for name in (*CONTROL_PLANE, "watcher", "applier", "webhook", "demo", "setup"):
+    for name in (*CONTROL_PLANE, "watcher", "applier", "webhook", "history-server", "demo", "setup"):
         spec = services[name]
         mounts = {v["target"]: v for v in spec.get("volumes") or []}
         wanted = [a.split("=", 1)[1] for a in spec.get("command") or [] if a.startswith("--") and "=/etc/" in a]
@@ -310,12 +310,13 @@ def test_startup_order(model: dict[str, Any]) -> None:
     assert conditions("applier") == {"bus-setup": done, "setup": done}
     assert conditions("planner") == {"bus-setup": done}
     assert conditions("webhook") == {"setup": done}
+    assert conditions("history-server") == {"bus-setup": done, "setup": done}
     demo = conditions("demo")
     assert {s: demo[s] for s in (*SERVICES, "webhook")} == dict.fromkeys((*SERVICES, "webhook"), "service_healthy")
     assert set(demo) >= CONTROL_PLANE - {"etcd", "kube-apiserver"}
     for name in ONE_SHOTS:
         assert services[name]["restart"] == "no", name
-    for name in (*SERVICES, "webhook", "nats"):
+    for name in (*SERVICES, "webhook", "history-server", "nats"):
         assert services[name]["healthcheck"]["test"], name
 
 
@@ -326,7 +327,7 @@ def test_published_ports_are_loopback_only(model: dict[str, Any]) -> None:
 
 
 def test_services_run_hardened(model: dict[str, Any]) -> None:
-    for service in SERVICES:
+    for service in (*SERVICES, "webhook", "history-server"):
         spec = model["services"][service]
         assert spec["read_only"] is True
         assert spec["cap_drop"] == ["ALL"]
@@ -359,8 +360,18 @@ def test_dockerfile_init_stage_is_the_runtime_plus_exported_manifests() -> None:
     assert f"--from={go_stage.name} /usr/local/go /usr/local/go" in manifests.all("COPY")
     assert "python -m tjpipe.local.compose export-manifests /opt/tjpipe-manifests" in " ".join(manifests.all("RUN"))
     assert init.base == "runtime"
-    assert init.all("COPY") == ["--from=manifests /opt/tjpipe-manifests /opt/tjpipe-manifests"]
+    assert init.all("COPY") == [
+        "--from=manifests /opt/tjpipe-manifests /opt/tjpipe-manifests",
+        "deploy/base /opt/tjpipe-deploy/base",
+        "deploy/components /opt/tjpipe-deploy/components",
+    ]
     assert init.all("RUN") == [] and init.last("USER") is None
+    # Every file setup reads its identity objects from is in what the stage copies, under the variable's folder.
+    from tjpipe.local import compose as shape
+    from tjpipe.local.identities import DEPLOY_ENV, IDENTITY_FILES
+
+    assert f"{DEPLOY_ENV}={shape.DEPLOY_DIR}" in " ".join(init.all("ENV"))
+    assert all(path.parts[0] in ("base", "components") for path in IDENTITY_FILES)
 
 
 def _locked_requirements() -> dict[str, tuple[str, list[str]]]:
@@ -455,6 +466,56 @@ def test_prepare_writes_each_file_once_and_the_host_view(tmp_path: Path) -> None
                 assert (root / value.lstrip("/")).is_file(), f"{service} reads {value}, which init did not write"
     host = yaml.safe_load((state / "kubeconfig").read_text())
     assert host["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:16443"
-    assert sorted(p.name for p in state.iterdir()) == ["env", "kubeconfig", "nats-ca.crt", "reader.nk"]
+    assert sorted(p.name for p in state.iterdir()) == ["env", "kubeconfig", "login-token", "nats-ca.crt", "reader.nk"]
     assert not any(b"PRIVATE KEY" in p.read_bytes() for p in state.iterdir())
     assert (state / "reader.nk").stat().st_mode & 0o077 == 0
+    assert (state / "login-token").stat().st_mode & 0o077 == 0
+    assert (state / "login-token").read_text().strip() == host["users"][0]["user"]["token"]
+    # Each kube identity's folder exists, empty until setup asks the API server for the tokens.
+    for service in shape.IDENTITY_SERVICES:
+        folder = root / shape.IDENTITIES_DIR.relative_to("/") / service
+        assert folder.is_dir() and not any(folder.iterdir()), service
+
+
+KUBE_IDENTITY_VOLUMES = {
+    "watcher": "watcher-kube",
+    "applier": "applier-kube",
+    "webhook": "webhook-kube",
+    "history-server": "history-server-kube",
+}
+
+
+def test_each_service_talks_to_the_api_server_as_its_own_service_account(model: dict[str, Any]) -> None:
+    """setup, the admin, writes each service's token into a volume that service alone mounts (read-only, at
+    its KUBECONFIG's folder); the planner mounts none, and the admin's kubeconfig stays with setup and the demo."""
+    from tjpipe.local import compose as shape
+    from tjpipe.local.identities import SERVICE_ACCOUNTS
+
+    services = model["services"]
+    assert set(KUBE_IDENTITY_VOLUMES) == set(shape.IDENTITY_SERVICES) <= set(SERVICE_ACCOUNTS)
+    every = set(KUBE_IDENTITY_VOLUMES.values()) | {"kube", "kube-pki"}
+    setup = {v["source"]: v for v in services["setup"]["volumes"]}
+    for service, volume in KUBE_IDENTITY_VOLUMES.items():
+        spec = services[service]
+        mounts = {v["source"]: v for v in spec.get("volumes") or []}
+        assert set(mounts) & every == {volume}, service
+        assert mounts[volume]["read_only"] is True
+        assert Path(spec["environment"]["KUBECONFIG"]) == Path(mounts[volume]["target"]) / shape.KUBECONFIG_NAME
+        assert setup[volume]["target"] == str(shape.IDENTITIES_DIR / service)
+        assert not setup[volume].get("read_only")
+    assert not {v["source"] for v in services["planner"].get("volumes") or []} & every
+    for name in set(services) - {"init", "setup", "demo", *CONTROL_PLANE, *KUBE_IDENTITY_VOLUMES}:
+        assert not {v["source"] for v in services[name].get("volumes") or []} & every, name
+
+
+def test_the_history_server_reads_the_bus_as_reader_and_scrapes_the_services(model: dict[str, Any]) -> None:
+    spec = model["services"]["history-server"]
+    assert spec["command"] == ["history-server"]
+    mounts = {v["source"]: v for v in spec["volumes"]}
+    assert Path(spec["environment"]["NATS_CREDS"]).parent == Path(mounts["history-server-nats-creds"]["target"])
+    init = {v["source"]: v["target"] for v in model["services"]["init"]["volumes"]}
+    assert init["history-server-nats-creds"] == "/creds/history-server"
+    assert spec["environment"]["TJPIPE_HISTORY_LISTEN"] == "0.0.0.0:8080"
+    scraped = spec["environment"]["TJPIPE_HISTORY_SCRAPE"].split(",")
+    assert scraped == [f"http://{s}:9090/metrics" for s in SERVICES]
+    assert [(p["host_ip"], p["target"]) for p in spec["ports"]] == [("127.0.0.1", 8080)]

@@ -55,6 +55,8 @@ COMPOSE_V2_VERSION = "v2.40.3"  # the newest the module proxy served when this w
 check the file with it and run the stack with it where Debian's docker-compose 1.29 is all apt has)."""
 MANIFESTS_ENV = toolchain.MANIFESTS_ENV
 MANIFESTS_DIR = "/opt/tjpipe-manifests"
+DEPLOY_DIR = "/opt/tjpipe-deploy"
+"""Where the init image holds deploy/'s identity files (``tjpipe.local.identities.DEPLOY_ENV``)."""
 
 # ------------------------------------------------------------------------------------ names and places
 APISERVER_HOST = "kube-apiserver"
@@ -80,6 +82,16 @@ JOBSET_CONFIG = JOBSET_DIR / "config.yaml"
 JOBSET_KUBECONFIG = JOBSET_DIR / "kubeconfig"
 JOBSET_CERTS = JOBSET_DIR / "certs"
 SERVICE_KUBECONFIG = Path("/kube/kubeconfig")
+"""The admin's kubeconfig, for ``setup`` and the demo (the user's own client) only."""
+IDENTITY_SERVICES = ("watcher", "applier", "webhook", "history-server")
+"""The containers that talk to the API server, each as its own ServiceAccount (``tjpipe.local.identities``)."""
+IDENTITIES_DIR = Path("/kube-identities")
+"""Where ``setup`` mounts each of those containers' kubeconfig volume (one folder per service); the service
+itself mounts only its own, at ``/kube``."""
+KUBECONFIG_NAME = "kubeconfig"
+TOKEN_NAME = "token"
+HISTORY_IDENTITY = "reader"
+"""The NATS identity ``tjpipe history-server`` reads the streams as."""
 WEBHOOK_TLS = Path("/etc/tjpipe/webhook-tls")
 
 
@@ -156,6 +168,7 @@ def prepare(
     from tjpipe.local import cluster, jobset_controller, kubeapi
     from tjpipe.local.pki import write_serving_pki
     from tjpipe.local.signing_keys import KeyFolder
+    from tjpipe.private_files import write_private_file
 
     def at(path: Path) -> Path:
         return root / path.relative_to("/")
@@ -173,6 +186,13 @@ def prepare(
     for path, uid in kubeconfigs.items():
         kubeapi.write_kubeconfig(path, server=server, ca_file=pki.ca_cert, token=token, embed_ca=True)
         _own(path, uid, mode=0o400)
+    # Empty until setup requests each service's token (the API server must run first); setup runs as the
+    # services' user, so the folders are theirs.
+    for service in IDENTITY_SERVICES:
+        folder = at(IDENTITIES_DIR / service)
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o700)
+        _own(folder, SERVICE_USER)
 
     cluster.write_kwok_config(at(KWOK_CONFIG), pod_run_seconds=pod_run_seconds)
     jobset_certs = at(JOBSET_CERTS)
@@ -212,6 +232,7 @@ def prepare(
     _copy(tls_dir / "ca.crt", at(Path("/nats-ca/ca.crt")), uid=SERVICE_USER, mode=0o444)
     for identity in ("watcher", "planner", "applier", "admin"):
         _copy(creds.seed_file(identity), at(Path(f"/creds/{identity}/nats.nk")), uid=SERVICE_USER)
+    _copy(creds.seed_file(HISTORY_IDENTITY), at(Path("/creds/history-server/nats.nk")), uid=SERVICE_USER)
 
     # The stages' signing keys: each service mounts only its own part.
     keys = KeyFolder(at(Path("/keys"))).ensure()
@@ -229,6 +250,8 @@ def prepare(
     )
     shutil.copyfile(tls_dir / "ca.crt", state / "nats-ca.crt")
     _copy(creds.seed_file(credentials.READER), state / "reader.nk", uid=os.getuid(), mode=0o600)
+    # The history server's login: the admin's token, which the kubeconfig above holds already.
+    write_private_file(state / "login-token", token + "\n")
     env_file = state / "env"
     env_file.write_text(
         f'export KUBECONFIG="$(dirname "${{BASH_SOURCE[0]:-$0}}")/kubeconfig"\n'
@@ -237,19 +260,29 @@ def prepare(
         'export NATS_CREDS="$(dirname "${BASH_SOURCE[0]:-$0}")/reader.nk"\n'
     )
     # The folder's owner is whoever made it on the host (or root, if Docker made it): the files become theirs.
-    for path in (state / "kubeconfig", state / "nats-ca.crt", state / "reader.nk", env_file):
+    for path in (state / "kubeconfig", state / "nats-ca.crt", state / "reader.nk", state / "login-token", env_file):
         _own(path, state.stat().st_uid)
     progress(
-        f"host files in {state}: kubeconfig (https://127.0.0.1:{apiserver_host_port}), reader.nk, nats-ca.crt, env"
+        f"host files in {state}: kubeconfig (https://127.0.0.1:{apiserver_host_port}), reader.nk, nats-ca.crt, "
+        "login-token (the history server's), env"
     )
 
 
 # ----------------------------------------------------------------------------------------------- setup
 
 
-def setup(*, kubeconfig: Path, nodes: int, timeout: float, progress: Callable[[str], None] = print) -> None:
-    """What the stack installs on its apiserver once it answers (the same list ``tjpipe up`` installs)."""
+def setup(
+    *,
+    kubeconfig: Path,
+    nodes: int,
+    timeout: float,
+    identities: Path = IDENTITIES_DIR,
+    progress: Callable[[str], None] = print,
+) -> None:
+    """What the stack installs on its apiserver once it answers (the same list ``tjpipe up`` installs), and a
+    fresh token for each service's ServiceAccount in ``identities/<service>/``."""
     from tjpipe.local import admission_webhook, cluster, crds, jobset_controller
+    from tjpipe.local import identities as kube_identities
     from tjpipe.local.kubeapi import new_api_client, wait_for_api
 
     wait_for_api(kubeconfig, timeout=timeout)
@@ -281,6 +314,20 @@ def setup(*, kubeconfig: Path, nodes: int, timeout: float, progress: Callable[[s
         progress("webhooks registered (failurePolicy Fail): JobSet's, and tjpipe webhook's")
         cluster.create_nodes(api, count=nodes, shape=cluster.NodeShape())
         progress(f"{nodes} simulated nodes created (kwok makes them Ready)")
+        crds.apply_objects(api, kube_identities.identity_objects(), field_manager=kube_identities.FIELD_MANAGER)
+        for service in IDENTITY_SERVICES:
+            folder = identities / service
+            kube_identities.write_service_kubeconfig(
+                api,
+                service,
+                admin_kubeconfig=kubeconfig,
+                kubeconfig=folder / KUBECONFIG_NAME,
+                token_file=folder / TOKEN_NAME,
+            )
+        progress(
+            "the services' ServiceAccounts, roles and admission policies applied (deploy/); a fresh token for "
+            f"each of {', '.join(IDENTITY_SERVICES)}"
+        )
     progress(f"set up in {time.monotonic() - started:.1f}s")
 
 

@@ -10,6 +10,7 @@ talks to no API server and gets no kubeconfig at all.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +25,24 @@ from tjpipe.private_files import write_private_file
 
 NAMESPACE = "trainjob-pipeline"
 """The pipeline's namespace, as deploy/base names it: its ServiceAccounts live there."""
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY_ENV = "TJPIPE_DEPLOY_DIR"
+"""Where deploy/ is when this module is not in a checkout (the compose stack's init image copies it there)."""
 IDENTITY_FILES = (
-    DEPLOY / "base" / "namespace.yaml",
-    DEPLOY / "base" / "rbac.yaml",
-    DEPLOY / "base" / "applier-policy.yaml",
-    DEPLOY / "base" / "webhook.yaml",
-    DEPLOY / "components" / "one-process" / "controller.yaml",
-    DEPLOY / "components" / "history-server" / "history-server.yaml",
+    Path("base/namespace.yaml"),
+    Path("base/rbac.yaml"),
+    Path("base/applier-policy.yaml"),
+    Path("base/webhook.yaml"),
+    Path("components/one-process/controller.yaml"),
+    Path("components/history-server/history-server.yaml"),
 )
+"""The files under deploy/ the identity objects are read from."""
+
+
+def deploy_dir() -> Path:
+    """The checkout's deploy/, or ``$TJPIPE_DEPLOY_DIR``."""
+    return Path(os.environ.get(DEPLOY_ENV) or Path(__file__).resolve().parents[2] / "deploy")
+
+
 IDENTITY_KINDS = frozenset(
     {
         "Namespace",
@@ -61,8 +71,9 @@ FIELD_MANAGER = "tjpipe-up"
 def identity_objects() -> list[dict[str, Any]]:
     """deploy/'s identity objects, in the pipeline's namespace: ServiceAccounts, roles, bindings, policies."""
     objects: list[dict[str, Any]] = []
+    deploy = deploy_dir()
     for path in IDENTITY_FILES:
-        for obj in _load_yaml_documents(path):
+        for obj in _load_yaml_documents(deploy / path):
             wanted = obj["kind"] in IDENTITY_KINDS or (
                 obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == POLICY_PARAMS
             )
@@ -91,16 +102,29 @@ class ServiceKubeconfigs:
 def install_identities(api_client: ApiClient, *, admin_kubeconfig: Path, folder: Path) -> ServiceKubeconfigs:
     """Apply the identity objects, then write a kubeconfig with a fresh ServiceAccount token for each service."""
     apply_objects(api_client, identity_objects(), field_manager=FIELD_MANAGER)
-    cluster = _cluster_of(admin_kubeconfig)
-    core = kube_client.CoreV1Api(api_client)
     folder.mkdir(parents=True, exist_ok=True)
     kubeconfigs = ServiceKubeconfigs(folder)
-    for service, account in SERVICE_ACCOUNTS.items():
-        token = request_token(core, account)
-        token_file = folder / f"{service}.token"
-        write_private_file(token_file, token)
-        write_private_file(kubeconfigs.path(service), _kubeconfig(cluster, account, token_file.name))
+    for service in SERVICE_ACCOUNTS:
+        write_service_kubeconfig(
+            api_client,
+            service,
+            admin_kubeconfig=admin_kubeconfig,
+            kubeconfig=kubeconfigs.path(service),
+            token_file=folder / f"{service}.token",
+        )
     return kubeconfigs
+
+
+def write_service_kubeconfig(
+    api_client: ApiClient, service: str, *, admin_kubeconfig: Path, kubeconfig: Path, token_file: Path
+) -> None:
+    """A fresh token of ``service``'s ServiceAccount into ``token_file``, and a kubeconfig beside it that reads
+    it (the same server and CA as ``admin_kubeconfig``)."""
+    account = SERVICE_ACCOUNTS[service]
+    if token_file.parent != kubeconfig.parent:
+        raise ValueError(f"{token_file} must be in the folder of {kubeconfig}: the kubeconfig names it relatively")
+    write_private_file(token_file, request_token(kube_client.CoreV1Api(api_client), account))
+    write_private_file(kubeconfig, _kubeconfig(_cluster_of(admin_kubeconfig), account, token_file.name))
 
 
 def request_token(core: kube_client.CoreV1Api, account: str, *, seconds: int = TOKEN_SECONDS) -> str:
