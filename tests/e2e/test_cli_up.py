@@ -55,7 +55,7 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
         # The default stack is the whole simulated cluster (tjpipe.local.cluster); `down` must stop all of it.
         assert [p.stem for p in pid_files] == sorted(
             [
-                *("applier", "etcd", "kube-apiserver", "nats", "planner", "watcher", "webhook"),
+                *("applier", "etcd", "kube-apiserver", "nats", "planner", "watcher", "webhook", "history-server"),
                 *("jobset-manager", "kube-controller-manager", "kube-scheduler", "kwok"),
             ]
         )
@@ -376,7 +376,7 @@ def test_up_demo_runs_to_complete_shows_the_cascade_and_ctrl_c_leaves_no_process
             assert up.poll() is None and time.monotonic() < deadline, output.read_text()[-4000:]
             time.sleep(0.5)
         pids = [int(p.read_text().split()[0]) for p in (tmp_path / ".tjpipe" / "logs").glob("*.pid")]
-        assert len(pids) == 11
+        assert len(pids) == 12  # the simulated cluster, the services, the webhook and the history server
     finally:
         up.send_signal(signal.SIGINT)
         try:
