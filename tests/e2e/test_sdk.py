@@ -26,7 +26,9 @@ from tjpipe.local.kubeapi import new_api_client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(900)]
 
-sdk_trainer = pytest.importorskip("kubeflow.trainer", reason="the Kubeflow SDK (kubeflow 0.5.0, the test extra)")
+sdk_trainer = pytest.importorskip(
+    "kubeflow.trainer", reason="the Kubeflow SDK: kubeflow 0.5.0, the sdk extra (bash scripts/bootstrap.sh test,sdk)"
+)
 
 NAMESPACE = "sdk"
 POD_RUN_SECONDS = 10
