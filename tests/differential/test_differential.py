@@ -74,14 +74,6 @@ def _no_jobs_status_after_deadline(theirs: dict[str, Any], mine: dict[str, Any])
     )
 
 
-def _refused_over_the_old_claim(theirs: dict[str, Any], mine: dict[str, Any]) -> bool:
-    return _final_condition(theirs) == "Complete" and any(
-        c["type"] == "ComponentsApplied" and c["status"] == "False" and "existing PVC" in c.get("message", "")
-        for status in mine["statuses"]
-        for c in status.get("conditions") or []
-    )
-
-
 def _final_condition(record: dict[str, Any]) -> str | None:
     conditions = (record["statuses"] or [{}])[-1].get("conditions") or []
     finished = [c["type"] for c in conditions if c["type"] in ("Complete", "Failed") and c["status"] == "True"]
@@ -98,16 +90,6 @@ DEVIATIONS: dict[tuple[str, str], Deviation] = {
     **{
         (scenario, runtime): VOLUME_CLAIMS_3008
         for scenario in ("suspend-before-start", "suspend-running-patch-resume")
-        for runtime in ("torchtune-llama3.2-1b", "torchtune-llama3.2-3b", "torchtune-qwen2.5-1.5b")
-    },
-    **{
-        ("jobset-deleted", runtime): Deviation(
-            reason="open, the pipeline's: the JobSet is made again while its claim (volumeClaimPolicies, "
-            "whenDeleted: Delete) is still being collected; JobSet's webhook refuses it ('retentionPolicy must "
-            "be retain when PVC exists'), the applier takes the 422 as permanent (ComponentsApplied=False, a "
-            "dead letter) and nothing re-plans until the resync. Trainer's reconcile retries and completes.",
-            matches=_refused_over_the_old_claim,
-        )
         for runtime in ("torchtune-llama3.2-1b", "torchtune-llama3.2-3b", "torchtune-qwen2.5-1.5b")
     },
     **{
