@@ -51,6 +51,24 @@ class PermanentError(Exception):
         self.api_message = api_message
 
 
+class SettlingRefusal(TransientError):
+    """A refusal that the cluster clears by itself within moments, e.g. JobSet's webhook refusing a JobSet
+    made again while the claim of the one deleted before it is still being collected. It is retried as a
+    transient error for ``SETTLING_DELIVERIES`` deliveries (a few minutes), then it is ``permanent``: a
+    refusal that does not clear ends as a condition and a dead letter, never as an endless retry."""
+
+    def __init__(self, reason: str, *, permanent: PermanentError) -> None:
+        super().__init__(reason)
+        self.permanent = permanent
+
+
+SETTLING_DELIVERIES = 8
+"""With the applier's growing nak delay (2 s doubling, at most 60 s) about three minutes."""
+SETTLING_REFUSALS = ("retentionPolicy must be retain when PVC exists",)
+"""Refusals that name a state the garbage collector is removing: JobSet v0.12.0's webhook answers this when
+a claim of the JobSet's name still exists (whenDeleted: Delete claims go with the JobSet that owned them)."""
+
+
 class Unauthorized(Exception):
     """The message asks for a write no real TrainJob justifies: dead-lettered, and nothing is written."""
 
@@ -84,7 +102,10 @@ def classify(status: int, reason: str, message: str, *, retry_after: float | Non
         return TransientError(text, retry_after=retry_after)
     if status == 404 and ("the server could not find the requested resource" in message or "page not found" in message):
         return PermanentError(f"{text} (is the CRD installed?)", api_reason=reason or "NotFound", api_message=message)
-    return PermanentError(text, api_reason=reason or str(status), api_message=message)
+    permanent = PermanentError(text, api_reason=reason or str(status), api_message=message)
+    if status == 422 and any(settling in message for settling in SETTLING_REFUSALS):
+        return SettlingRefusal(f"{text} (waiting for the cluster to settle)", permanent=permanent)
+    return permanent
 
 
 @dataclass(frozen=True)

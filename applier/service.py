@@ -214,26 +214,17 @@ class Applier:
             self.stats.naks += 1
             await msg.nak(delay=exc.delay)
             return
+        except core.SettlingRefusal as exc:
+            if (msg.metadata.num_delivered or 1) >= core.SETTLING_DELIVERIES:
+                await self._fail_permanently(msg, message, exc.permanent, attempts, started)
+                return
+            await self._hand_back(msg, message, exc)
+            return
         except core.TransientError as exc:
-            delay = min(60.0, 2.0 ** min(msg.metadata.num_delivered or 1, 6))
-            self.stats.naks += 1
-            log.warning(
-                "%s: %s; handing back to JetStream for %.0fs",
-                message.target,
-                exc.reason,
-                delay,
-                extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
-            )
-            await msg.nak(delay=delay)
+            await self._hand_back(msg, message, exc)
             return
         except core.PermanentError as exc:
-            await self._dead_letter(msg, reason="permanent", error=exc.reason, key=message)
-            await self._explain_on_trainjob(message, exc.reason)
-            if exc.api_reason and not isinstance(message, ApplyTrainJobStatus | DeleteComponent):
-                # The API server refused the component (e.g. a webhook's 422): say so on the TrainJob.
-                await self._set_condition(message, reason=exc.api_reason, text=exc.api_message or exc.reason)
-            await self._finish(msg, message, "failed", attempts, started, reason=exc.reason, ack=False)
-            await msg.term()
+            await self._fail_permanently(msg, message, exc, attempts, started)
             return
         if (
             facts is not None
@@ -262,6 +253,31 @@ class Applier:
             log.warning("%s: could not record the TrainJob in the ledger: %s", message.trainjob, exc)
         if isinstance(message, ApplyTrainJobStatus) and done.action in ("created", "configured"):
             count_transitions(message.transitions, namespace=namespace, runtime=facts.runtime)
+
+    async def _hand_back(self, msg: Msg, message: ApplyMessage, exc: core.TransientError) -> None:
+        """Give a message that failed for now back to JetStream, with a delay that grows per delivery."""
+        delay = min(60.0, 2.0 ** min(msg.metadata.num_delivered or 1, 6))
+        self.stats.naks += 1
+        log.warning(
+            "%s: %s; handing back to JetStream for %.0fs",
+            message.target,
+            exc.reason,
+            delay,
+            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
+        )
+        await msg.nak(delay=delay)
+
+    async def _fail_permanently(
+        self, msg: Msg, message: ApplyMessage, exc: core.PermanentError, attempts: int, started: float
+    ) -> None:
+        """A dead letter, the reason on the TrainJob, a ``failed`` result, and the message terminated."""
+        await self._dead_letter(msg, reason="permanent", error=exc.reason, key=message)
+        await self._explain_on_trainjob(message, exc.reason)
+        if exc.api_reason and not isinstance(message, ApplyTrainJobStatus | DeleteComponent):
+            # The API server refused the component (e.g. a webhook's 422): say so on the TrainJob.
+            await self._set_condition(message, reason=exc.api_reason, text=exc.api_message or exc.reason)
+        await self._finish(msg, message, "failed", attempts, started, reason=exc.reason, ack=False)
+        await msg.term()
 
     # --------------------------------------------------------------------------------- authorization
 

@@ -37,6 +37,21 @@ def test_permanent_statuses(status: int) -> None:
     assert "CRD" not in err.reason
 
 
+def test_jobsets_refusal_over_a_claim_being_collected_settles_then_is_permanent() -> None:
+    text = (
+        'admission webhook "vjobset.kb.io" denied the request: spec.volumeClaimPolicies[0].retentionPolicy.'
+        "whenDeleted: Invalid value: \"Delete\": retentionPolicy must be retain when PVC exists"
+    )
+    err = core.classify(422, "Invalid", text)
+    assert isinstance(err, core.SettlingRefusal) and isinstance(err, core.TransientError)
+    assert err.permanent.api_reason == "Invalid" and err.permanent.api_message == text
+    assert err.permanent.reason == f"422 Invalid: {text}"
+    # Another refusal of the same JobSet, by the same webhook, does not settle by itself.
+    other = core.classify(422, "Invalid", "spec does not match existing PVC x-initializer in namespace ns")
+    assert type(other) is core.PermanentError
+    assert type(core.classify(400, "BadRequest", text)) is core.PermanentError
+
+
 def test_404_missing_resource_type_mentions_the_crd() -> None:
     err = core.classify(404, "NotFound", "the server could not find the requested resource")
     assert isinstance(err, core.PermanentError)
