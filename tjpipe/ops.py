@@ -289,7 +289,9 @@ async def replay(
         if from_seq is None or e.origin_seq >= from_seq
     ]
     apply_subject = subjects.trainjob_apply_filter(key.namespace, key.name) if key else subjects.apply_filter()
-    recorded: dict[int, list[ApplyMessage]] = {}
+    # A plan belongs to the event it names and to the TrainJob it is for: a message that names another
+    # TrainJob's event (a forged or mistaken one) is not that event's plan.
+    recorded: dict[tuple[int, str, str], list[ApplyMessage]] = {}
     first_seq = min((e.origin_seq for e in events), default=None)
     if first_seq is not None:
         for stored in await read_stream(js, streams.APPLY_HISTORY.name, apply_subject, start_time=since):
@@ -298,7 +300,8 @@ async def replay(
             except msgspec.MsgspecError:
                 continue
             if message.source_seq >= first_seq:
-                recorded.setdefault(message.source_seq, []).append(message)
+                owner = (message.source_seq, message.trainjob.namespace, message.trainjob.name)
+                recorded.setdefault(owner, []).append(message)
     report = ReplayReport()
     for stored in events:
         if progress is not None:
@@ -308,7 +311,8 @@ async def replay(
         except msgspec.MsgspecError:
             continue  # dead-lettered by the planner; nothing was planned from it
         result = plan(event, source_seq=stored.origin_seq, framework=framework or planner_core.FRAMEWORK)
-        changed = compare_plans(recorded.get(stored.origin_seq, []), result.applies)
+        owner = (stored.origin_seq, result.trainjob.namespace, result.trainjob.name)
+        changed = compare_plans(recorded.get(owner, []), result.applies)
         report.events.append(ReplayedEvent(key=result.trainjob, seq=stored.origin_seq, changed=changed))
     return report
 

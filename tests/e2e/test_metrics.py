@@ -181,7 +181,7 @@ def test_two_replicas_of_every_stage_count_each_change_once(replicated: Stack, k
 
 
 def unjustified_apply(namespace: str) -> tuple[str, bytes]:
-    """A genuine (signed) apply message for a TrainJob that does not exist: dead-lettered as unauthorized."""
+    """A genuine (signed) apply message whose object has no controller reference: dead-lettered as unauthorized."""
     name = "nobody"
     obj = msgspec.convert(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}}, ConfigMap
