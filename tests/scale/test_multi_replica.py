@@ -311,6 +311,22 @@ def read_leases(url: str) -> dict[str, str]:
     return leases
 
 
+def held_leases(url: str, *, timeout: float = 30.0) -> dict[str, str]:
+    """The leases once a reading shows every planner and applier partition held.
+
+    Just after the lease bucket's stream changes leader, listing its keys can come back empty or partial for a
+    moment although every lease is held; one such reading is not evidence that nobody holds a partition.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        leases = read_leases(url)
+        if all(len(owners(leases, role)) == PARTITIONS for role in ("planner", "applier")):
+            return leases
+        if time.monotonic() > deadline:
+            return leases
+        time.sleep(0.2)
+
+
 def owners(leases: dict[str, str], role: str) -> dict[int, str]:
     return {p: leases[f"{role}.p{p}"] for p in range(PARTITIONS) if f"{role}.p{p}" in leases}
 
@@ -629,7 +645,7 @@ def test_multi_replica_crash_converges(scale_kube: LocalKube, tmp_path: Path) ->
         meta_leader = cluster.meta_leader()
         for job in patched:
             patch_runtime(custom, job, 1)
-        leases_before = read_leases(live_url)
+        leases_before = held_leases(live_url)
         killed = {role: f"{role}-0" for role in ("watcher", "planner", "applier")}
         live_url = ",".join(s.url for i, s in enumerate(cluster.servers) if i != victim)
         # The node hangs before it dies (SIGSTOP, then SIGKILL): messages routed to it meanwhile are neither
