@@ -862,7 +862,7 @@ def _down(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     """Results go to stdout as plain text: key ids and paths are data, not markup."""
     from tjpipe.exits import Failure
-    from tjpipe.local.signing_keys import KeyFolder
+    from tjpipe.keys.signing import KeyFolder
     from tjpipe.plumbing.signing import KeyMaterialError
 
     sub: str = args.keys_command

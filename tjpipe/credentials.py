@@ -274,7 +274,7 @@ def write_self_signed_tls(root: Path, hosts: Iterable[str], *, days: int = 825) 
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
-    from tjpipe.local.pki import private_key_pem, self_signed_ca, serving_certificate
+    from tjpipe.keys.pki import private_key_pem, self_signed_ca, serving_certificate
 
     names: list[x509.GeneralName] = []
     for host in hosts:
