@@ -101,7 +101,7 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
     from tjpipe.history_server.app import Backend, make_app
     from tjpipe.history_server.index import HistoryIndex
-    from tjpipe.opscli import connect_nats
+    from tjpipe.nats_connection import connect_nats
     from tjpipe.plumbing.kube import KubeClient, KubeConfig
 
     stop = asyncio.Event()
