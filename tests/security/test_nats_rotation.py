@@ -1,0 +1,150 @@
+"""NATS seed rotation on a real nats-server: every identity's connection moves to its new key with no restart.
+
+The steps are the ones ``tjpipe nats-credentials rotate`` runs (``tjpipe.credentials.rotation_step``), with
+the server reloaded by SIGHUP as an operator would. Each connection asks the server something through its
+reply inbox before, during and after, so a refused inbox (or a refused key) would show as a timeout. Two
+rotations in a row: a connection keeps its inbox for its whole life, so the second proves the inbox is the
+identity's and not the first key's. The whole pipeline under a rotation is tests/faults/test_nats_rotation.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from tjpipe.contracts import streams
+from tjpipe.credentials import IDENTITIES, Credentials, generate_credentials, rotation_step, server_authorization
+from tjpipe.local.natsd import LocalNats, connections_by_key, start_nats
+from tjpipe.plumbing import bus
+from tjpipe.private_files import write_private_file
+
+pytestmark = pytest.mark.nats
+
+STREAM_OF = {
+    "admin": streams.EVENTS.name,
+    "watcher": streams.EVENTS.name,
+    "planner": streams.EVENTS.name,
+    "applier": streams.APPLY.name,
+    "reader": streams.RESULTS.name,
+    "dlq-operator": streams.DLQ.name,
+}
+"""A stream each identity may ask about: an API request answered in its inbox."""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[LocalNats, Credentials]]:
+    from tjpipe.stack import setup_bus_as_admin
+
+    creds = generate_credentials(tmp_path / "creds")
+    local = start_nats(
+        store_dir=tmp_path / "store", log_dir=tmp_path / "logs", authorization=server_authorization(creds)
+    )
+    try:
+        setup_bus_as_admin(local.url, creds)
+        yield local, creds
+    finally:
+        local.stop()
+
+
+async def answered(connections: dict[str, NATS]) -> None:
+    for identity, nc in connections.items():
+        info = await nc.jetstream(timeout=5).stream_info(STREAM_OF[identity])
+        assert info.config.name == STREAM_OF[identity], identity
+
+
+async def until_keys(local: LocalNats, wanted: dict[str, str], timeout: float = 20) -> None:
+    """Until the connection named ``rot-<identity>`` logs in with ``wanted[identity]``, for each identity."""
+    deadline = time.monotonic() + timeout
+    while True:
+        by_key = connections_by_key(local.monitor_url)
+        current = {name.removeprefix("rot-"): key for key, names in by_key.items() for name in names}
+        if all(current.get(identity) == key for identity, key in wanted.items()):
+            return
+        assert time.monotonic() < deadline, f"connections still on their old keys: {current} != {wanted}"
+        await asyncio.sleep(0.1)
+
+
+async def test_every_identity_rotates_twice_on_live_connections(
+    server: tuple[LocalNats, Credentials], tmp_path: Path
+) -> None:
+    local, creds = server
+    config, pid = local.store_dir.parent / "nats.conf", str(local.process.pid)
+    connections = {
+        identity: await bus.connect(
+            local.url,
+            name=f"rot-{identity}",
+            creds=creds.seed_file(identity),
+            identity=identity,
+            credentials_check_seconds=0.2,
+        )
+        for identity in IDENTITIES
+    }
+    said: list[str] = []
+    try:
+        await answered(connections)
+        for round_ in (1, 2):
+            old = creds.public_keys()
+            old_seeds = {}
+            for identity in IDENTITIES:
+                old_seeds[identity] = tmp_path / f"old-{round_}-{identity}.nk"
+                write_private_file(old_seeds[identity], creds.seed_file(identity).read_bytes())
+
+            rotation_step("begin", creds, authorization=config, reload=pid, monitor=local.monitor_url, say=said.append)
+            assert all(creds.rotation_phase(identity) == "begun" for identity in IDENTITIES)
+            assert all(len(creds.trusted_keys(identity)) == 2 for identity in IDENTITIES)
+            await answered(connections)  # the old keys still work, and nobody was disconnected
+            assert all(nc.stats["reconnects"] == round_ - 1 for nc in connections.values())
+
+            rotation_step("swap", creds, authorization=config, say=said.append)
+            new = creds.public_keys()
+            assert all(new[identity] != old[identity] for identity in IDENTITIES)
+            assert all((creds.seed_file(identity).stat().st_mode & 0o777) == 0o600 for identity in IDENTITIES)
+            await until_keys(local, new)  # each connection saw its file change and reconnected by itself
+            await answered(connections)
+
+            rotation_step(
+                "finish", creds, authorization=config, reload=pid, monitor=local.monitor_url, wait=5, say=said.append
+            )
+            assert all(creds.rotation_phase(identity) == "" for identity in IDENTITIES)
+            await answered(connections)
+            assert all(nc.stats["reconnects"] == round_ for nc in connections.values())
+            for identity in IDENTITIES:
+                with pytest.raises(bus.NotAuthorized):
+                    await bus.connect(local.url, name=f"old-{identity}", creds=old_seeds[identity])
+        # What the steps said names keys and files, never a seed.
+        text = "\n".join(said)
+        assert not re.search(r"\bSU[A-Z2-7]{50,}", text), text
+        seeds = [path.read_text().strip() for path in [*tmp_path.glob("old-*.nk"), *creds.root.glob("*.nk")]]
+        assert seeds and not any(seed in text for seed in seeds)
+    finally:
+        for nc in connections.values():
+            await nc.close()
+
+
+async def test_finish_refuses_while_a_connection_still_uses_an_old_key(
+    server: tuple[LocalNats, Credentials], tmp_path: Path
+) -> None:
+    """A process that does not follow its seed file (here: one that copied the old seed) holds up the finish,
+    with its identity and connection name in the refusal, and nothing is dropped."""
+    local, creds = server
+    config, pid = local.store_dir.parent / "nats.conf", str(local.process.pid)
+    copy = tmp_path / "copied-planner.nk"
+    write_private_file(copy, creds.seed_file("planner").read_bytes())
+    stale = await bus.connect(local.url, name="stale-planner", creds=copy, identity="planner")
+    try:
+        rotation_step("begin", creds, authorization=config, reload=pid, monitor=local.monitor_url, say=lambda _: None)
+        rotation_step("swap", creds, authorization=config, say=lambda _: None)
+        with pytest.raises(ValueError, match=r"planner \(1: stale-planner\)"):
+            rotation_step(
+                "finish", creds, authorization=config, reload=pid, monitor=local.monitor_url, wait=1, say=lambda _: None
+            )
+        assert creds.rotation_phase("planner") == "swapped"
+        await answered({"planner": stale})
+    finally:
+        await stale.close()
