@@ -152,7 +152,10 @@ def _seed_signer(nc: NATS, path: str) -> Callable[[str], bytes]:
     import nkeys
 
     def sign(nonce: str) -> bytes:
-        pair = nkeys.from_seed(bytearray(_seed_in(Path(path).read_text()).encode()))
+        try:
+            pair = nkeys.from_seed(bytearray(_seed_in(Path(path).read_text()).encode()))
+        except Exception as exc:  # unreadable, half written, not a seed: the client's reconnect loop retries
+            raise nats.errors.Error(f"cannot read the NATS seed in {path} ({type(exc).__name__})") from None
         try:
             nc._public_nkey = pair.public_key.decode()
             return base64.b64encode(pair.sign(nonce.encode()))

@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reload; swap: the new seeds replace the old (services reconnect with them); finish: the old keys leave "
         "the block, reload. status: where each identity is.",
     )
-    rotate.add_argument("step", choices=("begin", "swap", "finish", "status"))
+    rotate.add_argument("step", choices=("begin", "swap", "finish", "status"), help="the step to run")
     _nats_credentials_flags(rotate, argparse.SUPPRESS)
     rotate.add_argument("--identity", action="append", help="rotate only these identities (repeatable; begin)")
     rotate.add_argument("--reload", metavar="PID|PIDFILE", help="the nats-server to reload after begin and finish")
