@@ -950,8 +950,9 @@ async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tup
     from tjpipe.plumbing import bus
 
     logging.getLogger("tjpipe.plumbing.bus").setLevel(logging.ERROR)
-    # Read-only: the results are polled with direct gets, as the reader identity.
-    nc = await bus.connect(stack.nats_url, name="tjpipe-up", **stack.nats_connect_options("reader"))
+    # Read-only: the results are polled with direct gets, as the reader identity (its inbox: it runs for as
+    # long as the stack, through a seed rotation).
+    nc = await bus.connect(stack.nats_url, name="tjpipe-up", identity="reader", **stack.nats_connect_options("reader"))
     js = nc.jetstream()
     shown = False
     next_seq = 1
