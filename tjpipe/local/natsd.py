@@ -67,11 +67,6 @@ class LocalNats:
     def stop(self, timeout: float = 10) -> None:
         self.process.stop(timeout=timeout)
 
-    @property
-    def config_path(self) -> Path | None:
-        """The config file it runs with (its ``authorization`` block), rewritten before a :func:`reload_config`."""
-        return self.store_dir.parent / f"{self.process.name}.conf" if self.authorization is not None else None
-
 
 def nats_server_binary() -> Path:
     configured = os.environ.get("NATS_SERVER_BIN")
