@@ -285,11 +285,24 @@ def build_parser() -> argparse.ArgumentParser:
         "nats-credentials",
         help="make an nkey seed per NATS identity (kept if present) and the server's authorization block",
     )
-    creds.add_argument("--dir", type=Path, required=True, help="folder for <identity>.nk (mode 0700, files 0600)")
+    _nats_credentials_flags(creds, argparse.SUPPRESS)
     creds.add_argument(
-        "--authorization", type=Path, help="write the nats-server authorization block (public keys only) here"
+        "--rotate", action="store_true", help="replace every seed at once (no overlap: restart everything after)"
     )
-    creds.add_argument("--rotate", action="store_true", help="replace every seed with a new one")
+    rotation = creds.add_subparsers(dest="creds_command", metavar="rotate")
+    rotate = rotation.add_parser(
+        "rotate",
+        help="rotate seeds without downtime: begin (trust a second key), swap (use it), finish (drop the old)",
+        description="begin: a new seed per identity (<identity>.nk.next), both keys in the authorization block, "
+        "reload; swap: the new seeds replace the old (services reconnect with them); finish: the old keys leave "
+        "the block, reload. status: where each identity is.",
+    )
+    rotate.add_argument("step", choices=("begin", "swap", "finish", "status"), help="the step to run")
+    _nats_credentials_flags(rotate, argparse.SUPPRESS)
+    rotate.add_argument("--identity", action="append", help="rotate only these identities (repeatable; begin)")
+    rotate.add_argument("--reload", metavar="PID|PIDFILE", help="the nats-server to reload after begin and finish")
+    rotate.add_argument("--monitor", metavar="URL", help="its monitoring URL: reloads confirmed, reconnects awaited")
+    rotate.add_argument("--wait", type=_positive_seconds, default=120.0, help="finish: wait this long for reconnects")
 
     tls = sub.add_parser(
         "nats-tls",
@@ -687,12 +700,40 @@ async def _bus_setup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nats_credentials_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    """``--dir`` and ``--authorization``, before or after ``rotate STEP`` (a suppressed default keeps either)."""
+    parser.add_argument("--dir", type=Path, default=default, help="folder of <identity>.nk (0700, files 0600)")
+    parser.add_argument(
+        "--authorization", type=Path, default=default, help="write the nats-server authorization block here"
+    )
+
+
 def _nats_credentials(args: argparse.Namespace) -> int:
     from tjpipe import credentials
+    from tjpipe.exits import Failure, UsageError
 
+    if getattr(args, "dir", None) is None:
+        raise UsageError("--dir is required")
+    if getattr(args, "creds_command", None) == "rotate":
+        if not credentials.Credentials(args.dir).exists():
+            raise UsageError(f"{args.dir} does not hold a seed for every identity; run without 'rotate' first")
+        try:
+            credentials.rotation_step(
+                args.step,
+                credentials.Credentials(args.dir),
+                authorization=getattr(args, "authorization", None),
+                reload=args.reload,
+                monitor=args.monitor,
+                identities=args.identity or credentials.IDENTITIES,
+                wait=args.wait,
+                say=lambda line: print(line, flush=True),
+            )
+        except (credentials.RotationError, ValueError, OSError, TimeoutError) as exc:
+            raise Failure(str(exc)) from exc
+        return 0
     creds = credentials.generate_credentials(args.dir, replace=args.rotate)
     console.print(f"NATS identities in {creds.root}: {', '.join(credentials.IDENTITIES)}", markup=False, emoji=False)
-    if args.authorization:
+    if getattr(args, "authorization", None):
         credentials.write_authorization(creds, args.authorization)
         console.print(f"authorization block (public keys only): {args.authorization}", markup=False, emoji=False)
     return 0

@@ -273,7 +273,7 @@ async def follow_stack(
     say = functools.partial(console.print, emoji=False)
     logging.getLogger("tjpipe.plumbing.bus").setLevel(logging.ERROR)
     # Read-only: the results are polled with direct gets, as the reader identity.
-    nc = await bus.connect(stack.nats_url, name="tjpipe-up", **stack.nats_connect_options("reader"))
+    nc = await bus.connect(stack.nats_url, name="tjpipe-up", identity="reader", **stack.nats_connect_options("reader"))
     js = nc.jetstream()
     shown = False
     next_seq = 1

@@ -70,8 +70,11 @@ def _check_files(args: argparse.Namespace, *flags: str) -> None:
             raise UsageError(f"{flag} {value}: no such file")
 
 
-async def connect_nats(args: argparse.Namespace, command: str) -> Any:
-    """A NATS connection, or ``Unreachable`` once ``--connect-timeout`` has passed without one."""
+async def connect_nats(args: argparse.Namespace, command: str, *, identity: str | None = None) -> Any:
+    """A NATS connection, or ``Unreachable`` once ``--connect-timeout`` has passed without one.
+
+    A long-running command names its ``identity`` (``plumbing.bus.connect``): its inbox outlives a rotation.
+    """
     import nats.errors
 
     from tjpipe.plumbing import bus
@@ -86,7 +89,9 @@ async def connect_nats(args: argparse.Namespace, command: str) -> Any:
     timeout: float = args.connect_timeout
     with _catching_bus_warnings() as last:
         try:
-            return await asyncio.wait_for(bus.connect(args.nats_url, name=f"tjpipe-{command}", **options), timeout)
+            return await asyncio.wait_for(
+                bus.connect(args.nats_url, name=f"tjpipe-{command}", identity=identity, **options), timeout
+            )
         except bus.CredentialsError as exc:
             raise UsageError(f"{exc} (--nats-creds / NATS_CREDS)") from exc
         except bus.NotAuthorized as exc:

@@ -109,7 +109,7 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    nc = await connect_nats(args, "history-server")
+    nc = await connect_nats(args, "history-server", identity="reader")
     kube = KubeClient(KubeConfig.load(args.kubeconfig, context=args.context))
     session = aiohttp.ClientSession()
     backend = Backend(
