@@ -26,6 +26,7 @@ from tjpipe.contracts import conditions as t_ext
 from tjpipe.contracts import messages as m
 from tjpipe.contracts.jobset import JobSet
 from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from tjpipe.ops import compare_plans
 from tjpipe.planner.core import plan
 from tjpipe.planner.immutability import KEPT_BY_WATCHERS_SINCE_E7131DB
 
@@ -129,10 +130,19 @@ def _old_messages(commit: str, scratch: Path) -> dict[str, list[bytes]]:
     return {kind: [base64.b64decode(item) for item in items] for kind, items in encoded.items()}
 
 
-@pytest.fixture(scope="module", params=[PREVIOUS_RELEASE, WATCHER_WITHOUT_IMMUTABLE_FIELDS])
-def old(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, list[bytes]]]:
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, list[bytes]]]:
+    """What each older commit wrote: its events and apply messages, by commit."""
+    commits = (PREVIOUS_RELEASE, WATCHER_WITHOUT_IMMUTABLE_FIELDS)
+    return {commit: _old_messages(commit, tmp_path_factory.mktemp("old-commit")) for commit in commits}
+
+
+@pytest.fixture(params=[PREVIOUS_RELEASE, WATCHER_WITHOUT_IMMUTABLE_FIELDS])
+def old(
+    request: pytest.FixtureRequest, written: dict[str, dict[str, list[bytes]]]
+) -> tuple[str, dict[str, list[bytes]]]:
     commit: str = request.param
-    return commit, _old_messages(commit, tmp_path_factory.mktemp("old-commit"))
+    return commit, written[commit]
 
 
 def _lost(old: Any, new: Any, path: str = "") -> list[str]:
@@ -230,3 +240,13 @@ def test_todays_messages_carry_the_version_and_decode_as_written() -> None:
     written = m.TrainJobDeleted(key=m.ObjectKey(namespace="a", name="b"), uid="u", observed_at=1.0)
     assert json.loads(m.encode(written))["wire_version"] == m.WIRE_VERSION
     assert m.decode_event(m.encode(written)) == written
+
+
+def test_todays_planner_plans_what_the_previous_release_planned(written: dict[str, dict[str, list[bytes]]]) -> None:
+    """``tjpipe replay`` over a history the previous release wrote finds no change: the version a plan was
+    written in is not part of what it decided."""
+    messages = written[PREVIOUS_RELEASE]
+    recorded = [m.decode_apply(data) for data in messages["applies"]]
+    for seq, data in ((1, messages["events"][0]), (2, messages["events"][1])):
+        replanned = plan(m.decode_event(data), source_seq=seq).applies
+        assert compare_plans([r for r in recorded if r.source_seq == seq], replanned) == {}, seq
