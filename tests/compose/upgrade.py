@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,7 @@ an event of that watcher lacks what a newer planner reads). Too old to run on to
 only its encoder is used (in the unit test)."""
 
 OLD_RELEASE_IMAGE = "trainjob-pipeline:previous-release"
+CURRENT_IMAGE = "trainjob-pipeline:upgrade-current"
 
 
 def commit_problem(commit: str) -> str | None:
@@ -61,14 +63,16 @@ def archive(commit: str, dest: Path, *paths: str) -> Path:
     return dest
 
 
-def build_release_image(commit: str, tag: str, *, base_image: str) -> float:
-    """``tag``: the runtime image of ``commit``, built from its own Dockerfile on the offline Debian base.
+def build_release_image(commit: str | None, tag: str, *, base_image: str) -> float:
+    """``tag``: the runtime image of ``commit`` (None: this checkout as it is), built from its own Dockerfile
+    on the offline Debian base. Returns the seconds taken; Docker's layer cache makes a rebuild seconds.
 
-    Docker's layer cache makes a second build of the same commit take seconds. Returns the seconds taken."""
+    This checkout gets a tag of its own rather than the compose file's ``trainjob-pipeline:dev``, which
+    another run on the same engine may build from other files meanwhile."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tjpipe-release-") as scratch:
-        context = archive(commit, Path(scratch) / "src")
-        subprocess.run(
+        context = REPO if commit is None else archive(commit, Path(scratch) / "src")
+        built = subprocess.run(
             [
                 "docker",
                 "build",
@@ -80,13 +84,35 @@ def build_release_image(commit: str, tag: str, *, base_image: str) -> float:
                 "--target",
                 "runtime",
                 "--label",
-                f"tjpipe.release={commit}",
+                f"tjpipe.release={commit or 'checkout'}",
                 "-t",
                 tag,
                 str(context),
             ],
             capture_output=True,
-            check=True,
+            text=True,
+            check=False,
             timeout=900,
         )
+    if built.returncode != 0:
+        raise AssertionError(
+            f"docker build of {commit or 'this checkout'} failed ({built.returncode}):\n{built.stderr[-4000:]}"
+        )
     return time.monotonic() - started
+
+
+def missing_from(old: Any, new: Any, path: str = "") -> list[str]:
+    """Paths of what ``old`` holds that ``new`` does not hold alike; ``new`` may hold more (an added field,
+    a server default). Lists are compared item by item."""
+    if isinstance(old, dict):
+        if not isinstance(new, dict):
+            return [path or "."]
+        return [p for key, value in old.items() for p in missing_from(value, new.get(key, _ABSENT), f"{path}.{key}")]
+    if isinstance(old, list):
+        if not isinstance(new, list) or len(old) != len(new):
+            return [path]
+        return [p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in missing_from(a, b, f"{path}[{i}]")]
+    return [] if old == new else [path]
+
+
+_ABSENT = object()

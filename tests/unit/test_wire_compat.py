@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from compose.upgrade import PREVIOUS_RELEASE, WATCHER_WITHOUT_IMMUTABLE_FIELDS, archive, commit_problem
+from compose.upgrade import PREVIOUS_RELEASE, WATCHER_WITHOUT_IMMUTABLE_FIELDS, archive, commit_problem, missing_from
 
 from tjpipe.contracts import conditions as t_ext
 from tjpipe.contracts import messages as m
@@ -145,22 +145,6 @@ def old(
     return commit, written[commit]
 
 
-def _lost(old: Any, new: Any, path: str = "") -> list[str]:
-    """Paths of what ``old`` holds that ``new`` does not hold alike (``new`` may hold more: added fields)."""
-    if isinstance(old, dict):
-        if not isinstance(new, dict):
-            return [path or "."]
-        return [p for key, value in old.items() for p in _lost(value, new.get(key, _ABSENT), f"{path}.{key}")]
-    if isinstance(old, list):
-        if not isinstance(new, list) or len(old) != len(new):
-            return [path]
-        return [p for index, (a, b) in enumerate(zip(old, new, strict=True)) for p in _lost(a, b, f"{path}[{index}]")]
-    return [] if old == new else [path]
-
-
-_ABSENT = object()
-
-
 def test_old_events_decode_unversioned_and_lose_nothing(old: tuple[str, dict[str, list[bytes]]]) -> None:
     commit, messages = old
     assert len(messages["events"]) == 3
@@ -170,7 +154,7 @@ def test_old_events_decode_unversioned_and_lose_nothing(old: tuple[str, dict[str
         assert event.wire_version == m.UNVERSIONED, commit
         again = json.loads(m.encode(event))
         assert again.pop("wire_version") == m.UNVERSIONED
-        assert _lost(json.loads(data), again) == [], commit
+        assert missing_from(json.loads(data), again) == [], commit
 
 
 def test_old_apply_messages_decode_unversioned_and_lose_nothing(old: tuple[str, dict[str, list[bytes]]]) -> None:
@@ -182,7 +166,7 @@ def test_old_apply_messages_decode_unversioned_and_lose_nothing(old: tuple[str, 
         assert message.wire_version == m.UNVERSIONED, commit
         again = json.loads(m.encode(message))
         assert again.pop("wire_version") == m.UNVERSIONED
-        assert _lost(json.loads(data), again) == [], (commit, type(message).__name__)
+        assert missing_from(json.loads(data), again) == [], (commit, type(message).__name__)
 
 
 def _jobset_applies(p: m.Plan) -> list[m.ApplyJobSet]:
