@@ -258,7 +258,7 @@ _RESOURCES_CREATED = status_rules.condition(
 
 
 _IMMUTABLE_FIELDS_UNKNOWN = (
-    "the event, of a watcher older than wire version 1, carries none of the JobSet's immutable spec fields; "
+    "the event, unversioned (an older release's watcher), carries none of the JobSet's immutable spec fields; "
     "the JobSet is not re-applied from it"
 )
 

@@ -28,7 +28,7 @@ from tjpipe.contracts.jobset import JobSet
 from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
 from tjpipe.ops import compare_plans
 from tjpipe.planner.core import plan
-from tjpipe.planner.immutability import KEPT_BY_WATCHERS_SINCE_E7131DB
+from tjpipe.planner.immutability import LEFT_OUT_BY_OLD_WATCHERS
 
 from .builders import replicated_job, runtime_dict, trainjob_dict
 
@@ -186,7 +186,7 @@ def test_a_resumable_jobset_is_replanned_from_each_old_watchers_event(old: tuple
     commit, messages = old
     observed = m.decode_event(messages["events"][1])
     assert isinstance(observed, m.TrainJobObserved) and observed.jobset is not None
-    carried = set(msgspec.to_builtins(observed.jobset.spec)) & set(KEPT_BY_WATCHERS_SINCE_E7131DB)
+    carried = set(msgspec.to_builtins(observed.jobset.spec)) & set(LEFT_OUT_BY_OLD_WATCHERS)
     planned = plan(observed, source_seq=2)
     reasons = {c.get("reason") for c in _conditions(planned)}
     assert t_ext.REASON_IMMUTABLE_FIELDS_KEPT not in reasons, (commit, reasons)
@@ -234,3 +234,19 @@ def test_todays_planner_plans_what_the_previous_release_planned(written: dict[st
     for seq, data in ((1, messages["events"][0]), (2, messages["events"][1])):
         replanned = plan(m.decode_event(data), source_seq=seq).applies
         assert compare_plans([r for r in recorded if r.source_seq == seq], replanned) == {}, seq
+
+
+def test_a_running_jobset_of_an_old_watchers_event_is_left_alone_and_not_reported(
+    written: dict[str, dict[str, list[bytes]]],
+) -> None:
+    observed = m.decode_event(written[WATCHER_WITHOUT_IMMUTABLE_FIELDS]["events"][1])
+    assert isinstance(observed, m.TrainJobObserved) and observed.jobset is not None
+    job, jobset = msgspec.to_builtins(observed.trainjob), msgspec.to_builtins(observed.jobset)
+    job["spec"]["suspend"] = False
+    jobset["spec"]["suspend"] = False
+    running = msgspec.structs.replace(
+        observed, trainjob=msgspec.convert(job, TrainJob), jobset=msgspec.convert(jobset, JobSet)
+    )
+    planned = plan(running, source_seq=2)
+    assert _jobset_applies(planned) == []
+    assert t_ext.REASON_IMMUTABLE_FIELDS_KEPT not in {c.get("reason") for c in _conditions(planned)}
