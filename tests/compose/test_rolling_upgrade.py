@@ -70,7 +70,7 @@ RUNTIMES = ("torch-distributed", "deepspeed-distributed", "xgboost-distributed")
 CREATE_EVERY = 1.0
 MAX_CREATES = 300
 """A safety bound; at one create a second the steps end first (about 180 TrainJobs)."""
-PAUSE = 6.0
+PAUSE = 8.0
 """Seconds a stopped consumer's stream fills before the next replacement: the backlog the other release reads."""
 SETTLE = 5.0
 """Seconds of creates after each replacement before the next step."""
