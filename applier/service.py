@@ -43,6 +43,7 @@ from tjpipe.contracts.messages import (
     DeleteComponent,
     ObjectApply,
     Target,
+    UnsupportedVersion,
     component_of,
     decode_apply,
     encode,
@@ -162,7 +163,8 @@ class Applier:
         try:
             message = decode_apply(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await self._dead_letter(msg, reason="undecodable", error=str(exc), key=None)
+            reason = exc.reason if isinstance(exc, UnsupportedVersion) else "undecodable"
+            await self._dead_letter(msg, reason=reason, error=str(exc), key=None)
             await msg.term()
             return
         key = self._key(message.target)

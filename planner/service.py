@@ -25,6 +25,7 @@ from tjpipe.contracts import streams, subjects
 from tjpipe.contracts.messages import (
     ApplyMessage,
     TrainJobObserved,
+    UnsupportedVersion,
     component_of,
     decode_event,
     encode,
@@ -102,7 +103,8 @@ class Planner:
         try:
             event = decode_event(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await self._dead_letter(msg, str(exc), reason="undecodable")
+            reason = exc.reason if isinstance(exc, UnsupportedVersion) else "undecodable"
+            await self._dead_letter(msg, str(exc), reason=reason)
             await msg.term()
             return
         result = plan(event, source_seq=seq)
