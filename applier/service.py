@@ -9,6 +9,13 @@ kept informed by in-progress heartbeats, and then a delayed nak that frees this 
 
 Messages for the same target are handled one at a time, in arrival order; different targets run in
 parallel up to a bound, sharing one connection pool to the API server.
+
+This module is the shell around three parts, each in a file of its own and read in this order: intake
+(``plumbing.intake``: the planner's signature verified, the message decoded, or a dead letter), then
+authorization (``applier.authorize``'s checks of the message, and of the TrainJob it names as
+``applier.trainjobs`` reads it), then the fenced write (``applier.fence``, doing what ``core.decide``
+answers; claims newer than the plan in ``applier.claims``). What stays here is what every message needs
+whatever its outcome: the retry tiers, the result, the metrics, the ack.
 """
 
 from __future__ import annotations
