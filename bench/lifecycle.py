@@ -191,7 +191,7 @@ async def lifecycle(
             )
         finally:
             await nc.close()
-    finally:  # alike in shape to runner.py's teardown, but this stops the lifecycle's own simulated-cluster stack
+    finally:  # the lifecycle's own simulated-cluster stack, not runner.py's
         if session is not None:
             await session.close()
         if kube is not None:

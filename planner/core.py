@@ -327,8 +327,7 @@ class _Common(msgspec.Struct, frozen=True):
 
     Spelled out at each message rather than passed as ``**kwargs``: unpacking a dict into a struct
     costs more than building the message. The three constructions (``_message``, ``_deletion``,
-    ``_status_message``) therefore repeat the same keyword list on purpose, and look alike to a
-    duplicate finder, as do other keyword-only struct constructions (CLI settings, watcher trims).
+    ``_status_message``) therefore repeat the same keyword list on purpose.
     """
 
     trainjob: ObjectKey

@@ -50,7 +50,6 @@ from tjpipe.local.procs import (
 )
 from tjpipe.settings import STAGES
 
-# Plain name constants; duplicate finders pair this block by shape with other constant blocks (tests/jobset).
 SERVICES = STAGES
 DEMO_NAMESPACE = "tjpipe-demo"
 DEMO_TRAINJOB = "mnist"
@@ -68,7 +67,7 @@ CONTROLLER = "controller"
 """``tjpipe controller``: the three services in one process, each stage with its own identity and keys."""
 
 
-# One property per path, alike in shape (duplicate finders pair them): each caller names the path it means.
+# One property per path, so each caller names the path it means.
 @dataclass(frozen=True)
 class StatePaths:
     root: Path
@@ -155,7 +154,6 @@ def docker_available() -> bool:
     return True
 
 
-# Alike in shape to other small frozen records (tools/gen_kube_types.Field): a coincidence, nothing to share.
 @dataclass(frozen=True)
 class AdoptedCluster:
     kubeconfig: Path
