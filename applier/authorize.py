@@ -20,17 +20,14 @@ import msgspec
 from tjpipe.applier import objects
 from tjpipe.contracts import conditions, resources
 from tjpipe.contracts import trainer as t
+from tjpipe.contracts.components import COMPONENT_KINDS
 from tjpipe.contracts.lifecycle import NO_RUNTIME
 from tjpipe.contracts.messages import (
     FIELD_MANAGER,
     AppliedRecord,
-    ApplyConfigMap,
-    ApplyJobSet,
     ApplyMessage,
-    ApplyPodGroup,
     ApplySecret,
     ApplyTrainJobStatus,
-    ApplyVolcanoPodGroup,
     DeleteComponent,
 )
 
@@ -65,13 +62,7 @@ class Verdict:
 
 ALLOWED = Verdict(True)
 
-COMPONENT_RESOURCES: dict[type, resources.Resource] = {
-    ApplyJobSet: resources.JOBSET,
-    ApplyConfigMap: resources.CONFIG_MAP,
-    ApplySecret: resources.SECRET,
-    ApplyPodGroup: resources.POD_GROUP,
-    ApplyVolcanoPodGroup: resources.VOLCANO_POD_GROUP,
-}
+COMPONENT_RESOURCES: dict[type, resources.Resource] = {kind.message: kind.resource for kind in COMPONENT_KINDS}
 """The only kinds a component message may write, each bound to its own message type."""
 CREATE_ONLY: frozenset[type] = frozenset({ApplySecret})
 """Kinds the applier writes by create alone and never reads: it has no get, list, watch or patch on Secrets.

@@ -22,6 +22,8 @@ from tjpipe.contracts.values import is_set, meta, name_of, namespace_of, or_defa
 
 RuntimeKey = tuple[str, str, str]
 """(kind, namespace, name); namespace is empty for a ClusterTrainingRuntime."""
+TrainJobKey = tuple[str, str]
+"""(namespace, name) of a TrainJob."""
 
 _NO_REF = RuntimeRef()
 _NO_SPEC = TrainJobSpec()
@@ -40,6 +42,47 @@ def runtime_key_of(job: TrainJob) -> RuntimeKey | None:
     if kind == trainer.TRAINING_RUNTIME_KIND:
         return (kind, namespace_of(job), name)
     return None
+
+
+class TrainJobsByRuntime:
+    """Which TrainJobs refer to each runtime, so that a runtime's change reaches only those.
+
+    Without it, a change to one runtime decoded every cached TrainJob to find the few that name it: with ten
+    thousand TrainJobs, ten thousand decompressions and decodes for each edit of any runtime. The watcher
+    keeps it in step with its TrainJob informers (every change of a TrainJob passes through ``put``, every
+    deletion through ``discard``), as client-go's indexers keep an informer's cache indexed. The lookup is a
+    candidate list: the caller checks each TrainJob's runtimeRef as it reads it, since the cache may already
+    hold a newer version whose event has not been handled yet.
+    """
+
+    def __init__(self) -> None:
+        self._by_runtime: dict[RuntimeKey, dict[TrainJobKey, None]] = {}
+        self._runtime_of: dict[TrainJobKey, RuntimeKey] = {}
+
+    def put(self, trainjob: TrainJobKey, runtime: RuntimeKey | None) -> None:
+        """The TrainJob now refers to ``runtime`` (``None``: to no runtime the watcher follows)."""
+        if self._runtime_of.get(trainjob) == runtime:
+            return
+        self.discard(trainjob)
+        if runtime is not None:
+            self._runtime_of[trainjob] = runtime
+            self._by_runtime.setdefault(runtime, {})[trainjob] = None
+
+    def discard(self, trainjob: TrainJobKey) -> None:
+        runtime = self._runtime_of.pop(trainjob, None)
+        if runtime is None:
+            return
+        trainjobs = self._by_runtime[runtime]
+        del trainjobs[trainjob]
+        if not trainjobs:
+            del self._by_runtime[runtime]
+
+    def trainjobs(self, runtime: RuntimeKey) -> list[TrainJobKey]:
+        """The TrainJobs that refer to ``runtime``, in the order they were first seen to (a copy)."""
+        return list(self._by_runtime.get(runtime, ()))
+
+    def __len__(self) -> int:
+        return len(self._runtime_of)
 
 
 def runtime_key_of_runtime(runtime: TrainingRuntime, *, kind: str) -> RuntimeKey:

@@ -12,6 +12,13 @@ observation holding both costs the planner and applier nothing, where one per ch
 send the component the watcher had not seen yet a second time. Nothing is lost by waiting: an observation
 is read from the caches when it is published, so it always holds the latest of every change gathered.
 TrainJob changes themselves go out at once; they are what a user waits on.
+
+The gathering, the holding back of a half-built TrainJob and the look again at a TrainJob's deadline are
+the rules of one keyed, delaying work queue (``plumbing.workqueue``), as a controller-runtime controller
+puts every watched change into its work queue: the watcher keeps two of them, one that gathers component
+changes into windows and one of scheduled deadline looks. Which component kinds are watched is
+``contracts.components``' table; a runtime's change reaches only the TrainJobs that refer to it
+(``core.TrainJobsByRuntime``), not a scan of every cached TrainJob.
 """
 
 from __future__ import annotations
@@ -20,13 +27,16 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgspec
 import nats.errors
 from nats.js import JetStreamContext
 
-from tjpipe.contracts import labels, lifecycle, resources, streams, subjects, trainer
+from tjpipe.contracts import lifecycle, resources, streams, subjects, trainer
+from tjpipe.contracts.components import WATCHED, ComponentKind, Keep
 from tjpipe.contracts.deadlines import deadline_of
 from tjpipe.contracts.jobset import JobSet
 from tjpipe.contracts.kube import ConfigMap, ObjectMeta
@@ -34,7 +44,7 @@ from tjpipe.contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted,
 from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
 from tjpipe.contracts.values import meta, name_of, namespace_of
 from tjpipe.plumbing import bus, publishing, signing
-from tjpipe.plumbing.informer import Cached, Informer, Key
+from tjpipe.plumbing.informer import Cached, Handler, Informer, Key
 from tjpipe.plumbing.kube import KubeClient, KubeConfig
 from tjpipe.plumbing.observability import (
     EVENTS,
@@ -44,6 +54,7 @@ from tjpipe.plumbing.observability import (
     ActiveCounts,
 )
 from tjpipe.plumbing.runner import ServiceSettings, started
+from tjpipe.plumbing.workqueue import AsyncDelayingQueue, Item
 from tjpipe.watcher import core, trim
 
 log = logging.getLogger("watcher")
@@ -53,6 +64,10 @@ GATHER_SECONDS = 0.05
 """How long changes to a TrainJob's components are gathered before its observation is published."""
 HALF_BUILT_HOLD_SECONDS = 2.0
 """How long a half-built TrainJob's observation waits for the other half (``core.half_built``)."""
+DEADLINE_GRACE_SECONDS = 0.5
+"""How long after a TrainJob's deadline the watcher looks at it again, so the deadline has surely passed."""
+
+T = TypeVar("T")
 
 
 class _Named(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,7 +76,7 @@ class _Named(msgspec.Struct, frozen=True, kw_only=True):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
-def _controlled_by_trainjob(obj: _Named | ConfigMap) -> bool:
+def _controlled_by_trainjob(obj: Any) -> bool:
     return core.controlled_by_trainjob(meta(obj).owner_references) is not None
 
 
@@ -107,10 +122,6 @@ class Watcher:
             Informer(kube, resources.TRAINJOB, TrainJob, self._on_trainjob, namespace=ns, trim=trim.trainjob)
             for ns in namespaces
         ]
-        self.jobsets = [
-            Informer(kube, resources.JOBSET, JobSet, self._on_jobset, namespace=ns, trim=trim.jobset)
-            for ns in namespaces
-        ]
         self.runtimes = [
             Informer(kube, resources.TRAINING_RUNTIME, TrainingRuntime, self._on_runtime, namespace=ns)
             for ns in namespaces
@@ -118,44 +129,45 @@ class Watcher:
         self.cluster_runtimes = Informer(
             kube, resources.CLUSTER_TRAINING_RUNTIME, TrainingRuntime, self._on_cluster_runtime
         )
-        # ConfigMaps: only the ones this pipeline wrote, by its label; the API server sends no
-        # other (see contracts.labels). ConfigMaps are read whole because the runtime snapshot's data is
-        # needed and only ConfigMaps this pipeline wrote arrive, none holding a secret; only the snapshot's
-        # data is kept (trim.config_map). Metadata only plus a GET per snapshot would cost one more request
-        # per TrainJob, and one per TrainJob at every watcher start.
-        self.config_maps = [
-            Informer(
-                kube,
-                resources.CONFIG_MAP,
-                ConfigMap,
-                self._on_owned,
-                namespace=ns,
-                keep=_controlled_by_trainjob,
-                trim=trim.config_map,
-                label_selector=labels.OWNED_SELECTOR,
-            )
-            for ns in namespaces
-        ]
-        # PodGroups matter only as "still there, still ours": of them only name and owners are kept.
-        # Secrets are not watched at all: a role that may list or watch Secrets reads every Secret's data,
-        # whatever the client asks for (RBAC has no metadata-only read). The applier keeps the record of the
-        # Secrets it created in its ledger; a deleted one is made again when its TrainJob is next planned.
-        self.owned = [
-            Informer(
-                kube, resource, _Named, self._on_owned, namespace=ns, keep=_controlled_by_trainjob, trim=_named_identity
-            )
-            for resource in (resources.POD_GROUP, resources.VOLCANO_POD_GROUP)
-            for ns in namespaces
-        ]
+        # One informer per watched component kind (contracts.components) and namespace. A JobSet and a
+        # runtime snapshot ConfigMap are carried in observations and kept as trim says; of every other kind,
+        # which matters only as "still there, still ours", name and owners are kept. ConfigMaps are read
+        # whole (only this pipeline's arrive, by their label): metadata only plus a GET per snapshot would
+        # cost one more request per TrainJob, and one per TrainJob at every watcher start.
+        self._listed_first: list[Informer[Any]] = []
+        self.jobsets = self._component_informers("jobset", JobSet, trim.jobset, namespaces)
+        self.config_maps = self._component_informers("runtime-snapshot", ConfigMap, trim.config_map, namespaces)
+        self.owned = self._component_informers("identity", _Named, _named_identity, namespaces)
         self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore, trim=_named_identity)
-        self._deadline_timers: dict[Key, asyncio.TimerHandle] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._deadline_reported: dict[Key, float] = {}
-        self._gathered: dict[Key, list[str]] = {}
-        """TrainJobs whose components changed, with the changes, waiting to be observed once."""
-        self._held_since: dict[Key, float] = {}
-        """Gathered TrainJobs held back while half built (``core.half_built``), since when (monotonic)."""
-        self._gathering = asyncio.Event()
+        self._by_runtime = core.TrainJobsByRuntime()
+        self._gathered: AsyncDelayingQueue[Key, str] = AsyncDelayingQueue(window=GATHER_SECONDS)
+        """TrainJobs whose components changed, with the changes, gathered to be observed once."""
+        self._deadlines: AsyncDelayingQueue[Key, float] = AsyncDelayingQueue()
+        """When to look at a TrainJob again because its deadline passes; each deadline once."""
+
+    def _component_informers(
+        self, keep: Keep, decode_as: type[T], trim_to: Callable[[T], T], namespaces: tuple[str | None, ...]
+    ) -> list[Informer[T]]:
+        informers: list[Informer[T]] = []
+        for kind in WATCHED:
+            if kind.watch is None or kind.watch.keep != keep:
+                continue
+            for ns in namespaces if kind.resource.namespaced else (None,):
+                informer = Informer(
+                    self.kube,
+                    kind.resource,
+                    decode_as,
+                    self._on_component(kind),
+                    namespace=ns,
+                    keep=_controlled_by_trainjob if kind.watch.controlled_only else None,
+                    trim=trim_to,
+                    label_selector=kind.watch.label_selector,
+                )
+                informers.append(informer)
+                if kind.watch.listed_first:
+                    self._listed_first.append(informer)
+        return informers
 
     # ------------------------------------------------------------------------------------------ lookups
 
@@ -205,10 +217,8 @@ class Watcher:
         job = cached.obj
         if kind == "DELETED":
             self._active.pop(key, None)
-            timer = self._deadline_timers.pop(key, None)
-            if timer is not None:
-                timer.cancel()
-            self._deadline_reported.pop(key, None)
+            self._by_runtime.discard(key)
+            self._deadlines.forget(key)
             event = TrainJobDeleted(
                 key=ObjectKey(namespace=key[0], name=key[1]),
                 uid=cached.uid,
@@ -223,6 +233,7 @@ class Watcher:
                 TRAINJOBS_DELETED.labels(key[0], lifecycle.runtime_label(job)).inc()
             return
         self._active[key] = core.active_label(job)
+        self._by_runtime.put(key, core.runtime_key_of(job))
         await self.publish_observation(job, cause=f"TrainJob {kind}")
 
     def _active_counts(self) -> ActiveCounts | None:
@@ -231,65 +242,55 @@ class Watcher:
             return None
         return core.active_counts(self._active.values())
 
-    async def _on_jobset(self, kind: str, key: Key, cached: Cached[JobSet] | None) -> None:
-        if cached is None:
-            return
-        owner = core.controlling_trainjob(cached.obj)
-        if owner is None:
-            return
-        self._gather((key[0], owner), f"JobSet {kind}")
+    def _on_component(self, component: ComponentKind) -> Handler[Any]:
+        cause_kind = component.resource.kind
 
-    async def _on_owned(self, kind: str, key: Key, cached: Cached[ConfigMap] | Cached[_Named] | None) -> None:
-        """A component a TrainJob controls changed or went away: plan its owner again (drift repair)."""
-        if cached is None or kind == "RESYNC":
-            return
-        owner = core.controlled_by_trainjob(meta(cached.obj).owner_references)
-        if owner:
-            self._gather((key[0], owner), f"{type(cached.obj).__name__} {kind}")
+        async def changed(kind: str, key: Key, cached: Cached[Any] | None) -> None:
+            """A component a TrainJob controls changed or went away: plan its owner again (drift repair)."""
+            if cached is None or kind == "RESYNC":
+                return
+            owner = core.controlled_by_trainjob(meta(cached.obj).owner_references)
+            if owner:
+                self._gather((key[0], owner), f"{cause_kind} {kind}")
+
+        return changed
 
     def _gather(self, job_key: Key, cause: str) -> None:
         if self._trainjob(job_key) is None:
             return  # not (yet) a TrainJob we know: its own ADDED will carry the component
-        causes = self._gathered.setdefault(job_key, [])
-        if cause not in causes:
-            causes.append(cause)
-        self._gathering.set()
+        self._gathered.add(job_key, cause)
 
     async def _publish_gathered(self) -> None:
         while True:
-            await self._gathering.wait()
-            await asyncio.sleep(GATHER_SECONDS)
-            self._gathering.clear()
-            gathered, self._gathered = self._gathered, {}
+            gathered = await self._gathered.get()
             now = time.monotonic()
-            ready: list[tuple[TrainJob, str]] = []
-            for job_key, causes in gathered.items():
-                current = self._trainjob(job_key)
+            ready: list[tuple[Key, TrainJob, str]] = []
+            for item in gathered:
+                current = self._trainjob(item.key)
                 if current is None:
-                    self._held_since.pop(job_key, None)
-                    continue
-                if self._hold(job_key, causes, now):
-                    later = self._gathered.get(job_key, [])
-                    self._gathered[job_key] = causes + [cause for cause in later if cause not in causes]
-                    self._gathering.set()  # look again after the next window
-                    continue
-                ready.append((current.obj, " + ".join(causes)))
-            # Sent together, acknowledged together: one write to the bus for the window, not one per TrainJob.
-            await asyncio.gather(*(self.publish_observation(job, cause=cause) for job, cause in ready))
+                    self._gathered.done(item.key)
+                elif self._hold(item, now):
+                    self._gathered.done(item.key, again=True)  # look again after the next window
+                else:
+                    ready.append((item.key, current.obj, " + ".join(item.reasons)))
+            try:
+                # Sent together, acknowledged together: one write to the bus for the window, not one per TrainJob.
+                await asyncio.gather(*(self.publish_observation(job, cause=cause) for _, job, cause in ready))
+            finally:
+                for job_key, _, _ in ready:
+                    self._gathered.done(job_key)
 
-    def _hold(self, job_key: Key, causes: list[str], now: float) -> bool:
+    def _hold(self, item: Item[Key, str], now: float) -> bool:
         # Presence in the caches is enough for this guess, and costs no decoding (the observation decodes them).
+        job_key = item.key
         snapshot_key = (job_key[0], core.snapshot_name(job_key[1]))
         half = core.half_built(
-            causes,
+            list(item.reasons),
             has_snapshot=any(snapshot_key in inf.cache for inf in self.config_maps),
             has_jobset=any(job_key in inf.cache for inf in self.jobsets),
         )
-        since = self._held_since.setdefault(job_key, now) if half else None
-        if since is not None and now - since < HALF_BUILT_HOLD_SECONDS:
-            return True
-        self._held_since.pop(job_key, None)
-        return False
+        since = item.requeued_since if item.requeued_since is not None else now
+        return half and now - since < HALF_BUILT_HOLD_SECONDS
 
     async def _ignore(self, kind: str, key: Key, cached: Cached[_Named] | None) -> None:
         return None
@@ -305,13 +306,15 @@ class Watcher:
         if kind == "RESYNC" or not all(inf.synced.is_set() for inf in self.trainjobs):
             return
         wanted = (runtime_kind, key[0], key[1])
-        for inf in self.trainjobs:
-            for job_key, cached in list(inf.cache.items()):
-                job = cached.obj
-                if core.runtime_key_of(job) != wanted:
-                    continue
-                if core.is_suspended(job) or self._jobset(job_key) is None:
-                    await self.publish_observation(job, cause=f"{runtime_kind} {kind}")
+        for job_key in self._by_runtime.trainjobs(wanted):
+            cached = self._trainjob(job_key)
+            if cached is None:
+                continue
+            job = cached.obj
+            if core.runtime_key_of(job) != wanted:
+                continue  # its runtimeRef changed: its own event, on its way, is read from the cache
+            if core.is_suspended(job) or self._jobset(job_key) is None:
+                await self.publish_observation(job, cause=f"{runtime_kind} {kind}")
 
     # ---------------------------------------------------------------------------------------- publishing
 
@@ -347,25 +350,21 @@ class Watcher:
     def _schedule_deadline(self, job: TrainJob) -> None:
         """Look at the job again the moment its active deadline passes; nothing else would cause an event."""
         key = (namespace_of(job), name_of(job))
-        old = self._deadline_timers.pop(key, None)
-        if old is not None:
-            old.cancel()
         deadline = deadline_of(job)
-        if deadline is None or self._deadline_reported.get(key) == deadline:
+        if deadline is None:
+            self._deadlines.cancel(key)
             return
-        loop = asyncio.get_running_loop()
-        delay = max(0.0, deadline - time.time()) + 0.5
+        self._deadlines.schedule(key, deadline, delay=max(0.0, deadline - time.time()) + DEADLINE_GRACE_SECONDS)
 
-        def fire() -> None:
-            self._deadline_timers.pop(key, None)
-            self._deadline_reported[key] = deadline
-            current = self._trainjob(key)
-            if current is not None:
-                task = loop.create_task(self.publish_observation(current.obj, cause=DEADLINE_CAUSE))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-
-        self._deadline_timers[key] = loop.call_later(delay, fire)
+    async def _report_deadlines(self) -> None:
+        while True:
+            for item in await self._deadlines.get():
+                self._deadlines.done(item.key)
+                current = self._trainjob(item.key)
+                if current is not None:
+                    task = asyncio.create_task(self.publish_observation(current.obj, cause=DEADLINE_CAUSE))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
 
     async def _publish(self, key: Key, payload: bytes, msg_id: str, cause: str, *, trace_id: str = "") -> bool:
         """Publish until the stream takes it; whether it was new to the stream (not a duplicate, not too large)."""
@@ -418,16 +417,13 @@ class Watcher:
     # ----------------------------------------------------------------------------------------------- run
 
     async def run(self, stop: asyncio.Event) -> None:
-        first: list[Informer[TrainingRuntime] | Informer[JobSet] | Informer[ConfigMap] | Informer[_Named]] = [
-            *self.runtimes,
-            self.cluster_runtimes,
-            *self.jobsets,
-            *self.config_maps,
-            self.priority_classes,
-        ]
-        # Owned PodGroups only trigger re-plans; a missing PodGroup CRD must not hold up start.
-        tasks = [asyncio.create_task(inf.run()) for inf in (*first, *self.owned)]
+        first: list[Informer[Any]] = [*self.runtimes, self.cluster_runtimes, *self._listed_first, self.priority_classes]
+        # Kinds that only trigger re-plans are not waited for (Watch.listed_first).
+        components: list[Informer[Any]] = [*self.jobsets, *self.config_maps, *self.owned]
+        later = [inf for inf in components if inf not in first]
+        tasks = [asyncio.create_task(inf.run()) for inf in (*first, *later)]
         tasks.append(asyncio.create_task(self._publish_gathered()))
+        tasks.append(asyncio.create_task(self._report_deadlines()))
         try:
             for inf in first:
                 await inf.synced.wait()

@@ -62,8 +62,7 @@ def trainjob(job: TrainJob) -> TrainJob:
     return msgspec.structs.replace(job, metadata=metadata)
 
 
-# The keyword lists below name the fields kept; alike in shape to other struct constructions (duplicate
-# finders pair them), they are the choice of fields, not repeated logic.
+# The keyword lists below are the choice of fields the watcher keeps, one list per object.
 def jobset(js: JobSet) -> JobSet:
     spec: JobSetSpec | msgspec.UnsetType = _UNSET
     if is_set(js.spec):

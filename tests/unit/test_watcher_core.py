@@ -184,3 +184,28 @@ def test_half_built_holds_only_additions_with_one_half_present() -> None:
     # drift goes out at once, even when it leaves the TrainJob half built
     assert not core.half_built(["JobSet DELETED"], has_snapshot=True, has_jobset=False)
     assert not core.half_built(["ConfigMap ADDED", "JobSet MODIFIED"], has_snapshot=True, has_jobset=False)
+
+
+def test_trainjobs_by_runtime_follows_puts_and_discards() -> None:
+    torch = ("ClusterTrainingRuntime", "", "torch")
+    mine = ("TrainingRuntime", "ns", "mine")
+    index = core.TrainJobsByRuntime()
+    index.put(("ns", "a"), torch)
+    index.put(("ns", "b"), torch)
+    index.put(("other", "a"), mine)  # a namespace's runtime of the same name is another runtime
+    index.put(("ns", "c"), None)  # refers to no runtime the watcher follows
+    assert index.trainjobs(torch) == [("ns", "a"), ("ns", "b")]
+    assert index.trainjobs(mine) == [("other", "a")]
+    assert index.trainjobs(("TrainingRuntime", "other", "mine")) == []
+    index.put(("ns", "a"), mine)  # its runtimeRef changed
+    index.put(("ns", "b"), torch)  # a change that kept the runtimeRef
+    assert index.trainjobs(torch) == [("ns", "b")]
+    assert index.trainjobs(mine) == [("other", "a"), ("ns", "a")]
+    index.discard(("ns", "b"))
+    index.discard(("ns", "b"))
+    index.put(("ns", "a"), None)
+    assert index.trainjobs(torch) == [] and index.trainjobs(mine) == [("other", "a")]
+    assert len(index) == 1
+    listed = index.trainjobs(mine)
+    index.discard(("other", "a"))
+    assert listed == [("other", "a")]  # a copy: the caller may publish while the index changes
