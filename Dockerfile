@@ -22,8 +22,8 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN python -m venv /opt/tjpipe \
  && /opt/tjpipe/bin/pip install --require-hashes --only-binary=:all: --no-binary=nkeys -r requirements.lock
-# The project itself: its wheel (tjpipe/contracts, tjpipe/planner, ... are links to the top-level folders,
-# and the wheel holds their files), installed without resolving anything more.
+# The project itself: its wheel (the import roots tjpipe, contracts, plumbing, watcher, planner and applier,
+# each a top-level folder), installed without resolving anything more.
 COPY pyproject.toml README.md LICENSE ./
 COPY contracts ./contracts
 COPY plumbing ./plumbing

@@ -1,8 +1,9 @@
-"""What ``pip install trainjob-pipeline`` puts into an environment: one import name, ``tjpipe``, and nothing generic.
+"""What ``pip install trainjob-pipeline`` puts into an environment: its six import roots and nothing else.
 
-The repository keeps its top-level folders (``contracts/``, ``planner/``, ...); ``tjpipe/<name>`` links to
-them. These tests build the wheel as the Dockerfile does (``pip wheel --no-deps``), install it without its
-dependencies into a fresh virtual environment, and read what it claims from the installed ``RECORD``.
+Each top-level folder of the repository (``contracts/``, ``planner/``, ...) is an import root of its own,
+next to ``tjpipe`` (CONTRIBUTING.md, "Module paths"); the repository's tools (``bench``, ``tests``, ...)
+stay out. These tests build the wheel as the Dockerfile does (``pip wheel --no-deps``), install it without
+its dependencies into a fresh virtual environment, and read what it claims from the installed ``RECORD``.
 Building needs the build backend (setuptools) from the package index or pip's cache: about a minute.
 """
 
@@ -20,8 +21,8 @@ import pytest
 pytestmark = [pytest.mark.packaging]
 
 REPO = Path(__file__).resolve().parents[2]
-SUBPACKAGES = ("contracts", "planner", "watcher", "applier", "plumbing")
-GENERIC_NAMES = {*SUBPACKAGES, "bench", "tests", "tools", "compose", "deploy", "scripts"}
+IMPORT_ROOTS = ("tjpipe", "contracts", "planner", "watcher", "applier", "plumbing")
+REPOSITORY_TOOLS = {"bench", "tests", "tools", "compose", "deploy", "scripts"}
 
 
 def _run(*argv: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -52,36 +53,36 @@ def _site_packages(venv: Path) -> Path:
     return site
 
 
-def test_the_wheel_holds_every_module_under_tjpipe_and_nothing_else(wheel: Path) -> None:
+def test_the_wheel_holds_every_module_of_the_import_roots_and_nothing_else(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"tjpipe"}
+    assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == set(IMPORT_ROOTS)
     packed = {name for name in names if name.endswith(".py")}
-    for sub in SUBPACKAGES:
-        # Every file of the top-level folder, reached through the tjpipe/<sub> link.
-        in_repo = {f"tjpipe/{p.relative_to(REPO).as_posix()}" for p in (REPO / sub).rglob("*.py")}
+    for root in IMPORT_ROOTS:
+        # Every file of the top-level folder, at the same path.
+        in_repo = {p.relative_to(REPO).as_posix() for p in (REPO / root).rglob("*.py")}
         assert in_repo and in_repo <= packed, sorted(in_repo - packed)
-    assert "tjpipe/planner/core.py" in packed and any(n.startswith("tjpipe/planner/plugins/") for n in packed)
-    assert not [name for name in names if name.startswith("tjpipe/bench") or "/tests/" in name]
+    assert "planner/core.py" in packed and any(n.startswith("planner/plugins/") for n in packed)
+    assert not [name for name in names if "/tests/" in name]
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
 
 
-def test_pip_install_claims_only_the_tjpipe_import_name(venv: Path) -> None:
+def test_pip_install_claims_only_the_import_roots(venv: Path) -> None:
     site = _site_packages(venv)
     (dist_info,) = site.glob("trainjob_pipeline-*.dist-info")
     with (dist_info / "RECORD").open() as record:
         paths = [row[0] for row in csv.reader(record) if row]
     installed = {p.split("/")[0] for p in paths if not p.startswith("..")}
     top_level = {name.removesuffix(".py") for name in installed if not name.endswith(".dist-info")}
-    assert top_level == {"tjpipe"}
-    assert not GENERIC_NAMES & top_level
+    assert top_level == set(IMPORT_ROOTS)
+    assert not REPOSITORY_TOOLS & top_level
     scripts = {Path(p).name for p in paths if p.startswith("..")}
     assert scripts == {"tjpipe"}
-    # Nothing else on disk either: the links were resolved into real files, not copied as links.
-    assert not [p for p in (site / "tjpipe").rglob("*") if p.is_symlink()]
+    # Nothing on disk is a link: every module is a real file at its own path.
+    assert not [p for root in IMPORT_ROOTS for p in (site / root).rglob("*") if p.is_symlink()]
 
 
 def test_the_installed_package_imports_from_outside_the_repository(venv: Path, tmp_path: Path) -> None:
-    """``import tjpipe.planner.core`` from another folder finds the installed files; bare names are gone.
+    """``import planner.core`` from another folder finds the installed files; the repository's tools are absent.
 
     The dependencies (msgspec, ...) come from this interpreter's site-packages, added after the fresh
     environment's own (a ``.pth`` line adds a folder without running the ``.pth`` files in it, so this
@@ -91,13 +92,13 @@ def test_the_installed_package_imports_from_outside_the_repository(venv: Path, t
     (_site_packages(venv) / "zz_dependencies.pth").write_text(deps + "\n")
     python = venv / "bin" / "python"
     probe = (
-        "import importlib.util, tjpipe, tjpipe.planner.core, tjpipe.contracts.messages; "
-        "print(tjpipe.__file__); print(tjpipe.planner.core.__file__); "
-        f"print(sorted(n for n in {sorted(GENERIC_NAMES)!r} if importlib.util.find_spec(n)))"
+        "import importlib.util, tjpipe, planner.core, contracts.messages; "
+        "print(tjpipe.__file__); print(planner.core.__file__); "
+        f"print(sorted(n for n in {sorted(REPOSITORY_TOOLS)!r} if importlib.util.find_spec(n)))"
     )
     out = _run(python, "-I", "-c", probe, cwd=tmp_path).stdout.splitlines()
     site = str(_site_packages(venv))
-    assert out[0].startswith(site) and out[1] == f"{site}/tjpipe/planner/core.py"
+    assert out[0].startswith(site) and out[1] == f"{site}/planner/core.py"
     assert out[2] == "[]"
     (dist_info,) = _site_packages(venv).glob("trainjob_pipeline-*.dist-info")
     version = dist_info.name.removesuffix(".dist-info").split("-")[1]
