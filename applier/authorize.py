@@ -17,12 +17,12 @@ from typing import Literal
 
 import msgspec
 
-from tjpipe.applier import objects
-from tjpipe.contracts import conditions, resources
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.components import COMPONENT_KINDS
-from tjpipe.contracts.lifecycle import NO_RUNTIME
-from tjpipe.contracts.messages import (
+from applier import objects
+from contracts import conditions, resources
+from contracts import trainer as t
+from contracts.components import COMPONENT_KINDS
+from contracts.lifecycle import NO_RUNTIME
+from contracts.messages import (
     FIELD_MANAGER,
     AppliedRecord,
     ApplyMessage,

@@ -20,15 +20,15 @@ import logging
 import time
 from typing import Literal
 
-from tjpipe.applier import core
-from tjpipe.applier.cluster import ClusterEpoch, standing
-from tjpipe.applier.ledger import Ledger
-from tjpipe.applier.objects import resource_version
-from tjpipe.applier.trainjobs import TrainJobs
-from tjpipe.contracts import conditions, resources
-from tjpipe.contracts.messages import AppliedRecord, ApplyMessage
-from tjpipe.plumbing.kube import KubeApiError, KubeClient
-from tjpipe.plumbing.observability import FOREIGN_CLAIMS, STALE_CLAIMS
+from applier import core
+from applier.cluster import ClusterEpoch, standing
+from applier.ledger import Ledger
+from applier.objects import resource_version
+from applier.trainjobs import TrainJobs
+from contracts import conditions, resources
+from contracts.messages import AppliedRecord, ApplyMessage
+from plumbing.kube import KubeApiError, KubeClient
+from plumbing.observability import FOREIGN_CLAIMS, STALE_CLAIMS
 
 log = logging.getLogger("applier")
 

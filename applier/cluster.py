@@ -35,10 +35,10 @@ import msgspec
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from tjpipe.applier import objects
-from tjpipe.contracts import resources
-from tjpipe.plumbing.kube import KubeApiError, KubeClient
-from tjpipe.plumbing.observability import CLUSTER_REWINDS
+from applier import objects
+from contracts import resources
+from plumbing.kube import KubeApiError, KubeClient
+from plumbing.observability import CLUSTER_REWINDS
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from typing import Literal
 
 import msgspec
 
-from tjpipe.applier import objects
-from tjpipe.applier.authorize import CREATE_ONLY, authorize_live
-from tjpipe.contracts import conditions, labels
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.messages import (
+from applier import objects
+from applier.authorize import CREATE_ONLY, authorize_live
+from contracts import conditions, labels
+from contracts import trainer as t
+from contracts.messages import (
     AppliedRecord,
     ApplyAction,
     ApplyMessage,

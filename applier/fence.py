@@ -19,8 +19,8 @@ from typing import Any, assert_never
 
 import msgspec
 
-from tjpipe.applier import core, secrets
-from tjpipe.applier.authorize import (
+from applier import core, secrets
+from applier.authorize import (
     ALREADY_CREATED,
     CREATE_ONLY,
     UNRECORDED,
@@ -28,13 +28,13 @@ from tjpipe.applier.authorize import (
     authorize_live,
     existing,
 )
-from tjpipe.applier.claims import NewerClaims
-from tjpipe.applier.ledger import Ledger, ledger_key
-from tjpipe.applier.objects import resource_version
-from tjpipe.contracts import resources
-from tjpipe.contracts.messages import AppliedRecord, ApplySecret, DeleteComponent, ObjectApply, Target
-from tjpipe.contracts.values import or_default
-from tjpipe.plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient
+from applier.claims import NewerClaims
+from applier.ledger import Ledger, ledger_key
+from applier.objects import resource_version
+from contracts import resources
+from contracts.messages import AppliedRecord, ApplySecret, DeleteComponent, ObjectApply, Target
+from contracts.values import or_default
+from plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient
 
 log = logging.getLogger("applier")
 

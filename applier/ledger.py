@@ -24,9 +24,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from tjpipe.contracts.messages import AppliedRecord, Target
-from tjpipe.contracts.streams import APPLIED_BUCKET
-from tjpipe.plumbing.bus import until_set_up
+from contracts.messages import AppliedRecord, Target
+from contracts.streams import APPLIED_BUCKET
+from plumbing.bus import until_set_up
 
 _decoder = msgspec.json.Decoder(AppliedRecord)
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.messages import SecretGenerator
+from contracts import trainer as t
+from contracts.messages import SecretGenerator
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import x25519

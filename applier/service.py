@@ -34,14 +34,14 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from tjpipe.applier import authorize, core
-from tjpipe.applier.claims import NewerClaims
-from tjpipe.applier.cluster import ClusterEpoch
-from tjpipe.applier.fence import Fence
-from tjpipe.applier.ledger import Ledger, seen_key
-from tjpipe.applier.trainjobs import TrainJobs
-from tjpipe.contracts import resources, streams, subjects
-from tjpipe.contracts.messages import (
+from applier import authorize, core
+from applier.claims import NewerClaims
+from applier.cluster import ClusterEpoch
+from applier.fence import Fence
+from applier.ledger import Ledger, seen_key
+from applier.trainjobs import TrainJobs
+from contracts import resources, streams, subjects
+from contracts.messages import (
     ApplyAction,
     ApplyMessage,
     ApplyResult,
@@ -52,9 +52,9 @@ from tjpipe.contracts.messages import (
     decode_apply,
     encode,
 )
-from tjpipe.plumbing import bus, intake, publishing, signing
-from tjpipe.plumbing.kube import KubeClient, KubeConfig
-from tjpipe.plumbing.observability import (
+from plumbing import bus, intake, publishing, signing
+from plumbing.kube import KubeClient, KubeConfig
+from plumbing.observability import (
     APPLIES,
     DEAD_LETTERS,
     END_TO_END,
@@ -64,9 +64,9 @@ from tjpipe.plumbing.observability import (
     UNAUTHORIZED,
     count_transitions,
 )
-from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
-from tjpipe.plumbing.runner import ServiceSettings, started
-from tjpipe.plumbing.stream_usage import StreamUsage
+from plumbing.partitions import consume_partitioned, default_replica_id
+from plumbing.runner import ServiceSettings, started
+from plumbing.stream_usage import StreamUsage
 
 log = logging.getLogger("applier")
 

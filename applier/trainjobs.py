@@ -19,11 +19,11 @@ import json
 import logging
 import time
 
-from tjpipe.applier import core
-from tjpipe.applier.authorize import TrainJobFacts, TrainJobGone, Unauthorized, authorize_trainjob, trainjob_facts
-from tjpipe.contracts import conditions, resources
-from tjpipe.contracts.messages import ApplyMessage, DeleteComponent
-from tjpipe.plumbing.kube import KubeApiError, KubeClient
+from applier import core
+from applier.authorize import TrainJobFacts, TrainJobGone, Unauthorized, authorize_trainjob, trainjob_facts
+from contracts import conditions, resources
+from contracts.messages import ApplyMessage, DeleteComponent
+from plumbing.kube import KubeApiError, KubeClient
 
 log = logging.getLogger("applier")
 

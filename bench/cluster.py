@@ -26,9 +26,9 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from bench import stats
-from tjpipe.contracts import resources, streams
-from tjpipe.contracts.resources import Resource
-from tjpipe.plumbing.kube import KubeApiError, KubeClient, KubeConfig, Response
+from contracts import resources, streams
+from contracts.resources import Resource
+from plumbing.kube import KubeApiError, KubeClient, KubeConfig, Response
 from tjpipe.stack import SERVICES, Stack
 
 log = logging.getLogger("bench")
@@ -381,7 +381,7 @@ class ResultTracker:
             self.done.set()
 
     async def start(self) -> None:
-        from tjpipe.contracts.messages import decode_result
+        from contracts.messages import decode_result
 
         async def on_msg(msg: Any) -> None:
             try:

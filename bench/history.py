@@ -25,9 +25,9 @@ import msgspec
 
 from bench import stats, workload
 from bench.cluster import process_memory
-from tjpipe.contracts import subjects
-from tjpipe.contracts.messages import ApplyResult, ObjectKey, component_of, encode
-from tjpipe.planner.core import plan
+from contracts import subjects
+from contracts.messages import ApplyResult, ObjectKey, component_of, encode
+from planner.core import plan
 
 Progress = Callable[[str], None]
 NAMESPACES = 20
@@ -100,11 +100,11 @@ async def _timed(session: aiohttp.ClientSession, url: str, token: str) -> float:
 async def history_server(
     *, trainjobs: int, requests: int, runtime: dict[str, Any], progress: Progress, keep_state: bool = False
 ) -> dict[str, Any]:
+    from plumbing import bus
     from tjpipe.credentials import READER, generate_credentials, server_authorization
     from tjpipe.local.kubeapi import start_kube
     from tjpipe.local.natsd import start_nats
     from tjpipe.local.procs import free_port, http_ok, spawn, wait_until
-    from tjpipe.plumbing import bus
     from tjpipe.stack import setup_bus_as_admin
 
     root = Path(tempfile.mkdtemp(prefix="tjpipe-bench-history-"))

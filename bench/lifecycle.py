@@ -44,8 +44,8 @@ from bench.cluster import (
     scrape_apiserver,
     settle,
 )
-from tjpipe.contracts import resources
-from tjpipe.plumbing.kube import KubeApiError
+from contracts import resources
+from plumbing.kube import KubeApiError
 
 Progress = Callable[[str], None]
 
@@ -165,7 +165,7 @@ async def lifecycle(
         await asyncio.to_thread(stack.start_infrastructure)
         out["cluster_start_seconds"] = time.monotonic() - started
         assert stack.kubeconfig is not None
-        from tjpipe.plumbing.kube import KubeConfig
+        from plumbing.kube import KubeConfig
 
         kube = CountingKube(KubeConfig.load(str(stack.kubeconfig)), max_connections=64)
         await apply_object(kube, resources.CLUSTER_TRAINING_RUNTIME, runtime, field_manager="tjpipe-bench")

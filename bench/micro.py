@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench import workload
-from tjpipe.contracts import subjects
-from tjpipe.contracts.messages import component_of, decode_event, encode
-from tjpipe.planner.core import plan
-from tjpipe.planner.service import apply_message_id
-from tjpipe.plumbing.signing import Keyring, Signer, generate_private_key
+from contracts import subjects
+from contracts.messages import component_of, decode_event, encode
+from planner.core import plan
+from planner.service import apply_message_id
+from plumbing.signing import Keyring, Signer, generate_private_key
 
 _WATCHER = Signer(generate_private_key())
 _PLANNER = Signer(generate_private_key())

@@ -46,7 +46,7 @@ from bench.cluster import (
     scrape_apiserver,
     settle,
 )
-from tjpipe.contracts import resources
+from contracts import resources
 
 Progress = Callable[[str], None]
 Probe = Callable[[], Any]

@@ -337,8 +337,8 @@ async def run_with_stack(
         pids_by_name,
         purge_history,
     )
-    from tjpipe.contracts import resources
-    from tjpipe.plumbing.kube import KubeConfig
+    from contracts import resources
+    from plumbing.kube import KubeConfig
     from tjpipe.stack import Stack, StatePaths
 
     state = Path(tempfile.mkdtemp(prefix="tjpipe-bench-"))

@@ -19,6 +19,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from applier.fence import apply_body  # the exact bytes the applier sends for a fresh object
 from bench import stats, workload
 from bench.cluster import (
     SUCCESS_ACTIONS,
@@ -36,12 +37,11 @@ from bench.cluster import (
     scrape_apiserver,
     wait_quiet,
 )
-from tjpipe.applier.fence import apply_body  # the exact bytes the applier sends for a fresh object
-from tjpipe.contracts import resources, streams
-from tjpipe.contracts.messages import ApplyResult, ObjectApply, TrainJobObserved, decode_event, decode_result
-from tjpipe.planner.core import plan
-from tjpipe.plumbing import bus
-from tjpipe.plumbing.kube import KubeApiError
+from contracts import resources, streams
+from contracts.messages import ApplyResult, ObjectApply, TrainJobObserved, decode_event, decode_result
+from planner.core import plan
+from plumbing import bus
+from plumbing.kube import KubeApiError
 from tjpipe.stack import SERVICES
 
 Progress = Callable[[str], None]

@@ -28,12 +28,12 @@ from typing import Any, cast
 import msgspec
 
 from bench import workload
-from tjpipe.contracts import trainer
-from tjpipe.plumbing.informer import Informer
-from tjpipe.plumbing.kube import KubeClient
-from tjpipe.plumbing.signing import Signer, generate_private_key
-from tjpipe.watcher import core
-from tjpipe.watcher.service import Watcher, WatcherSettings
+from contracts import trainer
+from plumbing.informer import Informer
+from plumbing.kube import KubeClient
+from plumbing.signing import Signer, generate_private_key
+from watcher import core
+from watcher.service import Watcher, WatcherSettings
 
 NAMESPACE = "bench-fanout"
 RUNTIME_KIND = trainer.CLUSTER_TRAINING_RUNTIME_KIND

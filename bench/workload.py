@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from tjpipe.contracts.messages import TrainJobObserved
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from contracts.messages import TrainJobObserved
+from contracts.trainer import TrainingRuntime, TrainJob
 
 Kind = Literal["torch", "mpi", "gang"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from tjpipe.contracts import labels, resources
-from tjpipe.contracts.messages import (
+from contracts import labels, resources
+from contracts.messages import (
     ApplyConfigMap,
     ApplyJobSet,
     ApplyPodGroup,
@@ -30,7 +30,7 @@ from tjpipe.contracts.messages import (
     ApplyVolcanoPodGroup,
     ObjectApply,
 )
-from tjpipe.contracts.resources import Resource
+from contracts.resources import Resource
 
 Keep = Literal["identity", "jobset", "runtime-snapshot"]
 """What the watcher keeps of each object: its identity only, or what an observation carries of it."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.trainer import TrainJob, TrainJobSpec, TrainJobStatus
-from tjpipe.contracts.values import meta, or_default
+from contracts import trainer as t
+from contracts.trainer import TrainJob, TrainJobSpec, TrainJobStatus
+from contracts.values import meta, or_default
 
 
 def parse_time(text: str) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tjpipe.contracts.kube import Condition, JobTemplateSpec, KubeStruct, ObjectMeta, PersistentVolumeClaim
+from contracts.kube import Condition, JobTemplateSpec, KubeStruct, ObjectMeta, PersistentVolumeClaim
 
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"

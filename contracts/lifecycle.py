@@ -6,9 +6,9 @@ the status changes it writes. Both label by namespace and runtime, so the label 
 
 from __future__ import annotations
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.trainer import RuntimeRef, TrainJob, TrainJobSpec, TrainJobStatus
-from tjpipe.contracts.values import or_default
+from contracts import trainer as t
+from contracts.trainer import RuntimeRef, TrainJob, TrainJobSpec, TrainJobStatus
+from contracts.values import or_default
 
 NO_RUNTIME = "none"
 """The runtime label of a TrainJob without a runtime name (the API server requires one; old objects may lack it)."""

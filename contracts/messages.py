@@ -43,10 +43,10 @@ from typing import Literal, get_args
 
 import msgspec
 
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap, Secret
-from tjpipe.contracts.scheduling import PodGroup, VolcanoPodGroup
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, Secret
+from contracts.scheduling import PodGroup, VolcanoPodGroup
+from contracts.trainer import TrainingRuntime, TrainJob
 
 FIELD_MANAGER = "trainer"
 

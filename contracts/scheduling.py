@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tjpipe.contracts.kube import KubeStruct, ObjectMeta, Quantity
+from contracts.kube import KubeStruct, ObjectMeta, Quantity
 
 POD_GROUP_KIND = "PodGroup"
 

@@ -35,7 +35,7 @@ from typing import Literal
 
 import msgspec
 
-from tjpipe.contracts import subjects
+from contracts import subjects
 
 DAY = 24 * 3600.0
 

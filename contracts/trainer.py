@@ -18,8 +18,8 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from tjpipe.contracts.jobset import JobSetSpec
-from tjpipe.contracts.kube import (
+from contracts.jobset import JobSetSpec
+from contracts.kube import (
     Affinity,
     Condition,
     EnvVar,
@@ -34,7 +34,7 @@ from tjpipe.contracts.kube import (
     Volume,
     VolumeMount,
 )
-from tjpipe.contracts.scheduling import NetworkTopologySpec
+from contracts.scheduling import NetworkTopologySpec
 
 # ------------------------------------------------------------------------------------ API identity
 

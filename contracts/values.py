@@ -12,7 +12,7 @@ from typing import Protocol, TypeVar
 import msgspec
 from typing_extensions import TypeIs
 
-from tjpipe.contracts.kube import ObjectMeta
+from contracts.kube import ObjectMeta
 
 T = TypeVar("T")
 D = TypeVar("D")

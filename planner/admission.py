@@ -23,14 +23,14 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.resources import CLUSTER_TRAINING_RUNTIME, TRAINING_RUNTIME, Resource
-from tjpipe.contracts.trainer import ClusterTrainingRuntime, Runtime, RuntimeRef, TrainJob, decode_runtime
-from tjpipe.contracts.values import meta, name_of, or_default
-from tjpipe.planner.framework import INVALID, FieldError, Framework
-from tjpipe.planner.runtime_info import spec_of
-from tjpipe.planner.validation import (
+from contracts import trainer as t
+from contracts.jobset import JobSet
+from contracts.resources import CLUSTER_TRAINING_RUNTIME, TRAINING_RUNTIME, Resource
+from contracts.trainer import ClusterTrainingRuntime, Runtime, RuntimeRef, TrainJob, decode_runtime
+from contracts.values import meta, name_of, or_default
+from planner.framework import INVALID, FieldError, Framework
+from planner.runtime_info import spec_of
+from planner.validation import (
     admission_trainjob_errors,
     jobset_decides_patch_change,
     runtime_patches_change_errors,

@@ -16,12 +16,12 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts import conditions as t_ext
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
-from tjpipe.contracts.kube import ConfigMap, Secret
-from tjpipe.contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
-from tjpipe.contracts.messages import (
+from contracts import conditions as t_ext
+from contracts import trainer as t
+from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
+from contracts.kube import ConfigMap, Secret
+from contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
+from contracts.messages import (
     MESSAGE_FOR_OBJECT_TYPE,
     UNVERSIONED,
     ApplyMessage,
@@ -35,16 +35,16 @@ from tjpipe.contracts.messages import (
     TrainJobDeleted,
     TrainJobObserved,
 )
-from tjpipe.contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob
-from tjpipe.contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
-from tjpipe.planner import status as status_rules
-from tjpipe.planner.framework import BuildError, FieldError, Framework
-from tjpipe.planner.immutability import carries_immutable_spec, restrict_to_mutable
-from tjpipe.planner.info import Component, Deletion
-from tjpipe.planner.plugins import REGISTRY
-from tjpipe.planner.runtime_info import RUNTIME_CACHE_SIZE, new_runtime_info, runtime_template, spec_of
-from tjpipe.planner.snapshot import runtime_snapshot, snapshot_name
-from tjpipe.planner.validation import trainjob_errors, validate_runtime
+from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob
+from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
+from planner import status as status_rules
+from planner.framework import BuildError, FieldError, Framework
+from planner.immutability import carries_immutable_spec, restrict_to_mutable
+from planner.info import Component, Deletion
+from planner.plugins import REGISTRY
+from planner.runtime_info import RUNTIME_CACHE_SIZE, new_runtime_info, runtime_template, spec_of
+from planner.snapshot import runtime_snapshot, snapshot_name
+from planner.validation import trainjob_errors, validate_runtime
 
 FRAMEWORK = Framework(REGISTRY)
 

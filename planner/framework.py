@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.planner.gofmt import go_value
-from tjpipe.planner.info import Component, RuntimeInfo
-from tjpipe.planner.runtime_info import RUNTIME_CACHE_SIZE
+from contracts.trainer import TrainJob
+from planner.gofmt import go_value
+from planner.info import Component, RuntimeInfo
+from planner.runtime_info import RUNTIME_CACHE_SIZE
 
 NO_VALUE: Any = object()
 """``FieldError.value`` when the error carries no value (Kubernetes' ``omitValue``)."""

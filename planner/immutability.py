@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts.jobset import JobSet
+from contracts.jobset import JobSet
 
 Obj = dict[str, Any]
 

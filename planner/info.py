@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts.messages import ApplyPolicy, SecretGenerator
-from tjpipe.contracts.trainer import MLPolicy, PodGroupPolicy, TrainingRuntime, TrainJob
+from contracts.messages import ApplyPolicy, SecretGenerator
+from contracts.trainer import MLPolicy, PodGroupPolicy, TrainingRuntime, TrainJob
 
 Obj = dict[str, Any]
 

@@ -7,11 +7,11 @@ applier refuses any component without exactly this one controller reference to a
 
 from __future__ import annotations
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.kube import OwnerReference
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import name_of, namespace_of, uid_of
-from tjpipe.planner.merge import Obj
+from contracts import trainer as t
+from contracts.kube import OwnerReference
+from contracts.trainer import TrainJob
+from contracts.values import name_of, namespace_of, uid_of
+from planner.merge import Obj
 
 
 def owner_reference(job: TrainJob) -> Obj:

@@ -21,11 +21,11 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts.scheduling import PodGroup, VolcanoPodGroup
-from tjpipe.planner.framework import BuildError
-from tjpipe.planner.info import Component, RuntimeInfo
-from tjpipe.planner.merge import Obj, parse_quantity
-from tjpipe.planner.quantities import EXACT, NANO, QuantityFormat, format_quantity, quantity_format
+from contracts.scheduling import PodGroup, VolcanoPodGroup
+from planner.framework import BuildError
+from planner.info import Component, RuntimeInfo
+from planner.merge import Obj, parse_quantity
+from planner.quantities import EXACT, NANO, QuantityFormat, format_quantity, quantity_format
 
 
 class _Q:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Literal
 
-from tjpipe.planner.merge import parse_quantity
+from planner.merge import parse_quantity
 
 QuantityFormat = Literal["DecimalSI", "BinarySI", "DecimalExponent"]
 

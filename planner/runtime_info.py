@@ -23,12 +23,12 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.trainer import Runtime, Trainer, TrainingRuntime, TrainingRuntimeSpec, TrainJob, TrainJobSpec
-from tjpipe.contracts.values import is_set, or_default
-from tjpipe.planner.info import Container, PodSet, RuntimeInfo
-from tjpipe.planner.merge import merge_resources, parse_quantity
-from tjpipe.planner.patches import apply_runtime_patches
+from contracts import trainer as t
+from contracts.trainer import Runtime, Trainer, TrainingRuntime, TrainingRuntimeSpec, TrainJob, TrainJobSpec
+from contracts.values import is_set, or_default
+from planner.info import Container, PodSet, RuntimeInfo
+from planner.merge import merge_resources, parse_quantity
+from planner.patches import apply_runtime_patches
 
 Obj = dict[str, Any]
 

@@ -20,19 +20,19 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import (
+from contracts import streams, subjects
+from contracts.messages import (
     ApplyMessage,
     TrainJobObserved,
     component_of,
     decode_event,
     encode,
 )
-from tjpipe.planner.core import plan, plan_too_large
-from tjpipe.plumbing import bus, intake, publishing, signing
-from tjpipe.plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
-from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
-from tjpipe.plumbing.runner import ServiceSettings, started
+from planner.core import plan, plan_too_large
+from plumbing import bus, intake, publishing, signing
+from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
+from plumbing.partitions import consume_partitioned, default_replica_id
+from plumbing.runner import ServiceSettings, started
 
 log = logging.getLogger("planner")
 

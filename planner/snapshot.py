@@ -14,12 +14,12 @@ from typing import Any
 import msgspec
 import yaml
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.kube import ConfigMap, ObjectMeta
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.contracts.values import name_of, namespace_of
-from tjpipe.planner.info import Component
-from tjpipe.planner.owners import owner_reference_struct
+from contracts import trainer as t
+from contracts.kube import ConfigMap, ObjectMeta
+from contracts.trainer import TrainingRuntime, TrainJob
+from contracts.values import name_of, namespace_of
+from planner.info import Component
+from planner.owners import owner_reference_struct
 
 
 def snapshot_name(job_name: str) -> str:

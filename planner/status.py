@@ -16,14 +16,14 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.conditions import APPLIER_CONDITION_TYPES
-from tjpipe.contracts.deadlines import deadline_of, parse_time
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.messages import LifecycleChange, Transition
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set, meta, or_default
-from tjpipe.planner.runtime_info import builtins, spec_of
+from contracts import trainer as t
+from contracts.conditions import APPLIER_CONDITION_TYPES
+from contracts.deadlines import deadline_of, parse_time
+from contracts.jobset import JobSet
+from contracts.messages import LifecycleChange, Transition
+from contracts.trainer import TrainJob
+from contracts.values import is_set, meta, or_default
+from planner.runtime_info import builtins, spec_of
 
 Obj = dict[str, Any]
 

@@ -26,13 +26,13 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.trainer import Runtime, RuntimePatch, TrainJob
-from tjpipe.contracts.values import is_set, or_default
-from tjpipe.planner.framework import FORBIDDEN, INVALID, FieldError, Framework, Phases
-from tjpipe.planner.info import RuntimeInfo
-from tjpipe.planner.runtime_info import container_names, new_runtime_info, runtime_template, spec_of
+from contracts import trainer as t
+from contracts.jobset import JobSet
+from contracts.trainer import Runtime, RuntimePatch, TrainJob
+from contracts.values import is_set, or_default
+from planner.framework import FORBIDDEN, INVALID, FieldError, Framework, Phases
+from planner.info import RuntimeInfo
+from planner.runtime_info import container_names, new_runtime_info, runtime_template, spec_of
 
 Obj = dict[str, Any]
 

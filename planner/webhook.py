@@ -20,12 +20,12 @@ import msgspec
 from aiohttp import web
 from prometheus_client import Counter
 
-from tjpipe.contracts.resources import JOBSET, PRIORITY_CLASS
-from tjpipe.planner import admission
-from tjpipe.planner.core import FRAMEWORK
-from tjpipe.plumbing.kube import KubeApiError, KubeClient, KubeConfig
-from tjpipe.plumbing.observability import REGISTRY
-from tjpipe.plumbing.runner import ProcessSettings, started
+from contracts.resources import JOBSET, PRIORITY_CLASS
+from planner import admission
+from planner.core import FRAMEWORK
+from plumbing.kube import KubeApiError, KubeClient, KubeConfig
+from plumbing.observability import REGISTRY
+from plumbing.runner import ProcessSettings, started
 
 log = logging.getLogger(__name__)
 

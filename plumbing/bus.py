@@ -41,12 +41,12 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import BadRequestError
 
-from tjpipe.contracts import subjects
-from tjpipe.contracts.messages import DeadLetter, encode
-from tjpipe.contracts.streams import APPLIED_BUCKET, APPLIER, DLQ, PLANNER, ConsumerSpec, StreamSpec
-from tjpipe.contracts.subjects import PARTITIONS
-from tjpipe.plumbing import publishing
-from tjpipe.plumbing.observability import PUBLISH_REFUSED
+from contracts import subjects
+from contracts.messages import DeadLetter, encode
+from contracts.streams import APPLIED_BUCKET, APPLIER, DLQ, PLANNER, ConsumerSpec, StreamSpec
+from contracts.subjects import PARTITIONS
+from plumbing import publishing
+from plumbing.observability import PUBLISH_REFUSED
 
 log = logging.getLogger(__name__)
 

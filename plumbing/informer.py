@@ -25,8 +25,8 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from tjpipe.contracts.resources import Resource
-from tjpipe.plumbing.kube import LIST_PAGE_SIZE, KubeApiError, KubeClient
+from contracts.resources import Resource
+from plumbing.kube import LIST_PAGE_SIZE, KubeApiError, KubeClient
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import TypeVar
 import msgspec
 from nats.aio.msg import Msg
 
-from tjpipe.contracts.messages import UnsupportedVersion
-from tjpipe.plumbing import signing
+from contracts.messages import UnsupportedVersion
+from plumbing import signing
 
 T = TypeVar("T")
 

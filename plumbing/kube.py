@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from tjpipe.contracts.resources import Resource
+from contracts.resources import Resource
 
 log = logging.getLogger(__name__)
 

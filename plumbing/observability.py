@@ -36,7 +36,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tjpipe.contracts.messages import Transition
+from contracts.messages import Transition
 
 log = logging.getLogger(__name__)
 

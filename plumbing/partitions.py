@@ -29,11 +29,11 @@ from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from tjpipe.contracts.streams import ConsumerSpec
-from tjpipe.contracts.subjects import PARTITIONS
-from tjpipe.plumbing.bus import LEASE_BUCKET, bind_consumers, partition_consumer, read_stream, until_set_up
-from tjpipe.plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
-from tjpipe.plumbing.pull import StreamingPull
+from contracts.streams import ConsumerSpec
+from contracts.subjects import PARTITIONS
+from plumbing.bus import LEASE_BUCKET, bind_consumers, partition_consumer, read_stream, until_set_up
+from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
+from plumbing.pull import StreamingPull
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from tjpipe.plumbing.observability import PUBLISH_REFUSED
+from plumbing.observability import PUBLISH_REFUSED
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from tjpipe.plumbing import bus
-from tjpipe.plumbing.kube import KubeClient
-from tjpipe.plumbing.observability import Health, HealthServer
+from plumbing import bus
+from plumbing.kube import KubeClient
+from plumbing.observability import Health, HealthServer
 
 S = TypeVar("S", bound="ProcessSettings")
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from nats.js import JetStreamContext
 
-from tjpipe.plumbing.observability import STREAM_BYTES, STREAM_MAX_BYTES
+from plumbing.observability import STREAM_BYTES, STREAM_MAX_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ import pytest
 from kubernetes import client as kube_client
 from nats.aio.client import Client as NATS
 
+from plumbing import bus
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.local.cluster import SimulatedCluster, start_simulated_cluster
 from tjpipe.local.crds import crd_manifests, install_crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import start_nats
-from tjpipe.plumbing import bus
 from tjpipe.stack import nats_connect_options, setup_bus_as_admin
 
 TEST_USERS = {"alice": ("history-viewers",), "bob": ()}

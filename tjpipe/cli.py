@@ -29,7 +29,7 @@ from tjpipe.nats_connection import add_nats_flags
 from tjpipe.settings import SIGNING_STAGES, STAGES, FromEnvironment, SettingsError, env_flag, env_list_flag
 
 if TYPE_CHECKING:
-    from tjpipe.contracts.streams import StreamSpec
+    from contracts.streams import StreamSpec
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -615,9 +615,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _run_service(command: str, args: argparse.Namespace) -> int:
+    from plumbing.bus import CredentialsError, NotAuthorized
+    from plumbing.signing import KeyMaterialError
     from tjpipe.exits import UsageError
-    from tjpipe.plumbing.bus import CredentialsError, NotAuthorized
-    from tjpipe.plumbing.signing import KeyMaterialError
 
     try:
         return _start_service(command, args)
@@ -627,33 +627,33 @@ def _run_service(command: str, args: argparse.Namespace) -> int:
 
 def _start_service(command: str, args: argparse.Namespace) -> int:
     """Every service starts the same way: its settings from the parsed arguments, then ``run_service``."""
-    from tjpipe.plumbing.runner import run_service
+    from plumbing.runner import run_service
 
     if command == "watcher":
-        from tjpipe.watcher.service import run_watcher
+        from watcher.service import run_watcher
 
         return run_service(settings.watcher(args), run_watcher)
     if command == "planner":
-        from tjpipe.planner.service import run_planner
+        from planner.service import run_planner
 
         return run_service(settings.planner(args), run_planner)
     if command == "applier":
-        from tjpipe.applier.service import run_applier
+        from applier.service import run_applier
 
         return run_service(settings.applier(args), run_applier)
     if command == "controller":
         return _run_controller(args)
-    from tjpipe.planner.webhook import run_webhook
+    from planner.webhook import run_webhook
 
     return run_service(settings.webhook(args), run_webhook)
 
 
 def _run_controller(args: argparse.Namespace) -> int:
     """The three stages in one process: each gets its settings as its own command would from these flags."""
-    from tjpipe.applier.service import run_applier
-    from tjpipe.planner.service import run_planner
-    from tjpipe.plumbing.runner import run_stages
-    from tjpipe.watcher.service import run_watcher
+    from applier.service import run_applier
+    from planner.service import run_planner
+    from plumbing.runner import run_stages
+    from watcher.service import run_watcher
 
     settings.require_own_identities(args, STAGES)
     watcher, planner, applier = (settings.stage(args, stage) for stage in STAGES)
@@ -674,7 +674,7 @@ def _run_controller(args: argparse.Namespace) -> int:
 
 def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...], int]:
     """The streams with the retention and replicas ``environ`` sets, for ``bus-setup``."""
-    from tjpipe.contracts import streams
+    from contracts import streams
 
     try:
         return streams.configured_streams(environ), streams.stream_replicas(environ)
@@ -683,9 +683,9 @@ def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...]
 
 
 async def _bus_setup(args: argparse.Namespace) -> int:
+    from plumbing import bus
     from tjpipe.nats_connection import connect_nats
     from tjpipe.opscli import route_logs
-    from tjpipe.plumbing import bus
 
     # Like the operator commands: a refused identity or no NATS within --connect-timeout is one error line,
     # and the NATS client's warnings (a disconnect at close) show only with --debug.
@@ -888,9 +888,9 @@ def _down(args: argparse.Namespace) -> int:
 
 def _keys(args: argparse.Namespace) -> int:
     """Results go to stdout as plain text: key ids and paths are data, not markup."""
+    from plumbing.signing import KeyMaterialError
     from tjpipe.exits import Failure
     from tjpipe.keys.signing import KeyFolder
-    from tjpipe.plumbing.signing import KeyMaterialError
 
     sub: str = args.keys_command
     folder = KeyFolder(args.dir.resolve())

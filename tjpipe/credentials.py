@@ -40,9 +40,9 @@ from pathlib import Path
 
 import nkeys
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.subjects import PARTITIONS
-from tjpipe.plumbing.bus import LEASE_BUCKET, identity_inbox_prefix, inbox_prefix
+from contracts import streams, subjects
+from contracts.subjects import PARTITIONS
+from plumbing.bus import LEASE_BUCKET, identity_inbox_prefix, inbox_prefix
 from tjpipe.private_files import write_private_file
 
 ADMIN = "admin"

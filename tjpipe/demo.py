@@ -26,10 +26,10 @@ from kubernetes.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from rich.markup import escape
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import decode_result
+from contracts import streams, subjects
+from contracts.messages import decode_result
+from plumbing import bus
 from tjpipe.local.kubeapi import new_api_client, wait_for_api
-from tjpipe.plumbing import bus
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -271,7 +271,7 @@ async def follow_stack(
     Until it returns, SIGINT and SIGTERM end the loop; then SIGTERM goes back to ``sigterm_handler``.
     """
     say = functools.partial(console.print, emoji=False)
-    logging.getLogger("tjpipe.plumbing.bus").setLevel(logging.ERROR)
+    logging.getLogger("plumbing.bus").setLevel(logging.ERROR)
     # Read-only: the results are polled with direct gets, as the reader identity.
     nc = await bus.connect(stack.nats_url, name="tjpipe-up", identity="reader", **stack.nats_connect_options("reader"))
     js = nc.jetstream()

@@ -54,7 +54,7 @@ class _LastError(logging.Handler):
 
 @contextmanager
 def _catching_bus_warnings() -> Iterator[_LastError]:
-    logger = logging.getLogger("tjpipe.plumbing.bus")
+    logger = logging.getLogger("plumbing.bus")
     handler = _LastError()
     logger.addHandler(handler)
     try:
@@ -77,7 +77,7 @@ async def connect_nats(args: argparse.Namespace, command: str, *, identity: str 
     """
     import nats.errors
 
-    from tjpipe.plumbing import bus
+    from plumbing import bus
 
     _check_files(args, "--nats-creds", "--nats-tls-ca", "--nats-tls-cert", "--nats-tls-key")
     try:

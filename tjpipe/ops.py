@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import (
+from contracts import streams, subjects
+from contracts.messages import (
     ApplyMessage,
     DeadLetter,
     Event,
@@ -31,20 +31,20 @@ from tjpipe.contracts.messages import (
     decode_event,
     decode_result,
 )
-from tjpipe.planner import core as planner_core
-from tjpipe.planner.core import plan
-from tjpipe.planner.framework import Framework
+from planner import core as planner_core
+from planner.core import plan
+from planner.framework import Framework
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-    from tjpipe.plumbing.bus import StoredMessage
+    from plumbing.bus import StoredMessage
 
 
 async def read_stream(js: JetStreamContext, stream: str, subject: str, **options: Any) -> list[StoredMessage]:
     """``plumbing.bus.read_stream``, imported when first used: ``plan`` and a mistyped argument need no NATS
     client library loaded."""
-    from tjpipe.plumbing.bus import read_stream as read
+    from plumbing.bus import read_stream as read
 
     return await read(js, stream, subject, **options)
 
@@ -354,8 +354,8 @@ async def retry_dead_letter(js: JetStreamContext, seq: int) -> str:
 
 def preview(trainjob: Obj, runtime: Obj | None, *, jobset: Obj | None = None) -> list[ApplyMessage]:
     """What the pipeline would apply for this TrainJob and runtime, computed offline."""
-    from tjpipe.contracts.jobset import JobSet
-    from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+    from contracts.jobset import JobSet
+    from contracts.trainer import TrainingRuntime, TrainJob
 
     job = dict(trainjob)
     meta = dict(job.get("metadata") or {})

@@ -32,7 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from tjpipe.contracts.messages import ObjectApply, ObjectKey
+from contracts.messages import ObjectApply, ObjectKey
 from tjpipe.exits import ExitCode, Failure, Unreachable, UsageError
 from tjpipe.nats_connection import connect_nats
 

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 from tjpipe.exits import UsageError
 
 if TYPE_CHECKING:
-    from tjpipe.applier.service import ApplierSettings
-    from tjpipe.planner.service import PlannerSettings
-    from tjpipe.planner.webhook import WebhookSettings
-    from tjpipe.plumbing.bus import TlsFiles
-    from tjpipe.plumbing.runner import ProcessSettings
-    from tjpipe.watcher.service import WatcherSettings
+    from applier.service import ApplierSettings
+    from planner.service import PlannerSettings
+    from planner.webhook import WebhookSettings
+    from plumbing.bus import TlsFiles
+    from plumbing.runner import ProcessSettings
+    from watcher.service import WatcherSettings
 
 
 STAGES = ("watcher", "planner", "applier")
@@ -120,7 +120,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Na
 
 def nats_tls(args: argparse.Namespace) -> TlsFiles | None:
     """The TLS files the ``--nats-tls-*`` flags name, if any."""
-    from tjpipe.plumbing.bus import TlsFiles
+    from plumbing.bus import TlsFiles
 
     try:
         return TlsFiles.from_options(args.nats_tls_ca, args.nats_tls_cert, args.nats_tls_key)
@@ -136,7 +136,7 @@ def _process(args: argparse.Namespace) -> dict[str, Any]:
 
 def process(args: argparse.Namespace) -> ProcessSettings:
     """The settings of the process itself, where several services share it (``tjpipe controller``)."""
-    from tjpipe.plumbing.runner import ProcessSettings
+    from plumbing.runner import ProcessSettings
 
     return ProcessSettings(**_process(args))
 
@@ -200,7 +200,7 @@ def _signing_key_setting(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def watcher(args: argparse.Namespace) -> WatcherSettings:
-    from tjpipe.watcher.service import WatcherSettings
+    from watcher.service import WatcherSettings
 
     return WatcherSettings(
         **_on_bus(args),
@@ -214,7 +214,7 @@ def watcher(args: argparse.Namespace) -> WatcherSettings:
 
 
 def planner(args: argparse.Namespace) -> PlannerSettings:
-    from tjpipe.planner.service import PlannerSettings
+    from planner.service import PlannerSettings
 
     return PlannerSettings(
         **_on_bus(args),
@@ -226,7 +226,7 @@ def planner(args: argparse.Namespace) -> PlannerSettings:
 
 
 def applier(args: argparse.Namespace) -> ApplierSettings:
-    from tjpipe.applier.service import ApplierSettings
+    from applier.service import ApplierSettings
 
     return ApplierSettings(
         **_on_bus(args),
@@ -242,7 +242,7 @@ def applier(args: argparse.Namespace) -> ApplierSettings:
 
 
 def webhook(args: argparse.Namespace) -> WebhookSettings:
-    from tjpipe.planner.webhook import WebhookSettings
+    from planner.webhook import WebhookSettings
 
     for path in (args.tls_cert, args.tls_key):
         if not Path(path).is_file():

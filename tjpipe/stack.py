@@ -410,7 +410,7 @@ class Stack:
 
     async def connect(self, identity: str = ADMIN, *, name: str | None = None) -> Any:
         """A NATS connection as ``identity`` (default admin), for tools and tests."""
-        from tjpipe.plumbing import bus
+        from plumbing import bus
 
         return await bus.connect(
             self.nats_url, name=name or f"tjpipe-{identity}", **self.nats_connect_options(identity)
@@ -688,7 +688,7 @@ def nats_connect_options(
 ) -> dict[str, Any]:
     """``plumbing.bus.connect`` keyword arguments for ``identity``; TLS files from NATS_TLS_CA/_CERT/_KEY
     unless ``tls_from_env`` is off (a server of the stack's own, which has no TLS)."""
-    from tjpipe.plumbing.bus import TlsFiles
+    from plumbing.bus import TlsFiles
 
     env: Mapping[str, str] = os.environ if tls_from_env else {}
     tls = TlsFiles.from_options(env.get("NATS_TLS_CA"), env.get("NATS_TLS_CERT"), env.get("NATS_TLS_KEY"))
@@ -705,8 +705,8 @@ def setup_bus_as_admin(
 ) -> None:
     """``plumbing.bus.setup_bus`` as the admin identity, from sync code (its own thread and event loop, so a
     caller already inside an event loop, such as an async fixture, can use it too)."""
-    from tjpipe.contracts import streams
-    from tjpipe.plumbing import bus
+    from contracts import streams
+    from plumbing import bus
 
     env = os.environ if environ is None else environ
 

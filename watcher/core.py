@@ -14,11 +14,11 @@ from collections.abc import Iterable
 import msgspec
 import yaml
 
-from tjpipe.contracts import lifecycle, trainer
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap, OwnerReference
-from tjpipe.contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob, TrainJobSpec
-from tjpipe.contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
+from contracts import lifecycle, trainer
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, OwnerReference
+from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob, TrainJobSpec
+from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
 
 RuntimeKey = tuple[str, str, str]
 """(kind, namespace, name); namespace is empty for a ClusterTrainingRuntime."""

@@ -35,27 +35,27 @@ import msgspec
 import nats.errors
 from nats.js import JetStreamContext
 
-from tjpipe.contracts import lifecycle, resources, streams, subjects, trainer
-from tjpipe.contracts.components import WATCHED, ComponentKind, Keep
-from tjpipe.contracts.deadlines import deadline_of
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap, ObjectMeta
-from tjpipe.contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.contracts.values import meta, name_of, namespace_of
-from tjpipe.plumbing import bus, publishing, signing
-from tjpipe.plumbing.informer import Cached, Handler, Informer, Key
-from tjpipe.plumbing.kube import KubeClient, KubeConfig
-from tjpipe.plumbing.observability import (
+from contracts import lifecycle, resources, streams, subjects, trainer
+from contracts.components import WATCHED, ComponentKind, Keep
+from contracts.deadlines import deadline_of
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, ObjectMeta
+from contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
+from contracts.trainer import TrainingRuntime, TrainJob
+from contracts.values import meta, name_of, namespace_of
+from plumbing import bus, publishing, signing
+from plumbing.informer import Cached, Handler, Informer, Key
+from plumbing.kube import KubeClient, KubeConfig
+from plumbing.observability import (
     EVENTS,
     STAGE_SECONDS,
     TRAINJOBS_ACTIVE,
     TRAINJOBS_DELETED,
     ActiveCounts,
 )
-from tjpipe.plumbing.runner import ServiceSettings, started
-from tjpipe.plumbing.workqueue import AsyncDelayingQueue, Item
-from tjpipe.watcher import core, trim
+from plumbing.runner import ServiceSettings, started
+from plumbing.workqueue import AsyncDelayingQueue, Item
+from watcher import core, trim
 
 log = logging.getLogger("watcher")
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import msgspec
 
-from tjpipe.contracts import trainer
-from tjpipe.contracts.jobset import JobSet, JobSetSpec, JobSetStatus, ReplicatedJobStatus
-from tjpipe.contracts.kube import ConfigMap, ObjectMeta
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set, meta, name_of
+from contracts import trainer
+from contracts.jobset import JobSet, JobSetSpec, JobSetStatus, ReplicatedJobStatus
+from contracts.kube import ConfigMap, ObjectMeta
+from contracts.trainer import TrainJob
+from contracts.values import is_set, meta, name_of
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 

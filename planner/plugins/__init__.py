@@ -15,18 +15,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from tjpipe.contracts.trainer import MLPolicy
-from tjpipe.contracts.values import is_set
-from tjpipe.planner.framework import PluginFactory
-from tjpipe.planner.plugins.coscheduling import CoScheduling
-from tjpipe.planner.plugins.flux import Flux
-from tjpipe.planner.plugins.jax import JAX
-from tjpipe.planner.plugins.jobset import JobSetPlugin
-from tjpipe.planner.plugins.mpi import MPI
-from tjpipe.planner.plugins.plainml import PlainML
-from tjpipe.planner.plugins.torch import Torch
-from tjpipe.planner.plugins.volcano import Volcano
-from tjpipe.planner.plugins.xgboost import XGBoost
+from contracts.trainer import MLPolicy
+from contracts.values import is_set
+from planner.framework import PluginFactory
+from planner.plugins.coscheduling import CoScheduling
+from planner.plugins.flux import Flux
+from planner.plugins.jax import JAX
+from planner.plugins.jobset import JobSetPlugin
+from planner.plugins.mpi import MPI
+from planner.plugins.plainml import PlainML
+from planner.plugins.torch import Torch
+from planner.plugins.volcano import Volcano
+from planner.plugins.xgboost import XGBoost
 
 
 def _sets_own_node_count(policy: MLPolicy) -> bool:

@@ -17,18 +17,18 @@ The sums are shared with the Volcano plugin, which sizes its PodGroup the same w
 
 from __future__ import annotations
 
-from tjpipe.contracts.scheduling import (
+from contracts.scheduling import (
     COSCHEDULING_API_VERSION,
     COSCHEDULING_POD_GROUP_LABEL,
     POD_GROUP_KIND,
     PodGroup,
 )
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set, name_of, or_default
-from tjpipe.planner.framework import ComponentBuilder, EnforcePodGroupPolicy, RuntimeGated
-from tjpipe.planner.info import Component, RuntimeInfo
-from tjpipe.planner.owners import owned_metadata
-from tjpipe.planner.pod_groups import pod_group_component, pod_group_totals
+from contracts.trainer import TrainJob
+from contracts.values import is_set, name_of, or_default
+from planner.framework import ComponentBuilder, EnforcePodGroupPolicy, RuntimeGated
+from planner.info import Component, RuntimeInfo
+from planner.owners import owned_metadata
+from planner.pod_groups import pod_group_component, pod_group_totals
 
 DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
 """The runtime CRD's default for ``podGroupPolicy.coscheduling.scheduleTimeoutSeconds``."""

@@ -24,15 +24,15 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.kube import ConfigMap, Secret
-from tjpipe.contracts.trainer import FluxMLPolicySource, TrainJob
-from tjpipe.contracts.values import is_set, name_of, namespace_of, or_default
-from tjpipe.planner.framework import ComponentBuilder, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
-from tjpipe.planner.info import Component, Container, RuntimeInfo
-from tjpipe.planner.merge import Obj, gpus_per_node, upsert_volume_mounts, upsert_volumes
-from tjpipe.planner.owners import owned_metadata
-from tjpipe.planner.runtime_info import node_resources, trainer_of
+from contracts import trainer as t
+from contracts.kube import ConfigMap, Secret
+from contracts.trainer import FluxMLPolicySource, TrainJob
+from contracts.values import is_set, name_of, namespace_of, or_default
+from planner.framework import ComponentBuilder, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
+from planner.info import Component, Container, RuntimeInfo
+from planner.merge import Obj, gpus_per_node, upsert_volume_mounts, upsert_volumes
+from planner.owners import owned_metadata
+from planner.runtime_info import node_resources, trainer_of
 
 _FLUX_VIEW_IMAGE_HOST = "ghcr.io"
 FLUX_VIEW_IMAGE_DEFAULT = f"{_FLUX_VIEW_IMAGE_HOST}/converged-computing/flux-view-ubuntu:tag-jammy"

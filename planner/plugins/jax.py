@@ -13,13 +13,13 @@ the runtime has a trainer ``node`` container.
 
 from __future__ import annotations
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set, name_of
-from tjpipe.planner.framework import EnforceMLPolicy, RuntimeGated
-from tjpipe.planner.info import RuntimeInfo
-from tjpipe.planner.merge import env_field_ref, env_value, upsert_env, upsert_ports
-from tjpipe.planner.runtime_info import trainer_of
+from contracts import trainer as t
+from contracts.trainer import TrainJob
+from contracts.values import is_set, name_of
+from planner.framework import EnforceMLPolicy, RuntimeGated
+from planner.info import RuntimeInfo
+from planner.merge import env_field_ref, env_value, upsert_env, upsert_ports
+from planner.runtime_info import trainer_of
 
 
 class JAX:

@@ -17,16 +17,16 @@ from collections.abc import Iterator
 import msgspec
 from msgspec import UNSET
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
-from tjpipe.contracts.trainer import Initializer, Trainer, TrainJob
-from tjpipe.contracts.values import is_set, name_of, or_default
-from tjpipe.planner.framework import BuildError, ComponentBuilder, PodNetwork
-from tjpipe.planner.info import Component, RuntimeInfo
-from tjpipe.planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
-from tjpipe.planner.owners import owned_metadata
-from tjpipe.planner.quantities import canonical_quantity, canonical_resources
-from tjpipe.planner.runtime_info import builtins, spec_of
+from contracts import trainer as t
+from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
+from contracts.trainer import Initializer, Trainer, TrainJob
+from contracts.values import is_set, name_of, or_default
+from planner.framework import BuildError, ComponentBuilder, PodNetwork
+from planner.info import Component, RuntimeInfo
+from planner.merge import Obj, env_value, upsert_env, upsert_ports, upsert_volume_mounts, upsert_volumes
+from planner.owners import owned_metadata
+from planner.quantities import canonical_quantity, canonical_resources
+from planner.runtime_info import builtins, spec_of
 
 
 def _pod_spec(rjob: Obj) -> Obj:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import msgspec
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.kube import ConfigMap, Secret
-from tjpipe.contracts.trainer import MPIMLPolicySource, TrainJob
-from tjpipe.contracts.values import is_set, name_of, or_default
-from tjpipe.planner.framework import (
+from contracts import trainer as t
+from contracts.kube import ConfigMap, Secret
+from contracts.trainer import MPIMLPolicySource, TrainJob
+from contracts.values import is_set, name_of, or_default
+from planner.framework import (
     INVALID,
     BuildError,
     ComponentBuilder,
@@ -29,10 +29,10 @@ from tjpipe.planner.framework import (
     FieldError,
     RuntimeGated,
 )
-from tjpipe.planner.info import Component, PodSet, RuntimeInfo
-from tjpipe.planner.merge import Obj, env_value, gpus_per_node, upsert_env, upsert_volume_mounts, upsert_volumes
-from tjpipe.planner.owners import owned_metadata
-from tjpipe.planner.runtime_info import node_resources, trainer_of
+from planner.info import Component, PodSet, RuntimeInfo
+from planner.merge import Obj, env_value, gpus_per_node, upsert_env, upsert_volume_mounts, upsert_volumes
+from planner.owners import owned_metadata
+from planner.runtime_info import node_resources, trainer_of
 
 SSH_AUTH_SECRET_TYPE = "kubernetes.io/ssh-auth"
 DEFAULT_SSH_AUTH_MOUNT_PATH = "/root/.ssh"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.trainer import MLPolicy, TrainJob
-from tjpipe.contracts.values import is_set
-from tjpipe.planner.framework import EnforceMLPolicy, RuntimeGated
-from tjpipe.planner.info import RuntimeInfo
-from tjpipe.planner.merge import upsert_env
-from tjpipe.planner.runtime_info import builtins, trainer_of
+from contracts import trainer as t
+from contracts.trainer import MLPolicy, TrainJob
+from contracts.values import is_set
+from planner.framework import EnforceMLPolicy, RuntimeGated
+from planner.info import RuntimeInfo
+from planner.merge import upsert_env
+from planner.runtime_info import builtins, trainer_of
 
 
 class PlainML:

@@ -26,20 +26,20 @@ from collections.abc import Sequence
 import msgspec
 from msgspec import UNSET
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.trainer import RuntimeRef, Trainer, TrainJob
-from tjpipe.contracts.values import is_set, name_of, or_default
-from tjpipe.planner.framework import INVALID, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
-from tjpipe.planner.gofmt import go_quote, go_string_list
-from tjpipe.planner.info import RuntimeInfo
-from tjpipe.planner.merge import (
+from contracts import trainer as t
+from contracts.trainer import RuntimeRef, Trainer, TrainJob
+from contracts.values import is_set, name_of, or_default
+from planner.framework import INVALID, CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
+from planner.gofmt import go_quote, go_string_list
+from planner.info import RuntimeInfo
+from planner.merge import (
     Obj,
     cpus_per_node,
     gpus_per_node,
     upsert_env,
     upsert_ports,
 )
-from tjpipe.planner.runtime_info import builtins, node_resources, spec_of, trainer_of
+from planner.runtime_info import builtins, node_resources, spec_of, trainer_of
 
 _TRAINER_PORT = str(t.CONTAINER_TRAINER_PORT)
 

@@ -23,27 +23,27 @@ Creation follows the same ``while-suspended`` rule as the coscheduling PodGroup.
 
 from __future__ import annotations
 
-from tjpipe.contracts.scheduling import (
+from contracts.scheduling import (
     POD_GROUP_KIND,
     VOLCANO_API_VERSION,
     VOLCANO_GROUP_NAME_ANNOTATION,
     VOLCANO_QUEUE_NAME_ANNOTATION,
     VolcanoPodGroup,
 )
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set, name_of
-from tjpipe.planner.framework import (
+from contracts.trainer import TrainJob
+from contracts.values import is_set, name_of
+from planner.framework import (
     ComponentBuilder,
     CustomValidation,
     EnforcePodGroupPolicy,
     FieldError,
     RuntimeGated,
 )
-from tjpipe.planner.gofmt import go_quote
-from tjpipe.planner.info import Component, RuntimeInfo
-from tjpipe.planner.merge import Obj
-from tjpipe.planner.owners import owned_metadata
-from tjpipe.planner.pod_groups import pod_group_component, pod_group_totals
+from planner.gofmt import go_quote
+from planner.info import Component, RuntimeInfo
+from planner.merge import Obj
+from planner.owners import owned_metadata
+from planner.pod_groups import pod_group_component, pod_group_totals
 
 SYSTEM_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
 """The two built-in priority classes Kubernetes always has; Trainer stops checking when it meets one."""

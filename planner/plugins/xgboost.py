@@ -16,13 +16,13 @@ trainer ``node`` container.
 
 from __future__ import annotations
 
-from tjpipe.contracts import trainer as t
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.contracts.values import is_set, name_of, or_default
-from tjpipe.planner.framework import CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
-from tjpipe.planner.info import RuntimeInfo
-from tjpipe.planner.merge import env_field_ref, env_value, gpus_per_node, upsert_env, upsert_ports
-from tjpipe.planner.runtime_info import node_resources, trainer_of
+from contracts import trainer as t
+from contracts.trainer import TrainJob
+from contracts.values import is_set, name_of, or_default
+from planner.framework import CustomValidation, EnforceMLPolicy, FieldError, RuntimeGated
+from planner.info import RuntimeInfo
+from planner.merge import env_field_ref, env_value, gpus_per_node, upsert_env, upsert_ports
+from planner.runtime_info import node_resources, trainer_of
 
 
 class XGBoost:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contracts.messages import ObjectApply
 from tjpipe.cli import build_parser
-from tjpipe.contracts.messages import ObjectApply
 from tjpipe.ops import preview
 
 from .support import SDK_COMMAND, closed_port, runtime, tjpipe, trainjob

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contracts.messages import ObjectKey
 from tjpipe import opscli
 from tjpipe.cli import main
-from tjpipe.contracts.messages import ObjectKey
 from tjpipe.exits import ExitCode, UsageError
 
 
@@ -67,10 +67,10 @@ def test_replay_all_with_a_namespace_is_a_usage_error(capsys: pytest.CaptureFixt
 
 
 async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contracts import streams
+    from contracts.messages import DeadLetter, encode
+    from plumbing.bus import StoredMessage
     from tjpipe import ops
-    from tjpipe.contracts import streams
-    from tjpipe.contracts.messages import DeadLetter, encode
-    from tjpipe.plumbing.bus import StoredMessage
 
     letter = DeadLetter(stage="applier", reason="permanent", error="422", subject="s", payload=b"{}")
     stored = {

@@ -21,12 +21,12 @@ import msgspec
 import pytest
 import yaml
 
-from tjpipe.contracts import subjects
-from tjpipe.contracts.messages import DeadLetter, TrainJobObserved, component_of, encode
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from contracts import subjects
+from contracts.messages import DeadLetter, TrainJobObserved, component_of, encode
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.core import plan
+from plumbing import bus as plumbing_bus
 from tjpipe.credentials import generate_credentials
-from tjpipe.planner.core import plan
-from tjpipe.plumbing import bus as plumbing_bus
 
 from .conftest import Bus
 from .support import SDK_COMMAND, runtime, tjpipe, trainjob

@@ -25,9 +25,9 @@ import yaml
 from faults.support import WriteCounts, read_write_counts
 from nats.aio.client import Client as NATS
 
+from plumbing import bus
 from tjpipe.local.kubeapi import LocalKube
 from tjpipe.local.procs import free_port
-from tjpipe.plumbing import bus
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"

@@ -43,9 +43,9 @@ from faults.support import read_write_counts
 from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
+from contracts import messages as m
+from contracts import streams, subjects
 from tjpipe import ops
-from tjpipe.contracts import messages as m
-from tjpipe.contracts import streams, subjects
 from tjpipe.local import compose, crds
 from tjpipe.local.kubeapi import new_api_client
 

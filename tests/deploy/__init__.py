@@ -62,7 +62,7 @@ def cli_env_names() -> dict[str, set[str]]:
 
 def stream_env_names() -> set[str]:
     """The variables ``contracts.streams.configured_streams`` reads (retention, replicas)."""
-    from tjpipe.contracts import streams
+    from contracts import streams
 
     recorder = _RecordingDict()
     streams.configured_streams(recorder)

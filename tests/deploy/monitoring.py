@@ -170,8 +170,8 @@ def declared_labels() -> dict[str, tuple[str, ...]]:
     """Each metric family the services define (their shared registry), with the label names it declares."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    import tjpipe.planner.webhook  # noqa: F401  (registers the webhook's metric in the shared registry)
-    from tjpipe.plumbing import observability
+    import planner.webhook  # noqa: F401  (registers the webhook's metric in the shared registry)
+    from plumbing import observability
 
     collectors = set(observability.REGISTRY._collector_to_names)
     declared = {c._name: tuple(c._labelnames) for c in collectors if isinstance(c, MetricWrapperBase)}

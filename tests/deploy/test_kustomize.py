@@ -25,7 +25,7 @@ import pytest
 from kubernetes import client as kube_client
 from kubernetes.dynamic.exceptions import NotFoundError
 
-from tjpipe.contracts import resources
+from contracts import resources
 from tjpipe.local.crds import APPLY_PATCH_CONTENT_TYPE, _dynamic_client, _resources_by_kind
 from tjpipe.local.kustomize import kustomize_build
 

@@ -20,7 +20,7 @@ import promql_parser
 import pytest
 import yaml
 
-from tjpipe.contracts.subjects import PARTITIONS
+from contracts.subjects import PARTITIONS
 from tjpipe.local.crds import install_crds
 from tjpipe.local.helm import helm_template
 from tjpipe.local.kustomize import kustomize_build

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
+from planner import admission
 from tjpipe.local import admission_webhook
 from tjpipe.local.kustomize import kustomize_build
-from tjpipe.planner import admission
 
 from . import REPO, cli_env_names
 

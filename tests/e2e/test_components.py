@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import dynamic
 
-from tjpipe.contracts import streams
+from contracts import streams
 from tjpipe.stack import Stack
 
 from .support import TRAINER, condition_of, create, eventually, get

@@ -27,10 +27,10 @@ import pytest
 from kubernetes import dynamic
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts import subjects
+from contracts.kube import ConfigMap
+from contracts.messages import ApplyConfigMap, ObjectKey, Target, encode
 from deploy import monitoring
-from tjpipe.contracts import subjects
-from tjpipe.contracts.kube import ConfigMap
-from tjpipe.contracts.messages import ApplyConfigMap, ObjectKey, Target, encode
 from tjpipe.stack import Stack
 
 from .support import TRAINER, condition_of, create, eventually, get, stack_on_session_servers

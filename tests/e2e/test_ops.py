@@ -16,15 +16,15 @@ import yaml
 from faults.support import jobset_admission_policy
 from kubernetes import dynamic
 
+from contracts import streams, subjects
+from contracts.messages import ApplyJobSet, decode_apply
+from planner import core as planner_core
+from planner.framework import Framework
+from planner.info import RuntimeInfo
+from planner.plugins import REGISTRY
+from plumbing.bus import read_stream
 from tjpipe import opscli, settings
 from tjpipe.cli import build_parser
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import ApplyJobSet, decode_apply
-from tjpipe.planner import core as planner_core
-from tjpipe.planner.framework import Framework
-from tjpipe.planner.info import RuntimeInfo
-from tjpipe.planner.plugins import REGISTRY
-from tjpipe.plumbing.bus import read_stream
 from tjpipe.stack import Stack
 
 from .support import TRAINER, create, eventually, get

@@ -178,8 +178,8 @@ def test_completed_jobset_makes_the_trainjob_complete(
 async def test_undecodable_messages_are_dead_lettered_and_the_pipeline_goes_on(
     pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
 ) -> None:
-    from tjpipe.contracts import subjects
-    from tjpipe.contracts.messages import decode_dead_letter
+    from contracts import subjects
+    from contracts.messages import decode_dead_letter
 
     nc = await pipeline.connect()
     try:

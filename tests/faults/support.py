@@ -34,13 +34,13 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import AppliedRecord, DeadLetter, decode_dead_letter
+from contracts import streams, subjects
+from contracts.messages import AppliedRecord, DeadLetter, decode_dead_letter
+from plumbing.bus import SOURCE_HEADER
 from tjpipe.credentials import generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import LocalNats, start_nats
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
-from tjpipe.plumbing.bus import SOURCE_HEADER
 from tjpipe.stack import Stack, StatePaths
 
 TRAINER = "trainer.kubeflow.org/v1alpha1"
@@ -708,7 +708,7 @@ async def at_least(js: JetStreamContext, stream: str, subject: str, count: int) 
 
 
 async def results_of(js: JetStreamContext, namespace: str, name: str = "*") -> list[Any]:
-    from tjpipe.contracts.messages import decode_result
+    from contracts.messages import decode_result
 
     return [
         decode_result(m.data) for m in await stream_messages(js, streams.RESULTS.name, results_filter(namespace, name))
@@ -751,9 +751,9 @@ class Tripwire:
 
 def expected_apply_ids(events: list[Any]) -> dict[str, int]:
     """Nats-Msg-Id → event seq of every apply message the (pure) planner makes from these stored events."""
-    from tjpipe.contracts.messages import decode_event, encode
-    from tjpipe.planner.core import plan
-    from tjpipe.planner.service import apply_message_id
+    from contracts.messages import decode_event, encode
+    from planner.core import plan
+    from planner.service import apply_message_id
 
     ids: dict[str, int] = {}
     for raw in events:
@@ -822,7 +822,7 @@ def same_version_status_plans(applies: list[Any]) -> int:
     the ledger fence cannot order them (equal source_version), so replaying both writes twice. See
     test_bugs.py::test_two_observations_of_the_same_version_cost_one_status_write.
     """
-    from tjpipe.contracts.messages import ApplyTrainJobStatus, decode_apply
+    from contracts.messages import ApplyTrainJobStatus, decode_apply
 
     plans: dict[tuple[str, int], set[bytes]] = {}
     for raw in applies:

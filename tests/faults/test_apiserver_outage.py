@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import decode_dead_letter, decode_event
+from contracts import streams, subjects
+from contracts.messages import decode_dead_letter, decode_event
 from tjpipe.local.kubeapi import LocalKube
 from tjpipe.local.procs import ManagedProcess
 

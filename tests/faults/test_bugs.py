@@ -20,10 +20,10 @@ import nats
 import nats.js.api
 import pytest
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import TrainJobObserved, decode_dead_letter, encode
-from tjpipe.plumbing import bus as plumbing_bus
-from tjpipe.plumbing.signing import Keyring
+from contracts import streams, subjects
+from contracts.messages import TrainJobObserved, decode_dead_letter, encode
+from plumbing import bus as plumbing_bus
+from plumbing.signing import Keyring
 
 from .support import (
     JOBSET,
@@ -163,7 +163,7 @@ class _PubAckTimesOut:
 
 
 async def test_planner_publish_timeout_is_retried_not_dead_lettered(pipeline: Pipeline) -> None:
-    from tjpipe.planner.service import Planner, PlannerSettings
+    from planner.service import Planner, PlannerSettings
 
     p = pipeline
     nc = await p.connect()
@@ -234,8 +234,8 @@ async def test_an_apply_for_a_kind_whose_crd_is_missing_says_so(pipeline: Pipeli
 
 
 async def test_two_observations_of_the_same_version_cost_one_status_write(pipeline: Pipeline) -> None:
-    from tjpipe.contracts.messages import decode_event, decode_result
-    from tjpipe.planner.core import plan
+    from contracts.messages import decode_event, decode_result
+    from planner.core import plan
 
     from .support import events_filter, results_filter
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from tjpipe.contracts import streams
-from tjpipe.contracts.messages import decode_dead_letter, decode_event, decode_result
+from contracts import streams
+from contracts.messages import decode_dead_letter, decode_event, decode_result
 
 from .support import (
     JOBSET,
@@ -430,7 +430,7 @@ async def test_e_duplicated_and_reordered_events(pipeline: Pipeline) -> None:
             ack = await bus.publish(raw.subject, raw.data, headers=headers)
             assert not ack.duplicate
             replayed[int(ack.seq)] = decode_event(raw.data)
-        from tjpipe.planner.core import plan
+        from planner.core import plan
 
         expected = sum(len(plan(ev, source_seq=seq).applies) for seq, ev in replayed.items())
 

@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import WIRE_VERSION, ObjectKey, Target, decode_dead_letter, encode
+from contracts import streams, subjects
+from contracts.messages import WIRE_VERSION, ObjectKey, Target, decode_dead_letter, encode
 
 from .conftest import MISSING_CRD
 from .support import (
@@ -253,8 +253,8 @@ def valid_apply(
     namespace: str, name: str, *, kind: str = "jobset", uid: str = "00000000-0000-0000-0000-000000000000"
 ) -> dict[str, Any]:
     """A well-formed JobSet apply message, as a dict to be broken on purpose."""
-    from tjpipe.contracts.jobset import JobSet
-    from tjpipe.contracts.messages import ApplyJobSet
+    from contracts.jobset import JobSet
+    from contracts.messages import ApplyJobSet
 
     obj = msgspec.convert(
         {

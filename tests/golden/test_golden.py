@@ -19,11 +19,11 @@ import msgspec
 import pytest
 import yaml
 
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.labels import LABELLED_KINDS, MANAGED_BY, MANAGED_BY_LABEL
-from tjpipe.contracts.messages import ApplyTrainJobStatus, ObjectApply, TrainJobObserved
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.planner.core import plan
+from contracts.jobset import JobSet
+from contracts.labels import LABELLED_KINDS, MANAGED_BY, MANAGED_BY_LABEL
+from contracts.messages import ApplyTrainJobStatus, ObjectApply, TrainJobObserved
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.core import plan
 
 CASES = Path(__file__).parent / "cases"
 Obj = dict[str, Any]

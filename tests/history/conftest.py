@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
-from tjpipe.plumbing import bus
+from plumbing import bus
 
 from .support import Recorded, Server, record, run_async, start_server
 

@@ -16,12 +16,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from tjpipe.contracts import subjects
-from tjpipe.contracts.messages import ApplyResult, DeadLetter, ObjectKey, TrainJobObserved, component_of, encode
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from contracts import subjects
+from contracts.messages import ApplyResult, DeadLetter, ObjectKey, TrainJobObserved, component_of, encode
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.core import plan
 from tjpipe.local import crds
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
-from tjpipe.planner.core import plan
 from tjpipe.stack import demo_trainjob
 
 T = TypeVar("T")

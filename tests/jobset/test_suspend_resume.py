@@ -31,7 +31,7 @@ from faults.support import (
     until,
 )
 
-from tjpipe.contracts import conditions
+from contracts import conditions
 from tjpipe.local.crds import shipped_runtimes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]

@@ -24,12 +24,12 @@ from faults.support import new_namespace
 from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.core import plan
 from tjpipe.local.crds import APPLY_PATCH_CONTENT_TYPE, shipped_runtimes
 from tjpipe.local.kubeapi import LocalKube, new_api_client
-from tjpipe.planner.core import plan
 
 Obj = dict[str, Any]
 

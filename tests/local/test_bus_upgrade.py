@@ -16,10 +16,10 @@ import nats.js.errors
 import pytest
 from nats.js import api as js_api
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.subjects import PARTITIONS
+from contracts import streams, subjects
+from contracts.subjects import PARTITIONS
+from plumbing import bus, publishing
 from tjpipe.local.natsd import start_nats
-from tjpipe.plumbing import bus, publishing
 
 pytestmark = pytest.mark.nats
 

@@ -19,10 +19,10 @@ import pytest
 from golden.test_golden import by_identity, case_dirs, event, load
 from kubernetes import dynamic
 
-from tjpipe.applier.secrets import generated_data
-from tjpipe.contracts.labels import LABELLED_KINDS, MANAGED_BY, MANAGED_BY_LABEL
-from tjpipe.contracts.messages import ApplySecret, ApplyTrainJobStatus
-from tjpipe.planner.core import plan
+from applier.secrets import generated_data
+from contracts.labels import LABELLED_KINDS, MANAGED_BY, MANAGED_BY_LABEL
+from contracts.messages import ApplySecret, ApplyTrainJobStatus
+from planner.core import plan
 
 pytestmark = pytest.mark.cluster
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tjpipe.plumbing.partitions import PartitionLeases
+from plumbing.partitions import PartitionLeases
 
 pytestmark = pytest.mark.nats
 

@@ -13,9 +13,9 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api as js_api
 
-from tjpipe.applier.ledger import Ledger, seen_key
-from tjpipe.contracts.messages import AppliedRecord
-from tjpipe.plumbing.pull import StreamingPull
+from applier.ledger import Ledger, seen_key
+from contracts.messages import AppliedRecord
+from plumbing.pull import StreamingPull
 
 pytestmark = pytest.mark.nats
 

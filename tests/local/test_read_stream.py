@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tjpipe.plumbing import bus
+from plumbing import bus
 
 pytestmark = pytest.mark.nats
 

@@ -24,7 +24,7 @@ from unit.builders import (
     trainjob_observed,
 )
 
-from tjpipe.contracts import messages as m
+from contracts import messages as m
 from tjpipe.local.crds import CRD_SOURCES, apply_objects, crd_manifests
 
 if TYPE_CHECKING:

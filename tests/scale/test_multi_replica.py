@@ -51,19 +51,19 @@ from kubernetes.client.exceptions import ApiException
 from nats.js.api import DiscardPolicy, Placement, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import TrainJobObserved, decode_dead_letter, encode
-from tjpipe.contracts.streams import APPLIED_BUCKET
-from tjpipe.contracts.subjects import PARTITIONS
-from tjpipe.contracts.trainer import RUNTIME_SNAPSHOT_SUFFIX, TrainingRuntime, TrainJob
+from contracts import streams, subjects
+from contracts.messages import TrainJobObserved, decode_dead_letter, encode
+from contracts.streams import APPLIED_BUCKET
+from contracts.subjects import PARTITIONS
+from contracts.trainer import RUNTIME_SNAPSHOT_SUFFIX, TrainingRuntime, TrainJob
+from plumbing import bus
+from plumbing.partitions import LEASE_BUCKET, partition_consumer
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.keys.signing import KeyFolder
 from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNatsCluster, start_nats_cluster
 from tjpipe.local.procs import ManagedProcess, read_log_tail, spawn, wait_until
-from tjpipe.plumbing import bus
-from tjpipe.plumbing.partitions import LEASE_BUCKET, partition_consumer
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(600)]
 

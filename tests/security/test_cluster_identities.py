@@ -34,12 +34,12 @@ from faults.support import (
 )
 from kubernetes import client as kube_client
 
-from tjpipe.contracts import resources
-from tjpipe.contracts.resources import Resource
+from contracts import resources
+from contracts.resources import Resource
+from plumbing.kube import METADATA_LIST_ACCEPT, KubeApiError, KubeClient, KubeConfig
 from tjpipe.local import crds
 from tjpipe.local.identities import NAMESPACE, install_identities, request_token
 from tjpipe.local.kubeapi import LocalKube, new_api_client
-from tjpipe.plumbing.kube import METADATA_LIST_ACCEPT, KubeApiError, KubeClient, KubeConfig
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

@@ -26,9 +26,9 @@ import pytest
 import yaml
 from kubernetes import client as kube_client
 
-from tjpipe.contracts.resources import CONFIG_MAP
-from tjpipe.plumbing import kube as kube_module
-from tjpipe.plumbing.kube import KubeClient, KubeConfig
+from contracts.resources import CONFIG_MAP
+from plumbing import kube as kube_module
+from plumbing.kube import KubeClient, KubeConfig
 
 pytestmark = [pytest.mark.cluster]
 
@@ -183,7 +183,7 @@ async def test_applies_go_on_while_a_token_file_rotates(
     before using the old token, so no request is refused at all.
     """
     monkeypatch.setattr(kube_module, "REFRESH_CHECK_SECONDS", check_seconds)
-    caplog.set_level(logging.INFO, logger="tjpipe.plumbing.kube")
+    caplog.set_level(logging.INFO, logger="plumbing.kube")
     admin = KubeConfig.load(str(kube.kubeconfig))
     assert admin.ca_file is not None
     token_file = tmp_path / "token"
@@ -210,7 +210,7 @@ async def test_applies_go_on_while_a_token_file_rotates(
     assert applies > ROTATIONS * 10
     assert client.config.token == token
     assert client.credential_reloads == ROTATIONS
-    messages = [r.getMessage() for r in caplog.records if r.name == "tjpipe.plumbing.kube"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "plumbing.kube"]
     reloads_after_401 = [m for m in messages if "reloaded after a 401" in m]
     assert len(reloads_after_401) == (ROTATIONS if check_seconds else 0), messages
     stored = await asyncio.to_thread(

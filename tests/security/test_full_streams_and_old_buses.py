@@ -40,10 +40,10 @@ from faults.support import (
 from kubernetes import client as kube_client
 from nats.js import api as js_api
 
-from tjpipe.applier.cluster import ClusterMark, mark_key
-from tjpipe.applier.ledger import ledger_key
-from tjpipe.contracts import conditions, streams, subjects
-from tjpipe.contracts.messages import AppliedRecord, Target
+from applier.cluster import ClusterMark, mark_key
+from applier.ledger import ledger_key
+from contracts import conditions, streams, subjects
+from contracts.messages import AppliedRecord, Target
 from tjpipe.local.procs import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(300)]

@@ -46,10 +46,10 @@ from faults.support import (
 from kubernetes import client as kube_client
 from unit.builders import replicated_job
 
-from tjpipe.applier.authorize import ALREADY_CREATED
-from tjpipe.applier.secrets import curve_certificate, z85_decode
-from tjpipe.contracts import labels, resources, streams
-from tjpipe.plumbing.kube import (
+from applier.authorize import ALREADY_CREATED
+from applier.secrets import curve_certificate, z85_decode
+from contracts import labels, resources, streams
+from plumbing.kube import (
     METADATA_ACCEPT,
     KubeApiError,
     KubeClient,
@@ -57,7 +57,7 @@ from tjpipe.plumbing.kube import (
     RawWatchEvent,
     Response,
 )
-from tjpipe.watcher.service import Watcher, WatcherSettings
+from watcher.service import Watcher, WatcherSettings
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 

@@ -23,10 +23,13 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
+from applier.ledger import Ledger
+from contracts import streams, subjects
+from contracts.messages import DeadLetter, encode
+from plumbing import bus
+from plumbing.partitions import PartitionLeases, open_lease_bucket
+from plumbing.pull import StreamingPull
 from tjpipe import ops
-from tjpipe.applier.ledger import Ledger
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import DeadLetter, encode
 from tjpipe.credentials import (
     IDENTITIES,
     Credentials,
@@ -36,9 +39,6 @@ from tjpipe.credentials import (
     write_self_signed_tls,
 )
 from tjpipe.local.natsd import LocalNats, start_nats
-from tjpipe.plumbing import bus
-from tjpipe.plumbing.partitions import PartitionLeases, open_lease_bucket
-from tjpipe.plumbing.pull import StreamingPull
 
 pytestmark = pytest.mark.nats
 

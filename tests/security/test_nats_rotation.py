@@ -43,11 +43,11 @@ from faults.support import (
 )
 from nats.aio.client import Client as NATS
 
-from tjpipe.contracts import streams
+from contracts import streams
+from plumbing import bus
 from tjpipe.credentials import IDENTITIES, Credentials, generate_credentials, rotation_step, server_authorization
 from tjpipe.local.natsd import LocalNats, start_nats
 from tjpipe.nats_server import connections_by_key
-from tjpipe.plumbing import bus
 from tjpipe.private_files import write_private_file
 
 pytestmark = pytest.mark.nats

@@ -46,19 +46,19 @@ from faults.support import (
     until_async,
 )
 
-from tjpipe import ops
-from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import ApplyJobSet, ObjectKey, Target, TrainJobObserved, encode
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.keys.signing import public_key_file_name
-from tjpipe.local import crds
-from tjpipe.plumbing.signing import (
+from contracts import streams, subjects
+from contracts.messages import ApplyJobSet, ObjectKey, Target, TrainJobObserved, encode
+from contracts.trainer import TrainingRuntime, TrainJob
+from plumbing.signing import (
     SIGNATURE_HEADER,
     Signer,
     format_public_key,
     generate_private_key,
     load_private_key,
 )
+from tjpipe import ops
+from tjpipe.keys.signing import public_key_file_name
+from tjpipe.local import crds
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(180)]
 
@@ -108,7 +108,7 @@ def malicious_jobset(namespace: str, name: str, uid: str) -> bytes:
         },
         "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": pod}}}}]},
     }
-    from tjpipe.contracts.jobset import JobSet
+    from contracts.jobset import JobSet
 
     message = ApplyJobSet(
         trainjob=ObjectKey(namespace=namespace, name=name),

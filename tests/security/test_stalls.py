@@ -47,11 +47,11 @@ from faults.support import (
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 from nats.js import api as js_api
 
-from tjpipe.applier.ledger import ledger_key
-from tjpipe.contracts import conditions, streams
-from tjpipe.contracts.messages import AppliedRecord, Target
+from applier.ledger import ledger_key
+from contracts import conditions, streams
+from contracts.messages import AppliedRecord, Target
+from plumbing import publishing
 from tjpipe.local.natsd import start_nats
-from tjpipe.plumbing import publishing
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(240)]
 

@@ -40,10 +40,10 @@ from faults.support import (
     until_async,
 )
 
-from tjpipe.contracts import conditions, subjects
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap, Secret
-from tjpipe.contracts.messages import (
+from contracts import conditions, subjects
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, Secret
+from contracts.messages import (
     ApplyConfigMap,
     ApplyJobSet,
     ApplyMessage,
@@ -55,7 +55,7 @@ from tjpipe.contracts.messages import (
     component_of,
     encode,
 )
-from tjpipe.contracts.trainer import TrainJob
+from contracts.trainer import TrainJob
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(240)]
 

@@ -51,8 +51,8 @@ from faults.support import (
 )
 from unit.builders import replicated_job
 
-from tjpipe.contracts import streams
-from tjpipe.contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
+from contracts import streams
+from contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.kubeapi import LocalKube
 from tjpipe.local.trainer_controller import TrainerController

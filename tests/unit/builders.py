@@ -12,14 +12,14 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.planner.core import plan
-from tjpipe.planner.framework import FieldError, Framework
-from tjpipe.planner.info import RuntimeInfo
-from tjpipe.planner.plugins import REGISTRY
-from tjpipe.planner.runtime_info import new_runtime_info
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.core import plan
+from planner.framework import FieldError, Framework
+from planner.info import RuntimeInfo
+from planner.plugins import REGISTRY
+from planner.runtime_info import new_runtime_info
 
 Obj = dict[str, Any]
 

@@ -13,10 +13,10 @@ import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from tjpipe.contracts.resources import Resource
-from tjpipe.planner import admission
-from tjpipe.planner.webhook import Webhook
-from tjpipe.plumbing.kube import RawList
+from contracts.resources import Resource
+from planner import admission
+from planner.webhook import Webhook
+from plumbing.kube import RawList
 
 from .builders import only_object, pod_set, replicated_job, runtime_dict, trainjob_dict, trainjob_observed
 
@@ -246,10 +246,10 @@ async def test_deprecated_cluster_runtime_warns_and_trainingruntime_updates_pass
 
 def test_the_planner_and_the_webhook_find_the_same_errors() -> None:
     """One implementation, two callers: what the webhook refuses is what the planner marks ValidationFailed."""
-    from tjpipe.contracts import messages as m
-    from tjpipe.contracts.trainer import TrainJob, decode_runtime
-    from tjpipe.planner.core import FRAMEWORK, plan
-    from tjpipe.planner.validation import admission_trainjob_errors
+    from contracts import messages as m
+    from contracts.trainer import TrainJob, decode_runtime
+    from planner.core import FRAMEWORK, plan
+    from planner.validation import admission_trainjob_errors
 
     obj = job({"numNodes": 0, "numProcPerNode": 0, "env": [{"name": "PET_NODE_RANK", "value": "1"}]})
     obj["metadata"]["uid"] = "u-1"

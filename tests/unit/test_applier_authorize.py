@@ -13,13 +13,13 @@ import msgspec
 import pytest
 import yaml
 
-from tjpipe.applier import authorize, core
-from tjpipe.contracts import conditions
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.kube import ObjectMeta, OwnerReference, Secret
-from tjpipe.contracts.messages import ApplyMessage
-from tjpipe.contracts.trainer import MANAGED_BY_TRAINJOB_CONTROLLER, TrainingRuntime, TrainJob
-from tjpipe.planner.core import plan
+from applier import authorize, core
+from contracts import conditions
+from contracts import messages as m
+from contracts.kube import ObjectMeta, OwnerReference, Secret
+from contracts.messages import ApplyMessage
+from contracts.trainer import MANAGED_BY_TRAINJOB_CONTROLLER, TrainingRuntime, TrainJob
+from planner.core import plan
 
 CASES = Path(__file__).parent.parent / "golden" / "cases"
 

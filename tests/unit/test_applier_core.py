@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from tjpipe.applier import core
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
+from applier import core
+from contracts import messages as m
+from contracts.jobset import JobSet
 
 KEY = m.ObjectKey(namespace="ns", name="tj")
 

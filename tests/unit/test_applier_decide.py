@@ -12,12 +12,12 @@ from typing import Any, Literal, get_args
 import msgspec
 import pytest
 
-from tjpipe.applier import core
-from tjpipe.contracts import labels
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap, Secret
-from tjpipe.contracts.trainer import TrainJob
+from applier import core
+from contracts import labels
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, Secret
+from contracts.trainer import TrainJob
 
 UID = "uid-1"
 STAMP = "cluster-a/1"

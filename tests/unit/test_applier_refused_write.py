@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from tjpipe.applier import core
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.kube import Secret
-from tjpipe.contracts.trainer import TrainJob
+from applier import core
+from contracts import messages as m
+from contracts.kube import Secret
+from contracts.trainer import TrainJob
 
 KEY = m.ObjectKey(namespace="ns", name="tj")
 

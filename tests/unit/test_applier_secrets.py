@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, x25519
 
-from tjpipe.applier.secrets import curve_certificate, generated_data, redact, ssh_auth_data, z85_decode, z85_encode
+from applier.secrets import curve_certificate, generated_data, redact, ssh_auth_data, z85_decode, z85_encode
 
 # ----------------------------------------------------------------------------------------------- Z85
 

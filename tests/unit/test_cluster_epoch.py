@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tjpipe.applier.cluster import ClusterMark, mark_key, next_mark, stamp_of, standing
-from tjpipe.plumbing.stream_usage import is_full
+from applier.cluster import ClusterMark, mark_key, next_mark, stamp_of, standing
+from plumbing.stream_usage import is_full
 
 
 def test_a_first_mark_starts_epoch_one_at_the_current_revision() -> None:

@@ -6,13 +6,13 @@ from typing import Any, cast, get_args
 
 import pytest
 
-from tjpipe.applier.authorize import COMPONENT_RESOURCES
-from tjpipe.contracts import components, labels, messages, resources
-from tjpipe.contracts.components import COMPONENT_KINDS, WATCHED, ComponentKind, Watch
-from tjpipe.plumbing.informer import Informer
-from tjpipe.plumbing.kube import KubeClient
-from tjpipe.plumbing.signing import Signer, generate_private_key
-from tjpipe.watcher.service import Watcher, WatcherSettings
+from applier.authorize import COMPONENT_RESOURCES
+from contracts import components, labels, messages, resources
+from contracts.components import COMPONENT_KINDS, WATCHED, ComponentKind, Watch
+from plumbing.informer import Informer
+from plumbing.kube import KubeClient
+from plumbing.signing import Signer, generate_private_key
+from watcher.service import Watcher, WatcherSettings
 
 
 def test_every_component_message_has_one_row_and_its_resource_is_the_appliers() -> None:

@@ -7,10 +7,10 @@ import json
 import msgspec
 import pytest
 
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap, Secret
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, Secret
+from contracts.trainer import TrainingRuntime, TrainJob
 
 KEY = m.ObjectKey(namespace="ns", name="tj")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tjpipe.contracts import subjects as s
+from contracts import subjects as s
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,12 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts import subjects
-from tjpipe.contracts.messages import ObjectKey, TrainJobDeleted, TrainJobObserved, encode
-from tjpipe.contracts.trainer import TrainJob
+from contracts import subjects
+from contracts.messages import ObjectKey, TrainJobDeleted, TrainJobObserved, encode
+from contracts.trainer import TrainJob
+from plumbing.bus import StoredMessage
 from tjpipe.history_server.access import Decisions
 from tjpipe.history_server.index import HistoryIndex
-from tjpipe.plumbing.bus import StoredMessage
 
 
 def _job(namespace: str, name: str, *, uid: str = "u1", status: dict[str, Any] | None = None) -> TrainJob:

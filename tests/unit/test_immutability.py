@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.planner.immutability import restrict_to_mutable
+from contracts.jobset import JobSet
+from planner.immutability import restrict_to_mutable
 
 
 def jobset(

@@ -8,12 +8,12 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts import resources
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap
-from tjpipe.contracts.values import meta, name_of
-from tjpipe.plumbing.informer import Cached, Informer, Key
-from tjpipe.plumbing.kube import METADATA_LIST_ACCEPT, KubeClient, Response
+from contracts import resources
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap
+from contracts.values import meta, name_of
+from plumbing.informer import Cached, Informer, Key
+from plumbing.kube import METADATA_LIST_ACCEPT, KubeClient, Response
 
 Obj = dict[str, Any]
 

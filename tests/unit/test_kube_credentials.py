@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tjpipe.plumbing.kube import CredentialSource, KubeConfig
+from plumbing.kube import CredentialSource, KubeConfig
 
 CLUSTERS = """
 clusters:
@@ -125,8 +125,8 @@ def test_a_changed_token_file_is_read_again(tmp_path: Path) -> None:
 def test_services_do_not_import_the_official_client(tmp_path: Path) -> None:
     path = _kubeconfig(tmp_path, USERS["token"])
     code = (
-        "import sys; import tjpipe.applier.service, tjpipe.watcher.service;"
-        "from tjpipe.plumbing.kube import KubeConfig;"
+        "import sys; import applier.service, watcher.service;"
+        "from plumbing.kube import KubeConfig;"
         f"KubeConfig.load({str(path)!r});"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'cryptography')))"
     )

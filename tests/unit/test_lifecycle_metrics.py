@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import msgspec
 
-from tjpipe.contracts import lifecycle
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.planner import status as status_rules
-from tjpipe.planner.core import plan
-from tjpipe.watcher import core as watcher_core
+from contracts import lifecycle
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.trainer import TrainJob
+from planner import status as status_rules
+from planner.core import plan
+from watcher import core as watcher_core
 
 from .builders import suspended_condition, trainjob_dict
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import get_args
 
-from tjpipe.applier.authorize import COMPONENT_RESOURCES
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap, Secret
-from tjpipe.contracts.scheduling import PodGroup, VolcanoPodGroup
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.planner import core as planner_core
+from applier.authorize import COMPONENT_RESOURCES
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap, Secret
+from contracts.scheduling import PodGroup, VolcanoPodGroup
+from contracts.trainer import TrainJob
+from planner import core as planner_core
 
 
 def test_every_object_apply_member_is_found_by_its_object_type() -> None:

@@ -8,10 +8,10 @@ import re
 from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from tjpipe.contracts import streams
-from tjpipe.contracts.messages import Transition
-from tjpipe.plumbing import observability
-from tjpipe.plumbing.partitions import PartitionedConsumer, partition_consumer
+from contracts import streams
+from contracts.messages import Transition
+from plumbing import observability
+from plumbing.partitions import PartitionedConsumer, partition_consumer
 
 TARGET_LABELS = {"service", "namespace", "pod", "container", "endpoint", "job", "instance"}
 """Labels a Prometheus Operator scrape puts on every series; one of ours with such a name becomes exported_*."""

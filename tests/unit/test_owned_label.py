@@ -12,12 +12,12 @@ import msgspec
 import pytest
 import yaml
 
-from tjpipe.applier.core import owned_label_patch
-from tjpipe.contracts import labels
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.kube import ConfigMap, ObjectMeta, Secret
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.planner.core import _labelled, plan
+from applier.core import owned_label_patch
+from contracts import labels
+from contracts import messages as m
+from contracts.kube import ConfigMap, ObjectMeta, Secret
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.core import _labelled, plan
 
 CASES = Path(__file__).parents[1] / "golden" / "cases"
 

@@ -14,11 +14,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.planner import core, quantities, runtime_info
-from tjpipe.planner.core import plan
-from tjpipe.planner.runtime_info import RUNTIME_CACHE_SIZE, new_runtime_info, runtime_template
+from contracts import messages as m
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner import core, quantities, runtime_info
+from planner.core import plan
+from planner.runtime_info import RUNTIME_CACHE_SIZE, new_runtime_info, runtime_template
 
 from .builders import (
     applies_of,

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from tjpipe.contracts import messages as m
-from tjpipe.planner.core import plan
+from contracts import messages as m
+from planner.core import plan
 
 from .builders import (
     ANCESTOR,

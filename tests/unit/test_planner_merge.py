@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tjpipe.planner.merge import (
+from planner.merge import (
     cpus_per_node,
     env_field_ref,
     env_value,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tjpipe.planner.patches import apply_runtime_patches, strategic_merge
+from planner.patches import apply_runtime_patches, strategic_merge
 
 Obj = dict[str, Any]
 

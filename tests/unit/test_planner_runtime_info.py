@@ -6,9 +6,9 @@ from decimal import Decimal
 
 import msgspec
 
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.planner import status as st
-from tjpipe.planner.runtime_info import new_runtime_info, pod_requests
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner import status as st
+from planner.runtime_info import new_runtime_info, pod_requests
 
 from .builders import Obj, replicated_job
 

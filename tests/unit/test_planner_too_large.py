@@ -7,11 +7,11 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts import conditions
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.trainer import TrainJob
-from tjpipe.planner import status as status_rules
-from tjpipe.planner.core import plan_too_large
+from contracts import conditions
+from contracts import messages as m
+from contracts.trainer import TrainJob
+from planner import status as status_rules
+from planner.core import plan_too_large
 
 from .builders import trainjob_dict, trainjob_observed
 

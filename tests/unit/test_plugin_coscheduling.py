@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from tjpipe.contracts import messages as m
-from tjpipe.planner.pod_groups import pod_request_formats
-from tjpipe.planner.quantities import QuantityFormat, format_quantity, quantity_format
+from contracts import messages as m
+from planner.pod_groups import pod_request_formats
+from planner.quantities import QuantityFormat, format_quantity, quantity_format
 
 from .builders import (
     FRAMEWORK_WITHOUT_FLUX_AND_MPI,

@@ -15,11 +15,11 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-from tjpipe.applier.secrets import curve_certificate
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
-from tjpipe.planner.framework import FieldError
-from tjpipe.planner.plugins.flux import FLUX_VIEW_IMAGE_DEFAULT, Flux, hostlist, index_range
+from applier.secrets import curve_certificate
+from contracts import messages as m
+from contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
+from planner.framework import FieldError
+from planner.plugins.flux import FLUX_VIEW_IMAGE_DEFAULT, Flux, hostlist, index_range
 
 from .builders import (
     ANCESTOR,

@@ -6,7 +6,7 @@ v2.3.0, except the deliberate deviation for upstream #4076 (env injected when ``
 
 from __future__ import annotations
 
-from tjpipe.contracts import messages as m
+from contracts import messages as m
 
 from .builders import (
     ANCESTOR,

@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.planner.framework import FieldError
-from tjpipe.planner.plugins.mpi import MPI
-from tjpipe.planner.runtime_info import new_runtime_info
+from contracts import messages as m
+from contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.framework import FieldError
+from planner.plugins.mpi import MPI
+from planner.runtime_info import new_runtime_info
 
 from .builders import (
     ANCESTOR,

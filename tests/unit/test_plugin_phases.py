@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import msgspec
 import pytest
 
-from tjpipe.contracts.trainer import (
+from contracts.trainer import (
     FluxMLPolicySource,
     JAXMLPolicySource,
     MLPolicy,
@@ -23,10 +23,10 @@ from tjpipe.contracts.trainer import (
     TorchMLPolicySource,
     XGBoostMLPolicySource,
 )
-from tjpipe.planner import framework as fw
-from tjpipe.planner.framework import Framework, Phases
-from tjpipe.planner.info import RuntimeInfo
-from tjpipe.planner.plugins import REGISTRY
+from planner import framework as fw
+from planner.framework import Framework, Phases
+from planner.info import RuntimeInfo
+from planner.plugins import REGISTRY
 
 POINTS: dict[str, type] = {
     "validation": fw.CustomValidation,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tjpipe.contracts import messages as m
-from tjpipe.planner.plugins.torch import torchtune_model
+from contracts import messages as m
+from planner.plugins.torch import torchtune_model
 
 from .builders import (
     FRAMEWORK_WITHOUT_FLUX_AND_MPI,

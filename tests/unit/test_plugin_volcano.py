@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tjpipe.contracts import messages as m
+from contracts import messages as m
 
 from .builders import (
     FRAMEWORK_WITHOUT_FLUX_AND_MPI,

@@ -7,7 +7,7 @@ omitted).
 
 from __future__ import annotations
 
-from tjpipe.contracts import messages as m
+from contracts import messages as m
 
 from .builders import (
     FRAMEWORK_WITHOUT_FLUX_AND_MPI,

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from tjpipe.plumbing import observability
-from tjpipe.plumbing.runner import ProcessSettings, run_stages
+from plumbing import observability
+from plumbing.runner import ProcessSettings, run_stages
 
 
 @pytest.fixture(autouse=True)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from applier.service import ApplierSettings
+from planner.service import PlannerSettings
+from plumbing.bus import TlsFiles
 from tjpipe import cli, settings
-from tjpipe.applier.service import ApplierSettings
-from tjpipe.planner.service import PlannerSettings
-from tjpipe.plumbing.bus import TlsFiles
-from tjpipe.watcher.service import WatcherSettings
+from watcher.service import WatcherSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

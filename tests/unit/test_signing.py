@@ -13,9 +13,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from plumbing import signing
+from plumbing.signing import SIGNATURE_HEADER, BadSignature, KeyMaterialError, Keyring, Signer, UnsignedMessage
 from tjpipe.keys.signing import KeyFolder, write_key_pair
-from tjpipe.plumbing import signing
-from tjpipe.plumbing.signing import SIGNATURE_HEADER, BadSignature, KeyMaterialError, Keyring, Signer, UnsignedMessage
 
 SUBJECT = "tj.apply.3.team-a.job.jobset"
 PAYLOAD = b'{"component":"jobset","x":1}'

@@ -13,11 +13,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.trainer import ClusterTrainingRuntime, TrainingRuntime, TrainJob, runtime_from_builtins
-from tjpipe.planner.framework import FieldError
-from tjpipe.planner.runtime_info import new_runtime_info
-from tjpipe.planner.validation import (
+from contracts.jobset import JobSet
+from contracts.trainer import ClusterTrainingRuntime, TrainingRuntime, TrainJob, runtime_from_builtins
+from planner.framework import FieldError
+from planner.runtime_info import new_runtime_info
+from planner.validation import (
     runtime_patches_change_errors,
     validate_runtime,
     validate_trainjob,

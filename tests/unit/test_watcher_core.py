@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.watcher import core
+from contracts.jobset import JobSet
+from contracts.trainer import TrainingRuntime, TrainJob
+from watcher import core
 
 from .builders import Obj, owner_reference
 

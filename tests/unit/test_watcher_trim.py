@@ -15,17 +15,17 @@ from typing import Any, cast
 import msgspec
 import pytest
 
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.kube import ConfigMap
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
-from tjpipe.planner.core import plan
-from tjpipe.planner.immutability import IMMUTABLE_SPEC
-from tjpipe.plumbing.informer import Cached, Informer
-from tjpipe.plumbing.kube import KubeClient
-from tjpipe.plumbing.signing import Signer, generate_private_key
-from tjpipe.watcher import core, trim
-from tjpipe.watcher.service import Watcher, WatcherSettings
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.kube import ConfigMap
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.core import plan
+from planner.immutability import IMMUTABLE_SPEC
+from plumbing.informer import Cached, Informer
+from plumbing.kube import KubeClient
+from plumbing.signing import Signer, generate_private_key
+from watcher import core, trim
+from watcher.service import Watcher, WatcherSettings
 
 from .builders import Obj, owner_reference, replicated_job, runtime_dict, trainjob_dict, trainjob_observed
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from planner.webhook import CertReloader, server_ssl_context
 from tjpipe.keys.pki import write_serving_pki
-from tjpipe.planner.webhook import CertReloader, server_ssl_context
 
 
 async def _served_certificate(port: int, ca: Path) -> bytes:

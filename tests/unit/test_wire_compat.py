@@ -22,13 +22,13 @@ import msgspec
 import pytest
 from compose.upgrade import PREVIOUS_RELEASE, WATCHER_WITHOUT_IMMUTABLE_FIELDS, archive, commit_problem, missing_from
 
-from tjpipe.contracts import conditions as t_ext
-from tjpipe.contracts import messages as m
-from tjpipe.contracts.jobset import JobSet
-from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from contracts import conditions as t_ext
+from contracts import messages as m
+from contracts.jobset import JobSet
+from contracts.trainer import TrainingRuntime, TrainJob
+from planner.core import plan
+from planner.immutability import LEFT_OUT_BY_OLD_WATCHERS
 from tjpipe.ops import compare_plans
-from tjpipe.planner.core import plan
-from tjpipe.planner.immutability import LEFT_OUT_BY_OLD_WATCHERS
 
 from .builders import replicated_job, runtime_dict, trainjob_dict
 

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from tjpipe.plumbing.workqueue import AsyncDelayingQueue, DelayingQueue, Item
+from plumbing.workqueue import AsyncDelayingQueue, DelayingQueue, Item
 
 WINDOW = 0.25
 """A window, and instants below, that binary floating point holds exactly."""

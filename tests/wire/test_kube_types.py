@@ -24,8 +24,8 @@ import msgspec
 import pytest
 import yaml
 
-from tjpipe.contracts import jobset as js
-from tjpipe.contracts import kube, scheduling, trainer
+from contracts import jobset as js
+from contracts import kube, scheduling, trainer
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = REPO / "tools" / "gen_kube_types.py"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tjpipe.contracts import streams
+from contracts import streams
 
 
 def test_retention_and_replicas_come_from_the_mapping_given() -> None:

@@ -201,7 +201,7 @@ class KubePoster:
         self._client = client
 
     async def post(self, path: str, body: bytes) -> bytes:
-        from tjpipe.plumbing.kube import KubeApiError, KubeClient
+        from plumbing.kube import KubeApiError, KubeClient
 
         assert isinstance(self._client, KubeClient)
         try:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from aiohttp import web
 
-from tjpipe.contracts.messages import ObjectKey, component_of
+from contracts.messages import ObjectKey, component_of
 from tjpipe.history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
 from tjpipe.history_server.index import STATES, HistoryIndex, filtered
 

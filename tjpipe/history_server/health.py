@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tjpipe.contracts import streams
-from tjpipe.contracts.subjects import PARTITIONS
+from contracts import streams
+from contracts.subjects import PARTITIONS
 
 if TYPE_CHECKING:
     import aiohttp

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tjpipe.contracts import streams, subjects
+from contracts import streams, subjects
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-    from tjpipe.plumbing.bus import StoredMessage
+    from plumbing.bus import StoredMessage
 
 STATES = ("Created", "Running", "Suspended", "Complete", "Failed", "Deleted")
 """What the list shows for a TrainJob, from the newest event the streams hold of it."""
@@ -239,7 +239,7 @@ class HistoryIndex:
 
     async def catch_up(self, js: JetStreamContext) -> int:
         """Fold in everything that arrived since the last call, a page at a time; how many messages."""
-        from tjpipe.plumbing.bus import read_stream
+        from plumbing.bus import read_stream
 
         firsts = []
         for stream in (streams.EVENTS_HISTORY.name, streams.DLQ.name):

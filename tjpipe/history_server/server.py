@@ -80,7 +80,7 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tjpipe.plumbing.runner import configure_logging
+    from plumbing.runner import configure_logging
 
     listen = parse_listen(args.listen)
     tls = _tls(args)
@@ -98,11 +98,11 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     import aiohttp
     from aiohttp import web
 
+    from plumbing.kube import KubeClient, KubeConfig
     from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
     from tjpipe.history_server.app import Backend, make_app
     from tjpipe.history_server.index import HistoryIndex
     from tjpipe.nats_connection import connect_nats
-    from tjpipe.plumbing.kube import KubeClient, KubeConfig
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

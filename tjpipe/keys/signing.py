@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tjpipe.contracts import subjects
-from tjpipe.plumbing import signing
+from contracts import subjects
+from plumbing import signing
 from tjpipe.settings import SIGNING_STAGES as STAGES
 
 TRUSTED_DIR = {"watcher": "trusted-events", "planner": "trusted-plans"}

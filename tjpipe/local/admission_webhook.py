@@ -18,11 +18,11 @@ from typing import Any
 from kubernetes.client import ApiClient, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from tjpipe.contracts import trainer as t
+from contracts import trainer as t
+from planner import admission
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.procs import ManagedProcess, wait_until
 from tjpipe.local.registrations import registered_for
-from tjpipe.planner import admission
 
 PROCESS_NAME = "webhook"
 """The stack's ``tjpipe webhook`` process, which the configuration registered by ``register`` is for."""

@@ -46,7 +46,7 @@ import yaml
 from kubernetes.client import AdmissionregistrationV1Api, ApiClient, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from tjpipe.contracts import trainer as t
+from contracts import trainer as t
 from tjpipe.keys.pki import write_serving_pki
 from tjpipe.local import toolchain
 from tjpipe.local.admission_webhook import runtime_the_webhook_refuses
