@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -169,23 +170,21 @@ async def lifecycle(
     """Run ``n`` torch TrainJobs to completion under each controller in ``sides``, one after the other, each
     on a simulated cluster of its own; a side that fails keeps what it measured and says why."""
     out: dict[str, Any] = {"n": n, "nodes": nodes, "pod_run_seconds": pod_run_seconds, "sides": list(sides)}
+    settings = _Settings(
+        n=n,
+        nodes=nodes,
+        pod_run_seconds=pod_run_seconds,
+        runtime=runtime,
+        concurrency=concurrency,
+        create_concurrency=create_concurrency,
+        quiet_seconds=quiet_seconds,
+        keep_state=keep_state,
+    )
     for side in sides:
         measured: dict[str, Any] = {}
         out[side] = measured
         try:
-            await _side(
-                side,
-                measured,
-                n=n,
-                nodes=nodes,
-                pod_run_seconds=pod_run_seconds,
-                runtime=runtime,
-                concurrency=concurrency,
-                create_concurrency=create_concurrency,
-                quiet_seconds=quiet_seconds,
-                keep_state=keep_state,
-                progress=progress,
-            )
+            await _side(side, measured, settings, progress=progress)
         except Exception as exc:  # the other side's figures are still worth having
             progress(f"lifecycle, {LABELS[side]}: failed: {exc!r}")
             measured["error"] = repr(exc)
@@ -201,20 +200,21 @@ def _all_of(*probes: Probe) -> Probe:
     return probe
 
 
-async def _side(
-    side: str,
-    out: dict[str, Any],
-    *,
-    n: int,
-    nodes: int,
-    pod_run_seconds: float,
-    runtime: Mapping[str, Any],
-    concurrency: int,
-    create_concurrency: int,
-    quiet_seconds: float,
-    keep_state: bool,
-    progress: Progress,
-) -> None:
+@dataclass(frozen=True)
+class _Settings:
+    """What both sides run with (``lifecycle``'s arguments)."""
+
+    n: int
+    nodes: int
+    pod_run_seconds: float
+    runtime: Mapping[str, Any]
+    concurrency: int
+    create_concurrency: int
+    quiet_seconds: float
+    keep_state: bool
+
+
+async def _side(side: str, out: dict[str, Any], settings: _Settings, *, progress: Progress) -> None:
     """Start a simulated cluster and ``side``'s controller on it, run the TrainJobs, stop it all (into ``out``)."""
     from tjpipe.local.trainer_controller import TrainerController
     from tjpipe.plumbing.kube import KubeConfig
@@ -230,8 +230,8 @@ async def _side(
         paths=StatePaths(state),
         progress=lambda line: say(f"stack: {line}"),
         simulate=True,
-        sim_nodes=nodes,
-        pod_run_seconds=pod_run_seconds,
+        sim_nodes=settings.nodes,
+        pod_run_seconds=settings.pod_run_seconds,
     )
     kube: CountingKube | None = None
     session: aiohttp.ClientSession | None = None
@@ -243,7 +243,7 @@ async def _side(
         out["cluster_start_seconds"] = time.monotonic() - started
         assert stack.kubeconfig is not None
         kube = CountingKube(KubeConfig.load(str(stack.kubeconfig)), max_connections=64)
-        await apply_object(kube, resources.CLUSTER_TRAINING_RUNTIME, runtime, field_manager="tjpipe-bench")
+        await apply_object(kube, resources.CLUSTER_TRAINING_RUNTIME, settings.runtime, field_manager="tjpipe-bench")
         simulated = [*stack.simulation.processes, stack.simulation.jobset.process] if stack.simulation else []
         counters: Counters | None = None
         if side == TRAINER:
@@ -266,7 +266,7 @@ async def _side(
                 stack=stack,
                 session=session,
                 progress=progress,
-                base_args={"applier": ["--concurrency", str(concurrency)]},
+                base_args={"applier": ["--concurrency", str(settings.concurrency)]},
             )
             await services.start_all()
             nc = await stack.connect(name="tjpipe-bench-lifecycle")
@@ -280,12 +280,8 @@ async def _side(
         out.update(
             await _run(
                 kube,
+                settings,
                 label=label,
-                nodes=nodes,
-                n=n,
-                create_concurrency=create_concurrency,
-                quiet_seconds=quiet_seconds,
-                pod_run_seconds=pod_run_seconds,
                 pids=pids,
                 controller=controller,
                 probe=probe,
@@ -306,26 +302,23 @@ async def _side(
             await kube.close()
         say("stopping its stack")
         await asyncio.to_thread(stack.stop)
-        if not keep_state:
+        if not settings.keep_state:
             shutil.rmtree(state, ignore_errors=True)
         out["total_seconds"] = time.monotonic() - started
 
 
 async def _run(
     kube: CountingKube,
+    settings: _Settings,
     *,
     label: str,
-    nodes: int,
-    n: int,
-    create_concurrency: int,
-    quiet_seconds: float,
-    pod_run_seconds: float,
     pids: Callable[[], dict[str, int]],
     controller: Sequence[str],
     probe: Probe,
     counters: Counters | None,
     progress: Progress,
 ) -> dict[str, Any]:
+    n = settings.n
     namespace = "bench-lifecycle"
     await create_namespace(kube, namespace)
     names = [f"tj-{i:05d}" for i in range(n)]
@@ -333,15 +326,15 @@ async def _run(
         name: msgspec.json.encode(workload.trainjob_body(namespace, name, "torch", workload.num_nodes_for(i)))
         for i, name in enumerate(names)
     }
-    timeout = 300.0 + 1.5 * n + 4 * pod_run_seconds
+    timeout = 300.0 + 1.5 * n + 4 * settings.pod_run_seconds
     watch = FinishWatch(kube, namespace, names)
     await watch.start()
     api_before = await scrape_apiserver(kube)
     own_before = Counter(kube.counts)
     counters_before = await counters() if counters else {}
     cpu_before = cpu_of(pids())
-    progress(f"{n} torch TrainJobs in {namespace} on {nodes} simulated nodes")
-    sent, created, errors, _ = await create_trainjobs(kube, namespace, bodies, concurrency=create_concurrency)
+    progress(f"{n} torch TrainJobs in {namespace} on {settings.nodes} simulated nodes")
+    sent, created, errors, _ = await create_trainjobs(kube, namespace, bodies, concurrency=settings.create_concurrency)
     watch.forget([name for name in names if name not in created])
     first = min(sent.values(), default=time.time())
     progress(f"created {len(created)}; waiting for Complete (at most {timeout:.0f}s)")
@@ -351,7 +344,7 @@ async def _run(
             await asyncio.wait_for(watch.done.wait(), timeout=30.0)
         progress(f"{len(watch.finished)}/{len(created)} finished after {time.time() - first:.0f}s")
     settled, cpu_settled = await settle(
-        probe, quiet_seconds=quiet_seconds, timeout=120.0 + 0.05 * n, cpu=lambda: cpu_of(pids())
+        probe, quiet_seconds=settings.quiet_seconds, timeout=120.0 + 0.05 * n, cpu=lambda: cpu_of(pids())
     )
     memory = {name: process_memory(pid) for name, pid in pids().items()}
     await watch.stop()

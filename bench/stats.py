@@ -959,15 +959,8 @@ def reference_rows(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     n = ref.get("n", 0)
     rows: list[dict[str, Any]] = []
 
-    def row(
-        figure: str,
-        unit: str,
-        trainer: float | None,
-        pipeline: float | None,
-        target: Target | None = None,
-        judge: str | None = None,
-    ) -> None:
-        rows.append(side_row(figure, unit, trainer, pipeline, target, judge))
+    def row(*args: Any) -> None:  # side_row's arguments
+        rows.append(side_row(*args))
 
     row(
         f"throughput, torch N={n:,}", "TJ/s", t.get("trainjobs_per_s"), p.get("trainjobs_per_s"), VS_THROUGHPUT, "ratio"
