@@ -343,6 +343,9 @@ async def _run(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(watch.done.wait(), timeout=30.0)
         progress(f"{len(watch.finished)}/{len(created)} finished after {time.time() - first:.0f}s")
+    waited = time.time() - first
+    if not watch.done.is_set():
+        progress(f"gave up waiting after {waited:.0f}s with {len(watch.finished)}/{len(created)} finished")
     settled, cpu_settled = await settle(
         probe, quiet_seconds=settings.quiet_seconds, timeout=120.0 + 0.05 * n, cpu=lambda: cpu_of(pids())
     )
@@ -364,6 +367,7 @@ async def _run(
         "complete": outcomes.get("Complete", 0),
         "complete_percent": 100.0 * outcomes.get("Complete", 0) / n if n else 0.0,
         "seconds_to_all_complete": (max(complete_at) - first) if outcomes.get("Complete", 0) == n else None,
+        "seconds_waited": waited,
         "seconds_to_last_finished": (max(at for _, at in watch.finished.values()) - first) if watch.finished else None,
         "time_to_finish": stats.summarize([at - created[name] for name, (_, at) in watch.finished.items()]),
         "settled_after_s": settled,

@@ -104,9 +104,28 @@ class Target:
             return figure >= self.value
         return figure == self.value
 
+    def met_bounded(self, figure: float | None, bound: Bound) -> bool | None:
+        """Like ``met``, for a figure that may be only a bound of the true value (``"at most"``, ``"at least"``).
+
+        A bound decides one way only: an upper bound within ``<=`` is met, a lower bound outside it is not;
+        anything else about a bound is ``None`` (undecided).
+        """
+        met = self.met(figure)
+        if bound is None or met is None or self.op == "==":
+            return met
+        decides = "at most" if self.op == "<=" else "at least"
+        if bound == decides:
+            return True if met else None
+        return False if not met else None
+
     def describe(self) -> str:
         symbol = {"<=": "≤", ">=": "≥", "==": "="}[self.op]
         return f"{symbol} {format_value(self.value, self.unit)}"
+
+
+Bound = Literal["at most", "at least"] | None
+"""Whether a figure is the true value (``None``) or only a bound of it, e.g. a wait that ended first."""
+BOUND_SIGN = {"at most": "< ", "at least": "> "}
 
 
 def verdict(met: bool | None) -> str:
@@ -115,15 +134,18 @@ def verdict(met: bool | None) -> str:
     return "met" if met else "not met"
 
 
-def check(section: str, figure: str, value: float | None, unit: str, target: Target | None) -> dict[str, Any]:
-    """One row of the report's list of figures: the value, its target and the verdict."""
-    met = target.met(value) if target is not None else None
+def check(
+    section: str, figure: str, value: float | None, unit: str, target: Target | None, *, bound: Bound = None
+) -> dict[str, Any]:
+    """One row of the report's list of figures: the value (or a ``bound`` of it), its target and the verdict."""
+    met = target.met_bounded(value, bound) if target is not None else None
     return {
         "section": section,
         "figure": figure,
         "value": value,
+        "bound": bound,
         "unit": unit,
-        "display": format_value(value, unit),
+        "display": (BOUND_SIGN[bound] if bound and value is not None else "") + format_value(value, unit),
         "target": target.describe() if target is not None else None,
         "target_op": target.op if target is not None else None,
         "target_value": target.value if target is not None else None,
@@ -848,9 +870,10 @@ def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
         out.append(check("planner", f"plans/s/core: {r['runtime']}", r.get("plans_per_cpu_s"), "plans/s", target))
     for row in lifecycle_rows(scenarios.get("lifecycle") or {}):
         if row["judge"] == "ratio":
-            out.append(check("lifecycle", row["figure"], row["ratio"], "x", row["target"]))
+            out.append(check("lifecycle", row["figure"], row["ratio"], "x", row["target"], bound=row["ratio_bound"]))
         elif row["judge"] == "pipeline":
-            out.append(check("lifecycle", row["figure"], row["pipeline"], row["unit"], row["target"]))
+            bound: Bound = "at least" if "pipeline" in row["at_least"] else None
+            out.append(check("lifecycle", row["figure"], row["pipeline"], row["unit"], row["target"], bound=bound))
     mem = scenarios.get("memory") or {}
     for s in mem.get("services", []):
         target = SERVICE_RSS if s["service"] in PIPELINE_SERVICES else None
@@ -902,43 +925,66 @@ def side_row(
     pipeline: float | None,
     target: Target | None = None,
     judge: str | None = None,
+    at_least: Iterable[str] = (),
 ) -> dict[str, Any]:
     """One row of a side-by-side table: both sides' values, this project ÷ Trainer, and what a target judges.
 
     ``judge`` says what the target bounds: ``"ratio"`` (this project ÷ Trainer), ``"pipeline"`` (this
-    project's own figure) or ``None`` (reference only, also whenever there is no target).
+    project's own figure) or ``None`` (reference only, also whenever there is no target). ``at_least``
+    names the sides (``"trainer"``, ``"pipeline"``) whose value is only a lower bound, e.g. the wait for
+    all Complete that ended first; the ratio is then a bound too, or none when both are.
     """
+    bounded = frozenset(at_least)
+    ratio_bound: Bound = None
+    if bounded == {"trainer"}:
+        ratio_bound = "at most"
+    elif bounded == {"pipeline"}:
+        ratio_bound = "at least"
     return {
         "figure": figure,
         "unit": unit,
         "trainer": trainer,
         "pipeline": pipeline,
-        "ratio": ratio(pipeline, trainer),
+        "ratio": None if len(bounded) > 1 else ratio(pipeline, trainer),
+        "at_least": sorted(bounded),
+        "ratio_bound": ratio_bound,
         "target": target,
         "judge": judge if target is not None else None,
     }
 
 
-def side_by_side_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The Markdown table of ``side_row`` rows, each with its target and verdict.
+def _side_cell(row: Mapping[str, Any], side: str) -> str:
+    """One side's value in a side-by-side row: a dash where the figure is not that side's, ``>`` for a lower bound.
 
     A per-process CPU row (``CPU per TrainJob: <process>``) that only one side has shows a dash on the other.
     """
+    value = row[side]
+    dash = row["figure"].startswith("CPU per TrainJob: ")
+    if value is None and (dash or (side == "trainer" and row["judge"] == "pipeline")):
+        return "—"
+    sign = BOUND_SIGN["at least"] if side in (row.get("at_least") or ()) and value is not None else ""
+    return sign + format_value(value, row["unit"])
+
+
+def side_by_side_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The Markdown table of ``side_row`` rows, each with its target and verdict (a bound decides one way only)."""
     body = []
     for r in rows:
         target: Target | None = r["target"]
-        judged = r["ratio"] if r["judge"] == "ratio" else r["pipeline"]
-        dash = r["figure"].startswith("CPU per TrainJob: ")
+        at_least = r.get("at_least") or ()
+        ratio_bound: Bound = r.get("ratio_bound")
+        if r["judge"] == "ratio":
+            judged, bound = r["ratio"], ratio_bound
+        else:
+            judged, bound = r["pipeline"], ("at least" if "pipeline" in at_least else None)
         body.append(
             (
                 r["figure"],
-                "—"
-                if r["trainer"] is None and (dash or r["judge"] == "pipeline")
-                else format_value(r["trainer"], r["unit"]),
-                "—" if r["pipeline"] is None and dash else format_value(r["pipeline"], r["unit"]),
-                _x(r["ratio"]),
+                _side_cell(r, "trainer"),
+                _side_cell(r, "pipeline"),
+                (BOUND_SIGN[ratio_bound] if ratio_bound and r["ratio"] is not None else "") + _x(r["ratio"]),
                 (("ratio " if r["judge"] == "ratio" else "") + target.describe()) if target else "—",
-                verdict(target.met(judged)) if target else "—",
+                verdict(target.met_bounded(judged, bound)) if target else "—",
             )
         )
     return table(["figure", "Trainer v2.3.0", "this project", "ratio", "target", "verdict"], body)
@@ -1138,7 +1184,18 @@ def lifecycle_rows(life: Mapping[str, Any]) -> list[dict[str, Any]]:
         rows.append(side_row(figure, unit, value(t) if t else None, value(p) if p else None, target, judge))
 
     row("ran to Complete", "%", "complete_percent", ALL_BUILT, "pipeline")
-    row("time to all Complete", "s", "seconds_to_all_complete", VS_LIFECYCLE, "ratio")
+    waits = {side: _time_to_all_complete(run) for side, run in (("trainer", t), ("pipeline", p))}
+    rows.append(
+        side_row(
+            "time to all Complete",
+            "s",
+            waits["trainer"][0],
+            waits["pipeline"][0],
+            VS_LIFECYCLE,
+            "ratio",
+            at_least=[side for side, (_, exact) in waits.items() if not exact],
+        )
+    )
     for q in ("p50", "p99"):
         row(f"create to Complete {q}", "s", "time_to_finish", pick=lambda summary, q=q: summary.get(q))
     row("status writes per TrainJob", "writes/TJ", "status_writes_per_trainjob", VS_LIFECYCLE, "ratio")
@@ -1169,6 +1226,15 @@ def lifecycle_rows(life: Mapping[str, Any]) -> list[dict[str, Any]]:
     row("cluster start", "s", "cluster_start_seconds")
     row("the side, cluster start to stop", "s", "total_seconds")
     return rows
+
+
+def _time_to_all_complete(run: Mapping[str, Any]) -> tuple[float | None, bool]:
+    """(seconds, exact): a side's time to all Complete, or, when its wait ended first, how long it waited (a
+    lower bound: its TrainJobs were not all Complete by then)."""
+    if not run or run.get("seconds_to_all_complete") is not None or not run.get("created"):
+        return (run.get("seconds_to_all_complete") if run else None), True
+    waited = run.get("seconds_waited") or run.get("seconds_to_last_finished")
+    return waited, waited is None  # without a wait there is no figure, so nothing to mark as a bound
 
 
 def _render_lifecycle(life: Mapping[str, Any]) -> list[str]:

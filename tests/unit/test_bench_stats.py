@@ -733,6 +733,46 @@ def test_lifecycle_checks_judge_status_writes_and_time_against_trainers() -> Non
     assert checks["time to all Complete"]["verdict"] == "not met"
 
 
+def test_a_bound_decides_a_target_one_way_only() -> None:
+    at_most = stats.Target("<=", 1.0, "x")
+    assert at_most.met_bounded(0.8, "at most") is True
+    assert at_most.met_bounded(1.2, "at most") is None
+    assert at_most.met_bounded(1.2, "at least") is False
+    assert at_most.met_bounded(0.8, "at least") is None
+    assert at_most.met_bounded(0.8, None) is True
+    at_least = stats.Target(">=", 100.0, "%")
+    assert at_least.met_bounded(100.0, "at least") is True
+    assert at_least.met_bounded(90.0, "at least") is None
+    assert at_least.met_bounded(None, "at most") is None
+
+
+def test_a_wait_that_ended_first_is_a_lower_bound_of_the_time_to_all_complete() -> None:
+    life = _lifecycle()
+    life["pipeline"].update(seconds_to_all_complete=72.0)
+    life["trainer"].update(
+        seconds_to_all_complete=None, seconds_waited=900.0, complete_percent=40.0, outcomes={"Complete": 200}
+    )
+    rows = {r["figure"]: r for r in stats.lifecycle_rows(life)}
+    time_row = rows["time to all Complete"]
+    assert (time_row["trainer"], time_row["at_least"], time_row["ratio_bound"]) == (900.0, ["trainer"], "at most")
+    assert time_row["ratio"] == pytest.approx(0.08)
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert (checks["time to all Complete"]["display"], checks["time to all Complete"]["verdict"]) == ("< 0.080x", "met")
+    text = stats.render_markdown({"meta": {}, "machine": {}, "scenarios": {"lifecycle": life}, "checks": []})
+    assert "| time to all Complete | > 900.00 s | 72.00 s | < 0.080 | ratio ≤ 1.000x | met |" in text
+    # The other way round a lower bound can only fail the target.
+    life["trainer"].update(seconds_to_all_complete=80.0)
+    life["pipeline"].update(seconds_to_all_complete=None, seconds_waited=60.0)
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert checks["time to all Complete"]["verdict"] == "no figure"
+    life["pipeline"].update(seconds_waited=100.0)
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert (checks["time to all Complete"]["display"], checks["time to all Complete"]["verdict"]) == (
+        "> 1.250x",
+        "not met",
+    )
+
+
 def test_lifecycle_section_renders_both_sides_with_verdicts() -> None:
     life = _lifecycle()
     life["pipeline"]["seconds_to_all_complete"] = 72.0
