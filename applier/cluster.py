@@ -35,6 +35,7 @@ import msgspec
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from tjpipe.applier import objects
 from tjpipe.contracts import resources
 from tjpipe.plumbing.kube import KubeApiError, KubeClient
 from tjpipe.plumbing.observability import CLUSTER_REWINDS
@@ -85,17 +86,7 @@ def mark_key(cluster: str) -> str:
     return f"{MARK_PREFIX}.{re.sub(r'[^-_=a-zA-Z0-9]', '_', cluster)}"
 
 
-class _Meta(msgspec.Struct):
-    uid: str = ""
-    resourceVersion: str = ""
-
-
-class _Object(msgspec.Struct):
-    metadata: _Meta = msgspec.field(default_factory=_Meta)
-
-
 _mark_decoder = msgspec.json.Decoder(ClusterMark)
-_object_decoder = msgspec.json.Decoder(_Object)
 
 
 class ClusterEpoch:
@@ -120,12 +111,12 @@ class ClusterEpoch:
                 exc.reason,
             )
             return FALLBACK_CLUSTER
-        return _object_decoder.decode(raw.body).metadata.uid or FALLBACK_CLUSTER
+        return objects.read(raw.body).metadata.uid or FALLBACK_CLUSTER
 
     async def _revision(self) -> int:
         """The cluster's current revision: the resourceVersion of a one-item list of TrainJobs."""
         resp = await self.kube.request("GET", resources.TRAINJOB.path(), params={"limit": "1"}, timeout=30)
-        version = _object_decoder.decode(resp.body).metadata.resourceVersion
+        version = objects.read(resp.body).metadata.resourceVersion
         return int(version) if version.isdigit() else 0
 
     async def start(self) -> None:

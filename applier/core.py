@@ -1,5 +1,11 @@
-"""The applier's decisions, separate from its I/O: which errors are worth retrying, whether a policy lets
-a message touch the live object, and what to call the outcome.
+"""The applier's decisions, separate from its I/O: which errors are worth retrying, what one claim round
+does with a plan (``decide``), and what to call the outcome.
+
+``decide`` is the whole of the fenced apply's judgement: given the message, the target's ledger record and
+the live object, it answers with one ``Step`` out of a closed set, which ``applier.fence`` performs. The
+small functions it is made of (``still_applied``, ``policy_allows``, ``held_state``, ``status_outdated``)
+stay here beside it, each with the reason it exists; what a message may write at all is
+``applier.authorize``'s.
 
 Errors are types, as in kopf (TemporaryError / PermanentError) and controller-runtime (TerminalError):
 a transient failure is retried in process and then handed back to JetStream with a delay; a permanent one
@@ -16,21 +22,14 @@ from typing import Literal
 
 import msgspec
 
-from tjpipe.contracts import conditions, labels, resources
+from tjpipe.applier import objects
+from tjpipe.applier.authorize import CREATE_ONLY, authorize_live
+from tjpipe.contracts import conditions, labels
 from tjpipe.contracts import trainer as t
-from tjpipe.contracts.lifecycle import NO_RUNTIME
 from tjpipe.contracts.messages import (
-    FIELD_MANAGER,
     AppliedRecord,
     ApplyAction,
-    ApplyConfigMap,
-    ApplyJobSet,
     ApplyMessage,
-    ApplyPodGroup,
-    ApplySecret,
-    ApplyTrainJobStatus,
-    ApplyVolcanoPodGroup,
-    DeleteComponent,
     ObjectApply,
 )
 
@@ -62,31 +61,19 @@ class SettlingRefusal(TransientError):
         self.permanent = permanent
 
 
+class Held(Exception):
+    """The message waits (nak with a delay) for something that resolves itself, e.g. a claim's grace."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(f"held for {delay:.1f}s")
+        self.delay = delay
+
+
 SETTLING_DELIVERIES = 8
 """With the applier's growing nak delay (2 s doubling, at most 60 s) about three minutes."""
 SETTLING_REFUSALS = ("retentionPolicy must be retain when PVC exists",)
 """Refusals that name a state the garbage collector is removing: JobSet v0.12.0's webhook answers this when
 a claim of the JobSet's name still exists (whenDeleted: Delete claims go with the JobSet that owned them)."""
-
-
-class Unauthorized(Exception):
-    """The message asks for a write no real TrainJob justifies: dead-lettered, and nothing is written."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
-
-
-class TrainJobGone(Exception):
-    """The TrainJob a plan is for no longer exists (deleted, or replaced by one of the same name).
-
-    Its plans in flight are finished, not failed: nothing is written, the result says ``skipped`` and why,
-    and no dead letter is kept, since there is nothing for an operator to do.
-    """
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
 
 
 TRANSIENT_STATUSES = frozenset({0, 408, 409, 425, 429, 500, 502, 503, 504})
@@ -117,49 +104,10 @@ class LiveState:
     resource_version: str = ""
 
 
-class _Owner(msgspec.Struct, kw_only=True):
-    uid: str = ""
-    controller: bool = False
-
-
-class _OwnedMeta(msgspec.Struct, kw_only=True):
-    ownerReferences: list[_Owner] = []
-
-
-class _Owned(msgspec.Struct, kw_only=True):
-    metadata: _OwnedMeta = msgspec.field(default_factory=_OwnedMeta)
-
-
-_owned_decoder = msgspec.json.Decoder(_Owned)
-
-
-def controlled_by(raw: bytes, uid: str) -> bool:
-    """Whether the object's controller owner reference names this UID."""
-    return any(o.controller and o.uid == uid for o in _owned_decoder.decode(raw).metadata.ownerReferences)
-
-
-# Partial decoders read only the fields a decision needs; alike in shape to other partial decoders (duplicate
-# finders pair them), each names its own fields.
-class _LiveSpec(msgspec.Struct, kw_only=True):
-    suspend: bool | None = None
-
-
-class _LiveMeta(msgspec.Struct, kw_only=True):
-    resourceVersion: str = ""
-
-
-class _Live(msgspec.Struct, kw_only=True):
-    metadata: _LiveMeta = msgspec.field(default_factory=_LiveMeta)
-    spec: _LiveSpec = msgspec.field(default_factory=_LiveSpec)
-
-
-_live_decoder = msgspec.json.Decoder(_Live)
-
-
 def live_state(raw: bytes | None) -> LiveState:
     if raw is None:
         return LiveState(exists=False)
-    live = _live_decoder.decode(raw)
+    live = objects.read(raw)
     suspended = live.spec.suspend is True
     return LiveState(exists=True, suspended=suspended, resource_version=live.metadata.resourceVersion)
 
@@ -175,17 +123,6 @@ def policy_allows(message: ApplyMessage, live: LiveState) -> tuple[bool, str]:
     return False, "running and not suspended; left as it is"
 
 
-class _LabelsMeta(msgspec.Struct, kw_only=True):
-    labels: dict[str, str] = {}
-
-
-class _Labelled(msgspec.Struct, kw_only=True):
-    metadata: _LabelsMeta = msgspec.field(default_factory=_LabelsMeta)
-
-
-_labelled_decoder = msgspec.json.Decoder(_Labelled)
-
-
 def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | None:
     """A merge patch adding this pipeline's label to an existing, unlabelled object, or None.
 
@@ -197,7 +134,7 @@ def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | 
     kind = message.target.kind
     if live_raw is None or message.policy != "if-absent" or kind not in labels.LABELLED_KINDS:
         return None
-    if _labelled_decoder.decode(live_raw).metadata.labels.get(labels.MANAGED_BY_LABEL) == labels.MANAGED_BY:
+    if objects.read(live_raw).metadata.labels.get(labels.MANAGED_BY_LABEL) == labels.MANAGED_BY:
         return None
     return OWNED_LABEL_PATCH
 
@@ -384,258 +321,16 @@ def content_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()[:32]
 
 
-class _ManagedEntry(msgspec.Struct, kw_only=True):
-    manager: str = ""
-    operation: str = ""
-    subresource: str = ""
-    fieldsV1: msgspec.Raw = msgspec.Raw()
-
-
-class _ManagedMeta(msgspec.Struct, kw_only=True):
-    managedFields: list[_ManagedEntry] = []
-    resourceVersion: str = ""
-
-
-class _Managed(msgspec.Struct, kw_only=True):
-    metadata: _ManagedMeta = msgspec.field(default_factory=_ManagedMeta)
-
-
-_managed_decoder = msgspec.json.Decoder(_Managed)
-
-
 def managed_digest(raw: bytes, *, manager: str, subresource: str | None) -> str:
     """Digest of the fields ``manager`` owns by Apply on this object (or its subresource).
 
     It changes when anyone else takes over or removes a field we set, and not when others touch only
     their own fields (a controller writing status, say); it is empty when we own nothing there.
     """
-    for entry in _managed_decoder.decode(raw).metadata.managedFields:
+    for entry in objects.read(raw).metadata.managedFields:
         if entry.manager == manager and entry.operation == "Apply" and entry.subresource == (subresource or ""):
             return hashlib.sha256(bytes(entry.fieldsV1)).hexdigest()[:32]
     return ""
-
-
-# ------------------------------------------------------------------------------ what a message may touch
-#
-# The bus is not trusted to say what may be written: an apply message only names a TrainJob, and the
-# applier checks, against the message and then against the live cluster, that a real TrainJob managed by
-# this controller justifies the write. Each check returns a Verdict; the service turns a refusal into a
-# dead letter with reason ``unauthorized`` and writes nothing at all.
-
-
-@dataclass(frozen=True)
-class Verdict:
-    allowed: bool
-    why: str = ""
-    gone: bool = False
-    """Refused because the TrainJob the message names no longer exists: noise, not a forgery."""
-
-
-ALLOWED = Verdict(True)
-
-COMPONENT_RESOURCES: dict[type, resources.Resource] = {
-    ApplyJobSet: resources.JOBSET,
-    ApplyConfigMap: resources.CONFIG_MAP,
-    ApplySecret: resources.SECRET,
-    ApplyPodGroup: resources.POD_GROUP,
-    ApplyVolcanoPodGroup: resources.VOLCANO_POD_GROUP,
-}
-"""The only kinds a component message may write, each bound to its own message type."""
-CREATE_ONLY: frozenset[type] = frozenset({ApplySecret})
-"""Kinds the applier writes by create alone and never reads: it has no get, list, watch or patch on Secrets.
-
-Kubernetes RBAC has no metadata-only read, and an apply or patch answers with the whole object, so any of
-these verbs would let a stolen applier token read other Secrets' data. Every Secret a plan holds is
-``if-absent`` (made once, with fresh key material), so a create, answered 409 when the name is taken, is all
-the write needs; the ledger's ``created_for`` says whether the existing one is this pipeline's
-(``existing``)."""
-DELETABLE = frozenset(
-    (r.api_version, r.kind) for message_type, r in COMPONENT_RESOURCES.items() if message_type not in CREATE_ONLY
-)
-"""Deleting needs a read first (is the target controlled by the TrainJob?), which a create-only kind does not get."""
-
-
-class _Ref(msgspec.Struct, kw_only=True):
-    apiVersion: str = ""
-    kind: str = ""
-    name: str = ""
-    uid: str = ""
-    controller: bool | None = None
-
-
-class _ClaimMeta(msgspec.Struct, kw_only=True):
-    name: str = ""
-    namespace: str = ""
-    ownerReferences: list[_Ref] = []
-
-
-class _Claimed(msgspec.Struct, kw_only=True):
-    apiVersion: str = ""
-    kind: str = ""
-    metadata: _ClaimMeta = msgspec.field(default_factory=_ClaimMeta)
-
-
-_claimed_decoder = msgspec.json.Decoder(_Claimed)
-
-
-def authorize_message(message: ApplyMessage, body: bytes) -> Verdict:
-    """What the message itself must say before any request is made; ``body`` is its encoded object.
-
-    The target lives in the TrainJob's namespace and is of a component kind bound to the message's type;
-    the object names the target and carries exactly one owner reference, the controller reference to the
-    TrainJob; a status is for that TrainJob itself; the field manager is Trainer's.
-    """
-    target, job = message.target, message.trainjob
-    if target.namespace != job.namespace:
-        return Verdict(False, f"target namespace {target.namespace!r} is not the TrainJob's ({job.namespace!r})")
-    if message.field_manager != FIELD_MANAGER:
-        return Verdict(False, f"field manager {message.field_manager!r} is not {FIELD_MANAGER!r}")
-    gvk = (target.api_version, target.kind)
-    if isinstance(message, DeleteComponent):
-        if gvk not in DELETABLE or target.subresource is not None:
-            return Verdict(False, f"{target.kind} in {target.api_version} is not a component kind")
-        return ALLOWED
-    try:
-        claimed = _claimed_decoder.decode(body)
-    except msgspec.DecodeError as exc:  # pragma: no cover - the body was encoded from a decoded struct
-        return Verdict(False, f"unreadable object: {exc}")
-    if (claimed.apiVersion, claimed.kind) != gvk:
-        return Verdict(False, f"object is {claimed.kind} in {claimed.apiVersion}, target is {target.kind}")
-    if claimed.metadata.name != target.name or claimed.metadata.namespace not in ("", target.namespace):
-        return Verdict(False, "object metadata does not name the target")
-    if isinstance(message, ApplyTrainJobStatus):
-        if gvk != (resources.TRAINJOB.api_version, resources.TRAINJOB.kind) or target.subresource != "status":
-            return Verdict(False, "a status apply must target a TrainJob's status subresource")
-        if target.name != job.name:
-            return Verdict(False, f"status for TrainJob {target.name!r}, but the message is for {job.name!r}")
-        if claimed.metadata.ownerReferences:
-            return Verdict(False, "a status apply carries no owner references")
-        return ALLOWED
-    expected = COMPONENT_RESOURCES.get(type(message))
-    if expected is None or gvk != (expected.api_version, expected.kind) or target.subresource is not None:
-        return Verdict(False, f"{target.kind} in {target.api_version} is not a component kind for this message")
-    refs = claimed.metadata.ownerReferences
-    if len(refs) != 1 or refs[0].controller is not True:
-        return Verdict(False, "the object must carry exactly one owner reference, the controller reference")
-    ref = refs[0]
-    if (ref.apiVersion, ref.kind, ref.name, ref.uid) != (
-        t.API_VERSION,
-        t.TRAINJOB_KIND,
-        job.name,
-        message.trainjob_uid,
-    ):
-        return Verdict(False, f"the controller reference points to {ref.kind} {ref.name} ({ref.uid}), not the TrainJob")
-    return ALLOWED
-
-
-@dataclass(frozen=True)
-class TrainJobFacts:
-    """The TrainJob as the live cluster has it: who may ask for writes, and our own condition on it."""
-
-    uid: str
-    managed_by: str = ""
-    resource_version: str = ""
-    applier_condition: str = ""
-    """The message of the applier-owned condition, empty when the TrainJob does not have it."""
-    runtime: str = NO_RUNTIME
-    """The runtime's name (``spec.runtimeRef.name``, immutable): the lifecycle metrics' label."""
-
-
-class _Condition(msgspec.Struct, kw_only=True):
-    type: str = ""
-    message: str = ""
-
-
-class _JobStatus(msgspec.Struct, kw_only=True):
-    conditions: list[_Condition] = []
-
-
-class _RuntimeRef(msgspec.Struct, kw_only=True):
-    name: str = ""
-
-
-class _JobSpec(msgspec.Struct, kw_only=True):
-    managedBy: str = ""
-    runtimeRef: _RuntimeRef = msgspec.field(default_factory=_RuntimeRef)
-
-
-class _JobMeta(msgspec.Struct, kw_only=True):
-    uid: str = ""
-    resourceVersion: str = ""
-
-
-class _Job(msgspec.Struct, kw_only=True):
-    metadata: _JobMeta = msgspec.field(default_factory=_JobMeta)
-    spec: _JobSpec = msgspec.field(default_factory=_JobSpec)
-    status: _JobStatus = msgspec.field(default_factory=_JobStatus)
-
-
-_job_decoder = msgspec.json.Decoder(_Job)
-
-
-def trainjob_facts(raw: bytes | None) -> TrainJobFacts | None:
-    if raw is None:
-        return None
-    job = _job_decoder.decode(raw)
-    ours = next((c.message for c in job.status.conditions if c.type == conditions.CONDITION_COMPONENTS_APPLIED), "")
-    return TrainJobFacts(
-        uid=job.metadata.uid,
-        managed_by=job.spec.managedBy,
-        resource_version=job.metadata.resourceVersion,
-        applier_condition=ours,
-        runtime=job.spec.runtimeRef.name or NO_RUNTIME,
-    )
-
-
-def authorize_trainjob(message: ApplyMessage, facts: TrainJobFacts | None) -> Verdict:
-    """The TrainJob the message names exists, is the same object (uid), and is ours to manage."""
-    if facts is None:
-        return Verdict(False, f"TrainJob {message.trainjob} does not exist", gone=True)
-    if facts.uid != message.trainjob_uid:
-        return Verdict(
-            False,
-            f"TrainJob {message.trainjob} has uid {facts.uid}, the message names {message.trainjob_uid}",
-            gone=True,
-        )
-    if facts.managed_by not in ("", t.MANAGED_BY_TRAINJOB_CONTROLLER):
-        return Verdict(False, f"TrainJob {message.trainjob} is managed by {facts.managed_by}")
-    return ALLOWED
-
-
-def authorize_live(message: ApplyMessage, live: bytes | None) -> Verdict:
-    """An existing target is written (or deleted) only when this TrainJob controls it: nothing is taken over."""
-    if live is None or isinstance(message, ApplyTrainJobStatus):
-        return ALLOWED
-    refs = [r for r in _claimed_decoder.decode(live).metadata.ownerReferences if r.controller is True]
-    if any(r.uid == message.trainjob_uid for r in refs):
-        return ALLOWED
-    owner = f"{refs[0].kind} {refs[0].name}" if refs else "nobody"
-    return Verdict(False, f"existing {message.target} is controlled by {owner}, not by TrainJob {message.trainjob}")
-
-
-ExistingCreateOnly = Literal["ours", "another-trainjob", "unrecorded"]
-
-ALREADY_CREATED = "exists already; created once and never changed"
-UNRECORDED = (
-    "exists already, and this pipeline has no record of creating it (Trainer's, or made by someone in the"
-    " namespace); left as it is, unread"
-)
-
-
-def existing(message: ApplyMessage, record: AppliedRecord | None) -> ExistingCreateOnly:
-    """Whose a create-only target is, when its create is answered 409 AlreadyExists, from the ledger alone.
-
-    ``record`` is the ledger record as it was before this attempt claimed the target. Created for this
-    TrainJob: ``ours``, nothing more to do. Created for another TrainJob (an earlier one of the same name,
-    whose Secret the garbage collector removes): ``another-trainjob``, refused as ``authorize_live`` refuses
-    a live object another TrainJob controls. No record of a creation (Trainer made it before this pipeline
-    took over, the ledger was lost, or someone in the namespace made it): ``unrecorded``, left as it is, as
-    Trainer leaves a Secret that exists.
-    """
-    created_for = record.created_for if record is not None else ""
-    if created_for == message.trainjob_uid:
-        return "ours"
-    return "another-trainjob" if created_for else "unrecorded"
 
 
 # ------------------------------------------------------------------------------- the applier's condition
@@ -727,3 +422,145 @@ StaleClaimAction = Literal["overwrite", "hold"]
 def stale_claim_action(first_seen: float, now: float, *, grace_seconds: float) -> StaleClaimAction:
     """A claim beyond the cluster is held to be corrupt, and overwritten, once it outlasted the grace."""
     return "overwrite" if now - first_seen >= grace_seconds else "hold"
+
+
+# ------------------------------------------------------------------------------- one claim round's decision
+
+
+class Refuse(msgspec.Struct, frozen=True, kw_only=True):
+    """The live target is controlled by something other than this TrainJob: nothing is written or taken over."""
+
+    why: str
+
+
+class Advance(msgspec.Struct, frozen=True, kw_only=True):
+    """The record is this very plan and the live object still holds it (``still_applied``): only the record
+    moves on to this message (compare-and-set); the outcome is ``unchanged``."""
+
+    record: AppliedRecord
+    resource_version: str
+
+
+class Leave(msgspec.Struct, frozen=True, kw_only=True):
+    """The policy leaves the live object as it is (``policy_allows``); ``skipped``, and why. With ``label``,
+    the merge patch that adds this pipeline's missing label first (``owned_label_patch``)."""
+
+    resource_version: str
+    reason: str
+    label: bytes | None = None
+
+
+class Adopt(msgspec.Struct, frozen=True, kw_only=True):
+    """The live object already holds the plan (``held_state``): ``record`` is written as applied
+    (compare-and-set) and nothing else, but for this pipeline's label when ``label`` says it lacks it."""
+
+    record: AppliedRecord
+    label: bool = False
+
+
+class Create(msgspec.Struct, frozen=True, kw_only=True):
+    """A create-only target (``CREATE_ONLY``): ``claim`` it, then create it; it is never read or patched.
+
+    ``known`` is the record as this cluster made it (``None`` if none, or another history's): whom it says
+    the object was created for judges a create answered 409 (``authorize.existing``).
+    """
+
+    claim: AppliedRecord
+    known: AppliedRecord | None = None
+
+
+class SkipStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A status planned from another TrainJob version than the live one (``status_outdated``): ``claim`` the
+    target, then skip it; a newer plan carries the newer status."""
+
+    claim: AppliedRecord
+    resource_version: str
+
+
+class Write(msgspec.Struct, frozen=True, kw_only=True):
+    """``claim`` the target, then apply the plan, on condition of ``precondition`` (the live resourceVersion
+    read, ``""`` for none); ``before`` is the resourceVersion the outcome is told from (``outcome``)."""
+
+    claim: AppliedRecord
+    precondition: str
+    before: str
+
+
+Step = Refuse | Advance | Leave | Adopt | Create | SkipStatus | Write
+"""What one claim round does; ``applier.fence`` performs each, and any compare-and-set it loses starts the
+next round."""
+
+
+def reads_live(message: ObjectApply, record: AppliedRecord | None) -> bool:
+    """Whether a claim round reads the live target before ``decide``.
+
+    A component is always read: whether it exists, and whose it is, decides everything, and not even a
+    plan that saw the target absent moments ago is taken at its word (the API server has no create-only
+    apply, so only a read tells an object of that name apart). A status is read only when the ledger has a
+    record it might still hold; a create-only target never is.
+    """
+    if type(message) in CREATE_ONLY:
+        return False
+    return record is not None or not message.target.subresource
+
+
+def decide(
+    message: ObjectApply, record: AppliedRecord | None, live: bytes | None, *, planned: bytes, stamp: str
+) -> Step:
+    """What a claim round does with a plan that is not stale (``is_stale``).
+
+    ``record`` is the target's ledger record, ``live`` the live target as read (``None``: absent, or not read,
+    see ``reads_live``), ``planned`` the encoded object without generated key material (what the digest is
+    of), and ``stamp`` the cluster epoch the claims are made in (``applier.cluster``).
+    """
+    digest = content_digest(planned)
+    if type(message) in CREATE_ONLY:
+        # Whom another cluster's (or an earlier epoch's) record names says nothing of this cluster's object.
+        known = record if record is not None and record.cluster == stamp else None
+        created_for = known.created_for if known is not None else ""
+        return Create(claim=_claim(message, digest, stamp, created_for=created_for), known=known)
+    verdict = authorize_live(message, live)
+    if not verdict.allowed:
+        return Refuse(why=verdict.why)
+    state = live_state(live)
+    if record is not None and still_applied(record, live, message, digest=digest):
+        advanced = msgspec.structs.replace(
+            record, source_version=message.source_version, source_seq=message.source_seq, cluster=stamp
+        )
+        return Advance(record=advanced, resource_version=state.resource_version)
+    if message.policy != "always":
+        allowed, why = policy_allows(message, state)
+        if not allowed:
+            label = owned_label_patch(message, live)
+            if label is not None:
+                return Leave(resource_version=state.resource_version, reason=why + "; labelled", label=label)
+            return Leave(resource_version=state.resource_version, reason=why)
+    subresource = message.target.subresource
+    held = "differs" if live is None or subresource else held_state(planned, live, manager=message.field_manager)
+    if live is not None and held != "differs":
+        # One Trainer made, one whose ledger record was lost, or a re-plan of an existing JobSet that only
+        # repeats what the live object holds.
+        adopted = msgspec.structs.replace(
+            _claim(message, digest, stamp),
+            state="applied",
+            resource_version=state.resource_version,
+            managed=managed_digest(live, manager=message.field_manager, subresource=None),
+        )
+        return Adopt(record=adopted, label=held == "held-unlabelled")
+    claim = _claim(message, digest, stamp)
+    if status_outdated(message, live_version=state.resource_version if live is not None else None):
+        return SkipStatus(claim=claim, resource_version=state.resource_version)
+    # A status carries its own precondition: the TrainJob version it was planned from.
+    precondition = "" if subresource else state.resource_version
+    return Write(claim=claim, precondition=precondition, before=state.resource_version)
+
+
+def _claim(message: ApplyMessage, digest: str, stamp: str, *, created_for: str = "") -> AppliedRecord:
+    return AppliedRecord(
+        source_version=message.source_version,
+        source_seq=message.source_seq,
+        digest=digest,
+        state="claimed",
+        created_for=created_for,
+        cluster=stamp,
+    )

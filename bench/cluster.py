@@ -50,7 +50,7 @@ class CountingKube(KubeClient):
         super().__init__(config, max_connections=max_connections, timeout=timeout)
         self.counts: Counter[stats.RequestKey] = Counter()
 
-    # The signature restates KubeClient.request's, as an override must (duplicate finders pair them).
+    # The signature restates KubeClient.request's, as an override must.
     async def request(
         self,
         method: str,

@@ -289,7 +289,7 @@ async def _side(side: str, out: dict[str, Any], settings: _Settings, *, progress
                 progress=say,
             )
         )
-    finally:  # alike in shape to runner.py's teardown, but this stops the side's own simulated-cluster stack
+    finally:  # the side's own simulated-cluster stack, not runner.py's
         if trainer is not None:
             if trainer.process is not None and not trainer.is_running():
                 out["exited"] = trainer.log_tail(10)

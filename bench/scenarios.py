@@ -36,7 +36,7 @@ from bench.cluster import (
     scrape_apiserver,
     wait_quiet,
 )
-from tjpipe.applier.service import _body as apply_body  # the exact bytes the applier sends for a fresh object
+from tjpipe.applier.fence import apply_body  # the exact bytes the applier sends for a fresh object
 from tjpipe.contracts import resources, streams
 from tjpipe.contracts.messages import ApplyResult, ObjectApply, TrainJobObserved, decode_event, decode_result
 from tjpipe.planner.core import plan

@@ -76,8 +76,7 @@ RETENTION_POLICY_DELETE = "Delete"
 RETENTION_POLICY_RETAIN = "Retain"
 
 
-# Declarations only, mirroring the upstream Go types field by field: where they look alike (to each other, to
-# contracts.kube) it is the wire format's shape, which duplicate finders pair; there is no logic to share.
+# Declarations only, mirroring the upstream Go types field by field.
 class DependsOn(KubeStruct, frozen=True, kw_only=True):
     name: str | msgspec.UnsetType = msgspec.UNSET
     status: str | msgspec.UnsetType = msgspec.UNSET

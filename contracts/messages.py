@@ -12,7 +12,27 @@ to own stay ``msgspec.UNSET`` and are never encoded, so Server-Side Apply attrib
 exactly the fields we set. The target (GVK, namespace, name) and the status-subresource flag are spelled
 out next to the object so the applier can route and fence a message without interpreting its body.
 
-Schema evolution follows msgspec's rules: a field added later gets a default, and no type changes.
+The wire-compatibility rule (how one version of the services reads another's messages, in a rolling
+upgrade or a rollback, and in the history streams for as long as they keep them):
+
+* A field may be **added** to a message or to anything it carries, always with a default (``msgspec.UNSET``
+  for a Kubernetes field), so a message written before the field existed still decodes. Readers ignore
+  fields they do not know (no struct here forbids unknown fields), so a message written after a field was
+  added decodes in an older reader too, which simply does not see it.
+* A field is never **renamed**, **removed** or given another **type**, and a default never changes meaning;
+  a union's **tags** (``type`` of events, ``component`` of applies) and the Literal values stay as they are.
+  What replaces a field is a new field beside it, read with a fallback to the old one.
+* Events and apply messages carry ``wire_version``, the major version of this format (``WIRE_VERSION``).
+  Additions do not bump it. Only a change an older reader would misread (a field whose absence it would
+  take for "nothing", a meaning that changes) bumps it, and a reader refuses a message whose
+  ``wire_version`` is above its own: ``decode_event``/``decode_apply`` raise ``UnsupportedVersion``, and the
+  consumer dead-letters the message with reason ``unsupported-version`` instead of misapplying it.
+  A message written before the field existed (up to 1ccf0d4) decodes with ``wire_version`` 0,
+  ``UNVERSIONED``; a consumer that must know more about such a message than its fields say treats it on
+  its own terms (``planner.core``: an unversioned event whose JobSet carries none of the spec fields
+  JobSet keeps as created came from a watcher that did not keep them, and the JobSet is not re-applied).
+
+``tests/unit/test_wire_compat.py`` decodes what older commits' own encoders wrote with today's types.
 """
 
 from __future__ import annotations
@@ -29,6 +49,19 @@ from tjpipe.contracts.scheduling import PodGroup, VolcanoPodGroup
 from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
 
 FIELD_MANAGER = "trainer"
+
+WIRE_VERSION = 1
+"""The major version of the events' and apply messages' format that this code writes and reads (see above)."""
+UNVERSIONED = 0
+"""``wire_version`` of a message written before messages carried one."""
+
+
+class UnsupportedVersion(msgspec.ValidationError):
+    """A message of a newer major wire version than this reader's: kept as a dead letter, never guessed at.
+
+    A ``msgspec.ValidationError``, so a consumer that only knows "undecodable" still dead-letters it."""
+
+    reason = "unsupported-version"
 
 
 class ObjectKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +88,8 @@ RuntimeSource = Literal["snapshot", "live", "none"]
 class TrainJobObserved(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.observed"):
     """The state of one TrainJob and everything its plan depends on, at one moment."""
 
+    wire_version: int = WIRE_VERSION
+    """The format's major version when written; ``UNVERSIONED`` after decoding one written without it."""
     trainjob: TrainJob
     runtime: TrainingRuntime | None = None
     """The runtime ``spec.runtimeRef`` resolved to; ``None`` when it does not exist (yet)."""
@@ -74,6 +109,7 @@ class TrainJobObserved(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.
 
 
 class TrainJobDeleted(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.deleted"):
+    wire_version: int = WIRE_VERSION
     key: ObjectKey
     uid: str
     observed_at: float
@@ -116,6 +152,8 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Apply(msgspec.Struct, frozen=True, kw_only=True, tag_field="component"):
+    wire_version: int = WIRE_VERSION
+    """As on events: the format's major version when written, ``UNVERSIONED`` for a message without it."""
     trainjob: ObjectKey
     trainjob_uid: str
     target: Target
@@ -282,7 +320,7 @@ class AppliedRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Digest of our managedFields entry on the live object after the apply; unchanged means untouched."""
     created_for: str = ""
     """For a kind the applier only creates and never reads (Secrets): the uid of the TrainJob it created the
-    object for. The record is then what tells an existing object of that name apart (``applier.core.existing``)."""
+    object for. The record is then what tells an existing object of that name apart (``applier.authorize.existing``)."""
     cluster: str = ""
     """Where the claim was made, ``<cluster>/<epoch>`` (``applier.cluster``); empty in claims of older versions."""
 
@@ -313,12 +351,39 @@ def encode(message: msgspec.Struct) -> bytes:
     return _json_encoder.encode(message)
 
 
+class _Versioned(msgspec.Struct):
+    """Only the version of a message; it decodes as ``UNVERSIONED`` where the field is absent."""
+
+    wire_version: int = UNVERSIONED
+
+
+_version_decoder = msgspec.json.Decoder(_Versioned)
+
+
+def _wire_version(data: bytes, what: str) -> int:
+    """The version ``data`` carries, read apart from the message: the struct's default is the writer's
+    version, which would hide an absent field, and a newer format may not decode as this one at all. The
+    number alone decodes in a fraction of the message's time (the rest is skipped, not built)."""
+    version = _version_decoder.decode(data).wire_version
+    if version > WIRE_VERSION:
+        raise UnsupportedVersion(
+            f"unsupported-version: {what} of wire version {version}; this reader reads up to {WIRE_VERSION}"
+        )
+    return version
+
+
 def decode_event(data: bytes) -> Event:
-    return _event_decoder.decode(data)
+    """An event of any wire version up to ``WIRE_VERSION``; ``UnsupportedVersion`` for a newer one."""
+    version = _wire_version(data, "an event")  # first: a newer format may not decode as this one at all
+    event = _event_decoder.decode(data)
+    return event if version == event.wire_version else msgspec.structs.replace(event, wire_version=version)
 
 
 def decode_apply(data: bytes) -> ApplyMessage:
-    return _apply_decoder.decode(data)
+    """An apply message of any wire version up to ``WIRE_VERSION``; ``UnsupportedVersion`` for a newer one."""
+    version = _wire_version(data, "an apply message")
+    message = _apply_decoder.decode(data)
+    return message if version == message.wire_version else msgspec.structs.replace(message, wire_version=version)
 
 
 def decode_result(data: bytes) -> ApplyResult:

@@ -36,8 +36,7 @@ POD_GROUP_FINISHED = "Finished"
 POD_GROUP_FAILED = "Failed"
 
 
-# Declarations only, mirroring the upstream Go types field by field: where they look alike (to each other, to
-# contracts.kube) it is the wire format's shape, which duplicate finders pair; there is no logic to share.
+# Declarations only, mirroring the upstream Go types field by field.
 class PodGroupSpec(KubeStruct, frozen=True, kw_only=True):
     min_member: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="minMember")
     min_resources: dict[str, Quantity] | msgspec.UnsetType = msgspec.field(

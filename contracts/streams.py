@@ -139,8 +139,7 @@ APPLIED_BUCKET = "tj_applied"
 
 # One durable per partition is derived from these (``plumbing.partitions.partition_consumer``).
 # Redelivery is unlimited: a message is only ever finished by an ack or by being dead-lettered, so a long
-# outage of the API server delays work but loses none. The two specs are alike in shape (duplicate finders pair
-# them): two consumers' values, nothing to share.
+# outage of the API server delays work but loses none.
 PLANNER = ConsumerSpec(
     stream=EVENTS.name,
     durable="planner",

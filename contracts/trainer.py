@@ -246,8 +246,7 @@ STATUS_TOKEN_EXPIRATION_SECONDS = 3600
 # ======================================================================================== TrainJob
 
 
-# Declarations only, mirroring the upstream Go types field by field: where they look alike (to each other, to
-# contracts.kube) it is the wire format's shape, which duplicate finders pair; there is no logic to share.
+# Declarations only, mirroring the upstream Go types field by field.
 class RuntimeRef(KubeStruct, frozen=True, kw_only=True):
     name: str | msgspec.UnsetType = msgspec.UNSET
     api_group: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="apiGroup")

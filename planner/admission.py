@@ -57,7 +57,7 @@ class GroupVersionKind(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = ""
 
 
-# Alike in shape to contracts.messages' event structs (duplicate finders pair them): declarations, no logic.
+# The parts of an AdmissionReview (admission.k8s.io/v1) the webhook reads and answers with.
 class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     uid: str
     kind: GroupVersionKind

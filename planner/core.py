@@ -23,6 +23,7 @@ from tjpipe.contracts.kube import ConfigMap, Secret
 from tjpipe.contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
 from tjpipe.contracts.messages import (
     MESSAGE_FOR_OBJECT_TYPE,
+    UNVERSIONED,
     ApplyMessage,
     ApplySecret,
     ApplyTrainJobStatus,
@@ -38,7 +39,7 @@ from tjpipe.contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob
 from tjpipe.contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
 from tjpipe.planner import status as status_rules
 from tjpipe.planner.framework import BuildError, FieldError, Framework
-from tjpipe.planner.immutability import restrict_to_mutable
+from tjpipe.planner.immutability import carries_immutable_spec, restrict_to_mutable
 from tjpipe.planner.info import Component, Deletion
 from tjpipe.planner.plugins import REGISTRY
 from tjpipe.planner.runtime_info import RUNTIME_CACHE_SIZE, new_runtime_info, runtime_template, spec_of
@@ -221,7 +222,14 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
         decision.components.insert(0, runtime_snapshot(job, event.runtime, encoded=template.encoded))
     decision.conditions.append(_RESOURCES_CREATED)
     if event.jobset is not None:
-        if spec_of(job).suspend is True or _suspended(event.jobset):
+        if event.wire_version == UNVERSIONED and not carries_immutable_spec(event.jobset):
+            # An older watcher's event (issue #23): it does not say which fields JobSet keeps as created, so
+            # the JobSet is left as it is (a running one would be anyway) until an event that says.
+            decision.components = [c for c in decision.components if not isinstance(c.object, JobSet)]
+            decision.warnings.append(_IMMUTABLE_FIELDS_UNKNOWN)
+            if not (spec_of(job).suspend is True or _suspended(event.jobset)):
+                decision.components = [c for c in decision.components if c.policy != "while-suspended"]
+        elif spec_of(job).suspend is True or _suspended(event.jobset):
             _keep_immutable_fields(decision, event.jobset)
         else:
             # Still reported while it runs: the JobSet keeps lacking what JobSet refused (issue #17).
@@ -247,6 +255,12 @@ _RESOURCES_CREATED = status_rules.condition(
     only_if_present=True,
 )
 """Clears an earlier build problem once the components are built; frozen, so one instance serves every plan."""
+
+
+_IMMUTABLE_FIELDS_UNKNOWN = (
+    "the event, unversioned (an older release's watcher), carries none of the JobSet's immutable spec fields; "
+    "the JobSet is not re-applied from it"
+)
 
 
 def _suspended(jobset: JobSet) -> bool:
@@ -313,8 +327,7 @@ class _Common(msgspec.Struct, frozen=True):
 
     Spelled out at each message rather than passed as ``**kwargs``: unpacking a dict into a struct
     costs more than building the message. The three constructions (``_message``, ``_deletion``,
-    ``_status_message``) therefore repeat the same keyword list on purpose, and look alike to a
-    duplicate finder, as do other keyword-only struct constructions (CLI settings, watcher trims).
+    ``_status_message``) therefore repeat the same keyword list on purpose.
     """
 
     trainjob: ObjectKey

@@ -43,6 +43,20 @@ The first five carry ``XValidation:rule="self == oldSelf"`` in api/jobset/v1alph
 """
 
 
+LEFT_OUT_BY_OLD_WATCHERS = ("network", "successPolicy", "failurePolicy", "startupPolicy", "volumeClaimPolicies")
+"""The ``IMMUTABLE_SPEC`` fields a watcher before commit e7131db left out of the JobSet of every event."""
+
+
+def carries_immutable_spec(live: JobSet) -> bool:
+    """Whether an observed JobSet has any of the spec fields older watchers left out.
+
+    An unversioned event (``contracts.messages.UNVERSIONED``) whose JobSet has none may come from an older
+    watcher, which left them out: then what the live object holds is not known, and ``restrict_to_mutable``
+    would take their absence for the live state, drop them from the apply and report them as kept."""
+    spec = msgspec.to_builtins(live.spec) if live.spec is not msgspec.UNSET else {}
+    return any(key in spec for key in LEFT_OUT_BY_OLD_WATCHERS)
+
+
 def _pod_template(rjob: Obj) -> Obj:
     template: Obj = rjob.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
     return template

@@ -16,7 +16,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -30,7 +29,7 @@ from tjpipe.contracts.messages import (
     encode,
 )
 from tjpipe.planner.core import plan, plan_too_large
-from tjpipe.plumbing import bus, publishing, signing
+from tjpipe.plumbing import bus, intake, publishing, signing
 from tjpipe.plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
 from tjpipe.plumbing.partitions import consume_partitioned, default_replica_id
 from tjpipe.plumbing.runner import ServiceSettings, started
@@ -44,7 +43,6 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 SYNCHRONOUS_AFTER_REFUSAL_SECONDS = 60.0
 
 
-# Alike in shape to WatcherSettings (duplicate finders pair them): field declarations, each service its own.
 @dataclass
 class PlannerSettings(ServiceSettings):
     batch: int = 64
@@ -92,18 +90,14 @@ class Planner:
     async def handle(self, msg: Msg) -> None:
         started = time.perf_counter()
         seq = msg.metadata.sequence.stream
-        try:
-            # Before anything reads the bytes: an event the watcher did not sign is not planned at all.
-            self.trusted_events.verify(msg.subject, msg.data, msg.headers)
-        except signing.SignatureError as exc:
-            await self._dead_letter(msg, str(exc), reason=exc.reason)
-            await msg.term()
-            return
-        try:
-            event = decode_event(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await self._dead_letter(msg, str(exc), reason="undecodable")
-            await msg.term()
+        # Before anything reads the bytes: an event the watcher did not sign is not planned at all.
+        event = await intake.admit(
+            msg,
+            keyring=self.trusted_events,
+            decode=decode_event,
+            reject=lambda reason, error: self._dead_letter(msg, error, reason=reason),
+        )
+        if event is None:
             return
         result = plan(event, source_seq=seq)
         self.stats.events += 1

@@ -1,8 +1,15 @@
 """JetStream plumbing shared by the services: connecting with credentials, setting the bus up, binding to it.
 
 Every connection is authenticated: a service presents its own NATS identity (an nkey seed file, or a JWT
-``.creds`` file) and, where the server asks for it, TLS. Its replies come to an inbox prefix derived from
-its public key (:func:`inbox_prefix`), which the server lets only that identity subscribe to.
+``.creds`` file) and, where the server asks for it, TLS. Its replies come to an inbox prefix the server lets
+only that identity subscribe to: named after the identity for a service, which says which identity it is
+(:func:`identity_inbox_prefix`), else after its public key (:func:`inbox_prefix`).
+
+Why a service's inbox is named after its identity and not its key: the credentials file is read again at
+every (re)connect, and a connection whose file changed reconnects with the new key by itself
+(:func:`connect`), so that a seed rotates without a restart. A connection keeps its inbox prefix for its
+whole life, and every subscription is made again on a reconnect; an inbox named after the old key would be
+refused once the old key is gone, while the identity's name outlives every key it has.
 
 Streams, durable consumers and KV buckets are made in one place, :func:`setup_bus`, run with the admin
 identity at set-up (``tjpipe bus-setup``, ``tjpipe up``, the test fixtures, the deployment's set-up Job).
@@ -119,17 +126,91 @@ def public_key_of_credentials(path: str | Path) -> str:
 
 
 def inbox_prefix(public_key: str) -> str:
-    """The inbox prefix of one identity; the server lets only that identity subscribe below it."""
+    """The inbox prefix of one key; the server lets only that key subscribe below it."""
     return f"_INBOX_{public_key}"
 
 
-async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: TlsFiles | None = None) -> NATS:
+def identity_inbox_prefix(identity: str) -> str:
+    """The inbox prefix of one identity whatever its key; the server lets only its keys subscribe below it."""
+    return f"_INBOX_{identity}"
+
+
+CREDENTIALS_CHECK_SECONDS = 5.0
+"""How often a connection looks whether its credentials file now holds another key."""
+
+
+def _seed_signer(nc: NATS, path: str) -> Callable[[str], bytes]:
+    """Sign the server's nonce with the seed the file holds now, and present that seed's public key.
+
+    nats.py reads a seed file again for every signature but keeps the public key it read at the first
+    connect, so after a rotation it would present the old key with a signature of the new one and be
+    refused. This reads the file once per CONNECT and sets both; the client computes the signature before
+    it reads the key it presents (``Client._connect_command``), so the two always come from one read.
+    """
+    import base64
+
+    import nkeys
+
+    def sign(nonce: str) -> bytes:
+        try:
+            pair = nkeys.from_seed(bytearray(_seed_in(Path(path).read_text()).encode()))
+        except Exception as exc:  # unreadable, half written, not a seed: the client's reconnect loop retries
+            raise nats.errors.Error(f"cannot read the NATS seed in {path} ({type(exc).__name__})") from None
+        try:
+            nc._public_nkey = pair.public_key.decode()
+            return base64.b64encode(pair.sign(nonce.encode()))
+        finally:
+            pair.wipe()
+
+    return sign
+
+
+async def _follow_credentials(nc: NATS, path: str, *, interval: float) -> None:
+    """Reconnect as soon as the credentials file holds another key than the one this connection presented.
+
+    A rotation swaps the file (``tjpipe nats-credentials rotate swap``, or a Kubernetes Secret update) while
+    the server trusts both keys; the reconnect makes the connection present the new one before the old key
+    is removed, so nothing is refused. Publishes wait in the client's buffer meanwhile, and the streams keep
+    every message a consumer has not acknowledged, as across any reconnect. A file that cannot be read or
+    holds no valid seed (half written) is looked at again next time.
+    """
+    presented = public_key_of_credentials(path)
+    while not nc.is_closed:
+        await asyncio.sleep(interval)
+        try:
+            now = public_key_of_credentials(path)
+        except CredentialsError as exc:
+            log.warning("nats: %s; keeping the current connection", exc)
+            continue
+        if nc._public_nkey is not None:
+            presented = nc._public_nkey
+        if now != presented and nc.is_connected:
+            log.info("nats: the credentials in %s now hold key %s; reconnecting with it", path, now)
+            presented = now
+            await nc.force_reconnect()
+
+
+async def connect(
+    url: str,
+    *,
+    name: str,
+    creds: str | Path | None = None,
+    tls: TlsFiles | None = None,
+    identity: str | None = None,
+    credentials_check_seconds: float = CREDENTIALS_CHECK_SECONDS,
+) -> NATS:
     """Connect as the identity in ``creds`` (an nkey seed file or a JWT ``.creds`` file), over TLS if given.
+
+    ``identity`` names it (a service's stage, ``reader``); its replies then come to the identity's inbox,
+    which survives a key rotation. Without, they come to the key's inbox: enough for a command that ends.
+
+    The file is read again at every reconnect, and looked at every ``credentials_check_seconds``: when it
+    holds another key, the connection reconnects with it (see :func:`_follow_credentials`).
 
     Without ``creds`` the connection is anonymous, which a server configured by this project refuses.
     A refusal of the credentials on the first connection raises :class:`NotAuthorized` at once instead of
-    retrying forever: wrong credentials do not fix themselves. Later (after a server restart) the client
-    keeps trying, so a rotation that reloads the server and then the services heals by itself.
+    retrying forever: wrong credentials do not fix themselves. Later (after a server restart, or a new key
+    the server does not trust yet) the client keeps trying.
     """
     connected = False
     refused: list[str] = []
@@ -149,14 +230,21 @@ async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: 
     async def on_reconnect() -> None:
         log.info("nats: reconnected")
 
+    following: list[asyncio.Task[None]] = []
+
+    async def on_closed() -> None:
+        for task in following:
+            task.cancel()
+
     options: dict[str, object] = {}
-    if creds:
-        path = str(creds)
-        options["inbox_prefix"] = inbox_prefix(public_key_of_credentials(path))
-        if "BEGIN NATS USER JWT" in Path(path).read_text():
-            options["user_credentials"] = path
-        else:
-            options["nkeys_seed"] = path
+    path = str(creds) if creds else None
+    jwt = False
+    if path is not None:
+        key = public_key_of_credentials(path)
+        options["inbox_prefix"] = identity_inbox_prefix(identity) if identity else inbox_prefix(key)
+        jwt = "BEGIN NATS USER JWT" in Path(path).read_text()
+        # nats.py reads a .creds file whole at every connect; a bare seed gets _seed_signer below.
+        options["user_credentials" if jwt else "nkeys_seed"] = path
     if tls is not None:
         options["tls"] = tls.context()
     nc = await nats.connect(
@@ -167,10 +255,15 @@ async def connect(url: str, *, name: str, creds: str | Path | None = None, tls: 
         error_cb=on_error,
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
+        closed_cb=on_closed,
         **options,
     )
     connected = True
     _REFUSALS[nc] = refused
+    if path is not None:
+        if not jwt:
+            nc._signature_cb = _seed_signer(nc, path)
+        following.append(asyncio.create_task(_follow_credentials(nc, path, interval=credentials_check_seconds)))
     return nc
 
 

@@ -416,7 +416,7 @@ class KubeClient:
         log.info("Kubernetes credentials %s (%d so far)", why, self.credential_reloads)
         return True
 
-    # Test doubles and bench override this; their signatures repeat it (duplicate finders pair them).
+    # Every call to the API server goes through here, which is what test doubles and bench override.
     async def request(
         self,
         method: str,

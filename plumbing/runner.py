@@ -196,10 +196,13 @@ async def started(
     close.
     """
     nc: NATS | None = None
-    if isinstance(settings, ServiceSettings):
-        nc = await bus.connect(settings.nats_url, name=name, creds=settings.nats_creds, tls=settings.nats_tls)
-    shared = _SHARED_HEALTH.get()
     stage = name.removeprefix("tjpipe-")
+    if isinstance(settings, ServiceSettings):
+        # A service's stage is its NATS identity's name: its inbox is the identity's, so it outlives a rotation.
+        nc = await bus.connect(
+            settings.nats_url, name=name, creds=settings.nats_creds, tls=settings.nats_tls, identity=stage
+        )
+    shared = _SHARED_HEALTH.get()
     health: Health = (
         shared.stage(stage) if shared is not None else HealthServer(port=settings.metrics_port, service=stage)
     )

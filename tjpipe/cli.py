@@ -2,17 +2,21 @@
 
 Every setting is a flag with an environment variable behind it (NATS_URL, KUBECONFIG, TJPIPE_NAMESPACES,
 TJPIPE_LOG_LEVEL), so the same names work on a command line, in docker-compose and in a Deployment.
+
+This module is the shell: it declares the commands and hands each to the module that does it (a service,
+``tjpipe.stack`` for ``up``, ``tjpipe.demo`` for what the demo prints, ``tjpipe.opscli`` for the operator
+commands, ``tjpipe.nats_connection`` for reaching NATS). Imports sit inside the functions on purpose, here
+and in ``opscli``: parsing, ``--help`` and shell completion load argparse, rich and the settings only, and a
+command loads the NATS or kubernetes client, or a service, when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -21,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tjpipe import settings
+from tjpipe.nats_connection import add_nats_flags
 from tjpipe.settings import SIGNING_STAGES, STAGES, FromEnvironment, SettingsError, env_flag, env_list_flag
 
 if TYPE_CHECKING:
@@ -58,27 +63,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default="",
         help="name of this replica in partition leases; default host-pid",
     )
-
-
-def _nats(parser: argparse.ArgumentParser, *, creds: bool = True) -> None:
-    env_flag(
-        parser, "--nats-url", env="NATS_URL", default="nats://127.0.0.1:4222", help="NATS servers, comma-separated"
-    )
-    if creds:
-        env_flag(
-            parser,
-            "--nats-creds",
-            env="NATS_CREDS",
-            help="this process's NATS identity: an nkey seed file or a JWT .creds file",
-        )
-    env_flag(parser, "--nats-tls-ca", env="NATS_TLS_CA", help="CA file that signed the NATS server")
-    env_flag(parser, "--nats-tls-cert", env="NATS_TLS_CERT", help="client certificate, if the server asks for one")
-    env_flag(parser, "--nats-tls-key", env="NATS_TLS_KEY", help="its private key")
-
-
-def nats_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``plumbing.bus.connect`` keyword arguments the NATS flags name."""
-    return {"creds": args.nats_creds or None, "tls": settings.nats_tls(args)}
 
 
 def _kube(parser: argparse.ArgumentParser) -> None:
@@ -153,20 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     watcher = sub.add_parser("watcher", help="list and watch TrainJobs, runtimes and JobSets; publish events")
     _common(watcher)
-    _nats(watcher)
+    add_nats_flags(watcher)
     _kube(watcher)
     _watcher_options(watcher)
     _signing_key(watcher)
 
     planner = sub.add_parser("planner", help="turn events into per-component apply configurations")
     _common(planner)
-    _nats(planner)
+    add_nats_flags(planner)
     _signing_key(planner)
     _trusted_keys(planner, "event", "watcher")
 
     applier = sub.add_parser("applier", help="server-side apply each planned component")
     _common(applier)
-    _nats(applier)
+    add_nats_flags(applier)
     _kube(applier)
     _applier_options(applier)
     _trusted_keys(applier, "plan", "planner")
@@ -177,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(about half the memory; for a small cluster)",
     )
     _common(controller)
-    _nats(controller, creds=False)
+    add_nats_flags(controller, creds=False)
     for stage in STAGES:
         env_flag(
             controller,
@@ -301,11 +285,24 @@ def build_parser() -> argparse.ArgumentParser:
         "nats-credentials",
         help="make an nkey seed per NATS identity (kept if present) and the server's authorization block",
     )
-    creds.add_argument("--dir", type=Path, required=True, help="folder for <identity>.nk (mode 0700, files 0600)")
+    _nats_credentials_flags(creds, argparse.SUPPRESS)
     creds.add_argument(
-        "--authorization", type=Path, help="write the nats-server authorization block (public keys only) here"
+        "--rotate", action="store_true", help="replace every seed at once (no overlap: restart everything after)"
     )
-    creds.add_argument("--rotate", action="store_true", help="replace every seed with a new one")
+    rotation = creds.add_subparsers(dest="creds_command", metavar="rotate")
+    rotate = rotation.add_parser(
+        "rotate",
+        help="rotate seeds without downtime: begin (trust a second key), swap (use it), finish (drop the old)",
+        description="begin: a new seed per identity (<identity>.nk.next), both keys in the authorization block, "
+        "reload; swap: the new seeds replace the old (services reconnect with them); finish: the old keys leave "
+        "the block, reload. status: where each identity is.",
+    )
+    rotate.add_argument("step", choices=("begin", "swap", "finish", "status"), help="the step to run")
+    _nats_credentials_flags(rotate, argparse.SUPPRESS)
+    rotate.add_argument("--identity", action="append", help="rotate only these identities (repeatable; begin)")
+    rotate.add_argument("--reload", metavar="PID|PIDFILE", help="the nats-server to reload after begin and finish")
+    rotate.add_argument("--monitor", metavar="URL", help="its monitoring URL: reloads confirmed, reconnects awaited")
+    rotate.add_argument("--wait", type=_positive_seconds, default=120.0, help="finish: wait this long for reconnects")
 
     tls = sub.add_parser(
         "nats-tls",
@@ -373,7 +370,7 @@ def _connect_timeout(parser: argparse.ArgumentParser, what: str) -> None:
 
 def _nats_client(parser: argparse.ArgumentParser) -> None:
     """The NATS connection flags of a command that talks to the bus, and how long it waits for NATS."""
-    _nats(parser)
+    add_nats_flags(parser)
     _connect_timeout(parser, "NATS")
 
 
@@ -686,7 +683,8 @@ def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...]
 
 
 async def _bus_setup(args: argparse.Namespace) -> int:
-    from tjpipe.opscli import connect_nats, route_logs
+    from tjpipe.nats_connection import connect_nats
+    from tjpipe.opscli import route_logs
     from tjpipe.plumbing import bus
 
     # Like the operator commands: a refused identity or no NATS within --connect-timeout is one error line,
@@ -702,12 +700,40 @@ async def _bus_setup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nats_credentials_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    """``--dir`` and ``--authorization``, before or after ``rotate STEP`` (a suppressed default keeps either)."""
+    parser.add_argument("--dir", type=Path, default=default, help="folder of <identity>.nk (0700, files 0600)")
+    parser.add_argument(
+        "--authorization", type=Path, default=default, help="write the nats-server authorization block here"
+    )
+
+
 def _nats_credentials(args: argparse.Namespace) -> int:
     from tjpipe import credentials
+    from tjpipe.exits import Failure, UsageError
 
+    if getattr(args, "dir", None) is None:
+        raise UsageError("--dir is required")
+    if getattr(args, "creds_command", None) == "rotate":
+        if not credentials.Credentials(args.dir).exists():
+            raise UsageError(f"{args.dir} does not hold a seed for every identity; run without 'rotate' first")
+        try:
+            credentials.rotation_step(
+                args.step,
+                credentials.Credentials(args.dir),
+                authorization=getattr(args, "authorization", None),
+                reload=args.reload,
+                monitor=args.monitor,
+                identities=args.identity or credentials.IDENTITIES,
+                wait=args.wait,
+                say=lambda line: print(line, flush=True),
+            )
+        except (credentials.RotationError, ValueError, OSError, TimeoutError) as exc:
+            raise Failure(str(exc)) from exc
+        return 0
     creds = credentials.generate_credentials(args.dir, replace=args.rotate)
     console.print(f"NATS identities in {creds.root}: {', '.join(credentials.IDENTITIES)}", markup=False, emoji=False)
-    if args.authorization:
+    if getattr(args, "authorization", None):
         credentials.write_authorization(creds, args.authorization)
         console.print(f"authorization block (public keys only): {args.authorization}", markup=False, emoji=False)
     return 0
@@ -717,6 +743,7 @@ def _nats_credentials(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from tjpipe.demo import follow_stack
     from tjpipe.exits import Failure, UsageError
     from tjpipe.local.toolchain import ToolchainMissing
     from tjpipe.stack import Stack, StatePaths, choose_backends
@@ -762,7 +789,7 @@ def _up(args: argparse.Namespace) -> int:
             stack.history_url = ""
             return 0
         console.print("[green]stack running[/]; press [bold]Ctrl-C[/] to stop everything")
-        asyncio.run(_follow(stack, demo, more_demos))
+        asyncio.run(follow_stack(stack, demo, more_demos, console=console, sigterm_handler=_interrupt))
     except ToolchainMissing as exc:
         _plain(str(exc), style="red")
         return 2
@@ -862,7 +889,7 @@ def _down(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     """Results go to stdout as plain text: key ids and paths are data, not markup."""
     from tjpipe.exits import Failure
-    from tjpipe.local.signing_keys import KeyFolder
+    from tjpipe.keys.signing import KeyFolder
     from tjpipe.plumbing.signing import KeyMaterialError
 
     sub: str = args.keys_command
@@ -897,133 +924,9 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _follow(stack: Any, demo: tuple[str, str] | None, more_demos: list[tuple[str, str]] | None = None) -> None:
-    """Print every apply result as it happens, the demo JobSet's shape once it exists, and on a simulated
-    cluster the demo TrainJob's status until it finished, then its deletion and clean-up (``tjpipe.demo``)."""
-    import logging
-
-    import msgspec
-
-    from tjpipe.contracts import streams, subjects
-    from tjpipe.contracts.messages import decode_result
-    from tjpipe.plumbing import bus
-
-    logging.getLogger("tjpipe.plumbing.bus").setLevel(logging.ERROR)
-    # Read-only: the results are polled with direct gets, as the reader identity.
-    nc = await bus.connect(stack.nats_url, name="tjpipe-up", **stack.nats_connect_options("reader"))
-    js = nc.jetstream()
-    shown = False
-    next_seq = 1
-    watches = []
-    if demo and getattr(stack, "simulation", None) is not None:
-        from tjpipe.demo import DemoWatch
-
-        watches = [DemoWatch(stack.kubeconfig, *d, say=_say) for d in (demo, *(more_demos or []))]
-    # Ctrl-C and SIGTERM set an event the loop checks, rather than cancelling this task: on Python 3.11 a
-    # cancellation that lands while asyncio.wait_for's inner future completes is lost (fixed in 3.12), and
-    # a lost one left `tjpipe up` running after Ctrl-C under load.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        while not stop.is_set():
-            if watches and any(watch.state != "done" for watch in watches):
-                for watch in watches:
-                    await asyncio.to_thread(watch.poll)
-                if all(watch.state == "done" for watch in watches):
-                    console.print(
-                        "[bold green]demo finished[/]: the TrainJobs ran to Complete and the garbage collector removed "
-                        "everything they owned; the stack keeps running, Ctrl-C stops it"
-                    )
-            for process in stack.services:
-                if not process.is_running():
-                    console.print(f"[red]{process.name} exited[/]; last log lines:")
-                    _plain(process.log_tail())
-                    return
-            try:
-                stored = await bus.read_stream(
-                    js, streams.RESULTS.name, f"{subjects.RESULTS_PREFIX}.>", start_seq=next_seq
-                )
-            except Exception:
-                stored = []
-            if not stored:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=0.5)
-                continue
-            next_seq = stored[-1].seq + 1
-            for msg in stored:
-                try:
-                    result = decode_result(msg.data)
-                except msgspec.DecodeError:
-                    continue
-                colour = {"created": "green", "configured": "cyan", "unchanged": "dim", "failed": "red"}.get(
-                    result.action, "yellow"
-                )
-                console.print(
-                    f"[{colour}]{escape(f'{result.action:>10}')}[/] {escape(str(result.target))}  "
-                    f"({result.attempts} attempt{'s' if result.attempts != 1 else ''}, {result.duration_ms:.0f} ms)"
-                    + (f" — {escape(result.reason)}" if result.reason else ""),
-                    emoji=False,
-                )
-                if demo and not shown and result.component == "jobset" and result.action in ("created", "configured"):
-                    shown = True
-                    _show_jobset(stack, *demo)
-        console.print("\nstopping…")
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-        signal.signal(signal.SIGTERM, _interrupt)
-        for watch in watches:
-            watch.close()
-        await nc.close()
-
-
 def _say(line: str) -> None:
     """Markup written by ``tjpipe up`` itself, its data escaped by the caller; no emoji codes in cluster text."""
     console.print(line, emoji=False)
-
-
-def _show_jobset(stack: Any, namespace: str, name: str) -> None:
-    from kubernetes import dynamic
-
-    from tjpipe.local.kubeapi import new_api_client
-
-    client = dynamic.DynamicClient(new_api_client(stack.kubeconfig))  # type: ignore[no-untyped-call]
-    jobsets = client.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
-    js = jobsets.get(namespace=namespace, name=name).to_dict()
-    owner = js["metadata"]["ownerReferences"][0]
-    managers = sorted({f"{m['manager']}/{m['operation']}" for m in js["metadata"].get("managedFields", [])})
-    # Everything below but the bold names is cluster data (a container command may hold "[i]"): no markup.
-    console.print(
-        f"[bold]JobSet {escape(namespace)}/{escape(name)}[/]  "
-        + escape(
-            f"suspend={js['spec'].get('suspend', False)}  "
-            f"owner={owner['kind']}/{owner['name']} (controller={owner.get('controller')})  "
-            f"managers={', '.join(managers)}"
-        ),
-        emoji=False,
-    )
-    for rj in js["spec"]["replicatedJobs"]:
-        jspec = rj["template"]["spec"]
-        console.print(
-            f"  replicatedJob [bold]{escape(rj['name'])}[/]: replicas={rj.get('replicas', 1)} "
-            f"parallelism={jspec.get('parallelism', 1)} completions={jspec.get('completions', 1)}",
-            emoji=False,
-        )
-        for c in jspec["template"]["spec"]["containers"]:
-            _plain(f"    container {c['name']}  image={c.get('image', '')}")
-            _plain(f"      command: {' '.join(c.get('command', []) + c.get('args', []))}")
-            for kind, values in (c.get("resources") or {}).items():
-                _plain(f"      {kind}: " + " ".join(f"{k}={v}" for k, v in values.items()))
-            env = " ".join(
-                f"{e['name']}={e.get('value', '<from ' + next(iter(e.get('valueFrom', {})), '?') + '>')}"
-                for e in c.get("env", [])
-            )
-            _plain(f"      env: {env}")
-            ports = ", ".join(str(p["containerPort"]) for p in c.get("ports", []))
-            _plain(f"      ports: {ports}")
-    console.print(f"[green]JobSet applied at {time.strftime('%H:%M:%S')}[/]; watching for further changes…")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,16 @@ server accepts a consumer *name* in the body of an ephemeral create request and 
 consumer of that name, so the right to create an ephemeral consumer is the right to re-point a service's
 durable (tested). Reading history and listing lease holders therefore use batched direct gets
 (``$JS.API.DIRECT.GET.<stream>``), which can only read. Each identity's replies come to its own inbox prefix,
-derived from its public key (:func:`inbox_prefix`), and only it may subscribe there, so no identity can
-read another's replies or pulled messages.
+named after the identity (a service, which says which it is) or after its public key (a one-off command),
+and only its keys may subscribe there, so no identity can read another's replies or pulled messages.
+
+Why rotation has an overlap window of two keys per identity: the server's ``users`` list may hold several
+nkeys with the same permissions, and a reload (SIGHUP) adds and removes users without touching the
+connections of the keys that stay; it closes only those of a removed key. So a rotation is three steps, each
+safe on its own: trust a new key next to the old one (``begin``), put the new seed where the services read
+it (``swap``; they reconnect with it, ``plumbing.bus.connect``), and drop the old key (``finish``). The
+folder holds the state in between: ``<identity>.nk.next``, the new seed not yet in use, and
+``<identity>.nk.retiring``, the public key (only) of the seed the swap replaced.
 
 The seeds are written with mode 0600 in a 0700 folder and never logged.
 """
@@ -26,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +42,7 @@ import nkeys
 
 from tjpipe.contracts import streams, subjects
 from tjpipe.contracts.subjects import PARTITIONS
-from tjpipe.plumbing.bus import LEASE_BUCKET, inbox_prefix
+from tjpipe.plumbing.bus import LEASE_BUCKET, identity_inbox_prefix, inbox_prefix
 from tjpipe.private_files import write_private_file
 
 ADMIN = "admin"
@@ -48,6 +56,10 @@ SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER}
 """``tjpipe`` service command → the identity it runs as."""
 
 SEED_SUFFIX = ".nk"
+NEXT_SUFFIX = ".nk.next"
+"""A rotation's new seed, trusted by the server but not used yet."""
+RETIRING_SUFFIX = ".nk.retiring"
+"""The public key of the seed a rotation replaced, trusted until the rotation is finished."""
 
 _API = "$JS.API"
 _RECORD_STREAMS = tuple(spec.name for spec in streams.RECORD_STREAMS)
@@ -183,6 +195,28 @@ class Credentials:
     def exists(self) -> bool:
         return all(self.seed_file(identity).is_file() for identity in IDENTITIES)
 
+    def next_seed_file(self, identity: str) -> Path:
+        return self.seed_file(identity).with_name(f"{identity}{NEXT_SUFFIX}")
+
+    def retiring_file(self, identity: str) -> Path:
+        return self.seed_file(identity).with_name(f"{identity}{RETIRING_SUFFIX}")
+
+    def rotation_phase(self, identity: str) -> str:
+        """``begun`` (a new seed waits to be swapped in), ``swapped`` (the old key is still trusted) or ``""``."""
+        if self.next_seed_file(identity).is_file():
+            return "begun"
+        return "swapped" if self.retiring_file(identity).is_file() else ""
+
+    def trusted_keys(self, identity: str) -> tuple[str, ...]:
+        """Every public key the server is to accept for ``identity``: the seed in use, and during a rotation
+        the new seed or the replaced one."""
+        keys = [self.public_key(identity)]
+        if self.next_seed_file(identity).is_file():
+            keys.append(public_key_of(self.next_seed_file(identity).read_bytes()))
+        if self.retiring_file(identity).is_file():
+            keys.append(self.retiring_file(identity).read_text().strip())
+        return tuple(dict.fromkeys(keys))
+
 
 def new_user_seed() -> bytes:
     """A fresh user nkey seed (``SU…``): 32 random bytes, nkey-encoded."""
@@ -215,34 +249,38 @@ def _quoted(values: Iterable[str]) -> str:
     return "[" + ", ".join(json.dumps(v) for v in values) + "]"
 
 
-def authorization_block(public_keys: Mapping[str, str], *, indent: str = "") -> str:
-    """The server's ``authorization`` block: every identity's public key and permissions, nothing else.
+def authorization_block(public_keys: Mapping[str, str | Sequence[str]], *, indent: str = "") -> str:
+    """The server's ``authorization`` block: every identity's public keys and permissions, nothing else.
 
-    Every user may subscribe to its own inbox prefix only; ``admin`` may do anything.
+    An identity with several keys (a rotation under way) gets one user per key, with the same permissions.
+    Every user may subscribe to its identity's inbox prefix and its own key's only; ``admin`` may do anything.
     """
     table = permissions()
     lines = [f"{indent}authorization {{", f"{indent}  users = ["]
     for identity in IDENTITIES:
-        key = public_keys[identity]
+        given = public_keys[identity]
+        keys = (given,) if isinstance(given, str) else tuple(given)
         rules = table[identity]
-        lines.append(f"{indent}    # {identity}")
-        if rules is None:
-            lines.append(f"{indent}    {{nkey: {json.dumps(key)}}}")
-            continue
-        inbox = f"{inbox_prefix(key)}.>"
-        publish = f"{{allow: {_quoted(rules.publish)}"
-        publish += f", deny: {_quoted(rules.publish_deny)}}}" if rules.publish_deny else "}"
-        subscribe = f"{{allow: {_quoted((inbox, *rules.subscribe))}"
-        subscribe += f", deny: {_quoted(rules.subscribe_deny)}}}" if rules.subscribe_deny else "}"
-        lines.append(
-            f"{indent}    {{nkey: {json.dumps(key)}, permissions: {{publish: {publish}, subscribe: {subscribe}}}}}"
-        )
+        lines.append(f"{indent}    # {identity}" + (f" ({len(keys)} keys: a rotation)" if len(keys) > 1 else ""))
+        for key in keys:
+            if rules is None:
+                lines.append(f"{indent}    {{nkey: {json.dumps(key)}}}")
+                continue
+            inboxes = (f"{identity_inbox_prefix(identity)}.>", f"{inbox_prefix(key)}.>")
+            publish = f"{{allow: {_quoted(rules.publish)}"
+            publish += f", deny: {_quoted(rules.publish_deny)}}}" if rules.publish_deny else "}"
+            subscribe = f"{{allow: {_quoted((*inboxes, *rules.subscribe))}"
+            subscribe += f", deny: {_quoted(rules.subscribe_deny)}}}" if rules.subscribe_deny else "}"
+            lines.append(
+                f"{indent}    {{nkey: {json.dumps(key)}, permissions: {{publish: {publish}, subscribe: {subscribe}}}}}"
+            )
     lines += [f"{indent}  ]", f"{indent}}}"]
     return "\n".join(lines) + "\n"
 
 
 def server_authorization(creds: Credentials) -> str:
-    return authorization_block(creds.public_keys())
+    """The block for the seeds in ``creds``, with both keys of an identity whose rotation is under way."""
+    return authorization_block({identity: creds.trusted_keys(identity) for identity in IDENTITIES})
 
 
 def write_authorization(creds: Credentials, path: Path) -> Path:
@@ -252,6 +290,159 @@ def write_authorization(creds: Credentials, path: Path) -> Path:
     with contextlib.suppress(OSError):
         os.chmod(path, 0o644)
     return path
+
+
+# ---------------------------------------------------------------------------------------------- rotation
+
+
+class RotationError(ValueError):
+    """A rotation step asked for out of order (begun twice, swapped before begun, finished before swapped)."""
+
+
+def begin_rotation(creds: Credentials, identities: Iterable[str] = IDENTITIES) -> dict[str, str]:
+    """Make a new seed for each of ``identities`` next to the one in use; return identity → its public key.
+
+    The server must trust the new keys (write the authorization block, reload) before :func:`swap_seeds`.
+    """
+    chosen = list(dict.fromkeys(identities))
+    busy = [f"{identity} ({creds.rotation_phase(identity)})" for identity in chosen if creds.rotation_phase(identity)]
+    if busy:
+        raise RotationError(f"a rotation is under way for {', '.join(busy)}; finish it first")
+    new: dict[str, str] = {}
+    for identity in chosen:
+        seed = new_user_seed()
+        write_private_file(creds.next_seed_file(identity), seed + b"\n")
+        new[identity] = public_key_of(seed)
+    return new
+
+
+def swap_seeds(creds: Credentials) -> dict[str, tuple[str, str]]:
+    """Put every begun rotation's new seed in place of the one in use; return identity → (old key, new key).
+
+    The old public key is kept (``<identity>.nk.retiring``) so that the server trusts it until
+    :func:`finish_rotation`. The rename is atomic: a service reading the file sees one seed or the other.
+    """
+    begun = _not_swapped(creds)
+    if not begun:
+        raise RotationError("no new seed to swap in; run 'rotate begin' first")
+    swapped: dict[str, tuple[str, str]] = {}
+    for identity in begun:
+        old = creds.public_key(identity)
+        retiring = creds.retiring_file(identity)
+        retiring.write_text(old + "\n")
+        os.chmod(retiring, 0o644)
+        os.replace(creds.next_seed_file(identity), creds.seed_file(identity))
+        swapped[identity] = (old, creds.public_key(identity))
+    return swapped
+
+
+def finish_rotation(creds: Credentials) -> dict[str, str]:
+    """Stop trusting every swapped-out key; return identity → the key retired.
+
+    Refused while a new seed has not been swapped in: its identity's services still use the old key.
+    """
+    begun = _not_swapped(creds)
+    if begun:
+        raise RotationError(f"the new seeds of {', '.join(begun)} are not in use yet; run 'rotate swap' first")
+    retired: dict[str, str] = {}
+    for identity in IDENTITIES:
+        if creds.rotation_phase(identity) == "swapped":
+            retired[identity] = creds.retiring_file(identity).read_text().strip()
+            creds.retiring_file(identity).unlink()
+    if not retired:
+        raise RotationError("no rotation to finish")
+    return retired
+
+
+ROTATION_STEPS = ("begin", "swap", "finish", "status")
+
+
+def rotation_step(
+    step: str,
+    creds: Credentials,
+    *,
+    authorization: Path | None,
+    reload: str | None = None,
+    monitor: str | None = None,
+    identities: Iterable[str] = IDENTITIES,
+    wait: float = 120.0,
+    say: Callable[[str], None] = print,
+) -> None:
+    """One step of ``tjpipe nats-credentials rotate``; what it did goes to ``say`` (public keys, paths).
+
+    ``begin`` and ``finish`` change what the server trusts, so they write the ``authorization`` block and,
+    with ``reload`` (the server's pid or pid file), have the server read it (waiting for ``/varz`` to show it
+    with ``monitor``). ``finish`` with ``monitor`` first waits up to ``wait`` seconds until no connection
+    logs in with a key it retires, and refuses if one still does.
+    """
+    from tjpipe import nats_server
+
+    def publish_authorization() -> None:
+        if authorization is None:
+            say("no --authorization given: write the block and reload the server before the next step")
+            return
+        write_authorization(creds, authorization)
+        say(f"authorization block (public keys only): {authorization}")
+        if reload is not None:
+            nats_server.reload_config(reload, monitor_url=monitor)
+            say(f"nats-server {reload} reloaded its configuration" + ("" if monitor else " (signalled)"))
+
+    if step == "status":
+        for identity in IDENTITIES:
+            phase = creds.rotation_phase(identity) or "no rotation"
+            say(f"{identity}: {phase}; trusted keys {', '.join(creds.trusted_keys(identity))}")
+        return
+    if step == "begin":
+        for identity, key in begin_rotation(creds, identities).items():
+            say(f"{identity}: new key {key} in {creds.next_seed_file(identity)}, trusted next to the old one")
+        publish_authorization()
+        say("next, once the server trusts the new keys: rotate swap")
+        return
+    if step == "swap":
+        for identity, (old, new) in swap_seeds(creds).items():
+            say(f"{identity}: {creds.seed_file(identity)} now holds {new} (was {old})")
+        say("services reconnect with the new seeds within seconds of seeing them; then: rotate finish")
+        return
+    if step != "finish":
+        raise RotationError(f"unknown rotation step {step!r}; one of {', '.join(ROTATION_STEPS)}")
+    if monitor is not None and not _not_swapped(creds):
+        _until_no_connection_uses(creds, monitor, wait=wait, say=say)
+    for identity, key in finish_rotation(creds).items():
+        say(f"{identity}: key {key} no longer trusted")
+    publish_authorization()
+
+
+def retiring_keys(creds: Credentials) -> dict[str, str]:
+    """Public key → identity, for every swapped-out key the server still trusts."""
+    return {
+        creds.retiring_file(identity).read_text().strip(): identity
+        for identity in IDENTITIES
+        if creds.rotation_phase(identity) == "swapped"
+    }
+
+
+def _not_swapped(creds: Credentials) -> list[str]:
+    return [identity for identity in IDENTITIES if creds.rotation_phase(identity) == "begun"]
+
+
+def _until_no_connection_uses(creds: Credentials, monitor: str, *, wait: float, say: Callable[[str], None]) -> None:
+    import time
+
+    from tjpipe.nats_server import connections_by_key
+
+    old = retiring_keys(creds)
+    deadline = time.monotonic() + wait
+    while True:
+        still = {key: names for key, names in connections_by_key(monitor).items() if key in old}
+        if not still:
+            return
+        if time.monotonic() > deadline:
+            users = "; ".join(f"{old[key]} ({len(names)}: {', '.join(names[:5])})" for key, names in still.items())
+            raise RotationError(
+                f"connections still log in with keys this step would drop after {wait:.0f}s: {users}. "
+                "Do their processes read the new seed file? Run again once they do."
+            )
+        time.sleep(0.5)
 
 
 # --------------------------------------------------------------------------------------------------- TLS
@@ -274,7 +465,7 @@ def write_self_signed_tls(root: Path, hosts: Iterable[str], *, days: int = 825) 
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
-    from tjpipe.local.pki import private_key_pem, self_signed_ca, serving_certificate
+    from tjpipe.keys.pki import private_key_pem, self_signed_ca, serving_certificate
 
     names: list[x509.GeneralName] = []
     for host in hosts:

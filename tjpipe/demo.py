@@ -1,4 +1,5 @@
-"""What ``tjpipe up --demo`` shows after the demo TrainJob is created: its life, then its clean-up.
+"""What ``tjpipe up`` and ``tjpipe demo`` print while the demo runs: the apply results, the JobSet the demo
+TrainJob got, the TrainJob's life, then its clean-up. The CLI only hands its console here.
 
 Why a poller and not a watch: the demo prints a line only when something a user cares about changed (a
 condition, jobsStatus, the pods' phases), and a fresh GET every half second is simpler to reason about than
@@ -9,16 +10,29 @@ owned (JobSet, ConfigMaps, Secrets) and what they owned in turn (Jobs, Pods).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import msgspec
+from kubernetes import dynamic
 from kubernetes.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from rich.markup import escape
 
+from tjpipe.contracts import streams, subjects
+from tjpipe.contracts.messages import decode_result
 from tjpipe.local.kubeapi import new_api_client, wait_for_api
+from tjpipe.plumbing import bus
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _GROUP, _VERSION = "trainer.kubeflow.org", "v1alpha1"
 _JOBSET_GROUP, _JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
@@ -241,3 +255,129 @@ def follow(kubeconfig: Path, trainjobs: list[tuple[str, str]], *, say: Callable[
         for watch in watches:
             watch.close()
     return True
+
+
+async def follow_stack(
+    stack: Any,
+    demo: tuple[str, str] | None,
+    more_demos: list[tuple[str, str]] | None = None,
+    *,
+    console: Console,
+    sigterm_handler: Callable[[int, Any], None],
+) -> None:
+    """Print every apply result as it happens, the demo JobSet's shape once it exists, and on a simulated
+    cluster the demo TrainJob's status until it finished, then its deletion and clean-up (``DemoWatch``).
+
+    Until it returns, SIGINT and SIGTERM end the loop; then SIGTERM goes back to ``sigterm_handler``.
+    """
+    say = functools.partial(console.print, emoji=False)
+    logging.getLogger("tjpipe.plumbing.bus").setLevel(logging.ERROR)
+    # Read-only: the results are polled with direct gets, as the reader identity.
+    nc = await bus.connect(stack.nats_url, name="tjpipe-up", identity="reader", **stack.nats_connect_options("reader"))
+    js = nc.jetstream()
+    shown = False
+    next_seq = 1
+    watches = []
+    if demo and getattr(stack, "simulation", None) is not None:
+        watches = [DemoWatch(stack.kubeconfig, *d, say=say) for d in (demo, *(more_demos or []))]
+    # Ctrl-C and SIGTERM set an event the loop checks, rather than cancelling this task: on Python 3.11 a
+    # cancellation that lands while asyncio.wait_for's inner future completes is lost (fixed in 3.12), and
+    # a lost one left `tjpipe up` running after Ctrl-C under load.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        while not stop.is_set():
+            if watches and any(watch.state != "done" for watch in watches):
+                for watch in watches:
+                    await asyncio.to_thread(watch.poll)
+                if all(watch.state == "done" for watch in watches):
+                    console.print(
+                        "[bold green]demo finished[/]: the TrainJobs ran to Complete and the garbage collector removed "
+                        "everything they owned; the stack keeps running, Ctrl-C stops it"
+                    )
+            for process in stack.services:
+                if not process.is_running():
+                    console.print(f"[red]{process.name} exited[/]; last log lines:")
+                    console.print(process.log_tail(), markup=False, emoji=False)
+                    return
+            try:
+                stored = await bus.read_stream(
+                    js, streams.RESULTS.name, f"{subjects.RESULTS_PREFIX}.>", start_seq=next_seq
+                )
+            except Exception:
+                stored = []
+            if not stored:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=0.5)
+                continue
+            next_seq = stored[-1].seq + 1
+            for msg in stored:
+                try:
+                    result = decode_result(msg.data)
+                except msgspec.DecodeError:
+                    continue
+                colour = {"created": "green", "configured": "cyan", "unchanged": "dim", "failed": "red"}.get(
+                    result.action, "yellow"
+                )
+                console.print(
+                    f"[{colour}]{escape(f'{result.action:>10}')}[/] {escape(str(result.target))}  "
+                    f"({result.attempts} attempt{'s' if result.attempts != 1 else ''}, {result.duration_ms:.0f} ms)"
+                    + (f" — {escape(result.reason)}" if result.reason else ""),
+                    emoji=False,
+                )
+                if demo and not shown and result.component == "jobset" and result.action in ("created", "configured"):
+                    shown = True
+                    show_jobset(stack.kubeconfig, *demo, console=console)
+        console.print("\nstopping…")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        signal.signal(signal.SIGTERM, sigterm_handler)
+        for watch in watches:
+            watch.close()
+        await nc.close()
+
+
+def show_jobset(kubeconfig: Path, namespace: str, name: str, *, console: Console) -> None:
+    """The demo JobSet's shape: owner, field managers, and per replicated Job its containers."""
+
+    def plain(text: str) -> None:
+        console.print(text, markup=False, emoji=False)
+
+    client = dynamic.DynamicClient(new_api_client(kubeconfig))  # type: ignore[no-untyped-call]
+    jobsets = client.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
+    js = jobsets.get(namespace=namespace, name=name).to_dict()
+    owner = js["metadata"]["ownerReferences"][0]
+    managers = sorted({f"{m['manager']}/{m['operation']}" for m in js["metadata"].get("managedFields", [])})
+    # Everything below but the bold names is cluster data (a container command may hold "[i]"): no markup.
+    console.print(
+        f"[bold]JobSet {escape(namespace)}/{escape(name)}[/]  "
+        + escape(
+            f"suspend={js['spec'].get('suspend', False)}  "
+            f"owner={owner['kind']}/{owner['name']} (controller={owner.get('controller')})  "
+            f"managers={', '.join(managers)}"
+        ),
+        emoji=False,
+    )
+    for rj in js["spec"]["replicatedJobs"]:
+        jspec = rj["template"]["spec"]
+        console.print(
+            f"  replicatedJob [bold]{escape(rj['name'])}[/]: replicas={rj.get('replicas', 1)} "
+            f"parallelism={jspec.get('parallelism', 1)} completions={jspec.get('completions', 1)}",
+            emoji=False,
+        )
+        for c in jspec["template"]["spec"]["containers"]:
+            plain(f"    container {c['name']}  image={c.get('image', '')}")
+            plain(f"      command: {' '.join(c.get('command', []) + c.get('args', []))}")
+            for kind, values in (c.get("resources") or {}).items():
+                plain(f"      {kind}: " + " ".join(f"{k}={v}" for k, v in values.items()))
+            env = " ".join(
+                f"{e['name']}={e.get('value', '<from ' + next(iter(e.get('valueFrom', {})), '?') + '>')}"
+                for e in c.get("env", [])
+            )
+            plain(f"      env: {env}")
+            ports = ", ".join(str(p["containerPort"]) for p in c.get("ports", []))
+            plain(f"      ports: {ports}")
+    console.print(f"[green]JobSet applied at {time.strftime('%H:%M:%S')}[/]; watching for further changes…")

@@ -249,9 +249,10 @@ class ReplayReport:
 
 
 def _comparable(message: ApplyMessage) -> Obj:
-    """What a plan decided, without what only says when and why it was made."""
+    """What a plan decided, without what only says when, why and in which format it was made (a plan
+    recorded before messages carried ``wire_version`` decided what today's does)."""
     body: Obj = msgspec.to_builtins(message)
-    for volatile in ("trace_id", "source_seq"):
+    for volatile in ("trace_id", "source_seq", "wire_version"):
         body.pop(volatile, None)
     return body
 

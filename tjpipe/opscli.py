@@ -1,4 +1,4 @@
-"""The operator commands' terminal side: argument checks, tables, YAML and JSON, connections, exit codes.
+"""The operator commands' terminal side: argument checks, tables, YAML and JSON, exit codes.
 
 Kept apart from ``tjpipe.ops`` so that the logic is testable without a terminal and the output formats
 can change without touching it.
@@ -21,8 +21,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,7 @@ from rich.text import Text
 
 from tjpipe.contracts.messages import ObjectApply, ObjectKey
 from tjpipe.exits import ExitCode, Failure, Unreachable, UsageError
+from tjpipe.nats_connection import connect_nats
 
 if TYPE_CHECKING:
     from tjpipe.ops import StoredDeadLetter
@@ -177,73 +177,6 @@ def _when(ts: float) -> str:
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, str) else value
     return text if len(text) <= 120 else text[:117] + "..."
-
-
-# ------------------------------------------------------------------------------------------ NATS
-
-
-class _LastError(logging.Handler):
-    """Keeps the newest warning ``plumbing.bus`` logged, to say why a connection did not come up."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.text = ""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.text = record.getMessage().removeprefix("nats: ")
-
-
-@contextmanager
-def _catching_bus_warnings() -> Iterator[_LastError]:
-    logger = logging.getLogger("tjpipe.plumbing.bus")
-    handler = _LastError()
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-
-
-def _check_files(args: argparse.Namespace, *flags: str) -> None:
-    for flag in flags:
-        value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
-        if value and not Path(value).is_file():
-            raise UsageError(f"{flag} {value}: no such file")
-
-
-async def connect_nats(args: argparse.Namespace, command: str) -> Any:
-    """A NATS connection, or ``Unreachable`` once ``--connect-timeout`` has passed without one."""
-    import nats.errors
-
-    from tjpipe.cli import nats_options
-    from tjpipe.plumbing import bus
-
-    _check_files(args, "--nats-creds", "--nats-tls-ca", "--nats-tls-cert", "--nats-tls-key")
-    try:
-        options = nats_options(args)
-        if options.get("tls") is not None:
-            options["tls"].context()  # a bad PEM is a usage error, not an unreachable server
-    except (ValueError, OSError) as exc:
-        raise UsageError(str(exc)) from exc
-    timeout: float = args.connect_timeout
-    with _catching_bus_warnings() as last:
-        try:
-            return await asyncio.wait_for(bus.connect(args.nats_url, name=f"tjpipe-{command}", **options), timeout)
-        except bus.CredentialsError as exc:
-            raise UsageError(f"{exc} (--nats-creds / NATS_CREDS)") from exc
-        except bus.NotAuthorized as exc:
-            raise Failure(f"{exc} (set NATS_CREDS, e.g. from .tjpipe/env)") from exc
-        except TimeoutError:
-            why = last.text or "no answer"
-            raise Unreachable(
-                f"cannot reach NATS at {args.nats_url}: {why} (gave up after {timeout:g} s; --connect-timeout)"
-            ) from None
-        except OSError as exc:
-            raise Unreachable(f"cannot reach NATS at {args.nats_url}: {exc}") from exc
-        except nats.errors.Error as exc:
-            if "url" in str(exc).lower():
-                raise UsageError(f"--nats-url {args.nats_url}: {str(exc).removeprefix('nats: ')}") from exc
-            raise
 
 
 async def _with_bus(command: str, args: argparse.Namespace) -> int:

@@ -195,8 +195,8 @@ def _signing_key_setting(args: argparse.Namespace) -> dict[str, Any]:
     return {"signing_key_setting": setting} if setting else {}
 
 
-# The builders below are keyword lists, alike in shape to each other and to other struct constructions
-# (duplicate finders pair them); each names its own service's fields, the common part is _process/_on_bus.
+# The builders below map each service's flags to its settings, field by field; what the services share
+# is in _process and _on_bus.
 
 
 def watcher(args: argparse.Namespace) -> WatcherSettings:
@@ -228,7 +228,6 @@ def planner(args: argparse.Namespace) -> PlannerSettings:
 def applier(args: argparse.Namespace) -> ApplierSettings:
     from tjpipe.applier.service import ApplierSettings
 
-    # Keyword construction alike in shape to webhook() below (and planner.core's messages): each maps its own fields.
     return ApplierSettings(
         **_on_bus(args),
         **_replica(args),

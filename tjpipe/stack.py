@@ -33,6 +33,7 @@ from tjpipe.credentials import (
     server_authorization,
     write_authorization,
 )
+from tjpipe.keys.signing import KeyFolder
 from tjpipe.local import crds
 from tjpipe.local.cluster import Simulation
 from tjpipe.local.identities import ServiceKubeconfigs, install_identities
@@ -47,10 +48,8 @@ from tjpipe.local.procs import (
     stop_from_pid_files,
     wait_until,
 )
-from tjpipe.local.signing_keys import KeyFolder
 from tjpipe.settings import STAGES
 
-# Plain name constants; duplicate finders pair this block by shape with other constant blocks (tests/jobset).
 SERVICES = STAGES
 DEMO_NAMESPACE = "tjpipe-demo"
 DEMO_TRAINJOB = "mnist"
@@ -68,7 +67,7 @@ CONTROLLER = "controller"
 """``tjpipe controller``: the three services in one process, each stage with its own identity and keys."""
 
 
-# One property per path, alike in shape (duplicate finders pair them): each caller names the path it means.
+# One property per path, so each caller names the path it means.
 @dataclass(frozen=True)
 class StatePaths:
     root: Path
@@ -100,7 +99,7 @@ class StatePaths:
 
     @property
     def keys(self) -> Path:
-        """The stages' signing keys and the keyrings that trust them (``tjpipe.local.signing_keys``)."""
+        """The stages' signing keys and the keyrings that trust them (``tjpipe.keys.signing``)."""
         return self.root / "keys"
 
     @property
@@ -155,7 +154,6 @@ def docker_available() -> bool:
     return True
 
 
-# Alike in shape to other small frozen records (tools/gen_kube_types.Field): a coincidence, nothing to share.
 @dataclass(frozen=True)
 class AdoptedCluster:
     kubeconfig: Path
@@ -531,8 +529,8 @@ class Stack:
     def start_webhook(self) -> ManagedProcess:
         """``tjpipe webhook`` on loopback with a fresh CA, registered on the apiserver (failurePolicy Fail),
         and the SDK's ``kubeflow-trainer-public`` ConfigMap; returns once the apiserver calls the webhook."""
+        from tjpipe.keys.pki import write_serving_pki
         from tjpipe.local import admission_webhook
-        from tjpipe.local.pki import write_serving_pki
 
         cert_dir = self.paths.root / "webhook-tls"
         ca_pem = write_serving_pki(cert_dir, ca_name="tjpipe-webhook-ca", common_name="tjpipe-webhook")

@@ -37,8 +37,8 @@ DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
 # ---------------------------------------------------------------------------------------------- plugin
 
 
-# Opens as every plugin does (name, enabled, then one method per extension point, each first checking its
-# policy): the framework's shape, which duplicate finders pair across plugins.
+# Laid out as every plugin is: name, enabled, then one method per extension point, each first checking
+# its policy.
 class CoScheduling:
     name = "coscheduling"
 

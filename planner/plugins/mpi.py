@@ -109,8 +109,8 @@ def resolve_slots(info: RuntimeInfo, job: TrainJob, mpi: MPIMLPolicySource) -> i
     return runtime_value
 
 
-# Opens as every plugin does (name, enabled, then one method per extension point, each first checking its
-# policy): the framework's shape, which duplicate finders pair across plugins.
+# Laid out as every plugin is: name, enabled, then one method per extension point, each first checking
+# its policy.
 class MPI:
     name = "mpi"
 

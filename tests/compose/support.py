@@ -8,25 +8,70 @@ bounded and every call has a timeout: an engine that hangs must fail a test, not
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import secrets
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from faults.support import WriteCounts, read_write_counts
+from nats.aio.client import Client as NATS
 
 from tjpipe.local.kubeapi import LocalKube
 from tjpipe.local.procs import free_port
+from tjpipe.plumbing import bus
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
 ENGINE_TIMEOUT = 10.0
+PIPELINE_WRITES = (
+    ("jobsets", ""),
+    ("configmaps", ""),
+    ("secrets", ""),
+    ("trainjobs", ""),
+    ("trainjobs", "status"),
+    ("podgroups", ""),
+)
+"""What the applier writes; the simulated cluster's own writes (pods, jobs, nodes, leases, JobSet status)
+go on while the pipeline is idle and are not counted."""
+
+
+def pipeline_writes(counts: WriteCounts) -> int:
+    return sum(counts.writes(resource, sub) for resource, sub in PIPELINE_WRITES)
+
+
+def settled_writes(kube: LocalKube, *, rounds: int = 30) -> WriteCounts:
+    """The API server's write counts once 3 s pass without a pipeline write (the last status writes of
+    finished work are done); the pipeline still writing after ``rounds`` such tries fails."""
+    before = read_write_counts(kube)
+    for _ in range(rounds):
+        time.sleep(3)
+        now = read_write_counts(kube)
+        if pipeline_writes(now - before) == 0:
+            return now
+        before = now
+    raise AssertionError(f"the pipeline kept writing for {rounds * 3} s with nothing to do")
+
+
+def build_images(say: Callable[[str], None]) -> None:
+    """Every image the compose file names, with the project's offline builder (tools/compose_images.py);
+    cached, so a warm run takes seconds."""
+    spec = importlib.util.spec_from_file_location("compose_images", REPO / "tools" / "compose_images.py")
+    assert spec is not None and spec.loader is not None
+    compose_images = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = compose_images  # its dataclasses look their module up there
+    spec.loader.exec_module(compose_images)
+    started = time.monotonic()
+    assert compose_images.main([]) == 0
+    say(f"images ready in {time.monotonic() - started:.0f}s")
 
 
 def engine_problem() -> str | None:
@@ -68,6 +113,8 @@ class Project:
     kube_port: int = field(default_factory=free_port)
     nats_port: int = field(default_factory=free_port)
     history_port: int = field(default_factory=free_port)
+    overrides: list[Path] = field(default_factory=list)
+    """Compose files read after the main one (``-f``), e.g. other images for some services."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -83,7 +130,7 @@ class Project:
 
     def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
         completed = subprocess.run(
-            [*self.tool, "-p", self.name, "-f", str(COMPOSE_FILE), *args],
+            [*self.tool, "-p", self.name, "-f", str(COMPOSE_FILE), *self._override_args(), *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -96,6 +143,9 @@ class Project:
                 f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
             )
         return completed
+
+    def _override_args(self) -> list[str]:
+        return [arg for path in self.overrides for arg in ("-f", str(path))]
 
     def container(self, service: str) -> str:
         """The id of the service's container (one replica), stopped or not."""
@@ -155,6 +205,12 @@ class Project:
         ca_file.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
         token = loaded["users"][0]["user"]["token"]
         return LocalKube(server=cluster["server"], token=token, ca_file=ca_file, kubeconfig=kubeconfig, processes=())
+
+    async def reader(self) -> NATS:
+        """The bus from the host, as the read-only ``reader`` identity init gave the state folder."""
+        url = f"tls://127.0.0.1:{self.nats_port}"  # as the state folder's env file says
+        tls = bus.TlsFiles(ca=str(self.state / "nats-ca.crt"))
+        return await bus.connect(url, name=f"{self.name}-test-reader", creds=self.state / "reader.nk", tls=tls)
 
 
 def _docker(*args: str) -> str:

@@ -10,9 +10,7 @@ the compose v2 plugin built from its module; the file is checked by both.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faults.support import WriteCounts, read_write_counts
+from faults.support import read_write_counts
 from kubernetes.client import CustomObjectsApi, VersionApi
 
 from tjpipe.local import compose, crds
 from tjpipe.local.kubeapi import new_api_client
 
-from .support import REPO, Project, compose_tools, engine_problem
+from .support import Project, build_images, compose_tools, engine_problem, pipeline_writes, settled_writes
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -36,16 +34,6 @@ LOAD_RUNTIMES = ("torch-distributed", "deepspeed-distributed", "xgboost-distribu
 LOAD_TRAINJOBS = 50
 DEMO_TIMEOUT = 600.0
 LOAD_TIMEOUT = 600.0
-PIPELINE_WRITES = (
-    ("jobsets", ""),
-    ("configmaps", ""),
-    ("secrets", ""),
-    ("trainjobs", ""),
-    ("trainjobs", "status"),
-    ("podgroups", ""),
-)
-"""What the applier writes; the simulated cluster's own writes (pods, jobs, nodes, leases, JobSet status)
-go on while the pipeline is idle and are not counted."""
 
 
 def _say(line: str) -> None:
@@ -68,14 +56,7 @@ def v2_config(engine: None) -> Path | None:
 
 @pytest.fixture(scope="module")
 def images(engine: None) -> None:
-    spec = importlib.util.spec_from_file_location("compose_images", REPO / "tools" / "compose_images.py")
-    assert spec is not None and spec.loader is not None
-    compose_images = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = compose_images  # its dataclasses look their module up there
-    spec.loader.exec_module(compose_images)
-    started = time.monotonic()
-    assert compose_images.main([]) == 0
-    _say(f"images ready in {time.monotonic() - started:.0f}s")
+    build_images(_say)
 
 
 @pytest.fixture(scope="module")
@@ -204,28 +185,15 @@ def test_fifty_trainjobs_on_three_runtimes_complete(project: Project) -> None:
     _say(f"{LOAD_TRAINJOBS} TrainJobs on {', '.join(LOAD_RUNTIMES)} Complete in {time.monotonic() - started:.0f}s")
 
 
-def _pipeline_writes(counts: WriteCounts) -> int:
-    return sum(counts.writes(resource, sub) for resource, sub in PIPELINE_WRITES)
-
-
 def test_applier_restart_writes_nothing(project: Project) -> None:
     kube = project.kube()
-    # Settled first: the last status writes of the TrainJobs above are done.
-    before = read_write_counts(kube)
-    for _ in range(30):
-        time.sleep(3)
-        now = read_write_counts(kube)
-        if _pipeline_writes(now - before) == 0:
-            break
-        before = now
-    else:
-        raise AssertionError("the pipeline kept writing for 90 s with nothing to do")
+    before = settled_writes(kube)  # the last status writes of the TrainJobs above are done
     project.run("restart", "applier", timeout=120)
     project.wait_healthy("applier", timeout=120)
     time.sleep(15)
     after = read_write_counts(kube)
     delta = after - before
-    assert _pipeline_writes(delta) == 0, {k: v for k, v in delta.all_writes().items() if v}
+    assert pipeline_writes(delta) == 0, {k: v for k, v in delta.all_writes().items() if v}
 
 
 @pytest.mark.parametrize("tool", ["docker-compose", "docker compose"])

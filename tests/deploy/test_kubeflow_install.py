@@ -239,7 +239,7 @@ def api(kube: Any, overlay: list[Obj]) -> Iterator[tuple[Any, dict[str, dict[str
     )
 
 
-# test_kustomize.py's test of the same name, alike in shape: there over deploy/, here over this install's renders.
+# As test_kustomize.py's test of the same name, but over this install's renders instead of deploy/.
 @pytest.mark.cluster
 @pytest.mark.parametrize("render", ["overlay", "chart"])
 def test_the_api_server_accepts_every_object(

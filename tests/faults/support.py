@@ -413,7 +413,6 @@ def open_pipeline(
         stack.install_runtime(name)
     api = new_api_client(kube.kubeconfig)
     namespace = new_namespace(api)
-    # A keyword construction; duplicate finders pair it by shape with watcher.service's event, nothing shared.
     pipeline = Pipeline(
         kube=kube,
         root=root,

@@ -1,5 +1,5 @@
 """(h) Malformed inputs: TrainJobs and runtimes the CRDs accept but Trainer's webhooks would refuse, and
-corrupt messages published straight onto the bus.
+corrupt messages published straight onto the bus (a message of a newer wire version among them).
 
 Each bad TrainJob gets a precise condition (``Failed``/``ValidationFailed`` or ``TrainingRuntimeNotSupported``,
 or ``ResourcesCreated=False``/``InvalidRuntime``) and no JobSet. Each corrupt message is kept in TJ_DLQ with
@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from tjpipe.contracts import streams, subjects
-from tjpipe.contracts.messages import ObjectKey, Target, decode_dead_letter, encode
+from tjpipe.contracts.messages import WIRE_VERSION, ObjectKey, Target, decode_dead_letter, encode
 
 from .conftest import MISSING_CRD
 from .support import (
@@ -299,6 +299,9 @@ def corrupt_messages(namespace: str) -> list[tuple[str, str, bytes, str]]:
     wrong_types["source_seq"] = "seven"
     missing = valid_apply(namespace, "h-msg-missing")
     del missing["target"]
+    newer = valid_apply(namespace, "h-msg-newer")
+    newer["wire_version"] = WIRE_VERSION + 1
+    newer_event = {"type": "trainjob.observed", "wire_version": WIRE_VERSION + 1, "observed_at": 1}
     return [
         ("event: not JSON", ev("h-ev-garbage"), b"{not json at all", "undecodable"),
         ("event: wrong tag", ev("h-ev-tag"), b'{"type": "trainjob.exploded", "observed_at": 1}', "undecodable"),
@@ -310,11 +313,13 @@ def corrupt_messages(namespace: str) -> list[tuple[str, str, bytes, str]]:
             "undecodable",
         ),
         ("event: huge", ev("h-ev-huge"), huge_json, "undecodable"),
+        ("event: newer wire version", ev("h-ev-newer"), json.dumps(newer_event).encode(), "unsupported-version"),
         ("apply: not JSON", ap("h-msg-garbage"), b"\x00\x01 binary \xff", "undecodable"),
         ("apply: wrong tag", ap("h-msg-tag"), b'{"component": "nope"}', "undecodable"),
         ("apply: missing fields", ap("h-msg-missing"), json.dumps(missing).encode(), "undecodable"),
         ("apply: wrong types", ap("h-msg-types"), json.dumps(wrong_types).encode(), "undecodable"),
         ("apply: huge", ap("h-msg-huge"), huge_json.replace(b"trainjob.observed", b"jobset"), "undecodable"),
+        ("apply: newer wire version", ap("h-msg-newer"), json.dumps(newer).encode(), "unsupported-version"),
     ]
 
 

@@ -57,11 +57,11 @@ from tjpipe.contracts.streams import APPLIED_BUCKET
 from tjpipe.contracts.subjects import PARTITIONS
 from tjpipe.contracts.trainer import RUNTIME_SNAPSHOT_SUFFIX, TrainingRuntime, TrainJob
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
+from tjpipe.keys.signing import KeyFolder
 from tjpipe.local import crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import LocalNatsCluster, start_nats_cluster
 from tjpipe.local.procs import ManagedProcess, read_log_tail, spawn, wait_until
-from tjpipe.local.signing_keys import KeyFolder
 from tjpipe.plumbing import bus
 from tjpipe.plumbing.partitions import LEASE_BUCKET, partition_consumer
 

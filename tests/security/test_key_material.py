@@ -46,7 +46,7 @@ from faults.support import (
 from kubernetes import client as kube_client
 from unit.builders import replicated_job
 
-from tjpipe.applier.core import ALREADY_CREATED
+from tjpipe.applier.authorize import ALREADY_CREATED
 from tjpipe.applier.secrets import curve_certificate, z85_decode
 from tjpipe.contracts import labels, resources, streams
 from tjpipe.plumbing.kube import (

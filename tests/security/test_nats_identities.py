@@ -272,11 +272,15 @@ async def test_no_identity_but_admin_may_subscribe_outside_its_own_inbox(
 ) -> None:
     client = clients[identity]
     others = [
-        bus.inbox_prefix(creds.public_key(other)) + ".>" for other in IDENTITIES if other != identity
-    ]  # another identity's replies: pulled messages, API answers, KV values
+        prefix + ".>"
+        for other in IDENTITIES
+        if other != identity
+        for prefix in (bus.inbox_prefix(creds.public_key(other)), bus.identity_inbox_prefix(other))
+    ]  # another identity's replies, by its key's inbox or its name's: pulled messages, API answers, KV values
     for subject in [">", "tj.>", "tj.ev.>", "tj.apply.>", "$KV.>", "$JS.>", "$JS.ACK.>", "_INBOX.>", *others]:
         assert await client.refused_subscribe(subject), f"{identity} may subscribe to {subject}"
     assert not await client.refused_subscribe(bus.inbox_prefix(creds.public_key(identity)) + ".x")
+    assert not await client.refused_subscribe(bus.identity_inbox_prefix(identity) + ".x")
 
 
 async def test_only_the_admin_may_set_the_bus_up(server: LocalNats, creds: Credentials) -> None:

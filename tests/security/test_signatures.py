@@ -50,8 +50,8 @@ from tjpipe import ops
 from tjpipe.contracts import streams, subjects
 from tjpipe.contracts.messages import ApplyJobSet, ObjectKey, Target, TrainJobObserved, encode
 from tjpipe.contracts.trainer import TrainingRuntime, TrainJob
+from tjpipe.keys.signing import public_key_file_name
 from tjpipe.local import crds
-from tjpipe.local.signing_keys import public_key_file_name
 from tjpipe.plumbing.signing import (
     SIGNATURE_HEADER,
     Signer,
@@ -320,7 +320,7 @@ async def test_genuine_messages_flow_and_keys_rotate_without_a_restart(pipeline:
     ],
 )
 def test_a_service_without_its_keys_refuses_to_start(tmp_path: Path, service: str, missing: str, setting: str) -> None:
-    from tjpipe.local.signing_keys import KeyFolder
+    from tjpipe.keys.signing import KeyFolder
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TJPIPE_") and k != "NATS_CREDS"}
     env.update(KeyFolder(tmp_path / "keys").ensure().service_env(service))

@@ -1,5 +1,5 @@
-"""``applier.core``'s decisions about what a message may write: the target checks, the TrainJob checks, the
-live-object check, the applier's condition and poisoned ledger claims.
+"""What a message may write (``applier.authorize``: the target checks, the TrainJob checks, the live-object
+check), and ``applier.core``'s applier condition and poisoned ledger claims.
 
 Every message the real planner makes for every golden case must pass; each way of aiming a message at
 something no TrainJob justifies must be refused.
@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import yaml
 
-from tjpipe.applier import core
+from tjpipe.applier import authorize, core
 from tjpipe.contracts import conditions
 from tjpipe.contracts import messages as m
 from tjpipe.contracts.kube import ObjectMeta, OwnerReference, Secret
@@ -51,8 +51,8 @@ def body(message: ApplyMessage) -> bytes:
     return b"{}" if isinstance(message, m.DeleteComponent) else msgspec.json.encode(message.object)
 
 
-def verdict(message: ApplyMessage) -> core.Verdict:
-    return core.authorize_message(message, body(message))
+def verdict(message: ApplyMessage) -> authorize.Verdict:
+    return authorize.authorize_message(message, body(message))
 
 
 def of_type(kind: type) -> ApplyMessage:
@@ -156,15 +156,15 @@ def test_a_foreign_field_manager_is_refused() -> None:
 
 def test_trainjob_checks() -> None:
     msg = of_type(m.ApplyJobSet)
-    ok = core.TrainJobFacts(uid=msg.trainjob_uid)
-    assert core.authorize_trainjob(msg, ok).allowed
-    assert core.authorize_trainjob(
-        msg, core.TrainJobFacts(uid=msg.trainjob_uid, managed_by=MANAGED_BY_TRAINJOB_CONTROLLER)
+    ok = authorize.TrainJobFacts(uid=msg.trainjob_uid)
+    assert authorize.authorize_trainjob(msg, ok).allowed
+    assert authorize.authorize_trainjob(
+        msg, authorize.TrainJobFacts(uid=msg.trainjob_uid, managed_by=MANAGED_BY_TRAINJOB_CONTROLLER)
     ).allowed
-    assert not core.authorize_trainjob(msg, None).allowed
-    assert not core.authorize_trainjob(msg, core.TrainJobFacts(uid="other")).allowed
-    foreign = core.TrainJobFacts(uid=msg.trainjob_uid, managed_by="kueue.x-k8s.io/multikueue")
-    assert "kueue" in core.authorize_trainjob(msg, foreign).why
+    assert not authorize.authorize_trainjob(msg, None).allowed
+    assert not authorize.authorize_trainjob(msg, authorize.TrainJobFacts(uid="other")).allowed
+    foreign = authorize.TrainJobFacts(uid=msg.trainjob_uid, managed_by="kueue.x-k8s.io/multikueue")
+    assert "kueue" in authorize.authorize_trainjob(msg, foreign).why
 
 
 def test_trainjob_facts_from_the_live_object() -> None:
@@ -175,10 +175,10 @@ def test_trainjob_facts_from_the_live_object() -> None:
             "status": {"conditions": [{"type": conditions.CONDITION_COMPONENTS_APPLIED, "message": "JobSet j: no"}]},
         }
     )
-    assert core.trainjob_facts(raw) == core.TrainJobFacts(
+    assert authorize.trainjob_facts(raw) == authorize.TrainJobFacts(
         uid="u1", managed_by="x", resource_version="42", applier_condition="JobSet j: no"
     )
-    assert core.trainjob_facts(None) is None
+    assert authorize.trainjob_facts(None) is None
 
 
 @pytest.mark.parametrize(
@@ -193,8 +193,8 @@ def test_trainjob_facts_from_the_live_object() -> None:
 def test_an_existing_object_is_written_only_when_controlled(owners: list[dict[str, object]], allowed: bool) -> None:
     msg = msgspec.structs.replace(of_type(m.ApplyJobSet), trainjob_uid="uid-1")
     live = msgspec.json.encode({"metadata": {"ownerReferences": owners}})
-    assert core.authorize_live(msg, live).allowed is allowed
-    assert core.authorize_live(msg, None).allowed
+    assert authorize.authorize_live(msg, live).allowed is allowed
+    assert authorize.authorize_live(msg, None).allowed
 
 
 def test_condition_bodies() -> None:
@@ -246,11 +246,11 @@ def _record(created_for: str) -> m.AppliedRecord:
 def test_whose_an_existing_secret_is_comes_from_the_ledger_alone() -> None:
     """The applier may not read Secrets: a create answered 409 is judged by what the ledger says it created."""
     secret = of_type(m.ApplySecret)
-    assert type(secret) in core.CREATE_ONLY
-    assert core.existing(secret, _record(secret.trainjob_uid)) == "ours"
-    assert core.existing(secret, _record("an-earlier-trainjob")) == "another-trainjob"
-    assert core.existing(secret, _record("")) == "unrecorded"  # e.g. a record from before created_for existed
-    assert core.existing(secret, None) == "unrecorded"
+    assert type(secret) in authorize.CREATE_ONLY
+    assert authorize.existing(secret, _record(secret.trainjob_uid)) == "ours"
+    assert authorize.existing(secret, _record("an-earlier-trainjob")) == "another-trainjob"
+    assert authorize.existing(secret, _record("")) == "unrecorded"  # e.g. a record from before created_for existed
+    assert authorize.existing(secret, None) == "unrecorded"
 
 
 def test_a_secret_is_not_deletable() -> None:

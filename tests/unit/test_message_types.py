@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from tjpipe.applier.core import COMPONENT_RESOURCES
+from tjpipe.applier.authorize import COMPONENT_RESOURCES
 from tjpipe.contracts import messages as m
 from tjpipe.contracts.jobset import JobSet
 from tjpipe.contracts.kube import ConfigMap, Secret

@@ -1,4 +1,4 @@
-"""Stage signatures: what verifies, what does not, and rotation through files (plumbing.signing, signing_keys)."""
+"""Stage signatures: what verifies, what does not, and rotation through files (plumbing.signing, tjpipe.keys)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tjpipe.local.signing_keys import KeyFolder, write_key_pair
+from tjpipe.keys.signing import KeyFolder, write_key_pair
 from tjpipe.plumbing import signing
 from tjpipe.plumbing.signing import SIGNATURE_HEADER, BadSignature, KeyMaterialError, Keyring, Signer, UnsignedMessage
 

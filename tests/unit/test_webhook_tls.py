@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tjpipe.local.pki import write_serving_pki
+from tjpipe.keys.pki import write_serving_pki
 from tjpipe.planner.webhook import CertReloader, server_ssl_context
 
 

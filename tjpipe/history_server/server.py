@@ -101,7 +101,7 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
     from tjpipe.history_server.app import Backend, make_app
     from tjpipe.history_server.index import HistoryIndex
-    from tjpipe.opscli import connect_nats
+    from tjpipe.nats_connection import connect_nats
     from tjpipe.plumbing.kube import KubeClient, KubeConfig
 
     stop = asyncio.Event()
@@ -109,7 +109,7 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    nc = await connect_nats(args, "history-server")
+    nc = await connect_nats(args, "history-server", identity="reader")
     kube = KubeClient(KubeConfig.load(args.kubeconfig, context=args.context))
     session = aiohttp.ClientSession()
     backend = Backend(

@@ -2,7 +2,7 @@
 
 The configuration is Trainer v2.3.0's own ``validator.trainer.kubeflow.org`` (the same webhook names,
 rules, ``failurePolicy: Fail``, ``sideEffects: None`` and the ``webhook-validation: disabled`` opt-out for
-runtimes) pointed at ``https://127.0.0.1:PORT`` with a CA made per start (``tjpipe.local.pki``), as the
+runtimes) pointed at ``https://127.0.0.1:PORT`` with a CA made per start (``tjpipe.keys.pki``), as the
 JobSet manager's webhooks are. deploy/ declares the same webhooks against an in-cluster Service.
 
 Also here: the ConfigMap ``kubeflow-system/kubeflow-trainer-public`` that the Kubeflow SDK reads at client

@@ -165,7 +165,6 @@ def start_simulated_cluster(
     node_shape: NodeShape = NodeShape(),
 ) -> SimulatedCluster:
     """etcd and kube-apiserver (``start_kube``), the CRDs the pipeline needs, and ``start_simulation``."""
-    # The signature repeats start_simulation's on purpose (duplicate finders pair them): it passes them on.
     kube = start_kube(work_dir=work_dir / "kube", log_dir=log_dir, kubeconfig_path=kubeconfig_path, progress=progress)
     try:
         with new_api_client(kube.kubeconfig) as api:

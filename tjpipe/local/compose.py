@@ -165,9 +165,9 @@ def prepare(
 ) -> None:
     """Write every file the containers and the host need; ``root`` prefixes every container path (tests)."""
     from tjpipe import credentials
+    from tjpipe.keys.pki import write_serving_pki
+    from tjpipe.keys.signing import KeyFolder
     from tjpipe.local import cluster, jobset_controller, kubeapi
-    from tjpipe.local.pki import write_serving_pki
-    from tjpipe.local.signing_keys import KeyFolder
     from tjpipe.private_files import write_private_file
 
     def at(path: Path) -> Path:

@@ -74,7 +74,6 @@ class ManifestSource:
     only_names: tuple[str, ...] = ()
 
 
-# Alike in shape to ManifestSource (duplicate finders pair them): two kinds of source, read two ways.
 @dataclass(frozen=True)
 class GeneratedSource:
     """CRDs made by controller-gen from the API types in `package` of a module (see generated_crds_dir)."""

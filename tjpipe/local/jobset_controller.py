@@ -25,9 +25,9 @@ from typing import Any
 import yaml
 from kubernetes.client import ApiClient, CustomObjectsApi
 
+from tjpipe.keys.pki import write_serving_pki
 from tjpipe.local import toolchain
 from tjpipe.local.crds import apply_objects
-from tjpipe.local.pki import write_serving_pki
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 from tjpipe.local.registrations import registered_for
 

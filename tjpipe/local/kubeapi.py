@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
-from tjpipe.local.pki import private_key_pem, self_signed_ca, serving_certificate
+from tjpipe.keys.pki import private_key_pem, self_signed_ca, serving_certificate
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, http_status, spawn, wait_until
 from tjpipe.local.toolchain import ensure_kube_binaries
 from tjpipe.private_files import write_private_file

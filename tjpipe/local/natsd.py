@@ -24,13 +24,12 @@ import secrets
 import shutil
 import signal
 import sysconfig
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
+from tjpipe.nats_server import get_json
 from tjpipe.private_files import write_private_file
 
 _STARTUP_TIMEOUT_SECONDS = 30.0
@@ -137,9 +136,6 @@ def start_nats(
 
 
 # Loopback requests must never go through an HTTP proxy configured in the environment.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 # ------------------------------------------------------------------------------------ a JetStream cluster
 
 _CLUSTER_NAME = "tjpipe"
@@ -181,7 +177,7 @@ class LocalNatsCluster:
 
     def jsz(self, i: int) -> dict[str, Any]:
         """Member ``i``'s ``/jsz`` (JetStream) report; empty when it does not answer."""
-        return _get_json(f"{self.servers[i].monitor_url}/jsz")
+        return get_json(f"{self.servers[i].monitor_url}/jsz")
 
     def meta_leader(self) -> str:
         """The server name of the JetStream meta leader as the live members see it; "" when none agrees."""
@@ -341,10 +337,3 @@ def _distinct_free_ports(count: int) -> list[int]:
     return ports
 
 
-def _get_json(url: str) -> dict[str, Any]:
-    try:
-        with _DIRECT.open(url, timeout=1) as response:
-            body = json.loads(response.read())
-    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-        return {}
-    return body if isinstance(body, dict) else {}

@@ -263,7 +263,7 @@ def _build_kubernetes_commands(
 
 
 def _build_etcd(*, go: str, output: Path, progress: Callable[[str], None]) -> None:
-    # Alike in shape to the calls below only: etcd is checked and built together with kube-apiserver.
+    # etcd is checked and built together with kube-apiserver, from a wrapper module of its own.
     _build_in_wrapper_module(
         go=go,
         what="etcd",
@@ -500,7 +500,6 @@ def ensure_jobset_manager(*, progress: Callable[[str], None]) -> Path:
     )
 
 
-# Its parameters repeat _build_in_wrapper_module's (duplicate finders pair them): it passes them on.
 def _ensure_built_in_wrapper_module(
     *,
     output: Path,

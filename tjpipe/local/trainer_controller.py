@@ -20,7 +20,7 @@ machine is changed:
 
 Webhooks are served and registered, not disabled: Trainer has no flag to turn them off
 (``webhooks.Setup`` always runs and ``/readyz`` waits for the webhook server). A serving certificate for
-127.0.0.1 signed by a CA made per start (``tjpipe.local.pki``) goes where controller-runtime looks by
+127.0.0.1 signed by a CA made per start (``tjpipe.keys.pki``) goes where controller-runtime looks by
 default (``$TMPDIR/k8s-webhook-server/serving-certs``; ``TMPDIR`` points into the work directory), and
 Trainer's own ``defaulter.trainer.kubeflow.org`` and ``validator.trainer.kubeflow.org``, rendered by
 kustomize from the module's ``manifests/base/webhook``, are registered with only the Service reference
@@ -47,12 +47,12 @@ from kubernetes.client import AdmissionregistrationV1Api, ApiClient, CustomObjec
 from kubernetes.client.exceptions import ApiException
 
 from tjpipe.contracts import trainer as t
+from tjpipe.keys.pki import write_serving_pki
 from tjpipe.local import toolchain
 from tjpipe.local.admission_webhook import runtime_the_webhook_refuses
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.kubeapi import new_api_client
 from tjpipe.local.kustomize import kustomize_build
-from tjpipe.local.pki import write_serving_pki
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 
 SHIPPED_CONFIG = "manifests/base/manager/controller_manager_config.yaml"

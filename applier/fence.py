@@ -1,0 +1,270 @@
+"""The fenced write: claim the target in the ledger, write it on condition, then record what was written.
+
+Each attempt runs up to a few claim rounds. A round reads the target's ledger record (a claim newer than
+the plan goes to ``applier.claims``), reads the live target when ``core.reads_live`` says so, and asks
+``core.decide`` what to do; this module only performs the ``Step`` it answers. Every ledger write is a
+compare-and-set on the revision the round read, and a conditional apply carries the resourceVersion it
+read: whoever loses either race starts the next round with a fresh read, so of two appliers holding
+different plans for one target, the one with the older plan always stands down. Create-only targets
+(Secrets) go the same way, but are never read: the ledger alone says whose an existing one is.
+
+Raises ``core.TransientError`` or ``core.PermanentError`` for the retry tiers around it, and
+``authorize.Unauthorized`` for a target this TrainJob does not control.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, assert_never
+
+import msgspec
+
+from tjpipe.applier import core, secrets
+from tjpipe.applier.authorize import (
+    ALREADY_CREATED,
+    CREATE_ONLY,
+    UNRECORDED,
+    Unauthorized,
+    authorize_live,
+    existing,
+)
+from tjpipe.applier.claims import NewerClaims
+from tjpipe.applier.ledger import Ledger, ledger_key
+from tjpipe.applier.objects import resource_version
+from tjpipe.contracts import resources
+from tjpipe.contracts.messages import AppliedRecord, ApplySecret, DeleteComponent, ObjectApply, Target
+from tjpipe.contracts.values import or_default
+from tjpipe.plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient
+
+log = logging.getLogger("applier")
+
+CLAIM_ROUNDS = 5
+LABEL_FIELD_MANAGER = "trainjob-pipeline-label"
+"""The field manager that adds this pipeline's label to objects made before it (``Fence._label``)."""
+
+
+def apply_body(message: ObjectApply, *, resource_version: str = "") -> bytes:
+    """The apply body: generated key material is made here, now; never stored, published or logged.
+
+    With ``resource_version`` the apply is conditional: the API server refuses it (409) if the object
+    changed since that version was read.
+    """
+    obj: Any = message.object
+    if isinstance(message, ApplySecret) and message.generate is not None:
+        data = dict(or_default(message.object.data, {}))
+        data.update(secrets.generated_data(message.generate, trainjob_name=message.trainjob.name))
+        obj = msgspec.structs.replace(message.object, data=data)
+    if resource_version:
+        meta = msgspec.structs.replace(obj.metadata, resource_version=resource_version)
+        obj = msgspec.structs.replace(obj, metadata=meta)
+    return msgspec.json.encode(obj)
+
+
+def _api_error(exc: KubeApiError) -> Exception:
+    return core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after)
+
+
+class Fence:
+    def __init__(self, kube: KubeClient, ledger: Ledger, claims: NewerClaims) -> None:
+        self.kube = kube
+        self.ledger = ledger
+        self.claims = claims
+
+    async def apply(self, message: ObjectApply, resource: resources.Resource, planned: bytes) -> core.Done:
+        """One fenced apply (or create) of ``message``; ``planned`` is its encoded object, without generated
+        key material, which is never part of the digest."""
+        lkey = ledger_key(message.target)
+        for round_ in range(CLAIM_ROUNDS):
+            read = await self._round_record(message, lkey, round_)
+            if read is None:
+                continue  # look again, with the claim replaced (or someone else's newer one)
+            if isinstance(read, core.Done):
+                return read
+            record, revision = read
+            live = await self._get(resource, message.target) if core.reads_live(message, record) else None
+            step = core.decide(message, record, live, planned=planned, stamp=self.claims.stamp())
+            done = await self._perform(step, message, resource, lkey, revision)
+            if done is not None:
+                return done
+        if type(message) in CREATE_ONLY:
+            raise core.TransientError("the ledger record kept changing under concurrent writers")
+        raise core.TransientError("the target kept changing under concurrent writers")
+
+    async def _round_record(
+        self, message: ObjectApply, lkey: str, round_: int
+    ) -> tuple[AppliedRecord | None, int] | core.Done | None:
+        """The target's ledger record and revision for one claim round, unless the plan is stale (``Done``) or a
+        newer claim that could not stand was just replaced (``None``: look again)."""
+        # After a lost compare-and-set, remembering is what went wrong: ask the server.
+        if round_ == 0:
+            record, revision = await self.ledger.read(lkey, assume_absent=True)
+        else:
+            record, revision = await self.ledger.read_fresh(lkey)
+        if record is None or not core.is_stale(record, message):
+            return record, revision
+        if await self.claims.settle(message, lkey, record, revision) == "stale":
+            return core.Done(action="skipped", reason=core.STALE_PLAN)
+        return None
+
+    async def _perform(
+        self, step: core.Step, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
+    ) -> core.Done | None:
+        """Carry out one round's step; ``None``: a compare-and-set or a conditional write lost, look again."""
+        if isinstance(step, core.Refuse):
+            raise Unauthorized(step.why)
+        if isinstance(step, core.Leave):
+            if step.label is None:
+                return core.Done(action="skipped", resource_version=step.resource_version, reason=step.reason)
+            labelled = await self._label(message, resource, step.label)
+            return core.Done(action="skipped", resource_version=labelled, reason=step.reason)
+        if isinstance(step, core.Advance):
+            if await self.ledger.write(lkey, step.record, revision=revision) is None:
+                return None
+            return core.Done(action="unchanged", resource_version=step.resource_version, reason=core.ALREADY_APPLIED)
+        if isinstance(step, core.Adopt):
+            return await self._adopt(step, message, resource, lkey, revision)
+        # Each of the other steps claims the target first; whoever claimed it meanwhile makes this round lose.
+        claimed = await self.ledger.write(lkey, step.claim, revision=revision)
+        if claimed is None:
+            return None
+        if isinstance(step, core.SkipStatus):
+            return core.Done(action="skipped", resource_version=step.resource_version, reason=core.STALE_STATUS)
+        if isinstance(step, core.Create):
+            return await self._create(step, message, resource, lkey, claimed)
+        if isinstance(step, core.Write):
+            return await self._write(step, message, resource, lkey, claimed)
+        assert_never(step)
+
+    async def _adopt(
+        self, step: core.Adopt, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
+    ) -> core.Done | None:
+        """Record a live object that already is the plan; write nothing but the label one Trainer made lacks."""
+        record = step.record
+        if step.label:
+            labelled = await self._label(message, resource, core.OWNED_LABEL_PATCH)
+            record = msgspec.structs.replace(record, resource_version=labelled)
+        if await self.ledger.write(lkey, record, revision=revision) is None:
+            return None
+        return core.Done(action="unchanged", resource_version=record.resource_version, reason=core.ALREADY_HELD)
+
+    async def _write(
+        self, step: core.Write, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
+    ) -> core.Done | None:
+        """Apply the plan as claimed (``claimed``: the claim's revision), and record what the apply left."""
+        target = message.target
+        try:
+            resp = await self.kube.apply(
+                resource,
+                namespace=target.namespace,
+                name=target.name,
+                body=apply_body(message, resource_version=step.precondition),
+                field_manager=message.field_manager,
+                force=message.force,
+                subresource=target.subresource,
+            )
+        except KubeApiError as exc:
+            return await self._after_refusal(exc, message, resource, precondition=step.precondition, before=step.before)
+        after = resource_version(resp.body)
+        done = msgspec.structs.replace(
+            step.claim,
+            state="applied",
+            resource_version=after,
+            managed=core.managed_digest(resp.body, manager=message.field_manager, subresource=target.subresource),
+        )
+        await self.ledger.write(lkey, done, revision=claimed)
+        return core.Done(action=core.outcome(resp.status, before=step.before, after=after), resource_version=after)
+
+    async def _after_refusal(
+        self, exc: KubeApiError, message: ObjectApply, resource: resources.Resource, *, precondition: str, before: str
+    ) -> core.Done | None:
+        """Perform ``core.refused_write``'s decision for a refused apply; ``None``: start the next claim round."""
+        refusal = core.refused_write(exc.status, message, precondition=precondition)
+        if refusal == "stale-status":
+            return core.Done(action="skipped", resource_version=before, reason=core.STALE_STATUS)
+        if refusal == "look-again":
+            return None
+        if refusal == "skip-if-created-concurrently":
+            raw = await self._get(resource, message.target)
+            if raw is not None:
+                rv = core.live_state(raw).resource_version
+                return core.Done(action="skipped", resource_version=rv, reason=core.CREATED_CONCURRENTLY)
+        raise _api_error(exc) from exc
+
+    async def _create(
+        self, step: core.Create, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
+    ) -> core.Done:
+        """Create a create-only target as claimed. Only a 201 makes it this TrainJob's: a create answered 409
+        is judged by the record as it was before the claim (``authorize.existing``)."""
+        target = message.target
+        try:
+            resp = await self.kube.create(
+                resource, namespace=target.namespace, body=apply_body(message), field_manager=message.field_manager
+            )
+        except KubeApiError as exc:
+            if exc.status != 409 or exc.reason != "AlreadyExists":
+                raise _api_error(exc) from exc
+            whose = existing(message, step.known)
+            if whose == "another-trainjob":
+                raise Unauthorized(
+                    f"existing {target} was created for another TrainJob (uid {step.claim.created_for}),"
+                    f" not for {message.trainjob}"
+                ) from exc
+            await self.ledger.write(lkey, msgspec.structs.replace(step.claim, state="applied"), revision=claimed)
+            reason = ALREADY_CREATED if whose == "ours" else UNRECORDED
+            return core.Done(action="skipped", reason=reason)
+        after = resource_version(resp.body)
+        done = msgspec.structs.replace(
+            step.claim, state="applied", resource_version=after, created_for=message.trainjob_uid
+        )
+        await self.ledger.write(lkey, done, revision=claimed)
+        return core.Done(action="created", resource_version=after)
+
+    async def delete(self, message: DeleteComponent, resource: resources.Resource) -> core.Done:
+        """Delete a component the plan no longer has, if this TrainJob controls it; fenced like an apply."""
+        target = message.target
+        lkey = ledger_key(target)
+        record, revision = await self.ledger.read_fresh(lkey)
+        if record is not None and core.is_stale(record, message):
+            settled = await self.claims.settle(message, lkey, record, revision)
+            if settled == "stale":
+                return core.Done(action="skipped", reason=core.STALE_PLAN)
+            if settled == "changed":
+                raise core.TransientError("the ledger record changed while a newer claim was being replaced")
+        try:
+            raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
+            if raw is None:
+                return core.Done(action="skipped", reason="already gone")
+            verdict = authorize_live(message, raw)
+            if not verdict.allowed:
+                raise Unauthorized(verdict.why)
+            await self.kube.delete(resource, namespace=target.namespace, name=target.name)
+        except KubeApiError as exc:
+            raise _api_error(exc) from exc
+        return core.Done(action="deleted", reason=message.reason)
+
+    async def _label(self, message: ObjectApply, resource: resources.Resource, patch: bytes) -> str:
+        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``), or one Trainer made that
+        otherwise holds the plan (``core.held_state``); its new resourceVersion.
+
+        A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
+        ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
+        """
+        target = message.target
+        try:
+            resp = await self.kube.request(
+                "PATCH",
+                resource.path(namespace=target.namespace, name=target.name),
+                params={"fieldManager": LABEL_FIELD_MANAGER},
+                body=patch,
+                content_type=MERGE_PATCH,
+            )
+        except KubeApiError as exc:
+            raise _api_error(exc) from exc
+        log.info("%s: labelled an existing object, which is kept as it is otherwise", target)
+        return resource_version(resp.body)
+
+    async def _get(self, resource: resources.Resource, target: Target) -> bytes | None:
+        try:
+            return await self.kube.get(resource, namespace=target.namespace, name=target.name)
+        except KubeApiError as exc:
+            raise _api_error(exc) from exc

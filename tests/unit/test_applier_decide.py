@@ -1,0 +1,324 @@
+"""``applier.core.decide``: what one claim round does, for a message, its target's ledger record and the
+live object, as a table with a row for every ``Step`` it can answer.
+
+The fenced apply (``applier.fence``) only performs these steps, so a row here is the whole of the judgement
+behind one outcome; the real-server suites (tests/faults, tests/security, tests/e2e) check the performing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+import msgspec
+import pytest
+
+from tjpipe.applier import core
+from tjpipe.contracts import labels
+from tjpipe.contracts import messages as m
+from tjpipe.contracts.jobset import JobSet
+from tjpipe.contracts.kube import ConfigMap, Secret
+from tjpipe.contracts.trainer import TrainJob
+
+UID = "uid-1"
+STAMP = "cluster-a/1"
+KEY = m.ObjectKey(namespace="ns", name="tj")
+OWNER = {
+    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+    "kind": "TrainJob",
+    "name": "tj",
+    "uid": UID,
+    "controller": True,
+}
+
+
+def _message(kind: type[m.ObjectApply], api_version: str, obj: dict[str, Any], **fields: Any) -> Any:
+    object_type = {m.ApplyJobSet: JobSet, m.ApplyConfigMap: ConfigMap, m.ApplySecret: Secret}.get(kind, TrainJob)
+    subresource: Literal["status"] | None = "status" if kind is m.ApplyTrainJobStatus else None
+    target = m.Target(api_version=api_version, kind=obj["kind"], namespace="ns", name="tj", subresource=subresource)
+    return kind(
+        trainjob=KEY,
+        trainjob_uid=UID,
+        source_seq=4,
+        source_version=40,
+        target=target,
+        object=msgspec.convert(obj, object_type),
+        **fields,
+    )
+
+
+def jobset(policy: m.ApplyPolicy = "always") -> m.ApplyJobSet:
+    obj = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "tj", "namespace": "ns", "ownerReferences": [OWNER]},
+        "spec": {"suspend": False},
+    }
+    message: m.ApplyJobSet = _message(m.ApplyJobSet, "jobset.x-k8s.io/v1alpha2", obj, policy=policy)
+    return message
+
+
+def configmap(policy: m.ApplyPolicy = "if-absent") -> m.ApplyConfigMap:
+    meta = {
+        "name": "tj",
+        "namespace": "ns",
+        "ownerReferences": [OWNER],
+        "labels": {labels.MANAGED_BY_LABEL: labels.MANAGED_BY},
+    }
+    obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"a": "b"}}
+    message: m.ApplyConfigMap = _message(m.ApplyConfigMap, "v1", obj, policy=policy)
+    return message
+
+
+def secret() -> m.ApplySecret:
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "tj", "namespace": "ns", "ownerReferences": [OWNER]},
+    }
+    message: m.ApplySecret = _message(m.ApplySecret, "v1", obj, policy="if-absent")
+    return message
+
+
+def status(planned_from: str = "5") -> m.ApplyTrainJobStatus:
+    obj = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "tj", "namespace": "ns", "resourceVersion": planned_from},
+        "status": {"conditions": []},
+    }
+    message: m.ApplyTrainJobStatus = _message(m.ApplyTrainJobStatus, "trainer.kubeflow.org/v1alpha1", obj)
+    return message
+
+
+def planned(message: m.ObjectApply) -> bytes:
+    return msgspec.json.encode(message.object)
+
+
+def live(
+    message: m.ObjectApply,
+    *,
+    rv: str = "7",
+    owner_uid: str = UID,
+    without_label: bool = False,
+    changed: bool = False,
+) -> bytes:
+    """The live target as the API server returns it: the plan as applied by ``trainer``, plus metadata."""
+    obj = msgspec.json.decode(planned(message))
+    meta = obj["metadata"]
+    meta["resourceVersion"] = rv
+    if "ownerReferences" in meta:
+        meta["ownerReferences"] = [{**OWNER, "uid": owner_uid}]
+    if without_label:
+        del meta["labels"]
+    if changed:
+        obj.setdefault("data", {})["a"] = "changed"
+        obj.setdefault("spec", {})["suspend"] = True
+    meta["managedFields"] = [{"manager": "trainer", "operation": "Apply", "fieldsV1": {"f:metadata": {"f:name": {}}}}]
+    return msgspec.json.encode(obj)
+
+
+def claim(message: m.ObjectApply, *, created_for: str = "") -> m.AppliedRecord:
+    return m.AppliedRecord(
+        source_version=40,
+        source_seq=4,
+        digest=core.content_digest(planned(message)),
+        state="claimed",
+        created_for=created_for,
+        cluster=STAMP,
+    )
+
+
+def applied(
+    message: m.ObjectApply, live_raw: bytes, *, source_version: int = 30, cluster: str = STAMP
+) -> m.AppliedRecord:
+    """The record of an earlier apply of this very plan, whose managed fields the live object still shows."""
+    managed = core.managed_digest(live_raw, manager="trainer", subresource=message.target.subresource)
+    return m.AppliedRecord(
+        source_version=source_version,
+        source_seq=3,
+        digest=core.content_digest(planned(message)),
+        state="applied",
+        resource_version="6",
+        managed=managed,
+        cluster=cluster,
+    )
+
+
+def adopted(message: m.ObjectApply, live_raw: bytes) -> m.AppliedRecord:
+    managed = core.managed_digest(live_raw, manager="trainer", subresource=None)
+    return msgspec.structs.replace(claim(message), state="applied", resource_version="7", managed=managed)
+
+
+RUNNING = live(jobset("while-suspended"))
+HELD = live(jobset())
+UNLABELLED = live(configmap(), without_label=True)
+CHANGED = live(jobset(), changed=True)
+STATUS_LIVE = live(status(), rv="5")
+OLD_SECRET = m.AppliedRecord(
+    source_version=30, source_seq=3, digest="d", state="applied", created_for=UID, cluster=STAMP
+)
+
+# (what the row shows, message, ledger record, live object, the step decided)
+TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, core.Step]] = [
+    (
+        "a live target another owner controls is refused",
+        jobset(),
+        None,
+        live(jobset(), owner_uid="someone-else"),
+        core.Refuse(why="existing JobSet ns/tj is controlled by TrainJob tj, not by TrainJob ns/tj"),
+    ),
+    (
+        "the applied record is this plan and the live object still holds it: the record advances",
+        jobset(),
+        applied(jobset(), HELD),
+        HELD,
+        core.Advance(
+            record=msgspec.structs.replace(applied(jobset(), HELD), source_version=40, source_seq=4),
+            resource_version="7",
+        ),
+    ),
+    (
+        "the record was made in another epoch: advancing it restamps it",
+        jobset(),
+        applied(jobset(), HELD, cluster="cluster-a/0"),
+        HELD,
+        core.Advance(
+            record=msgspec.structs.replace(applied(jobset(), HELD), source_version=40, source_seq=4),
+            resource_version="7",
+        ),
+    ),
+    (
+        "while-suspended and the live JobSet runs: left as it is",
+        jobset("while-suspended"),
+        None,
+        RUNNING,
+        core.Leave(resource_version="7", reason="running and not suspended; left as it is"),
+    ),
+    (
+        "if-absent and the object exists with the label: left as it is",
+        configmap(),
+        None,
+        live(configmap()),
+        core.Leave(resource_version="7", reason="exists already; created once and never changed"),
+    ),
+    (
+        "if-absent and the object exists without the label: only the label is added",
+        configmap(),
+        None,
+        UNLABELLED,
+        core.Leave(
+            resource_version="7",
+            reason="exists already; created once and never changed; labelled",
+            label=core.OWNED_LABEL_PATCH,
+        ),
+    ),
+    (
+        "no record, and the live object already holds the plan: recorded, not written",
+        jobset(),
+        None,
+        HELD,
+        core.Adopt(record=adopted(jobset(), HELD)),
+    ),
+    (
+        "the live object holds the plan but for the label: recorded, and the label added",
+        configmap("always"),
+        None,
+        UNLABELLED,
+        core.Adopt(record=adopted(configmap("always"), UNLABELLED), label=True),
+    ),
+    (
+        "a Secret with no record: created, for nobody known",
+        secret(),
+        None,
+        None,
+        core.Create(claim=claim(secret())),
+    ),
+    (
+        "a Secret this cluster's record says was created for this TrainJob: the claim keeps that",
+        secret(),
+        OLD_SECRET,
+        None,
+        core.Create(claim=claim(secret(), created_for=UID), known=OLD_SECRET),
+    ),
+    (
+        "a Secret whose record is another cluster's: what it names is not believed",
+        secret(),
+        msgspec.structs.replace(OLD_SECRET, cluster="cluster-b/1"),
+        None,
+        core.Create(claim=claim(secret())),
+    ),
+    (
+        "a status planned from another TrainJob version than the live one: claimed, then skipped",
+        status(planned_from="4"),
+        msgspec.structs.replace(applied(status(planned_from="4"), STATUS_LIVE), managed="other"),
+        STATUS_LIVE,
+        core.SkipStatus(claim=claim(status(planned_from="4")), resource_version="5"),
+    ),
+    (
+        "an absent target: claimed and written with no precondition",
+        jobset(),
+        None,
+        None,
+        core.Write(claim=claim(jobset()), precondition="", before=""),
+    ),
+    (
+        "a live target that differs from the plan: written on condition of the version read",
+        jobset(),
+        None,
+        CHANGED,
+        core.Write(claim=claim(jobset()), precondition="7", before="7"),
+    ),
+    (
+        "a record of another plan: written, even though the live object looks the same",
+        jobset(),
+        msgspec.structs.replace(applied(jobset(), CHANGED), digest="another-plan"),
+        CHANGED,
+        core.Write(claim=claim(jobset()), precondition="7", before="7"),
+    ),
+    (
+        "a status of the live TrainJob version: written, its own version the precondition",
+        status(),
+        msgspec.structs.replace(applied(status(), STATUS_LIVE), managed="other"),
+        STATUS_LIVE,
+        core.Write(claim=claim(status()), precondition="", before="5"),
+    ),
+    (
+        "a status with no record is not read: written",
+        status(),
+        None,
+        None,
+        core.Write(claim=claim(status()), precondition="", before=""),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("message", "record", "live_raw", "expected"), [row[1:] for row in TABLE], ids=[row[0] for row in TABLE]
+)
+def test_decide(
+    message: m.ObjectApply, record: m.AppliedRecord | None, live_raw: bytes | None, expected: core.Step
+) -> None:
+    assert core.decide(message, record, live_raw, planned=planned(message), stamp=STAMP) == expected
+
+
+def test_the_table_covers_every_step() -> None:
+    assert {type(row[-1]) for row in TABLE} == set(get_args(core.Step))
+
+
+@pytest.mark.parametrize(
+    ("message", "record", "reads"),
+    [
+        (jobset(), None, True),
+        (jobset(), applied(jobset(), HELD), True),
+        (status(), None, False),
+        (status(), applied(status(), STATUS_LIVE), True),
+        (secret(), None, False),
+        (secret(), OLD_SECRET, False),
+    ],
+    ids=["component", "component-recorded", "status", "status-recorded", "secret", "secret-recorded"],
+)
+def test_what_a_round_reads_before_deciding(
+    message: m.ObjectApply, record: m.AppliedRecord | None, reads: bool
+) -> None:
+    """A component is always read, a status only when a record might still hold, a Secret never."""
+    assert core.reads_live(message, record) is reads
