@@ -3,8 +3,8 @@
 The planner microbenchmark runs before any server starts; the apiserver floor and Trainer's controller run
 before the pipeline's services start, so nothing measured competes with anything else for the two cores,
 and Trainer's controller and the pipeline never run at the same time. The lifecycle scenario (``--lifecycle``)
-runs last, on a simulated cluster of its own. Whatever fails, the stack is stopped and the report is
-written with what was measured.
+runs last, Trainer's side then the pipeline's, each on a simulated cluster of its own. Whatever fails,
+the stack is stopped and the report is written with what was measured.
 """
 
 from __future__ import annotations
@@ -44,6 +44,17 @@ SCENARIOS = (
     "history",
 )
 SERVER_SCENARIOS = ("floor", "trainer", "one-process", "e2e", "paced", "writes", "memory")
+LIFECYCLE_JOBS, LIFECYCLE_NODES = 500, 20
+"""The lifecycle's default run: a few minutes for both sides on two quiet cores."""
+QUICK_LIFECYCLE_JOBS = 50
+LARGE_LIFECYCLE_JOBS, LARGE_LIFECYCLE_NODES = 5_000, 200
+"""``--lifecycle-large``: the size issue #27 asks for."""
+
+
+def lifecycle_default_jobs(*, quick: bool, large: bool) -> int:
+    if large:
+        return LARGE_LIFECYCLE_JOBS
+    return QUICK_LIFECYCLE_JOBS if quick else LIFECYCLE_JOBS
 
 
 @dataclass(frozen=True)
@@ -99,10 +110,28 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument(
         "--lifecycle",
         action="store_true",
-        help="also run TrainJobs to completion on a simulated cluster (its own stack, after everything else)",
+        help="also run TrainJobs to completion on a simulated cluster, Trainer's controller then the pipeline "
+        "(a stack of their own each, after everything else)",
     )
-    parser.add_argument("--lifecycle-jobs", type=int, help="TrainJobs of the lifecycle run (default 500; --quick 50)")
-    parser.add_argument("--lifecycle-nodes", type=int, default=20, help="simulated nodes of the lifecycle run")
+    parser.add_argument(
+        "--lifecycle-large",
+        action="store_true",
+        help=f"the lifecycle's larger run: {LARGE_LIFECYCLE_JOBS:,} TrainJobs on {LARGE_LIFECYCLE_NODES} simulated "
+        "nodes per side, unless --lifecycle-jobs/--lifecycle-nodes say otherwise (implies --lifecycle)",
+    )
+    parser.add_argument(
+        "--lifecycle-only",
+        action="store_true",
+        help="run the lifecycle comparison alone: every other scenario skipped (implies --lifecycle)",
+    )
+    parser.add_argument(
+        "--lifecycle-jobs",
+        type=int,
+        help=f"TrainJobs of the lifecycle run, per side (default {LIFECYCLE_JOBS}; --quick {QUICK_LIFECYCLE_JOBS})",
+    )
+    parser.add_argument(
+        "--lifecycle-nodes", type=int, help=f"simulated nodes of the lifecycle run (default {LIFECYCLE_NODES})"
+    )
     parser.add_argument("--pod-run-seconds", type=float, default=5.0, help="how long each simulated pod runs")
     parser.add_argument("--concurrency", type=int, default=16, help="applier concurrency")
     parser.add_argument("--create-concurrency", type=int, default=32, help="concurrent TrainJob creates")
@@ -115,6 +144,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     unknown = skip - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenario(s) to skip: {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
+    if args.lifecycle_only:
+        skip = frozenset(SCENARIOS)
+    wants_lifecycle = bool(args.lifecycle or args.lifecycle_large or args.lifecycle_only)
+    for flag, value in (("--lifecycle-jobs", args.lifecycle_jobs), ("--lifecycle-nodes", args.lifecycle_nodes)):
+        if value is not None and value <= 0:
+            parser.error(f"{flag} needs a positive number, got {value}")
     quick = bool(args.quick)
     if args.sizes:
         try:
@@ -135,8 +170,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         floor_jobs=args.floor_jobs or max(sizes),
         floor_concurrency=args.floor_concurrency,
         compare_jobs=args.compare_jobs or (100 if quick else 1000),
-        lifecycle_jobs=(args.lifecycle_jobs or (50 if quick else 500)) if args.lifecycle else 0,
-        lifecycle_nodes=args.lifecycle_nodes,
+        lifecycle_jobs=(args.lifecycle_jobs or lifecycle_default_jobs(quick=quick, large=args.lifecycle_large))
+        if wants_lifecycle
+        else 0,
+        lifecycle_nodes=args.lifecycle_nodes or (LARGE_LIFECYCLE_NODES if args.lifecycle_large else LIFECYCLE_NODES),
         pod_run_seconds=args.pod_run_seconds,
         concurrency=args.concurrency,
         create_concurrency=args.create_concurrency,
@@ -258,6 +295,16 @@ def finish(report: dict[str, Any]) -> None:
     fill = memory.get("fill") or {}
     if fill and not (fill.get("complete") and fill.get("verified")):
         report["notes"].append(f"memory fill: {fill.get('good', 0)}/{fill['n']} built: {fill.get('problem', '')}")
+    life = scenarios.get("lifecycle") or {}
+    for side in life.get("sides", []):
+        run = life.get(side) or {}
+        label = f"lifecycle, {run.get('label', side)}"
+        if run.get("error"):
+            report["notes"].append(f"{label}: the side failed: {run['error']}")
+        if run.get("create_errors"):
+            report["notes"].append(f"{label}: TrainJob creates failed: {run['create_errors']}")
+        if run.get("exited"):
+            report["notes"].append(f"{label}: the controller had exited: {run['exited']}")
     cores = report["machine"].get("cores") or 1
     for key in ("loadavg_start", "loadavg_end"):
         text = str(report["machine"].get(key, ""))
@@ -309,7 +356,10 @@ async def run(settings: Settings, report: dict[str, Any], clock: Clock) -> None:
     if settings.lifecycle_jobs:
         from bench.lifecycle import lifecycle
 
-        progress(f"lifecycle: {settings.lifecycle_jobs} TrainJobs to completion on a simulated cluster of its own")
+        progress(
+            f"lifecycle: {settings.lifecycle_jobs} TrainJobs to completion on {settings.lifecycle_nodes} simulated "
+            "nodes, Trainer's controller then the pipeline, each on a simulated cluster of its own"
+        )
         scenarios["lifecycle"] = await lifecycle(
             n=settings.lifecycle_jobs,
             nodes=settings.lifecycle_nodes,

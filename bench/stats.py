@@ -104,9 +104,28 @@ class Target:
             return figure >= self.value
         return figure == self.value
 
+    def met_bounded(self, figure: float | None, bound: Bound) -> bool | None:
+        """Like ``met``, for a figure that may be only a bound of the true value (``"at most"``, ``"at least"``).
+
+        A bound decides one way only: an upper bound within ``<=`` is met, a lower bound outside it is not;
+        anything else about a bound is ``None`` (undecided).
+        """
+        met = self.met(figure)
+        if bound is None or met is None or self.op == "==":
+            return met
+        decides = "at most" if self.op == "<=" else "at least"
+        if bound == decides:
+            return True if met else None
+        return False if not met else None
+
     def describe(self) -> str:
         symbol = {"<=": "≤", ">=": "≥", "==": "="}[self.op]
         return f"{symbol} {format_value(self.value, self.unit)}"
+
+
+Bound = Literal["at most", "at least"] | None
+"""Whether a figure is the true value (``None``) or only a bound of it, e.g. a wait that ended first."""
+BOUND_SIGN = {"at most": "< ", "at least": "> "}
 
 
 def verdict(met: bool | None) -> str:
@@ -115,15 +134,18 @@ def verdict(met: bool | None) -> str:
     return "met" if met else "not met"
 
 
-def check(section: str, figure: str, value: float | None, unit: str, target: Target | None) -> dict[str, Any]:
-    """One row of the report's list of figures: the value, its target and the verdict."""
-    met = target.met(value) if target is not None else None
+def check(
+    section: str, figure: str, value: float | None, unit: str, target: Target | None, *, bound: Bound = None
+) -> dict[str, Any]:
+    """One row of the report's list of figures: the value (or a ``bound`` of it), its target and the verdict."""
+    met = target.met_bounded(value, bound) if target is not None else None
     return {
         "section": section,
         "figure": figure,
         "value": value,
+        "bound": bound,
         "unit": unit,
-        "display": format_value(value, unit),
+        "display": (BOUND_SIGN[bound] if bound and value is not None else "") + format_value(value, unit),
         "target": target.describe() if target is not None else None,
         "target_op": target.op if target is not None else None,
         "target_value": target.value if target is not None else None,
@@ -464,7 +486,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if "memory" in sc:
         out.extend(_render_memory(sc["memory"], checks))
     if "lifecycle" in sc:
-        out.extend(_render_lifecycle(sc["lifecycle"], checks))
+        out.extend(_render_lifecycle(sc["lifecycle"]))
     if "history" in sc:
         out.extend(_render_history(sc["history"]))
 
@@ -846,13 +868,12 @@ def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     for r in planner.get("runtimes", []):
         target = PLANNER_TORCH if r["runtime"] == PLANNER_TARGET_RUNTIME else None
         out.append(check("planner", f"plans/s/core: {r['runtime']}", r.get("plans_per_cpu_s"), "plans/s", target))
-    life = scenarios.get("lifecycle") or {}
-    if life:
-        out.append(check("lifecycle", "ran to Complete", life.get("complete_percent"), "%", ALL_BUILT))
-        out.append(check("lifecycle", "time to all Complete", life.get("seconds_to_all_complete"), "s", None))
-        out.append(
-            check("lifecycle", "status writes per TrainJob", life.get("status_writes_per_trainjob"), "writes/TJ", None)
-        )
+    for row in lifecycle_rows(scenarios.get("lifecycle") or {}):
+        if row["judge"] == "ratio":
+            out.append(check("lifecycle", row["figure"], row["ratio"], "x", row["target"], bound=row["ratio_bound"]))
+        elif row["judge"] == "pipeline":
+            bound: Bound = "at least" if "pipeline" in row["at_least"] else None
+            out.append(check("lifecycle", row["figure"], row["pipeline"], row["unit"], row["target"], bound=bound))
     mem = scenarios.get("memory") or {}
     for s in mem.get("services", []):
         target = SERVICE_RSS if s["service"] in PIPELINE_SERVICES else None
@@ -897,12 +918,83 @@ def _pipeline_rss_at_fill(memory: Mapping[str, Any]) -> float | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
+def side_row(
+    figure: str,
+    unit: str,
+    trainer: float | None,
+    pipeline: float | None,
+    target: Target | None = None,
+    judge: str | None = None,
+    at_least: Iterable[str] = (),
+) -> dict[str, Any]:
+    """One row of a side-by-side table: both sides' values, this project ÷ Trainer, and what a target judges.
+
+    ``judge`` says what the target bounds: ``"ratio"`` (this project ÷ Trainer), ``"pipeline"`` (this
+    project's own figure) or ``None`` (reference only, also whenever there is no target). ``at_least``
+    names the sides (``"trainer"``, ``"pipeline"``) whose value is only a lower bound, e.g. the wait for
+    all Complete that ended first; the ratio is then a bound too, or none when both are.
+    """
+    bounded = frozenset(at_least)
+    ratio_bound: Bound = None
+    if bounded == {"trainer"}:
+        ratio_bound = "at most"
+    elif bounded == {"pipeline"}:
+        ratio_bound = "at least"
+    return {
+        "figure": figure,
+        "unit": unit,
+        "trainer": trainer,
+        "pipeline": pipeline,
+        "ratio": None if len(bounded) > 1 else ratio(pipeline, trainer),
+        "at_least": sorted(bounded),
+        "ratio_bound": ratio_bound,
+        "target": target,
+        "judge": judge if target is not None else None,
+    }
+
+
+def _side_cell(row: Mapping[str, Any], side: str) -> str:
+    """One side's value in a side-by-side row: a dash where the figure is not that side's, ``>`` for a lower bound.
+
+    A per-process CPU row (``CPU per TrainJob: <process>``) that only one side has shows a dash on the other.
+    """
+    value = row[side]
+    dash = row["figure"].startswith("CPU per TrainJob: ")
+    if value is None and (dash or (side == "trainer" and row["judge"] == "pipeline")):
+        return "—"
+    sign = BOUND_SIGN["at least"] if side in (row.get("at_least") or ()) and value is not None else ""
+    return sign + format_value(value, row["unit"])
+
+
+def side_by_side_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The Markdown table of ``side_row`` rows, each with its target and verdict (a bound decides one way only)."""
+    body = []
+    for r in rows:
+        target: Target | None = r["target"]
+        at_least = r.get("at_least") or ()
+        ratio_bound: Bound = r.get("ratio_bound")
+        if r["judge"] == "ratio":
+            judged, bound = r["ratio"], ratio_bound
+        else:
+            judged, bound = r["pipeline"], ("at least" if "pipeline" in at_least else None)
+        body.append(
+            (
+                r["figure"],
+                _side_cell(r, "trainer"),
+                _side_cell(r, "pipeline"),
+                (BOUND_SIGN[ratio_bound] if ratio_bound and r["ratio"] is not None else "") + _x(r["ratio"]),
+                (("ratio " if r["judge"] == "ratio" else "") + target.describe()) if target else "—",
+                verdict(target.met_bounded(judged, bound)) if target else "—",
+            )
+        )
+    return table(["figure", "Trainer v2.3.0", "this project", "ratio", "target", "verdict"], body)
+
+
 def reference_rows(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The side-by-side table with Trainer's controller: one row per figure, both sides, their ratio.
 
-    ``judge`` says what a row's target bounds: ``"ratio"`` (this project ÷ Trainer), ``"pipeline"`` (this
-    project's own figure, e.g. zero writes on restart) or ``None`` (reference only). Ratios are this project
-    over Trainer for every row, so above 1 means more of it here.
+    ``judge`` (``side_row``) says what a row's target bounds, e.g. ``"pipeline"`` for zero writes on restart.
+    Ratios are this project over Trainer for every row, so above 1 means more of it here.
     """
     ref = scenarios.get("reference") or {}
     if not ref:
@@ -913,25 +1005,8 @@ def reference_rows(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     n = ref.get("n", 0)
     rows: list[dict[str, Any]] = []
 
-    def row(
-        figure: str,
-        unit: str,
-        trainer: float | None,
-        pipeline: float | None,
-        target: Target | None = None,
-        judge: str | None = None,
-    ) -> None:
-        rows.append(
-            {
-                "figure": figure,
-                "unit": unit,
-                "trainer": trainer,
-                "pipeline": pipeline,
-                "ratio": ratio(pipeline, trainer),
-                "target": target,
-                "judge": judge if target is not None else None,
-            }
-        )
+    def row(*args: Any) -> None:  # side_row's arguments
+        rows.append(side_row(*args))
 
     row(
         f"throughput, torch N={n:,}", "TJ/s", t.get("trainjobs_per_s"), p.get("trainjobs_per_s"), VS_THROUGHPUT, "ratio"
@@ -1034,23 +1109,6 @@ def _render_reference(sc: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]
     t_side = ref.get("trainer") or {}
     t = t_side.get("run") or {}
     p = (ref.get("pipeline") or {}).get("run") or {}
-    body = []
-    for r in reference_rows(sc):
-        target: Target | None = r["target"]
-        judged = r["ratio"] if r["judge"] == "ratio" else r["pipeline"]
-        dash = r["figure"].startswith("CPU per TrainJob: ")  # a process only one side has
-        body.append(
-            (
-                r["figure"],
-                "—"
-                if r["trainer"] is None and (dash or r["judge"] == "pipeline")
-                else format_value(r["trainer"], r["unit"]),
-                "—" if r["pipeline"] is None and dash else format_value(r["pipeline"], r["unit"]),
-                _x(r["ratio"]),
-                (("ratio " if r["judge"] == "ratio" else "") + target.describe()) if target else "—",
-                verdict(target.met(judged)) if target else "—",
-            )
-        )
     out = [
         "## Versus Trainer v2.3.0's controller",
         "",
@@ -1070,7 +1128,7 @@ def _render_reference(sc: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]
         "settled; the pipeline's from section 3 (every service restarted). Ratios are this "
         "project ÷ Trainer.",
         "",
-        table(["figure", "Trainer v2.3.0", "this project", "ratio", "target", "verdict"], body),
+        side_by_side_table(reference_rows(sc)),
         "",
     ]
     for side, run in (("Trainer", t), ("this project", p)):
@@ -1087,67 +1145,132 @@ def _render_reference(sc: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]
     return out
 
 
-def _render_lifecycle(life: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> list[str]:
-    per = life.get("requests_per_trainjob_by_verb") or {}
-    tracked = life.get("tracked_requests_per_trainjob_by_verb") or {}
-    done = life.get("time_to_finish") or {}
-    value, target, verdict_text = _with_verdict(_figure(checks, "lifecycle", "ran to Complete"))
+VS_LIFECYCLE = Target("<=", 1.0, "x")
+"""The lifecycle's status writes per TrainJob and its time to all Complete over Trainer's (issue #27)."""
+LIFECYCLE_CPU_ORDER = (
+    TRAINER_PROCESS,
+    *CONTROLLER_SIDE,
+    "kube-apiserver",
+    "etcd",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "jobset-manager",
+    "kwok",
+    "benchmark",
+)
+
+
+def lifecycle_rows(life: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The lifecycle side by side (``side_row`` rows): Trainer's run and the pipeline's on simulated clusters."""
+    t = life.get("trainer") or {}
+    p = life.get("pipeline") or {}
+    if not t and not p:
+        return []
+    rows: list[dict[str, Any]] = []
+
+    def row(
+        figure: str,
+        unit: str,
+        key: str,
+        target: Target | None = None,
+        judge: str | None = None,
+        pick: Any = None,
+    ) -> None:
+        def value(run: Mapping[str, Any]) -> float | None:
+            found = run.get(key)
+            got: float | None = pick(found or {}) if pick is not None else found
+            return got
+
+        rows.append(side_row(figure, unit, value(t) if t else None, value(p) if p else None, target, judge))
+
+    row("ran to Complete", "%", "complete_percent", ALL_BUILT, "pipeline")
+    waits = {side: _time_to_all_complete(run) for side, run in (("trainer", t), ("pipeline", p))}
+    rows.append(
+        side_row(
+            "time to all Complete",
+            "s",
+            waits["trainer"][0],
+            waits["pipeline"][0],
+            VS_LIFECYCLE,
+            "ratio",
+            at_least=[side for side, (_, exact) in waits.items() if not exact],
+        )
+    )
+    for q in ("p50", "p99"):
+        row(f"create to Complete {q}", "s", "time_to_finish", pick=lambda summary, q=q: summary.get(q))
+    row("status writes per TrainJob", "writes/TJ", "status_writes_per_trainjob", VS_LIFECYCLE, "ratio")
+    for key, scope in (
+        ("tracked_requests_per_trainjob_by_verb", "TrainJobs and components"),
+        ("requests_per_trainjob_by_verb", "every resource"),
+    ):
+        t_req, p_req = t.get(key) or {}, p.get(key) or {}
+        for verb in ordered_verbs(set(t_req) | set(p_req)):
+            rows.append(
+                side_row(
+                    f"API requests per TrainJob, {scope}: {verb}",
+                    "",
+                    t_req.get(verb, 0.0) if t_req else None,
+                    p_req.get(verb, 0.0) if p_req else None,
+                )
+            )
+        if key.startswith("tracked"):
+            row("API writes per TrainJob, TrainJobs and components", "", "tracked_writes_per_trainjob")
+    row("CPU per TrainJob, controller side", "ms", "controller_cpu_ms_per_trainjob")
+    used = {name for run in (t, p) for name in (run.get("cpu_seconds") or {})}
+    for process in [*(n for n in LIFECYCLE_CPU_ORDER if n in used), *sorted(used - set(LIFECYCLE_CPU_ORDER))]:
+        rows.append(
+            side_row(f"CPU per TrainJob: {process}", "ms", _per_trainjob_ms(t, process), _per_trainjob_ms(p, process))
+        )
+    row("RSS, controller side, all Complete", "MB", "controller_rss_mb", pick=lambda m: m.get("rss_mb"))
+    row("peak RSS (VmHWM), controller side", "MB", "controller_rss_mb", pick=lambda m: m.get("hwm_mb"))
+    row("cluster start", "s", "cluster_start_seconds")
+    row("the side, cluster start to stop", "s", "total_seconds")
+    return rows
+
+
+def _time_to_all_complete(run: Mapping[str, Any]) -> tuple[float | None, bool]:
+    """(seconds, exact): a side's time to all Complete, or, when its wait ended first, how long it waited (a
+    lower bound: its TrainJobs were not all Complete by then)."""
+    if not run or run.get("seconds_to_all_complete") is not None or not run.get("created"):
+        return (run.get("seconds_to_all_complete") if run else None), True
+    waited = run.get("seconds_waited") or run.get("seconds_to_last_finished")
+    return waited, waited is None  # without a wait there is no figure, so nothing to mark as a bound
+
+
+def _render_lifecycle(life: Mapping[str, Any]) -> list[str]:
     out = [
-        "## 6. Lifecycle on a simulated cluster",
+        "## 6. Lifecycle on a simulated cluster, side by side with Trainer v2.3.0",
         "",
-        f"{life.get('n', 0):,} torch TrainJobs on {life.get('nodes', '')} simulated nodes (kwok; each pod "
-        f"succeeds {format_value(life.get('pod_run_seconds'), 's')} after it starts), on a stack of their own with "
-        "kube-controller-manager, kube-scheduler and JobSet's manager with its webhooks. Done = the benchmark's "
-        "watch sees the TrainJob's `Complete` (or `Failed`) condition True. Status writes: writes to "
-        "`trainjobs/status` (only the pipeline writes it). Requests: every resource's `apiserver_request_total` "
-        "delta less the benchmark's own and the API server's housekeeping, so the simulated controllers' "
-        'Jobs, Pods and JobSet status are in it; "TrainJobs and components" counts TrainJobs, JobSets, '
-        "ConfigMaps, Secrets and PodGroups only (JobSet's manager writes `jobsets/status`).",
+        f"{life.get('n', 0):,} torch TrainJobs per side on {life.get('nodes', '')} simulated nodes (kwok; each pod "
+        f"succeeds {format_value(life.get('pod_run_seconds'), 's')} after it starts), with kube-controller-manager, "
+        "kube-scheduler and JobSet's manager with its webhooks. Each side runs on a fresh simulated cluster of its "
+        "own, built the same way, Trainer's controller first (shipped settings, webhooks served but not "
+        "registered), then the pipeline's three services; they never run at the same time. Done = the benchmark's "
+        "watch sees the TrainJob's `Complete` (or `Failed`) condition True; times run from the first create sent. "
+        "Status writes: writes to `trainjobs/status` (only the controller writes it). Requests: "
+        "`apiserver_request_total` deltas less the benchmark's own and the API server's housekeeping, from the "
+        'first create to the controller\'s last activity; "every resource" includes the simulated '
+        'controllers\' Jobs, Pods and JobSet status, "TrainJobs and components" counts TrainJobs, JobSets, '
+        "ConfigMaps, Secrets and PodGroups only (JobSet's manager writes `jobsets/status`). CPU over the same "
+        "window; RSS once the side settled. Controller side: Trainer's controller process; here watcher + "
+        "planner + applier + nats-server. Ratios are this project ÷ Trainer.",
         "",
-        table(
-            ["figure", "value", "target", "verdict"],
-            [
-                ("ran to Complete", value, target, verdict_text),
-                ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted((life.get("outcomes") or {}).items())), "—", "—"),
-                ("time to all Complete", format_value(life.get("seconds_to_all_complete"), "s"), "—", "—"),
-                (
-                    "per TrainJob, create to Complete p50 / p99",
-                    f"{_ms(done.get('p50'))} / {_ms(done.get('p99'))}",
-                    "—",
-                    "—",
-                ),
-                ("status writes per TrainJob", format_value(life.get("status_writes_per_trainjob")), "—", "—"),
-                (
-                    "API requests per TrainJob, every resource",
-                    ", ".join(f"{v} {per[v]:.2f}" for v in ordered_verbs(per)) or "n/a",
-                    "—",
-                    "—",
-                ),
-                (
-                    "API requests per TrainJob, TrainJobs and components",
-                    ", ".join(f"{v} {tracked[v]:.2f}" for v in ordered_verbs(tracked)) or "n/a",
-                    "—",
-                    "—",
-                ),
-                (
-                    "the pipeline's apply outcomes",
-                    ", ".join(f"{k}={int(v)}" for k, v in sorted((life.get("applies") or {}).items())) or "n/a",
-                    "—",
-                    "—",
-                ),
-                ("cluster start", format_value(life.get("cluster_start_seconds"), "s"), "—", "—"),
-                ("whole scenario", format_value(life.get("total_seconds"), "s"), "—", "—"),
-            ],
-        ),
+        side_by_side_table(lifecycle_rows(life)),
         "",
     ]
-    cpu = life.get("cpu_seconds") or {}
-    created = life.get("created") or 0
-    if cpu and created:
-        out.append(
-            "CPU per TrainJob by process, create to settled: "
-            + ", ".join(f"{name} {1000 * used / created:.2f} ms" for name, used in sorted(cpu.items()))
-            + "."
-        )
-        out.append("")
+    for side in life.get("sides", []):
+        run = life.get(side) or {}
+        label = run.get("label", side)
+        if run.get("outcomes"):
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(run["outcomes"].items()))
+            out.append(f"- {label}: outcomes {outcomes} of {run.get('created', 0):,} created.")
+        if run.get("applies"):
+            out.append(
+                f"- {label}: apply outcomes "
+                + ", ".join(f"{k}={int(v)}" for k, v in sorted(run["applies"].items()))
+                + "."
+            )
+        if run.get("error"):
+            out.append(f"- {label}: failed: {run['error']}.")
+    out.append("")
     return out

@@ -646,30 +646,173 @@ def test_finished_condition_is_complete_or_failed_when_true() -> None:
     assert finished_condition([]) is None
 
 
-def test_lifecycle_section_and_checks() -> None:
-    life = {
+def _lifecycle_side(label: str, **figures: Any) -> dict[str, Any]:
+    side: dict[str, Any] = {
+        "label": label,
+        "created": 500,
+        "outcomes": {"Complete": 500},
+        "complete_percent": 100.0,
+        "seconds_to_all_complete": 80.0,
+        "time_to_finish": {"p50": 30.0, "p99": 60.0},
+        "status_writes_per_trainjob": 2.0,
+        "tracked_requests_per_trainjob_by_verb": {"APPLY": 4.0},
+        "tracked_writes_per_trainjob": 4.0,
+        "requests_per_trainjob_by_verb": {"GET": 7.5, "APPLY": 4.0},
+        "cpu_seconds": {"kube-apiserver": 10.0},
+        "controller_cpu_ms_per_trainjob": 5.0,
+        "controller_rss_mb": {"rss_mb": 70.0, "hwm_mb": 80.0},
+    }
+    side.update(figures)
+    return side
+
+
+def _lifecycle() -> dict[str, Any]:
+    return {
         "n": 500,
         "nodes": 20,
         "pod_run_seconds": 5.0,
-        "created": 500,
-        "outcomes": {"Complete": 499, "Failed": 1},
-        "complete_percent": 99.8,
-        "seconds_to_all_complete": None,
-        "time_to_finish": {"p50": 30.0, "p99": 60.0},
-        "status_writes_per_trainjob": 2.0,
-        "requests_per_trainjob_by_verb": {"GET": 7.5, "APPLY": 4.0},
-        "tracked_requests_per_trainjob_by_verb": {"APPLY": 4.0},
-        "applies": {"JobSet/created": 500.0},
-        "cpu_seconds": {"applier": 5.0},
+        "sides": ["trainer", "pipeline"],
+        "trainer": _lifecycle_side(
+            "Trainer v2.3.0",
+            status_writes_per_trainjob=3.0,
+            requests_per_trainjob_by_verb={"PUT": 3.0, "GET": 7.5},
+            cpu_seconds={"trainer-controller": 2.5, "kube-apiserver": 10.0},
+        ),
+        "pipeline": _lifecycle_side(
+            "pipeline",
+            outcomes={"Complete": 499, "Failed": 1},
+            complete_percent=99.8,
+            seconds_to_all_complete=None,
+            time_to_finish={"p50": 15.0, "p99": 90.0},
+            cpu_seconds={"applier": 5.0, "kube-apiserver": 12.5},
+            controller_cpu_ms_per_trainjob=10.0,
+            controller_rss_mb={"rss_mb": 210.0, "hwm_mb": 240.0},
+            applies={"JobSet/created": 500.0},
+        ),
     }
-    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
-    assert checks["ran to Complete"]["verdict"] == "not met"
-    assert checks["time to all Complete"]["verdict"] == "reference"
-    assert checks["status writes per TrainJob"]["value"] == 2.0
-    text = stats.render_markdown(
-        {"meta": {}, "machine": {}, "scenarios": {"lifecycle": life}, "checks": list(checks.values())}
+
+
+def test_lifecycle_rows_put_both_sides_and_their_ratio_in_each_row() -> None:
+    rows = {r["figure"]: r for r in stats.lifecycle_rows(_lifecycle())}
+    p50 = rows["create to Complete p50"]
+    assert (p50["trainer"], p50["pipeline"], p50["ratio"]) == (30.0, 15.0, 0.5)
+    assert rows["create to Complete p99"]["ratio"] == pytest.approx(1.5)
+    writes = rows["status writes per TrainJob"]
+    assert (writes["ratio"], writes["judge"], writes["target"]) == (
+        pytest.approx(2.0 / 3.0),
+        "ratio",
+        stats.VS_LIFECYCLE,
     )
-    assert "## 6. Lifecycle on a simulated cluster" in text
-    assert "| outcomes | Complete 499, Failed 1 | — | — |" in text
-    assert "| API requests per TrainJob, every resource | APPLY 4.00, GET 7.50 | — | — |" in text
-    assert "applier 10.00 ms" in text
+    # One side's verb the other has not is a zero there, not a missing figure.
+    assert rows["API requests per TrainJob, every resource: PUT"]["pipeline"] == 0.0
+    assert rows["API requests per TrainJob, every resource: APPLY"]["trainer"] == 0.0
+    assert rows["API requests per TrainJob, TrainJobs and components: APPLY"]["ratio"] == 1.0
+    assert rows["CPU per TrainJob, controller side"]["ratio"] == 2.0
+    assert rows["CPU per TrainJob: trainer-controller"]["trainer"] == pytest.approx(5.0)
+    assert rows["CPU per TrainJob: trainer-controller"]["pipeline"] is None
+    assert rows["CPU per TrainJob: kube-apiserver"]["ratio"] == pytest.approx(1.25)
+    assert rows["RSS, controller side, all Complete"]["ratio"] == 3.0
+    assert rows["peak RSS (VmHWM), controller side"]["pipeline"] == 240.0
+    order = [r["figure"] for r in stats.lifecycle_rows(_lifecycle())]
+    assert order.index("CPU per TrainJob: trainer-controller") < order.index("CPU per TrainJob: applier")
+    assert order.index("CPU per TrainJob: applier") < order.index("CPU per TrainJob: kube-apiserver")
+
+
+def test_lifecycle_checks_judge_status_writes_and_time_against_trainers() -> None:
+    life = _lifecycle()
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert set(checks) == {"ran to Complete", "time to all Complete", "status writes per TrainJob"}
+    assert checks["ran to Complete"]["verdict"] == "not met"  # the pipeline's own figure, 499 of 500
+    assert checks["status writes per TrainJob"]["value"] == pytest.approx(2.0 / 3.0)
+    assert checks["status writes per TrainJob"]["target"] == "≤ 1.000x"
+    assert checks["status writes per TrainJob"]["verdict"] == "met"
+    assert checks["time to all Complete"]["verdict"] == "no figure"  # not every TrainJob completed
+    life["pipeline"]["seconds_to_all_complete"] = 100.0
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert checks["time to all Complete"]["value"] == pytest.approx(1.25)
+    assert checks["time to all Complete"]["verdict"] == "not met"
+
+
+def test_a_bound_decides_a_target_one_way_only() -> None:
+    at_most = stats.Target("<=", 1.0, "x")
+    assert at_most.met_bounded(0.8, "at most") is True
+    assert at_most.met_bounded(1.2, "at most") is None
+    assert at_most.met_bounded(1.2, "at least") is False
+    assert at_most.met_bounded(0.8, "at least") is None
+    assert at_most.met_bounded(0.8, None) is True
+    at_least = stats.Target(">=", 100.0, "%")
+    assert at_least.met_bounded(100.0, "at least") is True
+    assert at_least.met_bounded(90.0, "at least") is None
+    assert at_least.met_bounded(None, "at most") is None
+
+
+def test_a_wait_that_ended_first_is_a_lower_bound_of_the_time_to_all_complete() -> None:
+    life = _lifecycle()
+    life["pipeline"].update(seconds_to_all_complete=72.0)
+    life["trainer"].update(
+        seconds_to_all_complete=None, seconds_waited=900.0, complete_percent=40.0, outcomes={"Complete": 200}
+    )
+    rows = {r["figure"]: r for r in stats.lifecycle_rows(life)}
+    time_row = rows["time to all Complete"]
+    assert (time_row["trainer"], time_row["at_least"], time_row["ratio_bound"]) == (900.0, ["trainer"], "at most")
+    assert time_row["ratio"] == pytest.approx(0.08)
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert (checks["time to all Complete"]["display"], checks["time to all Complete"]["verdict"]) == ("< 0.080x", "met")
+    text = stats.render_markdown({"meta": {}, "machine": {}, "scenarios": {"lifecycle": life}, "checks": []})
+    assert "| time to all Complete | > 900.00 s | 72.00 s | < 0.080 | ratio ≤ 1.000x | met |" in text
+    # The other way round a lower bound can only fail the target.
+    life["trainer"].update(seconds_to_all_complete=80.0)
+    life["pipeline"].update(seconds_to_all_complete=None, seconds_waited=60.0)
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert checks["time to all Complete"]["verdict"] == "no figure"
+    life["pipeline"].update(seconds_waited=100.0)
+    checks = {c["figure"]: c for c in stats.build_checks({"lifecycle": life}) if c["section"] == "lifecycle"}
+    assert (checks["time to all Complete"]["display"], checks["time to all Complete"]["verdict"]) == (
+        "> 1.250x",
+        "not met",
+    )
+
+
+def test_lifecycle_section_renders_both_sides_with_verdicts() -> None:
+    life = _lifecycle()
+    life["pipeline"]["seconds_to_all_complete"] = 72.0
+    scenarios = {"lifecycle": life}
+    text = stats.render_markdown(
+        {"meta": {}, "machine": {}, "scenarios": scenarios, "checks": stats.build_checks(scenarios)}
+    )
+    assert "## 6. Lifecycle on a simulated cluster, side by side with Trainer v2.3.0" in text
+    assert "| time to all Complete | 80.00 s | 72.00 s | 0.900 | ratio ≤ 1.000x | met |" in text
+    assert "| status writes per TrainJob | 3 writes/TJ | 2 writes/TJ | 0.667 | ratio ≤ 1.000x | met |" in text
+    assert "| ran to Complete | 100.0% | 99.8% | 0.998 | ≥ 100.0% | not met |" in text
+    assert "| CPU per TrainJob: applier | — | 10 ms | n/a | — | — |" in text
+    assert "- pipeline: outcomes Complete 499, Failed 1 of 500 created." in text
+    assert "- pipeline: apply outcomes JobSet/created=500." in text
+    assert "| lifecycle | time to all Complete | 0.900x | ≤ 1.000x | met |" in text
+
+
+def test_a_failed_lifecycle_side_keeps_the_other_sides_figures() -> None:
+    life = _lifecycle()
+    life["trainer"] = {"error": "RuntimeError('no readyz')", "cluster_start_seconds": 30.0}
+    rows = {r["figure"]: r for r in stats.lifecycle_rows(life)}
+    assert rows["time to all Complete"]["trainer"] is None
+    assert rows["time to all Complete"]["ratio"] is None
+    assert rows["status writes per TrainJob"]["pipeline"] == 2.0
+    assert rows["cluster start"]["trainer"] == 30.0
+    text = stats.render_markdown({"meta": {}, "machine": {}, "scenarios": {"lifecycle": life}, "checks": []})
+    assert "- trainer: failed: RuntimeError('no readyz')." in text
+
+
+def test_lifecycle_flags_choose_the_default_the_quick_and_the_large_run() -> None:
+    from bench.runner import SCENARIOS, parse_args
+
+    assert parse_args([]).lifecycle_jobs == 0
+    default = parse_args(["--lifecycle"])
+    assert (default.lifecycle_jobs, default.lifecycle_nodes, default.skip) == (500, 20, frozenset())
+    assert parse_args(["--lifecycle", "--quick"]).lifecycle_jobs == 50
+    large = parse_args(["--lifecycle-large"])
+    assert (large.lifecycle_jobs, large.lifecycle_nodes) == (5000, 200)
+    assert parse_args(["--lifecycle-large", "--lifecycle-nodes", "100"]).lifecycle_nodes == 100
+    only = parse_args(["--lifecycle-only", "--lifecycle-jobs", "10"])
+    assert (only.lifecycle_jobs, only.skip) == (10, frozenset(SCENARIOS))
+    with pytest.raises(SystemExit):
+        parse_args(["--lifecycle", "--lifecycle-jobs", "0"])
