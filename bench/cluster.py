@@ -103,6 +103,16 @@ class Item(msgspec.Struct, kw_only=True):
 _item_decoder = msgspec.json.Decoder(Item)
 
 
+async def close_clients(nc: Any, session: Any, kube: KubeClient | None) -> None:
+    """Close what a run opened, in the order it was opened; a part never opened is ``None``."""
+    if nc is not None:
+        await nc.close()
+    if session is not None:
+        await session.close()
+    if kube is not None:
+        await kube.close()
+
+
 async def list_items(kube: KubeClient, resource: Resource, *, namespace: str | None) -> list[Item]:
     """Every object of ``resource`` in ``namespace``, in the few fields the verification reads."""
     return [

@@ -47,6 +47,7 @@ from bench.cluster import (
     apiserver_probe,
     apply_object,
     bus_probe,
+    close_clients,
     counter_delta,
     cpu_delta,
     cpu_of,
@@ -294,12 +295,7 @@ async def _side(side: str, out: dict[str, Any], settings: _Settings, *, progress
             if trainer.process is not None and not trainer.is_running():
                 out["exited"] = trainer.log_tail(10)
             await asyncio.to_thread(trainer.stop)
-        if nc is not None:
-            await nc.close()
-        if session is not None:
-            await session.close()
-        if kube is not None:
-            await kube.close()
+        await close_clients(nc, session, kube)
         say("stopping its stack")
         await asyncio.to_thread(stack.stop)
         if not settings.keep_state:

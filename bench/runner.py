@@ -383,6 +383,7 @@ async def run_with_stack(
         Services,
         apply_object,
         bus_probe,
+        close_clients,
         cpu_of,
         pids_by_name,
         purge_history,
@@ -568,12 +569,7 @@ async def run_with_stack(
         failed_logs = {p.name: p.log_tail(5) for p in stack.services if not p.is_running()}
         for name, tail in failed_logs.items():
             report["notes"].append(f"{name} had exited before the end; last log lines: {tail}")
-        if nc is not None:
-            await nc.close()
-        if session is not None:
-            await session.close()
-        if kube is not None:
-            await kube.close()
+        await close_clients(nc, session, kube)
         progress("stopping the stack")
         await asyncio.to_thread(stack.stop)
         if settings.keep_state:
