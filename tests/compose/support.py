@@ -44,6 +44,19 @@ def engine_problem() -> str | None:
     return None
 
 
+def image_builder() -> Any:
+    """tools/compose_images.py as a module: the project's offline image builder (not a package, so loaded by path)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("compose_images", REPO / "tools" / "compose_images.py")
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = builder  # its dataclasses look their module up there
+    spec.loader.exec_module(builder)
+    return builder
+
+
 def compose_tools(v2_config: Path | None) -> dict[str, list[str]]:
     """The compose commands present: Debian's docker-compose 1.29, and compose v2 as a plugin the docker CLI
     has, or as built from its module (``v2_config``, a Docker configuration folder holding it)."""

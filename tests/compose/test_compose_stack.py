@@ -10,9 +10,7 @@ the compose v2 plugin built from its module; the file is checked by both.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +25,7 @@ from kubernetes.client import CustomObjectsApi, VersionApi
 from tjpipe.local import compose, crds
 from tjpipe.local.kubeapi import new_api_client
 
-from .support import REPO, Project, compose_tools, engine_problem
+from .support import Project, compose_tools, engine_problem, image_builder
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -68,13 +66,8 @@ def v2_config(engine: None) -> Path | None:
 
 @pytest.fixture(scope="module")
 def images(engine: None) -> None:
-    spec = importlib.util.spec_from_file_location("compose_images", REPO / "tools" / "compose_images.py")
-    assert spec is not None and spec.loader is not None
-    compose_images = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = compose_images  # its dataclasses look their module up there
-    spec.loader.exec_module(compose_images)
     started = time.monotonic()
-    assert compose_images.main([]) == 0
+    assert image_builder().main([]) == 0
     _say(f"images ready in {time.monotonic() - started:.0f}s")
 
 
