@@ -425,11 +425,12 @@ class Rig:
             timeout=timeout,
         )
 
-    def start_service(self, role: str, index: int) -> Container:
+    def start_service(self, role: str, index: int, *, image: str = compose.PROJECT_IMAGE) -> Container:
+        """Replica ``index`` of ``role`` as compose runs it, from ``image`` (another version's, for an upgrade)."""
         replica = f"{role}-{index}"
         return self.run_container(
             replica,
-            compose.PROJECT_IMAGE,
+            image,
             role,
             env=self.service_env(role, replica),
             mounts=self._service_files(role),

@@ -12,8 +12,8 @@ runtimes in a namespace of its own and, about a third of the way in, breaks one 
   plans, README "Streams"); started again once the work is done;
 - ``test_kill_one_replica_of_each``: ``docker kill`` of one watcher, one planner and one applier chosen at
   random; the survivors must own every partition in fair shares;
-- ``test_partition_one_server`` (last): ``docker network disconnect`` of the leader of TJ_EVENTS for 30 s,
-  then connected again under its name. Marked xfail (not strict) for now: it passes most runs, and failed in
+- ``test_partition_one_server`` (last): ``docker network disconnect`` of the meta leader for 30 s, then
+  connected again under its name. Marked xfail (not strict) for now: it passes most runs, and failed in
   two ways (see its reason), the planners' lease rounds stopping after the partition among them.
 
 Each test ends with the same invariant (``assert_invariants``): every TrainJob is built exactly as the pure
@@ -35,6 +35,7 @@ import collections
 import random
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -663,8 +664,8 @@ def test_kill_one_replica_of_each(rig: Rig) -> None:
 
 
 @pytest.mark.xfail(
-    reason="a 30 s partition of TJ_EVENTS's leader fails now and then: once (the partitioned server was the meta "
-    "leader) the planners' lease rounds timed out and then stopped after 'planner lost partition N', so a planner "
+    reason="a 30 s partition of the meta leader fails now and then after the other faults (it passed alone): once "
+    "the planners' lease rounds timed out and then stopped after 'planner lost partition N', so a planner "
     "killed later had its partitions never taken over; once TJ_EVENTS held 3 events its history did not (read "
     "at once after the drain; the test now waits up to 60 s for the copy). Runs last so that no later test "
     "inherits planners without leases; reported to the lead",
@@ -672,8 +673,15 @@ def test_kill_one_replica_of_each(rig: Rig) -> None:
 )
 def test_partition_one_server(rig: Rig) -> None:
     def fault() -> Fault:
-        leader = stream_leader(rig, streams.EVENTS.name)
-        what = f"network disconnect {leader}, leader of {streams.EVENTS.name}"
+        # The meta leader: every failure seen so far was with it cut off.
+        leader = rig.meta_leader()
+        what = (
+            f"network disconnect {leader}, the meta leader (TJ_EVENTS led by {stream_leader(rig, streams.EVENTS.name)})"
+        )
         return member_fault(rig, leader, what, cut="disconnect", heal="connect", heal_after=PARTITION_SECONDS)
 
-    run_under_fault(rig, "partition", fault)
+    try:
+        run_under_fault(rig, "partition", fault)
+    except BaseException:
+        traceback.print_exc()  # an expected failure's traceback is not shown otherwise
+        raise
