@@ -147,6 +147,8 @@ class Rig:
     keys: KeyFolder | None = None
     kube: LocalKube | None = None
     nats_names: list[str] = field(default_factory=list)
+    killed: set[str] = field(default_factory=set)
+    """Services a test killed on purpose (their aliases): not counted as exited by :meth:`exited_services`."""
     _host_ports: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     # ---------------------------------------------------------------------------------------- plumbing
@@ -443,7 +445,7 @@ class Rig:
     def exited_services(self, killed: Iterable[str] = ()) -> list[str]:
         """Services that stopped though nobody stopped them, with their last lines."""
         out = []
-        gone = set(killed)
+        gone = set(killed) | self.killed
         for role in SERVICE_ROLES:
             for c in self.services(role):
                 if c.alias not in gone and not c.running():
