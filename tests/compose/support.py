@@ -64,13 +64,8 @@ def settled_writes(kube: LocalKube, *, rounds: int = 30) -> WriteCounts:
 def build_images(say: Callable[[str], None]) -> None:
     """Every image the compose file names, with the project's offline builder (tools/compose_images.py);
     cached, so a warm run takes seconds."""
-    spec = importlib.util.spec_from_file_location("compose_images", REPO / "tools" / "compose_images.py")
-    assert spec is not None and spec.loader is not None
-    compose_images = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = compose_images  # its dataclasses look their module up there
-    spec.loader.exec_module(compose_images)
     started = time.monotonic()
-    assert compose_images.main([]) == 0
+    assert image_builder().main([]) == 0
     say(f"images ready in {time.monotonic() - started:.0f}s")
 
 
@@ -87,6 +82,17 @@ def engine_problem() -> str | None:
     if completed.returncode != 0:
         return "no Docker engine answers `docker info` (.ci/run starts dockerd when none runs)"
     return None
+
+
+def image_builder() -> Any:
+    """tools/compose_images.py as a module: the project's offline image builder (not a package, so loaded by path)."""
+
+    spec = importlib.util.spec_from_file_location("compose_images", REPO / "tools" / "compose_images.py")
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = builder  # its dataclasses look their module up there
+    spec.loader.exec_module(builder)
+    return builder
 
 
 def compose_tools(v2_config: Path | None) -> dict[str, list[str]]:

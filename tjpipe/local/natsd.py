@@ -288,24 +288,51 @@ def start_nats_cluster(
 
 
 def _member_config(member: _Member, *, routes: list[int], route_password: str) -> str:
+    return member_config(
+        name=member.name,
+        client_listen=f"127.0.0.1:{member.client_port}",
+        monitor_listen=f"127.0.0.1:{member.monitor_port}",
+        cluster_listen=f"127.0.0.1:{member.cluster_port}",
+        store_dir=str(member.store_dir),
+        route_hosts=[f"127.0.0.1:{port}" for port in routes],
+        route_password=route_password,
+    )
+
+
+def member_config(
+    *,
+    name: str,
+    client_listen: str,
+    monitor_listen: str,
+    cluster_listen: str,
+    store_dir: str,
+    route_hosts: list[str],
+    route_password: str,
+    advertise: bool = True,
+) -> str:
+    """One cluster member's config: its name (also its tag), listen addresses, store, and authenticated routes
+    to ``route_hosts`` (``host:port``). ``advertise=False`` keeps the members from telling clients each other's
+    addresses, for members whose addresses only mean something on a network the clients are not all on
+    (containers seen from the host through published ports)."""
     # JSON string literals are valid quoted strings in the NATS config format, and quoting keeps a `$` or a
     # space in a path from being read as a variable or a separator.
     route_lines = "\n".join(
-        f"    {json.dumps(f'nats-route://{_ROUTE_USER}:{route_password}@127.0.0.1:{port}')}" for port in routes
+        f"    {json.dumps(f'nats-route://{_ROUTE_USER}:{route_password}@{host}')}" for host in route_hosts
     )
     return (
-        f"server_name: {json.dumps(member.name)}\n"
+        f"server_name: {json.dumps(name)}\n"
         # The name as a tag too, so that a test can place a stream or bucket on chosen members.
-        f"server_tags: [{json.dumps(member.name)}]\n"
-        f"listen: {json.dumps(f'127.0.0.1:{member.client_port}')}\n"
-        f"http: {json.dumps(f'127.0.0.1:{member.monitor_port}')}\n"
+        f"server_tags: [{json.dumps(name)}]\n"
+        f"listen: {json.dumps(client_listen)}\n"
+        f"http: {json.dumps(monitor_listen)}\n"
         "jetstream {\n"
-        f"  store_dir: {json.dumps(str(member.store_dir))}\n"
+        f"  store_dir: {json.dumps(store_dir)}\n"
         "}\n"
         "cluster {\n"
         f"  name: {json.dumps(_CLUSTER_NAME)}\n"
-        f"  listen: {json.dumps(f'127.0.0.1:{member.cluster_port}')}\n"
-        f"  authorization {{\n    user: {json.dumps(_ROUTE_USER)}\n    password: {json.dumps(route_password)}\n  }}\n"
+        f"  listen: {json.dumps(cluster_listen)}\n"
+        + ("" if advertise else "  no_advertise: true\n")
+        + f"  authorization {{\n    user: {json.dumps(_ROUTE_USER)}\n    password: {json.dumps(route_password)}\n  }}\n"
         "  routes: [\n"
         f"{route_lines}\n"
         "  ]\n"
