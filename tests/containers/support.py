@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from compose.support import image_builder
-from tjpipe.local.signing_keys import KeyFolder
 
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
+from tjpipe.keys.signing import KeyFolder
 from tjpipe.local import compose, crds, kubeapi
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import member_config
