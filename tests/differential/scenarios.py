@@ -35,6 +35,9 @@ RUNS_FOR = "40s"
 simulated cluster can take well over ten seconds from creation to Ready, and one whose run time is over by
 then succeeds without ever being Ready."""
 EDITED = "example.com/edited"
+RUNTIME_SEEN_SECONDS = 15.0
+"""How long a TrainJob on a just-made namespaced runtime is offered again while Trainer's webhook says the
+runtime does not exist yet."""
 TUNE_INITIALIZER = {
     "dataset": {"storageUri": "hf://tatsu-lab/alpaca"},
     "model": {"storageUri": "hf://meta-llama/Llama-3.2-1B-Instruct"},
@@ -91,6 +94,25 @@ class Case:
         self.p.create(
             {"apiVersion": TRAINER, "kind": "TrainingRuntime", "metadata": {"name": self.runtime}, "spec": spec}
         )
+
+    async def create_on_namespaced_copy(self, body: Obj) -> None:
+        """Create the TrainJob ``body`` on the runtime ``namespaced_copy`` has just made.
+
+        Trainer's webhook looks the runtime up in its informer cache, which can be a moment behind a
+        TrainingRuntime just created (seen under load); it then refuses with "must be created before the
+        TrainJob". That refusal alone is offered again, for ``RUNTIME_SEEN_SECONDS``; any other is the case's
+        outcome.
+        """
+        deadline = time.monotonic() + RUNTIME_SEEN_SECONDS
+        while True:
+            try:
+                self.p.create(body)
+                return
+            except ApiException as exc:
+                not_seen_yet = exc.status == 403 and "must be created before the TrainJob" in str(exc.body)
+                if not not_seen_yet or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.2)
 
     async def until(self, check: Callable[[Obj | None], bool], what: str, timeout: float = STEP) -> None:
         try:
@@ -204,7 +226,7 @@ async def a_pod_fails(case: Case) -> None:
         ]
     else:
         patches = [annotated(FAIL, "node")]
-    case.p.create(case.body(patches=patches, namespaced_runtime=True))
+    await case.create_on_namespaced_copy(case.body(patches=patches, namespaced_runtime=True))
     await case.until(finished, "Failed")
 
 
@@ -264,7 +286,7 @@ async def runtime_edited_after_start(case: Case) -> None:
     """The job's runtime (a namespaced copy) gets a new pod annotation while the job runs: the job keeps
     the runtime it started with (its JobSet never takes the edit) and completes."""
     case.namespaced_copy()
-    case.p.create(
+    await case.create_on_namespaced_copy(
         case.body(patches=[annotated({RUN_TIME_ANNOTATION: RUNS_FOR}, *case.trainers)], namespaced_runtime=True)
     )
     await case.until_true(running(case), "running")
