@@ -323,11 +323,11 @@ def _runtime_ref(job: TrainJob) -> str:
 
 
 class _Common(msgspec.Struct, frozen=True):
-    """The fields every apply message of one plan shares.
+    """The fields every apply message of one plan shares (``envelope``), and whether the TrainJob is
+    suspended, which the component messages carry and a status does not.
 
-    Spelled out at each message rather than passed as ``**kwargs``: unpacking a dict into a struct
-    costs more than building the message. The three constructions (``_message``, ``_deletion``,
-    ``_status_message``) therefore repeat the same keyword list on purpose.
+    Unpacking ``envelope`` costs about half a microsecond more per message than spelling the fields out,
+    against a few hundred microseconds per plan: one list of them is worth that.
     """
 
     trainjob: ObjectKey
@@ -337,6 +337,17 @@ class _Common(msgspec.Struct, frozen=True):
     trace_id: str
     observed_at: float
     trainjob_suspended: bool
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "trainjob": self.trainjob,
+            "trainjob_uid": self.trainjob_uid,
+            "source_seq": self.source_seq,
+            "source_version": self.source_version,
+            "trace_id": self.trace_id,
+            "observed_at": self.observed_at,
+        }
 
     @classmethod
     def of(cls, event: TrainJobObserved, source_seq: int) -> _Common:
@@ -378,12 +389,7 @@ def _message(component: Component, common: _Common, absent: frozenset[tuple[str,
         object=obj,
         target=target,
         policy=component.policy,
-        trainjob=common.trainjob,
-        trainjob_uid=common.trainjob_uid,
-        source_seq=common.source_seq,
-        source_version=common.source_version,
-        trace_id=common.trace_id,
-        observed_at=common.observed_at,
+        **common.envelope,
         trainjob_suspended=common.trainjob_suspended,
         observed_absent=(target.kind, target.name) in absent,
     )
@@ -405,12 +411,7 @@ def _labelled(obj: ConfigMap | Secret) -> ConfigMap | Secret:
 
 def _deletion(deletion: Deletion, common: _Common) -> DeleteComponent:
     return DeleteComponent(
-        trainjob=common.trainjob,
-        trainjob_uid=common.trainjob_uid,
-        source_seq=common.source_seq,
-        source_version=common.source_version,
-        trace_id=common.trace_id,
-        observed_at=common.observed_at,
+        **common.envelope,
         trainjob_suspended=common.trainjob_suspended,
         target=Target(
             api_version=deletion.api_version,
@@ -436,12 +437,7 @@ def _status_message(job: TrainJob, desired: dict[str, Any], common: _Common) -> 
         TrainJob,
     )
     return ApplyTrainJobStatus(
-        trainjob=key,
-        trainjob_uid=common.trainjob_uid,
-        source_seq=common.source_seq,
-        source_version=common.source_version,
-        trace_id=common.trace_id,
-        observed_at=common.observed_at,
+        **common.envelope,
         target=Target(
             api_version=t.API_VERSION,
             kind=t.TRAINJOB_KIND,
