@@ -67,6 +67,7 @@ from plumbing.observability import (
 from plumbing.partitions import consume_partitioned, default_replica_id
 from plumbing.runner import ServiceSettings, started
 from plumbing.stream_usage import StreamUsage
+from plumbing.tasks import cancel_and_wait
 
 log = logging.getLogger("applier")
 
@@ -428,6 +429,4 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
                 stop=stop,
             )
         finally:
-            for task in (watching, stamping):
-                task.cancel()
-            await asyncio.gather(watching, stamping, return_exceptions=True)
+            await cancel_and_wait(watching, stamping)

@@ -34,6 +34,7 @@ from contracts.subjects import PARTITIONS
 from plumbing.bus import LEASE_BUCKET, bind_consumers, partition_consumer, read_stream, until_set_up
 from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
 from plumbing.pull import StreamingPull
+from plumbing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -145,23 +146,6 @@ class PartitionLeases:
                 await self.kv.delete(f"{self.role}.member.{self.replica}")
 
 
-async def _cancel_until_done(task: asyncio.Task[None], *, every: float = 1.0) -> None:
-    """Cancel ``task`` and wait for it to end, cancelling again each ``every`` seconds while it runs on.
-
-    On Python 3.11 a cancellation that arrives just as ``asyncio.wait_for``'s inner wait completes is lost
-    (fixed in 3.12), and a pull loop waits that way all the time. Waiting once for a cancelled loop could
-    then wait for ever: the lease round that released the partition never ended, so the replica stopped
-    renewing and claiming (seen in tests/containers after a network partition).
-    """
-    task.cancel()
-    while not task.done():
-        done, _ = await asyncio.wait({task}, timeout=every)
-        if not done:
-            task.cancel()
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("a pull loop ended with %r", task.exception())
-
-
 class PartitionedConsumer:
     """A pull loop per held partition, on that partition's durable consumer."""
 
@@ -191,7 +175,7 @@ class PartitionedConsumer:
     async def release(self, partition: int) -> None:
         task = self._tasks.pop(partition, None)
         if task is not None:
-            await _cancel_until_done(task)
+            await cancel_and_wait(task)
         # The replica that takes the partition reports its lag from now on; a last value left here would
         # stay on the dashboard for ever, as if the backlog had stopped moving.
         with contextlib.suppress(KeyError):

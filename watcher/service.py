@@ -54,6 +54,7 @@ from plumbing.observability import (
     ActiveCounts,
 )
 from plumbing.runner import ServiceSettings, started
+from plumbing.tasks import cancel_and_wait
 from plumbing.workqueue import AsyncDelayingQueue, Item
 from watcher import core, trim
 
@@ -432,9 +433,7 @@ class Watcher:
             log.info("watcher running", extra={"namespaces": list(self.settings.namespaces) or ["*"]})
             await stop.wait()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
 
     async def _resync_loop(self) -> None:
         while True:

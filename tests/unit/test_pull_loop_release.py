@@ -1,10 +1,10 @@
-"""Releasing a partition ends its pull loop even when the loop lets a cancellation go by."""
+"""Ending a loop (a partition's pull loop, a watch) works even when the loop lets a cancellation go by."""
 
 from __future__ import annotations
 
 import asyncio
 
-from plumbing.partitions import _cancel_until_done
+from plumbing.tasks import cancel_and_wait
 
 
 def test_a_loop_that_loses_one_cancellation_is_cancelled_again_and_ends() -> None:
@@ -22,7 +22,7 @@ def test_a_loop_that_loses_one_cancellation_is_cancelled_again_and_ends() -> Non
     async def main() -> asyncio.Task[None]:
         task = asyncio.create_task(loop_that_misses_a_cancel())
         await asyncio.sleep(0)
-        await asyncio.wait_for(_cancel_until_done(task, every=0.05), timeout=5)
+        await asyncio.wait_for(cancel_and_wait(task, every=0.05), timeout=5)
         return task
 
     task = asyncio.run(main())
@@ -34,7 +34,7 @@ def test_a_loop_that_ends_at_once_is_waited_for_once() -> None:
     async def main() -> asyncio.Task[None]:
         task = asyncio.create_task(asyncio.sleep(30))
         await asyncio.sleep(0)
-        await asyncio.wait_for(_cancel_until_done(task, every=10), timeout=1)
+        await asyncio.wait_for(cancel_and_wait(task, every=10), timeout=1)
         return task
 
     assert asyncio.run(main()).cancelled()
