@@ -94,6 +94,12 @@ PUBLISH_REFUSED = Counter(
     ["stream"],
     registry=REGISTRY,
 )
+WORK_TRIMMED = Counter(
+    "tjpipe_work_trimmed_total",
+    "Messages removed from a limits-retention work stream once acknowledged and recorded (plumbing.trim)",
+    ["stream"],
+    registry=REGISTRY,
+)
 STREAM_BYTES = Gauge("tjpipe_stream_bytes", "Bytes a stream holds (stream info)", ["stream"], registry=REGISTRY)
 STREAM_MAX_BYTES = Gauge(
     "tjpipe_stream_max_bytes", "A stream's byte limit; -1 when it has none", ["stream"], registry=REGISTRY

@@ -35,6 +35,7 @@ from plumbing.bus import LEASE_BUCKET, bind_consumers, partition_consumer, read_
 from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
 from plumbing.pull import StreamingPull
 from plumbing.tasks import cancel_and_wait
+from plumbing.trim import WorkTrim
 
 log = logging.getLogger(__name__)
 
@@ -157,32 +158,38 @@ class PartitionedConsumer:
         handle_batch: Callable[[list[Msg]], Awaitable[None]],
         *,
         batch: int,
+        trim: WorkTrim | None = None,
     ) -> None:
         self.nc = nc
         self.js = js
         self.spec = spec
         self.handle_batch = handle_batch
         self.batch = batch
+        self.trim = trim
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
     async def acquire(self, partition: int) -> None:
         spec = partition_consumer(self.spec, partition)  # made by the admin set-up; bound, never created here
         pull = StreamingPull(self.nc, stream=spec.stream, durable=spec.durable, batch=self.batch)
         await pull.start()
-        self._tasks[partition] = asyncio.create_task(self._loop(pull, spec.durable))
+        self._tasks[partition] = asyncio.create_task(self._loop(pull, spec.durable, partition))
+        if self.trim is not None:
+            self.trim.touched(partition)  # what an earlier holder finished may still be there
         PARTITIONS_OWNED.labels(role=self.spec.durable).set(len(self._tasks))
 
     async def release(self, partition: int) -> None:
         task = self._tasks.pop(partition, None)
         if task is not None:
             await cancel_and_wait(task)
+        if self.trim is not None:
+            self.trim.forget(partition)
         # The replica that takes the partition reports its lag from now on; a last value left here would
         # stay on the dashboard for ever, as if the backlog had stopped moving.
         with contextlib.suppress(KeyError):
             CONSUMER_LAG.remove(partition_consumer(self.spec, partition).durable)
         PARTITIONS_OWNED.labels(role=self.spec.durable).set(len(self._tasks))
 
-    async def _loop(self, pull: StreamingPull, durable: str) -> None:
+    async def _loop(self, pull: StreamingPull, durable: str, partition: int) -> None:
         try:
             while True:
                 try:
@@ -196,6 +203,8 @@ class PartitionedConsumer:
                 if msgs:
                     CONSUMER_LAG.labels(consumer=durable).set(msgs[-1].metadata.num_pending or 0)
                     await self.handle_batch(msgs)
+                    if self.trim is not None:
+                        self.trim.touched(partition)
         finally:
             await pull.stop()
 
@@ -213,7 +222,8 @@ async def consume_partitioned(
     stop: asyncio.Event,
 ) -> None:
     """Hold a fair share of the partitions of ``spec`` until ``stop``, feeding each one's batches in order."""
-    consumer = PartitionedConsumer(nc, js, spec, handle_batch, batch=batch)
+    trim = WorkTrim(nc, js, spec)
+    consumer = PartitionedConsumer(nc, js, spec, handle_batch, batch=batch, trim=trim)
     await bind_consumers(js, spec)
     bucket = await open_lease_bucket(js)
     leases = PartitionLeases(
@@ -225,4 +235,8 @@ async def consume_partitioned(
         ttl=lease_ttl,
     )
     log.info("%s %s running", role, replica)
-    await leases.run(stop)
+    trimming = asyncio.create_task(trim.run(stop))
+    try:
+        await leases.run(stop)
+    finally:
+        await cancel_and_wait(trimming)

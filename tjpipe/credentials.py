@@ -89,6 +89,14 @@ def _consume_durables(spec: streams.ConsumerSpec) -> list[str]:
     return out
 
 
+def _trim_work(spec: streams.ConsumerSpec) -> list[str]:
+    """Remove what is finished and recorded from the stage's own input stream (``plumbing.trim``, needed where
+    a work stream has limits retention: a JetStream cluster): purge it, and read the newest message of its
+    history to learn how far that is recorded. Messages the stage already received are all it can read
+    there."""
+    return [f"{_API}.STREAM.PURGE.{spec.stream}", f"{_API}.DIRECT.GET.{streams.HISTORY_OF[spec.stream]}"]
+
+
 def _leases(role: str) -> list[str]:
     """Write and read this role's own lease keys; list the bucket's keys with a batched direct get.
 
@@ -143,6 +151,7 @@ def permissions() -> dict[str, Permissions | None]:
         PLANNER: Permissions(
             publish=(
                 *_consume_durables(streams.PLANNER),
+                *_trim_work(streams.PLANNER),
                 f"{subjects.APPLY_PREFIX}.>",
                 f"{subjects.DLQ_PREFIX}.planner.>",
                 *_leases("planner"),
@@ -151,6 +160,7 @@ def permissions() -> dict[str, Permissions | None]:
         APPLIER: Permissions(
             publish=(
                 *_consume_durables(streams.APPLIER),
+                *_trim_work(streams.APPLIER),
                 f"{subjects.RESULTS_PREFIX}.>",
                 f"{subjects.DLQ_PREFIX}.applier.>",
                 f"$KV.{streams.APPLIED_BUCKET}.>",

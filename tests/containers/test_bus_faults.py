@@ -23,7 +23,8 @@ the live one); ten suspended TrainJobs whose runtime patches were changed twice 
 second change (no stale plan wrote after a newer one); nothing is dead-lettered; once drained the pipeline
 writes nothing for 15 s (``apiserver_request_total``); the live replicas hold every partition again, in fair
 shares (``tj_leases``); and no message is missing from the history: each
-work stream holds as many of the namespace's messages as its history stream, every TrainJob has its events
+history stream holds a copy of every message its work stream ever stored, the work streams hold nothing
+of the namespace once its consumers have removed what is done (``plumbing.trim``), every TrainJob has its events
 and results recorded, and no record stream has lost a message.
 
 Figures (creates while the fault lasted, seconds to converge, writes once idle, messages in the history
@@ -440,6 +441,16 @@ def subject_counts(url: str, stream: str, subject: str) -> collections.Counter[s
     return counts
 
 
+def work_and_history(url: str, work: str, history: str) -> tuple[int, int]:
+    """How many messages ``work`` ever stored (its last sequence, on the rig's own bus) and ``history`` holds."""
+
+    async def read(js: Any) -> tuple[int, int]:
+        return (await js.stream_info(work)).state.last_seq, (await js.stream_info(history)).state.messages
+
+    counts: tuple[int, int] = scale._run(read, url)
+    return counts
+
+
 def history_sources(url: str) -> dict[str, list[tuple[str, int, str]]]:
     """Each history stream's sources: (origin, lag, error)."""
 
@@ -492,24 +503,26 @@ def assert_invariants(rig: Rig, api: Any, namespace: str, jobs: list[Job], befor
     assert not letters, dict(letters)
     assert idle_writes == 0, {k: v for k, v in idle_delta.all_writes().items() if v}
 
-    # No message lost from the history: the work streams (limits retention on a cluster) keep every message,
-    # and their history copies must come to hold the same ones (a source copies with some lag, more after
-    # its origin's leader changed).
+    # No message lost from the history: each history stream must come to hold a copy of every message its
+    # work stream ever stored (a source copies with some lag, more after its origin's leader changed), and,
+    # once the consumers trimmed what is done (limits retention on a cluster: plumbing.trim), the work
+    # streams hold nothing of the namespace.
     copied_started = time.monotonic()
     for work, history, subject in (
         (streams.EVENTS.name, streams.EVENTS_HISTORY.name, events_filter(namespace)),
         (streams.APPLY.name, streams.APPLY_HISTORY.name, apply_filter(namespace)),
     ):
         while True:
-            in_work, in_history = subject_counts(url, work, subject), subject_counts(url, history, subject)
-            if in_work == in_history or time.monotonic() - copied_started > HISTORY_TIMEOUT:
+            stored, copies = work_and_history(url, work, history)
+            left_in_work = subject_counts(url, work, subject)
+            if (stored == copies and not left_in_work) or time.monotonic() - copied_started > HISTORY_TIMEOUT:
                 break
             time.sleep(1)
-        assert in_work == in_history, (
-            f"{HISTORY_TIMEOUT:.0f}s after the work was drained, {work} and {history} still differ "
-            f"(only in the work stream: {dict(in_work - in_history)}; only in the history: "
-            f"{dict(in_history - in_work)}); sources: {history_sources(url)}"
+        assert stored == copies, (
+            f"{HISTORY_TIMEOUT:.0f}s after the work was drained, {work} has stored {stored} messages and {history} "
+            f"holds {copies}; sources: {history_sources(url)}"
         )
+        assert not left_in_work, f"{work} still holds finished work of the namespace: {dict(left_in_work)}"
     copied = time.monotonic() - copied_started
     events = subject_counts(url, streams.EVENTS_HISTORY.name, events_filter(namespace))
     results = subject_counts(url, streams.RESULTS.name, results_filter(namespace))

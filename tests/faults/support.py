@@ -39,7 +39,7 @@ from contracts.messages import AppliedRecord, DeadLetter, decode_dead_letter
 from plumbing.bus import SOURCE_HEADER
 from tjpipe.credentials import generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
-from tjpipe.local.natsd import LocalNats, start_nats
+from tjpipe.local.natsd import LocalNats, LocalNatsCluster, start_nats, start_nats_cluster
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
 from tjpipe.stack import Stack, StatePaths
 
@@ -276,7 +276,7 @@ class Pipeline:
     kube: LocalKube
     root: Path
     namespace: str
-    nats: LocalNats
+    nats: LocalNats | LocalNatsCluster
     stack: Stack
     dyn: dynamic.DynamicClient
     api: kube_client.ApiClient
@@ -304,6 +304,7 @@ class Pipeline:
 
     def restart_nats(self, *, downtime: float) -> None:
         """Stop nats-server (SIGTERM), wait, and start it again on the same port with the same store."""
+        assert isinstance(self.nats, LocalNats), "restart_nats is for one server"
         port = self.nats.port
         self.nats.stop()
         time.sleep(downtime)
@@ -392,21 +393,47 @@ def new_namespace(api: kube_client.ApiClient, prefix: str = "f") -> str:
 
 
 def open_pipeline(
-    kube: LocalKube, root: Path, *, runtimes: Iterable[str] = ("torch-distributed",), own_identities: bool = False
+    kube: LocalKube,
+    root: Path,
+    *,
+    runtimes: Iterable[str] = ("torch-distributed",),
+    own_identities: bool = False,
+    nats_servers: int = 1,
 ) -> Pipeline:
-    """NATS and a Stack on ``kube``; with ``own_identities`` the services run as the pipeline's ServiceAccounts."""
+    """NATS and a Stack on ``kube``; with ``own_identities`` the services run as the pipeline's ServiceAccounts.
+
+    ``nats_servers`` above 1 makes a JetStream cluster of that many on loopback, every stream and bucket with
+    as many replicas (``TJPIPE_STREAM_REPLICAS``), as ``deploy/`` runs it.
+    """
     root.mkdir(parents=True, exist_ok=True)
     credentials = generate_credentials(root / "creds")
-    nats = start_nats(
-        store_dir=root / "nats-store",
-        log_dir=root / "logs",
-        name="nats",
-        authorization=server_authorization(credentials),
-    )
+    nats: LocalNats | LocalNatsCluster
+    if nats_servers > 1:
+        nats = start_nats_cluster(
+            size=nats_servers,
+            base_dir=root / "nats",
+            log_dir=root / "logs",
+            authorization=server_authorization(credentials),
+        )
+    else:
+        nats = start_nats(
+            store_dir=root / "nats-store",
+            log_dir=root / "logs",
+            name="nats",
+            authorization=server_authorization(credentials),
+        )
     stack = Stack(paths=StatePaths(root), progress=lambda _: None)
-    stack.start_infrastructure(
-        nats_url=nats.url, kubeconfig=kube.kubeconfig, install_crds=False, credentials=credentials
-    )
+    replicas = os.environ.get("TJPIPE_STREAM_REPLICAS")
+    os.environ["TJPIPE_STREAM_REPLICAS"] = str(nats_servers)  # read by the bus set-up
+    try:
+        stack.start_infrastructure(
+            nats_url=nats.url, kubeconfig=kube.kubeconfig, install_crds=False, credentials=credentials
+        )
+    finally:
+        if replicas is None:
+            del os.environ["TJPIPE_STREAM_REPLICAS"]
+        else:
+            os.environ["TJPIPE_STREAM_REPLICAS"] = replicas
     if own_identities:
         stack.use_own_identities()
     for name in runtimes:

@@ -1,6 +1,8 @@
 """Nothing stops work: full streams, TrainJobs gone mid-plan, a bus that outlived its cluster.
 
-On real nats-server, kube-apiserver and service processes:
+On real nats-server, kube-apiserver and service processes; the full-stream tests run on one nats-server
+(work streams with interest retention) and on a JetStream cluster of three (every stream with 3 replicas,
+work streams with limits retention and trimmed by their consumers, ``plumbing.trim``):
 
 - each work stream filled (its consumer stopped while TrainJobs arrive, an operator's byte limit reached):
   once the consumer is back every TrainJob is built and new ones follow, since a work stream keeps only
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,10 +28,12 @@ from faults.support import (
     TRAINER,
     Pipeline,
     apply_filter,
+    close_pipeline,
     condition_of,
     converged,
     dead_letters,
     metric,
+    open_pipeline,
     quiet,
     results_of,
     services_ready,
@@ -44,6 +50,8 @@ from applier.cluster import ClusterMark, mark_key
 from applier.ledger import ledger_key
 from contracts import conditions, streams, subjects
 from contracts.messages import AppliedRecord, Target
+from tjpipe.local.kubeapi import LocalKube
+from tjpipe.local.natsd import LocalNatsCluster
 from tjpipe.local.procs import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(300)]
@@ -63,27 +71,47 @@ def stream_gauge(port: int, name: str, stream: str) -> float | None:
 # ------------------------------------------------------------------------------------------ work streams
 
 
+@pytest.fixture(params=[1, 3], ids=["one-server", "cluster-of-3"])
+def each_bus(module_kube: LocalKube, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
+    """The pipeline on one nats-server (interest retention) or a JetStream cluster of three (limits retention,
+    the consumers trimming what is done: plumbing.trim)."""
+    pipe = open_pipeline(module_kube, tmp_path / "pipe", runtimes=("torch-distributed",), nats_servers=request.param)
+    try:
+        yield pipe
+    finally:
+        print(close_pipeline(pipe))
+
+
 @pytest.mark.parametrize(
     ("stream", "consumer", "publisher"), [("TJ_EVENTS", "planner", "watcher"), ("TJ_APPLY", "applier", "planner")]
 )
 async def test_a_full_work_stream_holds_work_only_until_its_consumer_is_back(
-    pipeline: Pipeline, stream: str, consumer: str, publisher: str
+    each_bus: Pipeline, stream: str, consumer: str, publisher: str
 ) -> None:
-    p = pipeline
+    p = each_bus
+    clustered = isinstance(p.nats, LocalNatsCluster)
     ports = start_with_metrics(p)
     nc = await p.connect()
     try:
         js = nc.jetstream()
         await services_ready(js)
         info = await js.stream_info(stream)
-        assert info.config.retention == js_api.RetentionPolicy.INTEREST
+        retention = js_api.RetentionPolicy.LIMITS if clustered else js_api.RetentionPolicy.INTEREST
+        assert info.config.retention == retention
         assert info.config.discard == js_api.DiscardPolicy.NEW
         # What was done is gone from the work stream; the history keeps it.
         p.create(trainjob("before", num_nodes=1))
         await until(lambda: converged(p, ["before"]), timeout=60, what="the first TrainJob")
         await quiet(p, js)
-        assert (await js.stream_info(stream)).state.messages == 0
+
+        async def emptied() -> bool:
+            return (await js.stream_info(stream)).state.messages == 0
+
+        await until_async(emptied, timeout=30, what=f"{stream} to hold nothing once its work is done")
         assert (await js.stream_info(streams.HISTORY_OF[stream])).state.messages > 0
+        if clustered:
+            trimmed = metric(ports[consumer], "tjpipe_work_trimmed_total").get(f'{{stream="{stream}"}}', 0)
+            assert trimmed > 0, f"the {consumer} trimmed nothing from {stream}"
 
         # The consumer stops; the operator's byte limit leaves room for a few messages only.
         p.kill(consumer)
@@ -101,12 +129,14 @@ async def test_a_full_work_stream_holds_work_only_until_its_consumer_is_back(
         # The consumer comes back: what it finishes leaves the stream, so the waiting work gets in.
         extra = ["--metrics-port", str(free_port())]
         p.start(consumer, extra=extra)
-        await until(lambda: converged(p, names), timeout=120, what="every TrainJob once the consumer is back")
+        await until(lambda: converged(p, names), timeout=180, what="every TrainJob once the consumer is back")
         later = [f"later-{i}" for i in range(4)]
         for name in later:
             p.create(trainjob(name, num_nodes=1))
         await until(lambda: converged(p, later), timeout=60, what="new TrainJobs on the still-limited stream")
         assert (await js.stream_info(stream)).config.max_bytes > 0
+        await quiet(p, js)
+        await until_async(emptied, timeout=30, what=f"{stream} to hold nothing again")
     finally:
         await nc.close()
 
@@ -122,8 +152,8 @@ async def dead_letter_noise(p: Pipeline, js: Any, count: int) -> None:
 
 
 @pytest.mark.parametrize("stream", [s.name for s in streams.RECORD_STREAMS])
-async def test_a_full_record_stream_costs_history_never_progress(pipeline: Pipeline, stream: str) -> None:
-    p = pipeline
+async def test_a_full_record_stream_costs_history_never_progress(each_bus: Pipeline, stream: str) -> None:
+    p = each_bus
     ports = start_with_metrics(p)
     nc = await p.connect()
     try:

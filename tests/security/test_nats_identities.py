@@ -182,6 +182,13 @@ MANAGEMENT = [
     f"{API}.CONSUMER.PAUSE.{APPLY}.applier-p0",
 ]
 
+
+
+def management_but(allowed: str) -> list[str]:
+    """MANAGEMENT without the one request a stage is given: trimming its own input stream (plumbing.trim)."""
+    return [subject for subject in MANAGEMENT if subject != allowed]
+
+
 REFUSED_PUBLISH: dict[str, list[str]] = {
     "watcher": [
         *MANAGEMENT,
@@ -197,7 +204,8 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         "$JS.ACK.TJ_EVENTS.planner-p0.1.1.1.1.0",
     ],
     "planner": [
-        *MANAGEMENT,
+        *management_but(f"{API}.STREAM.PURGE.{EVENTS}"),
+        f"{API}.DIRECT.GET.TJ_APPLY_HISTORY",
         "tj.ev.0.ns.name",
         "tj.result.0.ns.name.jobset",
         "tj.dlq.applier.ns.name",
@@ -210,7 +218,8 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
     ],
     "applier": [
-        *MANAGEMENT,
+        *management_but(f"{API}.STREAM.PURGE.{APPLY}"),
+        f"{API}.DIRECT.GET.TJ_EVENTS_HISTORY",
         "tj.ev.0.ns.name",
         "tj.apply.0.ns.name.jobset",
         "tj.dlq.planner.ns.name",
