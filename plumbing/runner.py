@@ -85,10 +85,25 @@ def run_service(settings: S, main: Callable[[S, asyncio.Event], Awaitable[None]]
         await main(settings, stop)
 
     try:
-        asyncio.run(runner())
+        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as loop_runner:
+            loop_runner.run(runner())
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop a process runs on; ``None`` is asyncio's default."""
+    if name == "asyncio":
+        return None
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise SystemExit("--event-loop uvloop needs the uvloop package: pip install uvloop") from None
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        return factory
+    raise SystemExit(f"unknown event loop {name!r}: asyncio or uvloop")
 
 
 Stage = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
@@ -145,6 +160,8 @@ class ProcessSettings:
     log_level: str = "info"
     json_logs: bool | None = None
     """JSON lines (True), plain text (False), or JSON unless stderr is a terminal (None)."""
+    event_loop: str = "asyncio"
+    """``asyncio`` (the standard library's loop) or ``uvloop`` (libuv's, if the package is installed)."""
 
 
 @dataclass(kw_only=True)

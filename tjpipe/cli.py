@@ -58,6 +58,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     env_flag(
         parser,
+        "--event-loop",
+        env="TJPIPE_EVENT_LOOP",
+        default="asyncio",
+        choices=("asyncio", "uvloop"),
+        help="uvloop needs the uvloop package (pip install 'trainjob-pipeline[uvloop]')",
+    )
+    env_flag(
+        parser,
         "--replica-id",
         env="TJPIPE_REPLICA_ID",
         default="",

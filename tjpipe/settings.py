@@ -131,7 +131,12 @@ def nats_tls(args: argparse.Namespace) -> TlsFiles | None:
 def _process(args: argparse.Namespace) -> dict[str, Any]:
     """``plumbing.runner.ProcessSettings``'s fields, for every service."""
     json_logs = {"json": True, "text": False, "auto": None}[args.log_format]
-    return {"metrics_port": args.metrics_port, "log_level": args.log_level, "json_logs": json_logs}
+    return {
+        "metrics_port": args.metrics_port,
+        "log_level": args.log_level,
+        "json_logs": json_logs,
+        "event_loop": args.event_loop,
+    }
 
 
 def process(args: argparse.Namespace) -> ProcessSettings:
