@@ -27,7 +27,9 @@ PER_SERVICE_ENV = frozenset({"TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", 
 # The NATS identity of one service (its nkey seed file): set per service, next to its own Secret.
 NATS_IDENTITY_ENV = frozenset({"NATS_CREDS"})
 # A client certificate for NATS, for servers that ask for one; this deployment authenticates with nkeys.
-OPTIONAL_ENV = frozenset({"NATS_TLS_CERT", "NATS_TLS_KEY"})
+OPTIONAL_ENV = frozenset({"NATS_TLS_CERT", "NATS_TLS_KEY", "TJPIPE_EVENT_LOOP"})
+"""Settings a deployment may leave out: the client certificate of mutual TLS, and the event loop (uvloop is
+not in the image; asyncio's own loop, the default, is what it runs)."""
 
 _ENV_IN_HELP = re.compile(r"\benv(?:ironment)?:?\s+([A-Z][A-Z0-9_]+)")
 

@@ -58,21 +58,33 @@ def identities(module_kube: LocalKube, tmp_path_factory: pytest.TempPathFactory)
         core = kube_client.CoreV1Api(api)
         probe = new_namespace(api, prefix="probe")
         with new_api_client(kubeconfigs.path("applier")) as as_applier:
+            # One probe per policy, since the API server loads each on its own: a ConfigMap no TrainJob
+            # controls (tjpipe-trainjob-components), and one a TrainJob in kube-system controls
+            # (tjpipe-excluded-namespaces).
+            excluded_job = _trainjob(api, "kube-system", f"probe-{uuid.uuid4().hex[:6]}")
+            probes = [(probe, []), ("kube-system", [_controller(excluded_job)])]
 
             def refused() -> bool:
-                name = f"p-{uuid.uuid4().hex[:6]}"
-                body = kube_client.V1ConfigMap(metadata=kube_client.V1ObjectMeta(name=name))
-                try:
-                    kube_client.CoreV1Api(as_applier).create_namespaced_config_map(probe, body)
-                except kube_client.ApiException as exc:
-                    return bool(exc.status == 403)
-                core.delete_namespaced_config_map(name, probe)
-                return False
+                for namespace, owners in probes:
+                    name = f"p-{uuid.uuid4().hex[:6]}"
+                    meta = {"name": name, "ownerReferences": owners}
+                    try:
+                        kube_client.CoreV1Api(as_applier).create_namespaced_config_map(namespace, {"metadata": meta})
+                    except kube_client.ApiException as exc:
+                        if exc.status != 403:
+                            return False
+                        continue
+                    core.delete_namespaced_config_map(name, namespace)
+                    return False
+                return True
 
             deadline = time.monotonic() + 30
             while not refused():
                 assert time.monotonic() < deadline, "the admission policies never took effect"
                 time.sleep(0.2)
+            kube_client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                "trainer.kubeflow.org", "v1alpha1", "kube-system", "trainjobs", excluded_job["metadata"]["name"]
+            )
     return module_kube
 
 
