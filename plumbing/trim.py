@@ -125,6 +125,7 @@ class WorkTrim:
 
     async def run(self, stop: asyncio.Event) -> None:
         needed: bool | None = None
+        last_failure = ""
         while not stop.is_set():
             try:
                 if needed is None:
@@ -138,6 +139,14 @@ class WorkTrim:
                     )
                 await self.round()
             except Exception as exc:  # a leader election, a timeout: the partitions stay unsettled, tried next round
-                log.debug("trimming %s failed: %s", self.spec.stream, exc)
+                # Said once per kind of failure: a purge this identity may not make (an authorization from
+                # before trimming) times out every round, and the stream then fills as under limits alone.
+                failure = f"{type(exc).__name__}: {exc}"
+                (log.debug if failure == last_failure else log.warning)(
+                    "trimming %s failed (%s); trying again every %.0fs", self.spec.stream, failure, self.interval
+                )
+                last_failure = failure
+            else:
+                last_failure = ""
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval)
