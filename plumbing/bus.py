@@ -302,7 +302,7 @@ def effective_retention(spec: StreamSpec) -> str:
     On a JetStream cluster (replicas > 1) interest retention lost work in tests/scale: apply messages
     published while the stream's leader was frozen and then killed were gone from the stream although no
     applier had acknowledged them. Until that is understood, replicated work streams keep limits retention,
-    and their consumers remove what is acknowledged and recorded themselves (``plumbing.trim``).
+    and their consumers remove what is acknowledged and recorded themselves (``plumbing.work_trim``).
     """
     return "limits" if spec.replicas > 1 else spec.retention
 

@@ -96,7 +96,7 @@ PUBLISH_REFUSED = Counter(
 )
 WORK_TRIMMED = Counter(
     "tjpipe_work_trimmed_total",
-    "Messages removed from a limits-retention work stream once acknowledged and recorded (plumbing.trim)",
+    "Messages removed from a limits-retention work stream once acknowledged and recorded (plumbing.work_trim)",
     ["stream"],
     registry=REGISTRY,
 )

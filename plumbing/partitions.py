@@ -35,7 +35,7 @@ from plumbing.bus import LEASE_BUCKET, bind_consumers, partition_consumer, read_
 from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
 from plumbing.pull import StreamingPull
 from plumbing.tasks import cancel_and_wait
-from plumbing.trim import WorkTrim
+from plumbing.work_trim import WorkTrim
 
 log = logging.getLogger(__name__)
 

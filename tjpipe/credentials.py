@@ -90,7 +90,7 @@ def _consume_durables(spec: streams.ConsumerSpec) -> list[str]:
 
 
 def _trim_work(spec: streams.ConsumerSpec) -> list[str]:
-    """Remove what is finished and recorded from the stage's own input stream (``plumbing.trim``, needed where
+    """Remove what is finished and recorded from the stage's own input stream (``plumbing.work_trim``, needed where
     a work stream has limits retention: a JetStream cluster): purge it, and read the newest message of its
     history to learn how far that is recorded. Messages the stage already received are all it can read
     there."""

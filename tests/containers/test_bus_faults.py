@@ -27,7 +27,7 @@ second change (no stale plan wrote after a newer one); nothing is dead-lettered;
 writes nothing for 15 s (``apiserver_request_total``); the live replicas hold every partition again, in fair
 shares (``tj_leases``); and no message is missing from the history: each
 history stream holds a copy of every message its work stream ever stored, the work streams hold nothing
-of the namespace once its consumers have removed what is done (``plumbing.trim``), every TrainJob has its events
+of the namespace once its consumers have removed what is done (``plumbing.work_trim``), every TrainJob has its events
 and results recorded, and no record stream has lost a message.
 
 Figures (creates while the fault lasted, seconds to converge, writes once idle, messages in the history
@@ -507,7 +507,7 @@ def assert_invariants(rig: Rig, api: Any, namespace: str, jobs: list[Job], befor
 
     # No message lost from the history: each history stream must come to hold a copy of every message its
     # work stream ever stored (a source copies with some lag, more after its origin's leader changed), and,
-    # once the consumers trimmed what is done (limits retention on a cluster: plumbing.trim), the work
+    # once the consumers trimmed what is done (limits retention on a cluster: plumbing.work_trim), the work
     # streams hold nothing of the namespace.
     copied_started = time.monotonic()
     for work, history, subject in (

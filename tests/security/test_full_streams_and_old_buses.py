@@ -2,7 +2,7 @@
 
 On real nats-server, kube-apiserver and service processes; the full-stream tests run on one nats-server
 (work streams with interest retention) and on a JetStream cluster of three (every stream with 3 replicas,
-work streams with limits retention and trimmed by their consumers, ``plumbing.trim``):
+work streams with limits retention and trimmed by their consumers, ``plumbing.work_trim``):
 
 - each work stream filled (its consumer stopped while TrainJobs arrive, an operator's byte limit reached):
   once the consumer is back every TrainJob is built and new ones follow, since a work stream keeps only
@@ -74,7 +74,7 @@ def stream_gauge(port: int, name: str, stream: str) -> float | None:
 @pytest.fixture(params=[1, 3], ids=["one-server", "cluster-of-3"])
 def each_bus(module_kube: LocalKube, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
     """The pipeline on one nats-server (interest retention) or a JetStream cluster of three (limits retention,
-    the consumers trimming what is done: plumbing.trim)."""
+    the consumers trimming what is done: plumbing.work_trim)."""
     pipe = open_pipeline(module_kube, tmp_path / "pipe", runtimes=("torch-distributed",), nats_servers=request.param)
     try:
         yield pipe

@@ -185,7 +185,7 @@ MANAGEMENT = [
 
 
 def management_but(allowed: str) -> list[str]:
-    """MANAGEMENT without the one request a stage is given: trimming its own input stream (plumbing.trim)."""
+    """MANAGEMENT without the one request a stage is given: trimming its own input stream (plumbing.work_trim)."""
     return [subject for subject in MANAGEMENT if subject != allowed]
 
 

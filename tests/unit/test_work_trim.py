@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plumbing.trim import purge_below, recorded_up_to
+from plumbing.work_trim import purge_below, recorded_up_to
 
 
 def test_the_source_header_names_the_work_stream_and_its_sequence() -> None:
