@@ -142,9 +142,10 @@ class TrainJobFacts:
 
 
 def trainjob_facts(raw: bytes | None) -> TrainJobFacts | None:
-    if raw is None:
-        return None
-    job = objects.read(raw)
+    return None if raw is None else facts_of(objects.read(raw))
+
+
+def facts_of(job: objects.KubeObject) -> TrainJobFacts:
     ours = next((c.message for c in job.status.conditions if c.type == conditions.CONDITION_COMPONENTS_APPLIED), "")
     return TrainJobFacts(
         uid=job.metadata.uid,

@@ -39,7 +39,7 @@ from applier.claims import NewerClaims
 from applier.cluster import ClusterEpoch
 from applier.fence import Fence
 from applier.ledger import Ledger, seen_key
-from applier.trainjobs import TrainJobs
+from applier.trainjobs import TrainJobs, WatchedTrainJobs
 from contracts import resources, streams, subjects
 from contracts.messages import (
     ApplyAction,
@@ -83,8 +83,11 @@ class ApplierSettings(ServiceSettings):
     max_backoff_seconds: float = 8.0
     replica: str = field(default_factory=default_replica_id)
     lease_ttl: float = 6.0
+    trainjob_source: str = "watch"
+    """Where the TrainJob checks answer from: ``watch`` (a watch of TrainJobs, reading one only when the
+    watch does not know it by the message's uid) or ``get`` (a read per TrainJob every few seconds)."""
     trainjob_cache_seconds: float = 5.0
-    """How long a TrainJob verified against the cluster is trusted without reading it again."""
+    """How long a TrainJob verified by a read is trusted without reading it again."""
     cluster_id: str = ""
     """What tells this cluster's ledger claims from another's; empty: the kube-system namespace's uid."""
     stale_claim_grace_seconds: float = 330.0
@@ -133,7 +136,8 @@ class Applier:
         self.js = js
         self.ledger = ledger
         self.stats = ApplierStats()
-        self.trainjobs = TrainJobs(kube, cache_seconds=settings.trainjob_cache_seconds)
+        watched = WatchedTrainJobs(kube) if settings.trainjob_source == "watch" else None
+        self.trainjobs = TrainJobs(kube, cache_seconds=settings.trainjob_cache_seconds, watched=watched)
         claims = NewerClaims(
             kube, ledger, self.trainjobs, epoch=epoch, grace_seconds=settings.stale_claim_grace_seconds
         )
@@ -416,6 +420,8 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
             records=[spec.name for spec in streams.RECORD_STREAMS],
         )
         watching = asyncio.create_task(usage.run(stop))
+        watched = applier.trainjobs.watched
+        following = [asyncio.create_task(watched.run())] if watched is not None else []
         try:
             await consume_partitioned(
                 service.nc,
@@ -429,4 +435,4 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
                 stop=stop,
             )
         finally:
-            await cancel_and_wait(watching, stamping)
+            await cancel_and_wait(watching, stamping, *following)

@@ -1,9 +1,14 @@
 """The TrainJob a message names, as the applier reads it and as it tells it what went wrong.
 
-Every apply is justified by a live TrainJob (``applier.authorize``), so each message costs a TrainJob read
-unless one is shared: a positive answer is kept for a few seconds, and the components of one TrainJob,
-which arrive together and are applied in parallel, share one GET in flight. A refusal is never taken from
-memory, since the TrainJob may have been created or replaced since.
+Every apply is justified by a live TrainJob (``applier.authorize``). The applier watches TrainJobs, as
+Trainer's controller does, and answers from what the watch last said whenever that names the same TrainJob
+(by uid) the message does, so a TrainJob's applies over its whole life cost no read of it: the watch is the
+cluster's own account, delivered moments after each change, never the message's word. Without a current
+watch (before its first list, while it is broken, or where a deployment's role still lacks ``watch``) each
+message reads the TrainJob instead: a positive answer is kept for a few seconds, and the components of one
+TrainJob, which arrive together and are applied in parallel, share one GET in flight. A refusal is never
+taken from memory: a TrainJob the watch does not know, or knows by another uid, is read, since it may have
+been created or replaced a moment ago.
 
 What goes wrong with a component is told on the TrainJob, where ``kubectl describe`` shows it: the applier's
 own condition (``ComponentsApplied=False``, under a field manager of its own) and a Warning Event. The
@@ -19,11 +24,20 @@ import json
 import logging
 import time
 
-from applier import core
-from applier.authorize import TrainJobFacts, TrainJobGone, Unauthorized, authorize_trainjob, trainjob_facts
+from applier import core, objects
+from applier.authorize import (
+    TrainJobFacts,
+    TrainJobGone,
+    Unauthorized,
+    authorize_trainjob,
+    facts_of,
+    trainjob_facts,
+)
 from contracts import conditions, resources
 from contracts.messages import ApplyMessage, DeleteComponent
+from plumbing.informer import Cached, Informer, Key
 from plumbing.kube import KubeApiError, KubeClient
+from plumbing.observability import TRAINJOB_CHECKS
 
 log = logging.getLogger("applier")
 
@@ -31,10 +45,101 @@ EVENT_REASON = "ComponentApplyFailed"
 _CACHE_LIMIT = 8192
 
 
+def _what_facts_need(job: objects.KubeObject) -> objects.KubeObject:
+    """A TrainJob cut down to what ``facts_of`` reads, so the watch's cache holds a few dozen bytes each."""
+    meta = job.metadata
+    return objects.KubeObject(
+        metadata=objects.Meta(
+            name=meta.name, namespace=meta.namespace, uid=meta.uid, resourceVersion=meta.resourceVersion
+        ),
+        spec=objects.Spec(managedBy=job.spec.managedBy, runtimeRef=job.spec.runtimeRef),
+        status=objects.Status(
+            conditions=[c for c in job.status.conditions if c.type == conditions.CONDITION_COMPONENTS_APPLIED]
+        ),
+    )
+
+
+_MAY_WATCH = json.dumps(
+    {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {
+            "resourceAttributes": {
+                "group": resources.TRAINJOB.api_version.rpartition("/")[0],
+                "resource": resources.TRAINJOB.plural,
+                "verb": "watch",
+            }
+        },
+    }
+).encode()
+
+
+class WatchedTrainJobs:
+    """What the checks need of every TrainJob in the cluster, kept by a list and watch of TrainJobs."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self.facts: dict[Key, TrainJobFacts] = {}
+        self.informer: Informer[objects.KubeObject] = Informer(
+            kube, resources.TRAINJOB, objects.KubeObject, self._on_change, trim=_what_facts_need
+        )
+
+    async def run(self) -> None:
+        """Follow TrainJobs, once the API server says this identity may watch them (a role written by an
+        earlier version may not: then every check reads, and nothing lists TrainJobs over and over)."""
+        if await self._may_watch():
+            await self.informer.run()
+        else:
+            log.warning(
+                "this identity may not watch TrainJobs: every check reads its TrainJob instead (the applier's"
+                " role in deploy/base/rbac.yaml grants list and watch on trainjobs; re-apply it to use the watch)"
+            )
+
+    async def _may_watch(self) -> bool:
+        failures = 0
+        while True:
+            try:
+                response = await self.kube.request(
+                    "POST",
+                    "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                    body=_MAY_WATCH,
+                    content_type="application/json",
+                )
+                allowed: bool = json.loads(response.body).get("status", {}).get("allowed", False)
+                return allowed
+            except KubeApiError as exc:
+                if exc.status in (401, 403):
+                    return False
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                log.warning("could not ask whether TrainJobs may be watched (%s); asking again in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _on_change(self, kind: str, key: Key, cached: Cached[objects.KubeObject] | None) -> None:
+        if kind == "DELETED" or cached is None:
+            self.facts.pop(key, None)
+        else:
+            self.facts[key] = facts_of(cached.obj)
+
+    def known(self, key: Key, uid: str) -> TrainJobFacts | None:
+        """The TrainJob as the watch has it, when the watch is current and has it by this uid."""
+        if not self.informer.current:
+            return None
+        facts = self.facts.get(key)
+        return facts if facts is not None and facts.uid == uid else None
+
+    def remember_condition(self, key: Key, message: str) -> None:
+        """Our own condition as just written, until the watch brings the TrainJob that carries it."""
+        facts = self.facts.get(key)
+        if facts is not None:
+            self.facts[key] = dataclasses.replace(facts, applier_condition=message)
+
+
 class TrainJobs:
-    def __init__(self, kube: KubeClient, *, cache_seconds: float) -> None:
+    def __init__(self, kube: KubeClient, *, cache_seconds: float, watched: WatchedTrainJobs | None = None) -> None:
         self.kube = kube
         self.cache_seconds = cache_seconds
+        self.watched = watched
         self._verified: dict[tuple[str, str], tuple[TrainJobFacts, float]] = {}
         """Positive TrainJob verifications (namespace, name) -> (facts, trusted until, monotonic)."""
         self._reading: dict[tuple[str, str], asyncio.Future[bytes | None]] = {}
@@ -60,10 +165,17 @@ class TrainJobs:
     async def _facts(self, message: ApplyMessage, *, fresh: bool) -> TrainJobFacts | None:
         key = (message.trainjob.namespace, message.trainjob.name)
         now = time.monotonic()
+        if not fresh and self.watched is not None:
+            watched = self.watched.known(key, message.trainjob_uid)
+            if watched is not None:
+                TRAINJOB_CHECKS.labels("watch").inc()
+                return watched
         if not fresh:
             cached = self._verified.get(key)
             if cached is not None and cached[1] > now:
+                TRAINJOB_CHECKS.labels("memory").inc()
                 return cached[0]
+        TRAINJOB_CHECKS.labels("read").inc()
         try:
             raw = await self._read(key, share=not fresh)
         except KubeApiError as exc:
@@ -99,20 +211,32 @@ class TrainJobs:
         """``ComponentsApplied=False`` on the TrainJob, unless it already says exactly this."""
         key = (message.trainjob.namespace, message.trainjob.name)
         wanted = core.condition_message(message, text)
-        cached = self._verified.get(key)
-        if cached is not None and cached[0].applier_condition == wanted:
+        known = self._known(key, message.trainjob_uid)
+        if known is not None and known.applier_condition == wanted:
             return
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         body = core.applier_condition(message, reason=reason, text=text, now=now)
-        if await self._apply_condition(message, body) and cached is not None:
-            self._verified[key] = (dataclasses.replace(cached[0], applier_condition=wanted), cached[1])
+        if await self._apply_condition(message, body):
+            self._remember_condition(key, wanted)
 
     async def clear_condition(self, message: ApplyMessage) -> None:
         key = (message.trainjob.namespace, message.trainjob.name)
         if await self._apply_condition(message, core.applier_condition_cleared(message)):
-            cached = self._verified.get(key)
-            if cached is not None:
-                self._verified[key] = (dataclasses.replace(cached[0], applier_condition=""), cached[1])
+            self._remember_condition(key, "")
+
+    def _known(self, key: Key, uid: str) -> TrainJobFacts | None:
+        """What is remembered of the TrainJob: the watch's facts, else the last verification by a read."""
+        if self.watched is not None and (watched := self.watched.known(key, uid)) is not None:
+            return watched
+        cached = self._verified.get(key)
+        return cached[0] if cached is not None else None
+
+    def _remember_condition(self, key: Key, message: str) -> None:
+        if self.watched is not None:
+            self.watched.remember_condition(key, message)
+        cached = self._verified.get(key)
+        if cached is not None:
+            self._verified[key] = (dataclasses.replace(cached[0], applier_condition=message), cached[1])
 
     async def _apply_condition(self, message: ApplyMessage, body: bytes) -> bool:
         try:

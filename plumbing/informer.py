@@ -110,6 +110,11 @@ class Informer(Generic[T]):
     never reaches this process: ``metadata_only`` lists ``PartialObjectMetadataList`` and watches
     ``PartialObjectMetadata`` (decode those as a type with only ``metadata``). With a selector, an object
     whose label is removed is reported as deleted: the server's watch says so, as client-go's informers do.
+
+    ``current`` says whether the cache follows the server: true from a list on, while the watch after it
+    runs (a watch that ends and resumes from its version misses nothing), false from a failure until the
+    next list or the next event of a resumed watch. A consumer that answers questions from the cache
+    instead of asking the server checks it first.
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class Informer(Generic[T]):
         self.handler = handler
         self.cache: dict[Key, Cached[T]] = {}
         self.synced = asyncio.Event()
+        self.current = False
         self.relists = 0
         self._decoder = _decoder_for(decode_as)
         self._watch_timeout = watch_timeout
@@ -187,6 +193,7 @@ class Informer(Generic[T]):
             if old is None or old.resource_version != cached.resource_version:
                 await self.handler("ADDED" if old is None else "MODIFIED", key, cached)
         self.synced.set()
+        self.current = True
         return rv
 
     async def resync(self) -> None:
@@ -210,6 +217,7 @@ class Informer(Generic[T]):
                     metadata_only=self._metadata_only,
                 ):
                     failures = 0
+                    self.current = True
                     raw = bytes(event.object)
                     if event.type == "BOOKMARK":
                         rv = _head_decoder.decode(raw).metadata.resourceVersion or rv
@@ -225,6 +233,7 @@ class Informer(Generic[T]):
                         self.cache[key] = cached
                     await self.handler(event.type, key, cached)
             except KubeApiError as exc:
+                self.current = False
                 if exc.status == 410:
                     log.info("%s watch expired (410 Gone): listing again", self.resource.kind)
                     self.relists += 1
@@ -240,6 +249,7 @@ class Informer(Generic[T]):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # anything else must not end the informer silently
+                self.current = False
                 failures += 1
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (0.5 + random.random())
                 log.exception("%s informer failed (%s); listing again in %.1fs", self.resource.kind, exc, delay)

@@ -82,6 +82,13 @@ UNAUTHORIZED = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+TRAINJOB_CHECKS = Counter(
+    "tjpipe_trainjob_checks_total",
+    "The applier's TrainJob checks, by what answered: its watch of TrainJobs, a verification it still trusts"
+    " (memory), or a read",
+    ["answer"],
+    registry=REGISTRY,
+)
 STALE_CLAIMS = Counter(
     "tjpipe_stale_ledger_claims_total",
     "Ledger claims newer than anything the cluster holds, by what the applier did: held, or overwritten",

@@ -107,11 +107,20 @@ def _applier_options(parser: argparse.ArgumentParser) -> None:
     )
     env_flag(
         parser,
+        "--trainjob-source",
+        env="TJPIPE_TRAINJOB_SOURCE",
+        default="watch",
+        choices=("watch", "get"),
+        help="where the TrainJob checks answer from: a watch of TrainJobs (needs list and watch on them), or"
+        " a read of each TrainJob",
+    )
+    env_flag(
+        parser,
         "--trainjob-cache-seconds",
         env="TJPIPE_TRAINJOB_CACHE_SECONDS",
         default=5.0,
         type=float,
-        help="seconds a TrainJob verified against the cluster is trusted without reading it again",
+        help="seconds a TrainJob verified by a read is trusted without reading it again",
     )
 
 

@@ -241,6 +241,7 @@ def applier(args: argparse.Namespace) -> ApplierSettings:
         concurrency=args.concurrency,
         stale_claim_grace_seconds=args.stale_claim_grace,
         cluster_id=args.cluster_id,
+        trainjob_source=args.trainjob_source,
         trainjob_cache_seconds=args.trainjob_cache_seconds,
         trusted_plan_keys=args.trusted_plan_keys,
     )

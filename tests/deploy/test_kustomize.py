@@ -473,8 +473,10 @@ def _expected_permissions() -> dict[str, set[Permission]]:
     applier |= {
         (_group(resources.JOBSET), resources.JOBSET.plural, "delete"),
         (_group(resources.TRAINJOB), resources.TRAINJOB.plural, "get"),
-        # A one-item list tells the applier the cluster's current revision (suspect ledger claims).
+        # The TrainJob checks answer from a list and watch of TrainJobs (applier.trainjobs); a one-item list
+        # also tells the applier the cluster's current revision (suspect ledger claims).
         (_group(resources.TRAINJOB), resources.TRAINJOB.plural, "list"),
+        (_group(resources.TRAINJOB), resources.TRAINJOB.plural, "watch"),
         (_group(resources.TRAINJOB), f"{resources.TRAINJOB.plural}/status", "patch"),
         # blockOwnerDeletion on the owner reference (OwnerReferencesPermissionEnforcement).
         (_group(resources.TRAINJOB), f"{resources.TRAINJOB.plural}/finalizers", "update"),
@@ -527,7 +529,9 @@ def test_rbac_grants_exactly_what_the_code_uses(base: list[Obj]) -> None:
     assert not [p for p in watcher if p[1] == "secrets"]
     applier = _granted(roles["tjpipe-applier"])
     applier_verbs = {verb for _, _, verb in applier}
-    assert not applier_verbs & {"watch", "deletecollection", "escalate", "bind", "impersonate"}
+    assert not applier_verbs & {"deletecollection", "escalate", "bind", "impersonate"}
+    # It lists and watches TrainJobs alone (its TrainJob checks), nothing it writes.
+    assert {(g, r) for g, r, verb in applier if verb == "watch"} == {(_group(resources.TRAINJOB), "trainjobs")}
     # update only where no other verb serves: the owner's finalizers (OwnerReferencesPermissionEnforcement).
     assert {(g, r) for g, r, verb in applier if verb == "update"} == {
         (_group(resources.TRAINJOB), "trainjobs/finalizers")

@@ -46,6 +46,18 @@ from tjpipe.stack import Stack, StatePaths
 TRAINER = "trainer.kubeflow.org/v1alpha1"
 JOBSET = "jobset.x-k8s.io/v1alpha2"
 WRITE_VERBS = frozenset({"APPLY", "PATCH", "POST", "PUT", "DELETE", "DELETECOLLECTION"})
+REVIEWS = frozenset(
+    {
+        "selfsubjectaccessreviews",
+        "selfsubjectrulesreviews",
+        "selfsubjectreviews",
+        "subjectaccessreviews",
+        "localsubjectaccessreviews",
+        "tokenreviews",
+    }
+)
+"""Questions put to the API server as a POST that store nothing (the applier asks once at start whether it
+may watch TrainJobs): not writes."""
 WATCHED = (
     ("jobsets", ""),
     ("configmaps", ""),
@@ -150,6 +162,8 @@ def read_write_counts(kube: LocalKube, *, dry_runs: bool = True) -> WriteCounts:
             continue
         labels = dict(_LABEL.findall(match["labels"]))
         if labels.get("verb") not in WRITE_VERBS or (labels.get("dry_run") and not dry_runs):
+            continue
+        if labels.get("resource", "") in REVIEWS:
             continue
         key = (labels.get("resource", ""), labels.get("subresource", ""), labels["verb"])
         counts[key] = counts.get(key, 0.0) + float(match["value"])
