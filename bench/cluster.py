@@ -269,7 +269,8 @@ class Services:
             return ""
 
     async def counters(self) -> dict[str, dict[tuple[str, ...], float]]:
-        """The pipeline's own counters that explain a situation: events, plans, apply outcomes."""
+        """The pipeline's own counters that explain a situation: events, plans, apply outcomes, and what
+        answered the applier's TrainJob checks."""
         watcher = await self.metrics("watcher")
         planner = await self.metrics("planner")
         applier = await self.metrics("applier")
@@ -277,6 +278,7 @@ class Services:
             "events": stats.sum_by(stats.samples(watcher, "tjpipe_events_total"), "outcome"),
             "plans": stats.sum_by(stats.samples(planner, "tjpipe_plans_total"), "outcome"),
             "applies": stats.sum_by(stats.samples(applier, "tjpipe_applies_total"), "kind", "action"),
+            "trainjob_checks": stats.sum_by(stats.samples(applier, "tjpipe_trainjob_checks_total"), "answer"),
         }
 
     def rss(self) -> list[dict[str, Any]]:

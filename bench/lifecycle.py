@@ -67,6 +67,9 @@ Probe = Callable[[], Awaitable[Any]]
 Counters = Callable[[], Awaitable[dict[str, dict[tuple[str, ...], float]]]]
 
 DONE_CONDITIONS = ("Complete", "Failed")
+JOBSET_DONE_CONDITIONS = ("Completed", "Failed")
+"""What a finished JobSet says (JobSet's own condition types), so the controller's share of the wait can be
+told from the simulated cluster's: a TrainJob finishes after its JobSet does, by the controller's reaction."""
 TRAINER, PIPELINE = "trainer", "pipeline"
 SIDES = (TRAINER, PIPELINE)
 """The order the sides run in: Trainer's first, as in ``bench.reference``."""
@@ -94,20 +97,32 @@ class _TrainJob(msgspec.Struct, kw_only=True):
 _trainjob_decoder = msgspec.json.Decoder(_TrainJob)
 
 
-def finished_condition(conditions: Sequence[tuple[str, str]]) -> str | None:
-    """``Complete`` or ``Failed`` when that condition is True (the first of them found), else ``None``."""
+def finished_condition(conditions: Sequence[tuple[str, str]], done: Sequence[str] = DONE_CONDITIONS) -> str | None:
+    """``Complete`` or ``Failed`` (or the ``done`` types given) when that condition is True (the first of
+    them found), else ``None``."""
     for kind, status in conditions:
-        if kind in DONE_CONDITIONS and status == "True":
+        if kind in done and status == "True":
             return kind
     return None
 
 
 class FinishWatch:
-    """When each TrainJob of a namespace first shows ``Complete=True`` or ``Failed=True`` (one watch)."""
+    """When each object of a namespace first shows one of ``done`` True (one watch): by default TrainJobs
+    and ``Complete`` or ``Failed``."""
 
-    def __init__(self, kube: CountingKube, namespace: str, names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        kube: CountingKube,
+        namespace: str,
+        names: Sequence[str],
+        *,
+        resource: resources.Resource = resources.TRAINJOB,
+        done: Sequence[str] = DONE_CONDITIONS,
+    ) -> None:
         self.kube = kube
         self.namespace = namespace
+        self.resource = resource
+        self.done_conditions = tuple(done)
         self.pending = set(names)
         self.finished: dict[str, tuple[str, float]] = {}
         self.done = asyncio.Event()
@@ -122,16 +137,16 @@ class FinishWatch:
 
     async def start(self) -> None:
         rv = ""
-        async for page in self.kube.list_pages(resources.TRAINJOB, namespace=self.namespace, metadata_only=True):
+        async for page in self.kube.list_pages(self.resource, namespace=self.namespace, metadata_only=True):
             rv = page.metadata.resourceVersion
-        self.kube.counts[("trainjobs", "", "WATCH")] += 1
+        self.kube.counts[(self.resource.plural, "", "WATCH")] += 1
         self._task = asyncio.create_task(self._follow(rv))
 
     async def _follow(self, rv: str) -> None:
         while self.pending:
             with contextlib.suppress(KubeApiError):
                 async for event in self.kube.watch(
-                    resources.TRAINJOB, namespace=self.namespace, resource_version=rv, timeout_seconds=3600
+                    self.resource, namespace=self.namespace, resource_version=rv, timeout_seconds=3600
                 ):
                     if event.type not in ("ADDED", "MODIFIED"):
                         continue
@@ -139,7 +154,9 @@ class FinishWatch:
                     name = job.metadata.name
                     if name not in self.pending:
                         continue
-                    found = finished_condition([(c.type, c.status) for c in job.status.conditions or ()])
+                    found = finished_condition(
+                        [(c.type, c.status) for c in job.status.conditions or ()], self.done_conditions
+                    )
                     if found is not None:
                         self.finished[name] = (found, time.time())
                         self.pending.discard(name)
@@ -324,7 +341,9 @@ async def _run(
     }
     timeout = 300.0 + 1.5 * n + 4 * settings.pod_run_seconds
     watch = FinishWatch(kube, namespace, names)
+    jobsets = FinishWatch(kube, namespace, names, resource=resources.JOBSET, done=JOBSET_DONE_CONDITIONS)
     await watch.start()
+    await jobsets.start()
     api_before = await scrape_apiserver(kube)
     own_before = Counter(kube.counts)
     counters_before = await counters() if counters else {}
@@ -332,6 +351,7 @@ async def _run(
     progress(f"{n} torch TrainJobs in {namespace} on {settings.nodes} simulated nodes")
     sent, created, errors, _ = await create_trainjobs(kube, namespace, bodies, concurrency=settings.create_concurrency)
     watch.forget([name for name in names if name not in created])
+    jobsets.forget([name for name in names if name not in created])
     first = min(sent.values(), default=time.time())
     progress(f"created {len(created)}; waiting for Complete (at most {timeout:.0f}s)")
     deadline = time.monotonic() + timeout
@@ -347,6 +367,7 @@ async def _run(
     )
     memory = {name: process_memory(pid) for name, pid in pids().items()}
     await watch.stop()
+    await jobsets.stop()
     api_after = await scrape_apiserver(kube)
     own = Counter(kube.counts)
     own.subtract(own_before)
@@ -366,6 +387,7 @@ async def _run(
         "seconds_waited": waited,
         "seconds_to_last_finished": (max(at for _, at in watch.finished.values()) - first) if watch.finished else None,
         "time_to_finish": stats.summarize([at - created[name] for name, (_, at) in watch.finished.items()]),
+        **finish_breakdown(created, jobsets.finished, watch.finished),
         "settled_after_s": settled,
         "controller": list(controller),
         "cpu_seconds": cpu_delta(cpu_before, cpu_settled),
@@ -374,7 +396,7 @@ async def _run(
     out["controller_cpu_ms_per_trainjob"] = controller_cpu_ms(out["cpu_seconds"], controller, len(created))
     out["controller_rss_mb"] = controller_rss(memory, controller)
     if counters:
-        out.update({key: moved_counters.get(key, {}) for key in ("applies", "events", "plans")})
+        out.update({key: moved_counters.get(key, {}) for key in ("applies", "events", "plans", "trainjob_checks")})
     if api_before is not None and api_after is not None:
         out.update(lifecycle_requests(stats.delta(api_after, api_before), own, len(created)))
     progress(
@@ -383,6 +405,23 @@ async def _run(
         f"{out['controller_cpu_ms_per_trainjob'] or 0:.2f} ms/TJ, RSS {out['controller_rss_mb']['rss_mb'] or 0:.0f} MB"
     )
     return out
+
+
+def finish_breakdown(
+    created: Mapping[str, float],
+    jobset_finished: Mapping[str, tuple[str, float]],
+    trainjob_finished: Mapping[str, tuple[str, float]],
+) -> dict[str, Any]:
+    """A TrainJob's wait split where the controller's part begins: create → its JobSet finished (the
+    simulated cluster's pace, which the controller only slows by the CPU it takes from it) and JobSet
+    finished → TrainJob finished (the controller's reaction: its watch, and for the pipeline the bus, the
+    three stages and the status write). Both as seen by the benchmark's own watches, on the same clock."""
+    to_jobset = [at - created[name] for name, (_, at) in jobset_finished.items() if name in created]
+    reaction = [at - jobset_finished[name][1] for name, (_, at) in trainjob_finished.items() if name in jobset_finished]
+    return {
+        "time_to_jobset_finish": stats.summarize(to_jobset),
+        "finish_reaction": stats.summarize(reaction),
+    }
 
 
 def lifecycle_requests(

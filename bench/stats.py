@@ -1198,6 +1198,15 @@ def lifecycle_rows(life: Mapping[str, Any]) -> list[dict[str, Any]]:
     )
     for q in ("p50", "p99"):
         row(f"create to Complete {q}", "s", "time_to_finish", pick=lambda summary, q=q: summary.get(q))
+    for q in ("p50", "p99"):
+        row(f"create to JobSet finished {q}", "s", "time_to_jobset_finish", pick=lambda summary, q=q: summary.get(q))
+    for q in ("p50", "p99"):
+        row(
+            f"JobSet finished to TrainJob finished {q}",
+            "s",
+            "finish_reaction",
+            pick=lambda summary, q=q: summary.get(q),
+        )
     row("status writes per TrainJob", "writes/TJ", "status_writes_per_trainjob", VS_LIFECYCLE, "ratio")
     for key, scope in (
         ("tracked_requests_per_trainjob_by_verb", "TrainJobs and components"),
@@ -1247,6 +1256,9 @@ def _render_lifecycle(life: Mapping[str, Any]) -> list[str]:
         "own, built the same way, Trainer's controller first (shipped settings, webhooks served but not "
         "registered), then the pipeline's three services; they never run at the same time. Done = the benchmark's "
         "watch sees the TrainJob's `Complete` (or `Failed`) condition True; times run from the first create sent. "
+        "The wait splits at the JobSet: create to JobSet finished (its `Completed` or `Failed` condition, seen by "
+        "a second watch) is the simulated cluster's pace, JobSet finished to TrainJob finished the controller's "
+        "reaction. "
         "Status writes: writes to `trainjobs/status` (only the controller writes it). Requests: "
         "`apiserver_request_total` deltas less the benchmark's own and the API server's housekeeping, from the "
         'first create to the controller\'s last activity; "every resource" includes the simulated '
@@ -1268,6 +1280,12 @@ def _render_lifecycle(life: Mapping[str, Any]) -> list[str]:
             out.append(
                 f"- {label}: apply outcomes "
                 + ", ".join(f"{k}={int(v)}" for k, v in sorted(run["applies"].items()))
+                + "."
+            )
+        if run.get("trainjob_checks"):
+            out.append(
+                f"- {label}: TrainJob checks answered by "
+                + ", ".join(f"{k}={int(v)}" for k, v in sorted(run["trainjob_checks"].items()))
                 + "."
             )
         if run.get("error"):

@@ -646,6 +646,28 @@ def test_finished_condition_is_complete_or_failed_when_true() -> None:
     assert finished_condition([]) is None
 
 
+def test_a_jobset_is_finished_by_its_own_condition_types() -> None:
+    from bench.lifecycle import JOBSET_DONE_CONDITIONS, finished_condition
+
+    assert finished_condition([("StartupPolicyCompleted", "True")], JOBSET_DONE_CONDITIONS) is None
+    assert finished_condition([("Completed", "True")], JOBSET_DONE_CONDITIONS) == "Completed"
+    assert finished_condition([("Complete", "True")], JOBSET_DONE_CONDITIONS) is None
+
+
+def test_the_finish_splits_at_the_jobset_on_one_clock() -> None:
+    from bench.lifecycle import finish_breakdown
+
+    created = {"a": 100.0, "b": 101.0, "c": 102.0}
+    jobsets = {"a": ("Completed", 110.0), "b": ("Completed", 121.0), "gone": ("Completed", 50.0)}
+    trainjobs = {"a": ("Complete", 110.5), "b": ("Complete", 123.0), "c": ("Complete", 130.0)}
+    split = finish_breakdown(created, jobsets, trainjobs)
+    # Only TrainJobs the benchmark created count, and a reaction needs both sightings ("c" has no JobSet's).
+    assert split["time_to_jobset_finish"]["count"] == 2
+    assert (split["time_to_jobset_finish"]["min"], split["time_to_jobset_finish"]["max"]) == (10.0, 20.0)
+    assert split["finish_reaction"]["count"] == 2
+    assert (split["finish_reaction"]["min"], split["finish_reaction"]["max"]) == (0.5, 2.0)
+
+
 def _lifecycle_side(label: str, **figures: Any) -> dict[str, Any]:
     side: dict[str, Any] = {
         "label": label,
@@ -654,6 +676,8 @@ def _lifecycle_side(label: str, **figures: Any) -> dict[str, Any]:
         "complete_percent": 100.0,
         "seconds_to_all_complete": 80.0,
         "time_to_finish": {"p50": 30.0, "p99": 60.0},
+        "time_to_jobset_finish": {"p50": 28.0, "p99": 55.0},
+        "finish_reaction": {"p50": 2.0, "p99": 5.0},
         "status_writes_per_trainjob": 2.0,
         "tracked_requests_per_trainjob_by_verb": {"APPLY": 4.0},
         "tracked_writes_per_trainjob": 4.0,
@@ -684,6 +708,7 @@ def _lifecycle() -> dict[str, Any]:
             complete_percent=99.8,
             seconds_to_all_complete=None,
             time_to_finish={"p50": 15.0, "p99": 90.0},
+            finish_reaction={"p50": 3.0, "p99": 4.0},
             cpu_seconds={"applier": 5.0, "kube-apiserver": 12.5},
             controller_cpu_ms_per_trainjob=10.0,
             controller_rss_mb={"rss_mb": 210.0, "hwm_mb": 240.0},
@@ -697,6 +722,9 @@ def test_lifecycle_rows_put_both_sides_and_their_ratio_in_each_row() -> None:
     p50 = rows["create to Complete p50"]
     assert (p50["trainer"], p50["pipeline"], p50["ratio"]) == (30.0, 15.0, 0.5)
     assert rows["create to Complete p99"]["ratio"] == pytest.approx(1.5)
+    assert rows["create to JobSet finished p50"]["ratio"] == 1.0
+    reaction = rows["JobSet finished to TrainJob finished p50"]
+    assert (reaction["trainer"], reaction["pipeline"], reaction["ratio"]) == (2.0, 3.0, 1.5)
     writes = rows["status writes per TrainJob"]
     assert (writes["ratio"], writes["judge"], writes["target"]) == (
         pytest.approx(2.0 / 3.0),
