@@ -107,8 +107,8 @@ class WatchedTrainJobs:
                 )
                 allowed: bool = json.loads(response.body).get("status", {}).get("allowed", False)
                 return allowed
-            except KubeApiError as exc:
-                if exc.status in (401, 403):
+            except (KubeApiError, OSError, TimeoutError) as exc:
+                if isinstance(exc, KubeApiError) and exc.status in (401, 403):
                     return False
                 failures += 1
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6))
