@@ -788,6 +788,9 @@ VS_CPU = Target("<=", 1.0, "x")
 """Controller-side CPU per TrainJob (watcher + planner + applier + nats-server) over Trainer's controller's."""
 VS_RSS = Target("<=", 2.0, "x")
 """Controller-side RSS (the same processes, summed) over Trainer's controller's, at the same TrainJob count."""
+VS_RSS_FILLED = Target("<=", 1.0, "x")
+"""The same at the memory fill (10,000 TrainJobs by default), where the interpreters' fixed cost no longer
+dominates (issue #27; the first pass's target was 2x there too)."""
 PIPELINE_SERVICES = ("watcher", "planner", "applier")
 NO_WRITES = Target("<=", 0.0, "writes/TJ")
 PLANNER_TORCH = Target(">=", 20_000.0, "plans/s")
@@ -1046,7 +1049,7 @@ def reference_rows(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
             "MB",
             (t_mem.get("controller_rss_mb") or {}).get("rss_mb"),
             _pipeline_rss_at_fill(p_mem) if p_mem else None,
-            VS_RSS,
+            VS_RSS_FILLED,
             "ratio",
         )
     one = (ref.get("one_process") or {}).get("run") or {}

@@ -512,6 +512,7 @@ def test_versus_trainer_checks_carry_the_issue_targets() -> None:
     assert versus["CPU per TrainJob, controller side"]["verdict"] == "not met"
     assert versus["RSS, controller side, 1,000 TrainJobs"]["verdict"] == "met"
     assert versus["RSS, controller side, 10,000 TrainJobs"]["verdict"] == "not met"
+    assert versus["RSS, controller side, 10,000 TrainJobs"]["target"] == "≤ 1.000x"
 
 
 def test_the_one_process_controller_is_judged_against_trainer_as_the_three_services_are() -> None:
