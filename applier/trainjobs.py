@@ -46,7 +46,7 @@ _CACHE_LIMIT = 8192
 
 
 def _what_facts_need(job: objects.KubeObject) -> objects.KubeObject:
-    """A TrainJob cut down to what ``facts_of`` reads, so the watch's cache holds a few dozen bytes each."""
+    """A TrainJob cut down to what ``facts_of`` reads, so the watch holds about a kilobyte per TrainJob."""
     meta = job.metadata
     return objects.KubeObject(
         metadata=objects.Meta(
