@@ -184,10 +184,15 @@ async def lifecycle(
     keep_state: bool,
     progress: Progress,
     sides: Sequence[str] = SIDES,
+    into: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``n`` torch TrainJobs to completion under each controller in ``sides``, one after the other, each
-    on a simulated cluster of its own; a side that fails keeps what it measured and says why."""
-    out: dict[str, Any] = {"n": n, "nodes": nodes, "pod_run_seconds": pod_run_seconds, "sides": list(sides)}
+    on a simulated cluster of its own; a side that fails keeps what it measured and says why.
+
+    Figures land in ``into`` as they are measured, so a run stopped part way (the large one takes hours) still
+    reports the sides it finished."""
+    out: dict[str, Any] = {} if into is None else into
+    out.update({"n": n, "nodes": nodes, "pod_run_seconds": pod_run_seconds, "sides": list(sides)})
     settings = _Settings(
         n=n,
         nodes=nodes,

@@ -360,7 +360,9 @@ async def run(settings: Settings, report: dict[str, Any], clock: Clock) -> None:
             f"lifecycle: {settings.lifecycle_jobs} TrainJobs to completion on {settings.lifecycle_nodes} simulated "
             "nodes, Trainer's controller then the pipeline, each on a simulated cluster of its own"
         )
-        scenarios["lifecycle"] = await lifecycle(
+        scenarios["lifecycle"] = {}
+        await lifecycle(
+            into=scenarios["lifecycle"],
             n=settings.lifecycle_jobs,
             nodes=settings.lifecycle_nodes,
             pod_run_seconds=settings.pod_run_seconds,
