@@ -92,9 +92,7 @@ class ReplicatedJob(KubeStruct, frozen=True, kw_only=True):
 
 
 class Network(KubeStruct, frozen=True, kw_only=True):
-    enable_dns_hostnames: bool | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="enableDNSHostnames"
-    )
+    enable_dns_hostnames: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="enableDNSHostnames")
     subdomain: str | msgspec.UnsetType = msgspec.UNSET
     publish_not_ready_addresses: bool | msgspec.UnsetType = msgspec.field(
         default=msgspec.UNSET, name="publishNotReadyAddresses"
@@ -130,9 +128,7 @@ class FailurePolicy(KubeStruct, frozen=True, kw_only=True):
 
 
 class StartupPolicy(KubeStruct, frozen=True, kw_only=True):
-    startup_policy_order: str | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="startupPolicyOrder"
-    )
+    startup_policy_order: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="startupPolicyOrder")
 
 
 class Coordinator(KubeStruct, frozen=True, kw_only=True):
@@ -158,15 +154,9 @@ class JobSetSpec(KubeStruct, frozen=True, kw_only=True):
         default=msgspec.UNSET, name="replicatedJobs"
     )
     network: Network | msgspec.UnsetType = msgspec.UNSET
-    success_policy: SuccessPolicy | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="successPolicy"
-    )
-    failure_policy: FailurePolicy | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="failurePolicy"
-    )
-    startup_policy: StartupPolicy | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="startupPolicy"
-    )
+    success_policy: SuccessPolicy | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="successPolicy")
+    failure_policy: FailurePolicy | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="failurePolicy")
+    startup_policy: StartupPolicy | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="startupPolicy")
     suspend: bool | msgspec.UnsetType = msgspec.UNSET
     coordinator: Coordinator | msgspec.UnsetType = msgspec.UNSET
     managed_by: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="managedBy")

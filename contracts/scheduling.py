@@ -39,9 +39,7 @@ POD_GROUP_FAILED = "Failed"
 # Declarations only, mirroring the upstream Go types field by field.
 class PodGroupSpec(KubeStruct, frozen=True, kw_only=True):
     min_member: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="minMember")
-    min_resources: dict[str, Quantity] | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="minResources"
-    )
+    min_resources: dict[str, Quantity] | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="minResources")
     schedule_timeout_seconds: int | msgspec.UnsetType = msgspec.field(
         default=msgspec.UNSET, name="scheduleTimeoutSeconds"
     )
@@ -53,9 +51,7 @@ class PodGroupStatus(KubeStruct, frozen=True, kw_only=True):
     running: int | msgspec.UnsetType = msgspec.UNSET
     succeeded: int | msgspec.UnsetType = msgspec.UNSET
     failed: int | msgspec.UnsetType = msgspec.UNSET
-    schedule_start_time: str | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="scheduleStartTime"
-    )
+    schedule_start_time: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="scheduleStartTime")
 
 
 class PodGroup(KubeStruct, frozen=True, kw_only=True):
@@ -93,23 +89,15 @@ VOLCANO_POD_GROUP_COMPLETED = "Completed"
 class NetworkTopologySpec(KubeStruct, frozen=True, kw_only=True):
     mode: str | msgspec.UnsetType = msgspec.UNSET
     """``hard`` or ``soft``."""
-    highest_tier_allowed: int | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="highestTierAllowed"
-    )
+    highest_tier_allowed: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="highestTierAllowed")
 
 
 class VolcanoPodGroupSpec(KubeStruct, frozen=True, kw_only=True):
     min_member: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="minMember")
-    min_task_member: dict[str, int] | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="minTaskMember"
-    )
+    min_task_member: dict[str, int] | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="minTaskMember")
     queue: str | msgspec.UnsetType = msgspec.UNSET
-    priority_class_name: str | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="priorityClassName"
-    )
-    min_resources: dict[str, Quantity] | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="minResources"
-    )
+    priority_class_name: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="priorityClassName")
+    min_resources: dict[str, Quantity] | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="minResources")
     network_topology: NetworkTopologySpec | msgspec.UnsetType = msgspec.field(
         default=msgspec.UNSET, name="networkTopology"
     )
@@ -119,9 +107,7 @@ class VolcanoPodGroupCondition(KubeStruct, frozen=True, kw_only=True):
     type: str | msgspec.UnsetType = msgspec.UNSET
     status: str | msgspec.UnsetType = msgspec.UNSET
     transition_id: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="transitionID")
-    last_transition_time: str | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="lastTransitionTime"
-    )
+    last_transition_time: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="lastTransitionTime")
     reason: str | msgspec.UnsetType = msgspec.UNSET
     message: str | msgspec.UnsetType = msgspec.UNSET
 

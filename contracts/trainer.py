@@ -256,17 +256,13 @@ class RuntimeRef(KubeStruct, frozen=True, kw_only=True):
 class DatasetInitializer(KubeStruct, frozen=True, kw_only=True):
     storage_uri: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="storageUri")
     env: list[EnvVar] | msgspec.UnsetType = msgspec.UNSET
-    secret_ref: LocalObjectReference | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="secretRef"
-    )
+    secret_ref: LocalObjectReference | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="secretRef")
 
 
 class ModelInitializer(KubeStruct, frozen=True, kw_only=True):
     storage_uri: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="storageUri")
     env: list[EnvVar] | msgspec.UnsetType = msgspec.UNSET
-    secret_ref: LocalObjectReference | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="secretRef"
-    )
+    secret_ref: LocalObjectReference | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="secretRef")
 
 
 class Initializer(KubeStruct, frozen=True, kw_only=True):
@@ -290,18 +286,12 @@ class Trainer(KubeStruct, frozen=True, kw_only=True):
 class ContainerPatch(KubeStruct, frozen=True, kw_only=True):
     name: str | msgspec.UnsetType = msgspec.UNSET
     env: list[EnvVar] | msgspec.UnsetType = msgspec.UNSET
-    volume_mounts: list[VolumeMount] | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="volumeMounts"
-    )
-    security_context: SecurityContext | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="securityContext"
-    )
+    volume_mounts: list[VolumeMount] | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="volumeMounts")
+    security_context: SecurityContext | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="securityContext")
 
 
 class PodSpecPatch(KubeStruct, frozen=True, kw_only=True):
-    service_account_name: str | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="serviceAccountName"
-    )
+    service_account_name: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="serviceAccountName")
     volumes: list[Volume] | msgspec.UnsetType = msgspec.UNSET
     init_containers: list[ContainerPatch] | msgspec.UnsetType = msgspec.field(
         default=msgspec.UNSET, name="initContainers"
@@ -313,9 +303,7 @@ class PodSpecPatch(KubeStruct, frozen=True, kw_only=True):
     security_context: PodSecurityContext | msgspec.UnsetType = msgspec.field(
         default=msgspec.UNSET, name="securityContext"
     )
-    node_selector: dict[str, str] | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="nodeSelector"
-    )
+    node_selector: dict[str, str] | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="nodeSelector")
     affinity: Affinity | msgspec.UnsetType = msgspec.UNSET
     tolerations: list[Toleration] | msgspec.UnsetType = msgspec.UNSET
     scheduling_gates: list[PodSchedulingGate] | msgspec.UnsetType = msgspec.field(
@@ -399,9 +387,7 @@ class Metric(KubeStruct, frozen=True, kw_only=True):
 
 
 class TrainerStatus(KubeStruct, frozen=True, kw_only=True):
-    progress_percentage: int | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="progressPercentage"
-    )
+    progress_percentage: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="progressPercentage")
     estimated_remaining_seconds: int | msgspec.UnsetType = msgspec.field(
         default=msgspec.UNSET, name="estimatedRemainingSeconds"
     )
@@ -412,9 +398,7 @@ class TrainerStatus(KubeStruct, frozen=True, kw_only=True):
 class TrainJobStatus(KubeStruct, frozen=True, kw_only=True):
     conditions: list[Condition] | msgspec.UnsetType = msgspec.UNSET
     jobs_status: list[JobStatus] | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="jobsStatus")
-    trainer_status: TrainerStatus | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="trainerStatus"
-    )
+    trainer_status: TrainerStatus | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="trainerStatus")
 
 
 class TrainJob(KubeStruct, frozen=True, kw_only=True):
@@ -428,9 +412,7 @@ class TrainJob(KubeStruct, frozen=True, kw_only=True):
 class UpdateTrainJobStatusRequest(KubeStruct, frozen=True, kw_only=True):
     """Body the training code sends to Trainer's status server."""
 
-    trainer_status: TrainerStatus | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="trainerStatus"
-    )
+    trainer_status: TrainerStatus | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="trainerStatus")
 
 
 # ================================================================================= training runtimes
@@ -438,9 +420,7 @@ class UpdateTrainJobStatusRequest(KubeStruct, frozen=True, kw_only=True):
 
 class EnvInjectionTarget(KubeStruct, frozen=True, kw_only=True):
     job_name: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="jobName")
-    container_names: list[str] | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="containerNames"
-    )
+    container_names: list[str] | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="containerNames")
 
 
 class EnvInjection(KubeStruct, frozen=True, kw_only=True):
@@ -450,22 +430,14 @@ class EnvInjection(KubeStruct, frozen=True, kw_only=True):
 class TorchMLPolicySource(KubeStruct, frozen=True, kw_only=True):
     """At v2.3.0 the torch policy has no ``numProcPerNode`` and no ``elasticPolicy``."""
 
-    env_injection: EnvInjection | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="envInjection"
-    )
+    env_injection: EnvInjection | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="envInjection")
 
 
 class MPIMLPolicySource(KubeStruct, frozen=True, kw_only=True):
     num_proc_per_node: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="numProcPerNode")
-    mpi_implementation: str | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="mpiImplementation"
-    )
-    ssh_auth_mount_path: str | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="sshAuthMountPath"
-    )
-    run_launcher_as_node: bool | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="runLauncherAsNode"
-    )
+    mpi_implementation: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="mpiImplementation")
+    ssh_auth_mount_path: str | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="sshAuthMountPath")
+    run_launcher_as_node: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="runLauncherAsNode")
 
 
 class FluxMLPolicySource(KubeStruct, frozen=True, kw_only=True):
@@ -513,9 +485,7 @@ class JobSetTemplateSpec(KubeStruct, frozen=True, kw_only=True):
 
 class TrainingRuntimeSpec(KubeStruct, frozen=True, kw_only=True):
     ml_policy: MLPolicy | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="mlPolicy")
-    pod_group_policy: PodGroupPolicy | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name="podGroupPolicy"
-    )
+    pod_group_policy: PodGroupPolicy | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="podGroupPolicy")
     template: JobSetTemplateSpec | msgspec.UnsetType = msgspec.UNSET
 
 

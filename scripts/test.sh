@@ -16,6 +16,7 @@ echo "· building or finding Trainer v2.3.0's controller manager (tests/takeover
 echo "· building or finding helm (tests/deploy render the Kubeflow chart; first build: a few minutes)"
 "$venv/python" -c 'from tjpipe.local.helm import ensure_helm as e; e(progress=print)'
 echo "· ruff";          "$venv/ruff" check .
+echo "· ruff format";   "$venv/ruff" format --check .
 echo "· mypy --strict"; "$venv/mypy"
 echo "· import layers"; "$venv/lint-imports"
 if [ $# -eq 0 ]; then

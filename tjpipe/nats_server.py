@@ -88,4 +88,3 @@ def get_json(url: str) -> dict[str, Any]:
     except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
         return {}
     return body if isinstance(body, dict) else {}
-

@@ -183,7 +183,6 @@ MANAGEMENT = [
 ]
 
 
-
 def management_but(allowed: str) -> list[str]:
     """MANAGEMENT without the one request a stage is given: trimming its own input stream (plumbing.work_trim)."""
     return [subject for subject in MANAGEMENT if subject != allowed]

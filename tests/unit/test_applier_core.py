@@ -40,7 +40,7 @@ def test_permanent_statuses(status: int) -> None:
 def test_jobsets_refusal_over_a_claim_being_collected_settles_then_is_permanent() -> None:
     text = (
         'admission webhook "vjobset.kb.io" denied the request: spec.volumeClaimPolicies[0].retentionPolicy.'
-        "whenDeleted: Invalid value: \"Delete\": retentionPolicy must be retain when PVC exists"
+        'whenDeleted: Invalid value: "Delete": retentionPolicy must be retain when PVC exists'
     )
     err = core.classify(422, "Invalid", text)
     assert isinstance(err, core.SettlingRefusal) and isinstance(err, core.TransientError)

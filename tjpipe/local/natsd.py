@@ -362,5 +362,3 @@ def _distinct_free_ports(count: int) -> list[int]:
         if port not in ports:
             ports.append(port)
     return ports
-
-
