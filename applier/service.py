@@ -83,6 +83,9 @@ class ApplierSettings(ServiceSettings):
     max_backoff_seconds: float = 8.0
     replica: str = field(default_factory=default_replica_id)
     lease_ttl: float = 6.0
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose TrainJobs the checks' watch follows (the watcher's ``TJPIPE_NAMESPACES``); empty: all.
+    A TrainJob elsewhere is read for each check, as far as RBAC lets the applier read it."""
     trainjob_source: str = "watch"
     """Where the TrainJob checks answer from: ``watch`` (a watch of TrainJobs, reading one only when the
     watch does not know it by the message's uid) or ``get`` (a read per TrainJob every few seconds)."""
@@ -136,7 +139,9 @@ class Applier:
         self.js = js
         self.ledger = ledger
         self.stats = ApplierStats()
-        watched = WatchedTrainJobs(kube) if settings.trainjob_source == "watch" else None
+        watched = (
+            WatchedTrainJobs(kube, namespaces=settings.namespaces) if settings.trainjob_source == "watch" else None
+        )
         self.trainjobs = TrainJobs(kube, cache_seconds=settings.trainjob_cache_seconds, watched=watched)
         claims = NewerClaims(
             kube, ledger, self.trainjobs, epoch=epoch, grace_seconds=settings.stale_claim_grace_seconds

@@ -8,7 +8,9 @@ watch (before its first list, while it is broken, or where a deployment's role s
 message reads the TrainJob instead: a positive answer is kept for a few seconds, and the components of one
 TrainJob, which arrive together and are applied in parallel, share one GET in flight. A refusal is never
 taken from memory: a TrainJob the watch does not know, or knows by another uid, is read, since it may have
-been created or replaced a moment ago.
+been created or replaced a moment ago. The watch is of the namespaces the pipeline is confined to, one per
+namespace, because the role a platform team grants a confined pipeline is a Role in each of them, under which
+a watch of the whole cluster is refused.
 
 What goes wrong with a component is told on the TrainJob, where ``kubectl describe`` shows it: the applier's
 own condition (``ComponentsApplied=False``, under a field manager of its own) and a Warning Event. The
@@ -23,6 +25,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Sequence
 
 from applier import core, objects
 from applier.authorize import (
@@ -59,50 +62,69 @@ def _what_facts_need(job: objects.KubeObject) -> objects.KubeObject:
     )
 
 
-_MAY_WATCH = json.dumps(
-    {
+def _may_watch_review(namespace: str | None) -> bytes:
+    """A SelfSubjectAccessReview asking whether this identity may watch TrainJobs (in ``namespace``)."""
+    attributes = {
+        "group": resources.TRAINJOB.api_version.rpartition("/")[0],
+        "resource": resources.TRAINJOB.plural,
+        "verb": "watch",
+    }
+    if namespace is not None:
+        attributes["namespace"] = namespace
+    review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
-        "spec": {
-            "resourceAttributes": {
-                "group": resources.TRAINJOB.api_version.rpartition("/")[0],
-                "resource": resources.TRAINJOB.plural,
-                "verb": "watch",
-            }
-        },
+        "spec": {"resourceAttributes": attributes},
     }
-).encode()
+    return json.dumps(review).encode()
 
 
 class WatchedTrainJobs:
-    """What the checks need of every TrainJob in the cluster, kept by a list and watch of TrainJobs."""
+    """What the checks need of every TrainJob in ``namespaces`` (default: the whole cluster), kept by a list
+    and watch of TrainJobs: one per namespace, so that a role granted in those namespaces alone suffices."""
 
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: KubeClient, *, namespaces: Sequence[str] = ()) -> None:
         self.kube = kube
         self.facts: dict[Key, TrainJobFacts] = {}
-        self.informer: Informer[objects.KubeObject] = Informer(
-            kube, resources.TRAINJOB, objects.KubeObject, self._on_change, trim=_what_facts_need
-        )
+        self.informers: dict[str | None, Informer[objects.KubeObject]] = {
+            namespace: Informer(
+                kube,
+                resources.TRAINJOB,
+                objects.KubeObject,
+                self._on_change,
+                namespace=namespace,
+                trim=_what_facts_need,
+            )
+            for namespace in (tuple(dict.fromkeys(namespaces)) or (None,))
+        }
 
     async def run(self) -> None:
-        """Follow TrainJobs, once the API server says this identity may watch them (a role written by an
-        earlier version may not: then every check reads, and nothing lists TrainJobs over and over)."""
-        if await self._may_watch():
-            await self.informer.run()
-        else:
+        """Follow TrainJobs wherever the API server says this identity may watch them (a role written by an
+        earlier version may not: there every check reads, and nothing lists TrainJobs over and over)."""
+        followed = [informer for namespace, informer in self.informers.items() if await self._may_watch(namespace)]
+        if len(followed) < len(self.informers):
+            refused = [namespace or "(all namespaces)" for namespace, i in self.informers.items() if i not in followed]
             log.warning(
-                "this identity may not watch TrainJobs: every check reads its TrainJob instead (the applier's"
-                " role in deploy/base/rbac.yaml grants list and watch on trainjobs; re-apply it to use the watch)"
+                "this identity may not watch TrainJobs in %s: checks there read their TrainJob instead (the"
+                " applier's role in deploy/base/rbac.yaml grants list and watch on trainjobs; re-apply it to use"
+                " the watch)",
+                ", ".join(refused),
             )
+        if followed:
+            await asyncio.gather(*(informer.run() for informer in followed))
 
-    async def _may_watch(self) -> bool:
+    async def synced(self) -> None:
+        """Until every namespace's watch has listed once."""
+        await asyncio.gather(*(informer.synced.wait() for informer in self.informers.values()))
+
+    async def _may_watch(self, namespace: str | None) -> bool:
         failures = 0
         while True:
             try:
                 response = await self.kube.request(
                     "POST",
                     "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-                    body=_MAY_WATCH,
+                    body=_may_watch_review(namespace),
                     content_type="application/json",
                 )
                 allowed: bool = json.loads(response.body).get("status", {}).get("allowed", False)
@@ -122,8 +144,10 @@ class WatchedTrainJobs:
             self.facts[key] = facts_of(cached.obj)
 
     def known(self, key: Key, uid: str) -> TrainJobFacts | None:
-        """The TrainJob as the watch has it, when the watch is current and has it by this uid."""
-        if not self.informer.current:
+        """The TrainJob as the watch has it, when the watch of its namespace is current and has it by this
+        uid; None for a namespace nothing here watches."""
+        informer = self.informers.get(key[0]) or self.informers.get(None)
+        if informer is None or not informer.current:
             return None
         facts = self.facts.get(key)
         return facts if facts is not None and facts.uid == uid else None

@@ -132,7 +132,7 @@ async def measure(kube: LocalKube, n: int) -> dict[str, dict[str, float]]:
         watched = WatchedTrainJobs(client)
         following = asyncio.create_task(watched.run())
         try:
-            await asyncio.wait_for(watched.informer.synced.wait(), 60)
+            await asyncio.wait_for(watched.synced(), 60)
             out: dict[str, dict[str, float]] = {}
             out["watch: TrainJob created"] = await _measured(
                 kube, lambda: _child(kube.kubeconfig, "create", names, bodies)
@@ -161,7 +161,7 @@ async def measure(kube: LocalKube, n: int) -> dict[str, dict[str, float]]:
 
 async def _list_once(watched: WatchedTrainJobs) -> None:
     task = asyncio.create_task(watched.run())
-    await asyncio.wait_for(watched.informer.synced.wait(), 60)
+    await asyncio.wait_for(watched.synced(), 60)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 

@@ -78,13 +78,16 @@ def _kube(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
 
 
-def _watcher_options(parser: argparse.ArgumentParser) -> None:
+def _namespaces(parser: argparse.ArgumentParser) -> None:
     env_list_flag(
         parser,
         "--namespace",
         env="TJPIPE_NAMESPACES",
-        help="namespace to watch (repeatable; replaces the comma-separated variable); default: all",
+        help="namespace whose TrainJobs to watch (repeatable; replaces the comma-separated variable); default: all",
     )
+
+
+def _watcher_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resync-seconds", type=float, default=300.0, help="relist TrainJobs this often")
 
 
@@ -156,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(watcher)
     add_nats_flags(watcher)
     _kube(watcher)
+    _namespaces(watcher)
     _watcher_options(watcher)
     _signing_key(watcher)
 
@@ -169,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(applier)
     add_nats_flags(applier)
     _kube(applier)
+    _namespaces(applier)
     _applier_options(applier)
     _trusted_keys(applier, "plan", "planner")
 
@@ -187,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"the {stage}'s NATS identity: an nkey seed file or a JWT .creds file",
         )
     _kube(controller)
+    _namespaces(controller)
     _watcher_options(controller)
     _applier_options(controller)
     for stage in SIGNING_STAGES:

@@ -238,6 +238,7 @@ def applier(args: argparse.Namespace) -> ApplierSettings:
         **_replica(args),
         kubeconfig=args.kubeconfig,
         kube_context=args.context,
+        namespaces=tuple(dict.fromkeys(args.namespace)),
         concurrency=args.concurrency,
         stale_claim_grace_seconds=args.stale_claim_grace,
         cluster_id=args.cluster_id,

@@ -4,7 +4,8 @@ The watch is the cluster's own account of each TrainJob, so a message naming a T
 the same uid costs no read of it; anything else is read, as it was before the watch: a uid the watch does
 not know (the TrainJob replaced, or created a moment ago), a TrainJob the watch saw deleted, and every
 check while the watch is not current. An applier whose role still lacks ``watch`` on TrainJobs (a
-deployment not yet given the new rule) keeps working on reads alone.
+deployment not yet given the new rule) keeps working on reads alone. Where the pipeline is confined to some
+namespaces (``TJPIPE_NAMESPACES``) and its role is a Role in each, the watch is of those namespaces.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ async def _until(what: Callable[[], bool], why: str, seconds: float = 20.0) -> N
 
 
 @contextlib.asynccontextmanager
-async def _following(client: KubeClient) -> AsyncIterator[WatchedTrainJobs]:
-    watched = WatchedTrainJobs(client)
+async def _following(client: KubeClient, namespaces: tuple[str, ...] = ()) -> AsyncIterator[WatchedTrainJobs]:
+    watched = WatchedTrainJobs(client, namespaces=namespaces)
     task = asyncio.create_task(watched.run())
     try:
         yield watched
@@ -91,7 +92,7 @@ async def test_a_trainjob_the_watch_knows_is_not_read_and_anything_else_is(kube:
     with kube.api_client() as api:
         first_uid = _create_trainjob(api, namespace, "first")
         async with ReadCountingKube(config) as client, _following(client) as watched:
-            await asyncio.wait_for(watched.informer.synced.wait(), 20)
+            await asyncio.wait_for(watched.synced(), 20)
             checks = TrainJobs(client, cache_seconds=0.0, watched=watched)
 
             # Known by its uid: answered from the watch, again and again, with no read.
@@ -121,7 +122,7 @@ async def test_a_trainjob_the_watch_knows_is_not_read_and_anything_else_is(kube:
             assert client.trainjob_reads > reads
 
             # A watch that is not current answers nothing: every check reads.
-            watched.informer.current = False
+            watched.informers[None].current = False
             reads = client.trainjob_reads
             await checks.verify(_message(namespace, "first", first_uid))
             assert client.trainjob_reads == reads + 1
@@ -165,8 +166,53 @@ async def test_an_applier_whose_role_lacks_watch_checks_by_reading(kube: Any, na
                     assert client.trainjob_reads == reads + 1
                     await asyncio.sleep(0.5)
                 # It asked, was told no, and never listed TrainJobs at all (no list every few seconds either).
-                assert not watched.informer.synced.is_set() and not watched.informer.current
+                assert not watched.informers[None].synced.is_set() and not watched.informers[None].current
                 assert not watched.facts
         finally:
             rbac.delete_cluster_role_binding(role)
             rbac.delete_cluster_role(role)
+
+
+async def test_an_applier_confined_to_namespaces_watches_them_with_a_role_there(kube: Any, namespace: str) -> None:
+    """TJPIPE_NAMESPACES with the applier's rules in a Role of that namespace (README, Security): a watch of the
+    whole cluster would be refused, the namespace's watch is not, and answers the checks there."""
+    suffix = secrets.token_hex(3)
+    role, account = f"tjpipe-test-namespaced-{suffix}", "applier-in-one-namespace"
+    with kube.api_client() as api:
+        core, rbac = kube_client.CoreV1Api(api), kube_client.RbacAuthorizationV1Api(api)
+        rule = kube_client.V1PolicyRule(
+            api_groups=["trainer.kubeflow.org"], resources=["trainjobs"], verbs=["get", "list", "watch"]
+        )
+        rbac.create_namespaced_role(
+            namespace, kube_client.V1Role(metadata=kube_client.V1ObjectMeta(name=role), rules=[rule])
+        )
+        rbac.create_namespaced_role_binding(
+            namespace,
+            kube_client.V1RoleBinding(
+                metadata=kube_client.V1ObjectMeta(name=role),
+                role_ref=kube_client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=role),
+                subjects=[kube_client.RbacV1Subject(kind="ServiceAccount", name=account, namespace=namespace)],
+            ),
+        )
+        core.create_namespaced_service_account(
+            namespace, kube_client.V1ServiceAccount(metadata=kube_client.V1ObjectMeta(name=account))
+        )
+        review = core.create_namespaced_service_account_token(
+            account,
+            namespace,
+            kube_client.AuthenticationV1TokenRequest(spec=kube_client.V1TokenRequestSpec(audiences=[])),
+        )
+        uid = _create_trainjob(api, namespace, "tj")
+        admin = KubeConfig.load(str(kube.kubeconfig))
+        limited = KubeConfig(server=admin.server, token=review.status.token, ca_file=admin.ca_file)
+        async with ReadCountingKube(limited) as client:
+            assert not await WatchedTrainJobs(client)._may_watch(None)
+            async with _following(client, (namespace,)) as watched:
+                assert list(watched.informers) == [namespace]
+                await asyncio.wait_for(watched.synced(), 20)
+                checks = TrainJobs(client, cache_seconds=0.0, watched=watched)
+                for _ in range(3):
+                    assert (await checks.verify(_message(namespace, "tj", uid))).uid == uid
+                assert client.trainjob_reads == 0
+                # A TrainJob outside the namespaces is nothing the watch answers for: a check there reads.
+                assert watched.known(("elsewhere", "tj"), uid) is None

@@ -81,6 +81,7 @@ def test_each_service_gets_its_settings_with_the_common_part_built_once() -> Non
     assert isinstance(watcher, WatcherSettings) and watcher.namespaces == ("a", "b")
     assert isinstance(planner, PlannerSettings) and planner.replica == "r-1"
     assert isinstance(applier, ApplierSettings) and applier.stale_claim_grace_seconds == 9.0
+    assert applier.namespaces == ("a", "b")  # its TrainJob watch is of the namespaces the watcher's is
     for made in (watcher, planner, applier):
         assert (made.nats_url, made.nats_creds, made.nats_tls) == (
             "nats://n:4222",
@@ -113,7 +114,7 @@ def test_the_controller_gives_each_stage_its_own_identity_and_key_and_the_proces
     assert (watcher.signing_key, planner.signing_key) == ("/keys/watcher.pem", "/keys/planner.pem")
     assert planner.signing_key_setting == "--planner-signing-key / TJPIPE_PLANNER_SIGNING_KEY"
     assert (planner.trusted_event_keys, applier.trusted_plan_keys) == ("/keys/events", "/keys/plans")
-    assert (watcher.namespaces, applier.concurrency) == (("team-a",), 4)
+    assert (watcher.namespaces, applier.namespaces, applier.concurrency) == (("team-a",), ("team-a",), 4)
     assert {made.metrics_port for made in (watcher, planner, applier)} == {0}  # the process serves health
     assert {made.nats_url for made in (watcher, planner, applier)} == {"nats://n:4222"}
     # A single service keeps its own names.
