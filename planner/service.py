@@ -175,7 +175,7 @@ class Planner:
             # would stall this partition for good while its lease is still renewed. On timeout the event is
             # handed back (handle_batch naks it) and planned again; the message ids make repeats free.
             try:
-                await asyncio.wait_for(asyncio.gather(*futures), timeout=PUBACK_TIMEOUT_SECONDS)
+                await publishing.await_acks(futures, timeout=PUBACK_TIMEOUT_SECONDS)
             except TimeoutError:
                 # nats-py loses a PubAck that is an error (its reply handler raises instead of failing the
                 # future), so a full stream's refusal looks like a lost PubAck. Asking again, synchronously,

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -77,3 +79,30 @@ async def publish_stored(
                 raise
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_REFUSED_DELAY_SECONDS)
+
+
+async def await_acks(acks: Sequence[asyncio.Future[Any]], *, timeout: float) -> None:
+    """Until every PubAck of ``acks`` (``publish_async``'s futures) is in; raises the first error, or
+    ``TimeoutError`` once ``timeout`` passes with some still out.
+
+    ``asyncio.wait_for(asyncio.gather(...))`` did this until a NATS node was killed under load: the planner's
+    task, cancelled there, left the gather holding its cancellation, which asyncio then reported as an
+    exception never retrieved. Here every ack is settled whichever way the wait ends: one still out is
+    cancelled (its message is planned again, and the message id makes the repeat free), and one that failed
+    has its error retrieved."""
+    try:
+        done, pending = await asyncio.wait(acks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for ack in acks:
+            if not ack.done():
+                ack.cancel()
+            elif not ack.cancelled():
+                ack.exception()
+    for ack in done:
+        if not ack.cancelled() and (error := ack.exception()) is not None:
+            raise error
+    if any(ack.cancelled() for ack in done):
+        # The client gave the ack up (its connection closed): whether the stream stored the message is unknown.
+        raise ConnectionError("a PubAck was given up before it came")
+    if pending:
+        raise TimeoutError(f"{len(pending)} of {len(acks)} PubAcks did not come within {timeout:g}s")
