@@ -76,6 +76,20 @@ async def _until(what: Callable[[], bool], why: str, seconds: float = 20.0) -> N
         await asyncio.sleep(0.02)
 
 
+def _service_account_config(kube: Any, core: kube_client.CoreV1Api, namespace: str, account: str) -> KubeConfig:
+    """A new ServiceAccount in ``namespace`` and a client configuration that acts as it."""
+    core.create_namespaced_service_account(
+        namespace, kube_client.V1ServiceAccount(metadata=kube_client.V1ObjectMeta(name=account))
+    )
+    review = core.create_namespaced_service_account_token(
+        account,
+        namespace,
+        kube_client.AuthenticationV1TokenRequest(spec=kube_client.V1TokenRequestSpec(audiences=[])),
+    )
+    admin = KubeConfig.load(str(kube.kubeconfig))
+    return KubeConfig(server=admin.server, token=review.status.token, ca_file=admin.ca_file)
+
+
 @contextlib.asynccontextmanager
 async def _following(client: KubeClient, namespaces: tuple[str, ...] = ()) -> AsyncIterator[WatchedTrainJobs]:
     watched = WatchedTrainJobs(client, namespaces=namespaces)
@@ -146,17 +160,8 @@ async def test_an_applier_whose_role_lacks_watch_checks_by_reading(kube: Any, na
             )
         )
         try:
-            core.create_namespaced_service_account(
-                namespace, kube_client.V1ServiceAccount(metadata=kube_client.V1ObjectMeta(name=account))
-            )
-            review = core.create_namespaced_service_account_token(
-                account,
-                namespace,
-                kube_client.AuthenticationV1TokenRequest(spec=kube_client.V1TokenRequestSpec(audiences=[])),
-            )
+            limited = _service_account_config(kube, core, namespace, account)
             uid = _create_trainjob(api, namespace, "tj")
-            admin = KubeConfig.load(str(kube.kubeconfig))
-            limited = KubeConfig(server=admin.server, token=review.status.token, ca_file=admin.ca_file)
             async with ReadCountingKube(limited) as client, _following(client) as watched:
                 checks = TrainJobs(client, cache_seconds=0.0, watched=watched)
                 for _ in range(3):
@@ -194,17 +199,8 @@ async def test_an_applier_confined_to_namespaces_watches_them_with_a_role_there(
                 subjects=[kube_client.RbacV1Subject(kind="ServiceAccount", name=account, namespace=namespace)],
             ),
         )
-        core.create_namespaced_service_account(
-            namespace, kube_client.V1ServiceAccount(metadata=kube_client.V1ObjectMeta(name=account))
-        )
-        review = core.create_namespaced_service_account_token(
-            account,
-            namespace,
-            kube_client.AuthenticationV1TokenRequest(spec=kube_client.V1TokenRequestSpec(audiences=[])),
-        )
+        limited = _service_account_config(kube, core, namespace, account)
         uid = _create_trainjob(api, namespace, "tj")
-        admin = KubeConfig.load(str(kube.kubeconfig))
-        limited = KubeConfig(server=admin.server, token=review.status.token, ca_file=admin.ca_file)
         async with ReadCountingKube(limited) as client:
             assert not await WatchedTrainJobs(client)._may_watch(None)
             async with _following(client, (namespace,)) as watched:
