@@ -54,6 +54,12 @@ class PlannerSettings(ServiceSettings):
     """The flag and variable that set ``signing_key``, named when it cannot be used."""
     trusted_event_keys: str | None = None
     """The watcher public keys an event must be signed with: a file, or a directory of ``*.pub``."""
+    trainjob_status: bool = False
+    """Trainer's ``TrainJobStatus`` feature gate: the TrainJobStatus plugin is registered only when on."""
+    status_server_url: str = ""
+    """Where the pods reach the status server, ``https://host:port`` (with ``trainjob_status``)."""
+    status_server_ca: str = ""
+    """The PEM text of the CA that signs the status server's certificate (with ``trainjob_status``)."""
 
 
 @dataclass

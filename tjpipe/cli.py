@@ -26,7 +26,15 @@ from rich.markup import escape
 
 from tjpipe import settings
 from tjpipe.nats_connection import add_nats_flags
-from tjpipe.settings import SIGNING_STAGES, STAGES, FromEnvironment, SettingsError, env_flag, env_list_flag
+from tjpipe.settings import (
+    SIGNING_STAGES,
+    STAGES,
+    FromEnvironment,
+    SettingsError,
+    add_trainjob_status_flags,
+    env_flag,
+    env_list_flag,
+)
 
 if TYPE_CHECKING:
     from contracts.streams import StreamSpec
@@ -168,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_flags(planner)
     _signing_key(planner)
     _trusted_keys(planner, "event", "watcher")
+    add_trainjob_status_flags(planner)
 
     applier = sub.add_parser("applier", help="server-side apply each planned component")
     _common(applier)
@@ -204,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
     _trusted_keys(controller, "event", "watcher")
     _trusted_keys(controller, "plan", "planner")
+    add_trainjob_status_flags(controller)
 
     webhook = sub.add_parser(
         "webhook", help="serve Trainer's validating admission webhooks (TrainJob, runtimes) over TLS"

@@ -96,6 +96,35 @@ class _AppendOverEnvironment(argparse.Action):
         setattr(namespace, self.dest, items)
 
 
+def boolean(text: str) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``, ``on``/``off``), as a variable says a switch."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def env_switch(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, *, env: str, help: str, default: bool = False
+) -> argparse.Action:
+    """An on/off flag (``--x`` / ``--no-x``) with the environment variable ``env`` (true/false) behind it."""
+
+    def read(environ: Mapping[str, str]) -> bool:
+        text = environ.get(env, "").strip()
+        if not text:
+            return default
+        try:
+            return boolean(text)
+        except ValueError:
+            raise SettingsError(f"{env}: not true or false: {text!r}") from None
+
+    return parser.add_argument(
+        flag, action=argparse.BooleanOptionalAction, default=FromEnvironment(read), help=f"{help} (env: {env})"
+    )
+
+
 def env_list_flag(parser: argparse.ArgumentParser, flag: str, *, env: str, help: str) -> argparse.Action:
     """A repeatable flag with a comma-separated ``env`` behind it; given at all, the flags replace ``env``."""
 
@@ -113,6 +142,94 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Na
         if isinstance(value, FromEnvironment):
             setattr(args, name, value.read(environ))
     return args
+
+
+# ---------------------------------------------------------------------------------------- TrainJobStatus
+
+TRAINJOB_STATUS_SETTING = "--trainjob-status / TJPIPE_TRAINJOB_STATUS"
+STATUS_SERVER_URL_SETTING = "--status-server-url / TJPIPE_STATUS_SERVER_URL"
+STATUS_SERVER_CA_SETTING = "--status-server-ca / TJPIPE_STATUS_SERVER_CA"
+
+
+def add_trainjob_status_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Trainer's alpha feature gate ``TrainJobStatus`` and what its plugin tells the pods about the server.
+
+    Off by default, as in Trainer. On, every trainer container is told where the status server is
+    (``--status-server-url``) and which CA signs its certificate (``--status-server-ca``, copied into the
+    ``<trainjob>-tls-config`` ConfigMap).
+    """
+    env_switch(
+        parser,
+        "--trainjob-status",
+        env="TJPIPE_TRAINJOB_STATUS",
+        help="Trainer's TrainJobStatus feature gate (alpha, default off): trainer pods get the status "
+        "server's URL, its CA and a token to report progress with",
+    )
+    env_flag(
+        parser,
+        "--status-server-url",
+        env="TJPIPE_STATUS_SERVER_URL",
+        default="",
+        help="the status server as the pods reach it, https://HOST:PORT (Trainer's path is appended); "
+        "required with --trainjob-status",
+    )
+    env_flag(
+        parser,
+        "--status-server-ca",
+        env="TJPIPE_STATUS_SERVER_CA",
+        default="",
+        help="PEM file of the CA that signs the status server's certificate (read once at start); "
+        "required with --trainjob-status",
+    )
+
+
+def status_server_url(text: str) -> str:
+    """The URL as the plugin needs it: ``https://host[:port]``, no path, no trailing slash."""
+    from urllib.parse import urlsplit
+
+    url = text.strip().rstrip("/")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number in range)
+    except ValueError as exc:
+        raise SettingsError(f"{STATUS_SERVER_URL_SETTING}: not a URL: {text!r} ({exc})") from None
+    if parts.scheme != "https" or not parts.hostname:
+        raise SettingsError(f"{STATUS_SERVER_URL_SETTING}: must be https://HOST[:PORT], got {text!r}")
+    if parts.path or parts.query or parts.fragment or parts.username or parts.password:
+        raise SettingsError(
+            f"{STATUS_SERVER_URL_SETTING}: give only https://HOST[:PORT]; the status path is Trainer's "
+            f"and is added per TrainJob (got {text!r})"
+        )
+    return url
+
+
+def read_status_server_ca(path: str) -> str:
+    """The CA bundle's PEM text, read once by the shell so the planner's core gets it as data."""
+    if not path:
+        raise SettingsError(f"{STATUS_SERVER_CA_SETTING}: required with {TRAINJOB_STATUS_SETTING}")
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{STATUS_SERVER_CA_SETTING}: cannot read {path}: {exc}") from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise SettingsError(f"{STATUS_SERVER_CA_SETTING}: {path} holds no PEM certificate")
+    if "PRIVATE KEY" in text:
+        # The bundle is copied into a ConfigMap in every TrainJob's namespace: a key must never go there.
+        raise SettingsError(f"{STATUS_SERVER_CA_SETTING}: {path} holds a private key; give the CA certificate only")
+    return text
+
+
+def trainjob_status(args: argparse.Namespace) -> dict[str, Any]:
+    """``PlannerSettings``' TrainJobStatus fields: off, or on with the server's URL and CA (PEM text)."""
+    if not getattr(args, "trainjob_status", False):
+        return {}
+    if not args.status_server_url:
+        raise SettingsError(f"{STATUS_SERVER_URL_SETTING}: required with {TRAINJOB_STATUS_SETTING}")
+    return {
+        "trainjob_status": True,
+        "status_server_url": status_server_url(args.status_server_url),
+        "status_server_ca": read_status_server_ca(args.status_server_ca),
+    }
 
 
 # ------------------------------------------------------------------------------------------- settings objects
@@ -227,6 +344,7 @@ def planner(args: argparse.Namespace) -> PlannerSettings:
         **_signing_key_setting(args),
         signing_key=args.signing_key,
         trusted_event_keys=args.trusted_event_keys,
+        **trainjob_status(args),
     )
 
 
