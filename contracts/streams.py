@@ -126,8 +126,21 @@ DLQ = StreamSpec(
     discard="old",
 )
 
+PROGRESS = StreamSpec(
+    name="TJ_PROGRESS",
+    subjects=(f"{subjects.PROGRESS_PREFIX}.>",),
+    description="Every training progress update the status server accepted (contracts.progress), kept as history",
+    max_age_seconds=7 * DAY,
+    max_bytes=GIB // 2,
+    discard="old",
+)
+"""A record from the start, like the results: the status server publishes here, nothing consumes it to make
+progress, and at its limit it drops its oldest records. Half a GiB holds about a million updates of a few
+metrics each (a record is some 400 bytes), which keeps every record stream together below the server's file
+store."""
+
 WORK_STREAMS: tuple[StreamSpec, ...] = (EVENTS, APPLY)
-RECORD_STREAMS: tuple[StreamSpec, ...] = (EVENTS_HISTORY, APPLY_HISTORY, RESULTS, DLQ)
+RECORD_STREAMS: tuple[StreamSpec, ...] = (EVENTS_HISTORY, APPLY_HISTORY, RESULTS, DLQ, PROGRESS)
 """What ``tjpipe history``, ``replay`` and ``dlq`` read, and the ``reader`` identity may read."""
 ALL_STREAMS: tuple[StreamSpec, ...] = WORK_STREAMS + RECORD_STREAMS
 
@@ -194,7 +207,7 @@ _NO_SETTINGS: Mapping[str, str] = MappingProxyType({})
 def configured_streams(environ: Mapping[str, str] = _NO_SETTINGS) -> tuple[StreamSpec, ...]:
     """The streams with retention from ``TJPIPE_<STREAM>_MAX_AGE`` / ``TJPIPE_<STREAM>_MAX_BYTES``.
 
-    ``<STREAM>`` is EVENTS, APPLY, EVENTS_HISTORY, APPLY_HISTORY, RESULTS or DLQ, e.g.
+    ``<STREAM>`` is EVENTS, APPLY, EVENTS_HISTORY, APPLY_HISTORY, RESULTS, DLQ or PROGRESS, e.g.
     ``TJPIPE_EVENTS_HISTORY_MAX_AGE=30d``. The bus set-up
     (``tjpipe bus-setup``, admin identity) passes the process environment in and configures the streams;
     contracts read no environment themselves. Without ``environ``: the defaults.

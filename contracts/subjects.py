@@ -23,6 +23,8 @@ EVENTS_PREFIX = "tj.ev"
 APPLY_PREFIX = "tj.apply"
 RESULTS_PREFIX = "tj.result"
 DLQ_PREFIX = "tj.dlq"
+PROGRESS_PREFIX = "tj.progress"
+"""Training progress records (``contracts.progress``), one subject per TrainJob like the events."""
 
 _FNV_OFFSET = 0x811C9DC5
 _FNV_PRIME = 0x01000193
@@ -62,6 +64,10 @@ def dlq_subject(stage: str, namespace: str, name: str) -> str:
     return f"{DLQ_PREFIX}.{stage}.{namespace}.{name}"
 
 
+def progress_subject(namespace: str, name: str) -> str:
+    return f"{PROGRESS_PREFIX}.{partition_of(namespace, name)}.{namespace}.{name}"
+
+
 def events_filter(partition: int | None = None) -> str:
     return f"{EVENTS_PREFIX}.{'*' if partition is None else partition}.>"
 
@@ -88,8 +94,18 @@ def trainjob_results_filter(namespace: str, name: str) -> str:
     return f"{RESULTS_PREFIX}.{partition_of(namespace, name)}.{namespace}.{name}.>"
 
 
+def trainjob_progress_filter(namespace: str, name: str) -> str:
+    """One TrainJob's progress records: a literal subject, as its events."""
+    return progress_subject(namespace, name)
+
+
+def namespace_progress_filter(namespace: str) -> str:
+    """Every progress record of one namespace (``*`` only for the partition and the name)."""
+    return f"{PROGRESS_PREFIX}.*.{namespace}.*"
+
+
 def trainjob_of_subject(subject: str) -> tuple[str, str]:
-    """``(namespace, name)`` from an event, apply or result subject; ``("_", "_")`` when it has none."""
+    """``(namespace, name)`` from an event, apply, result or progress subject; ``("_", "_")`` when it has none."""
     parts = subject.split(".")
     if len(parts) >= 5 and parts[0] == "tj":
         return parts[3], parts[4]
