@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as kube_client
 from nats.aio.client import Client as NATS
+from phase_times import PhaseTimes
 
 from plumbing import bus
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
@@ -29,6 +30,11 @@ from tjpipe.stack import nats_connect_options, setup_bus_as_admin
 
 TEST_USERS = {"alice": ("history-viewers",), "bob": ()}
 """Plain users of the session's own apiserver (``kube.local.user_tokens``), bound to nothing by default."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Wall time per test folder for the phase table scripts/test.sh prints (tests/phase_times.py).
+    config.pluginmanager.register(PhaseTimes(config.rootpath), "phase-times")
 
 
 @dataclass(frozen=True)

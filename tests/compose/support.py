@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import phase_times
 import yaml
 from faults.support import WriteCounts, read_write_counts
 from nats.aio.client import Client as NATS
@@ -66,7 +67,9 @@ def build_images(say: Callable[[str], None]) -> None:
     cached, so a warm run takes seconds."""
     started = time.monotonic()
     assert image_builder().main([]) == 0
-    say(f"images ready in {time.monotonic() - started:.0f}s")
+    took = time.monotonic() - started
+    phase_times.inside("compose images (built or found)", took)
+    say(f"images ready in {took:.0f}s")
 
 
 def engine_problem() -> str | None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import phase_times
 from compose.support import image_builder
 
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
@@ -78,7 +79,9 @@ def ensure_images() -> None:
             builder.build_binary_image(binary)
     builder.build_nats_image()
     builder.build_runtime_image()
-    say(f"images ready in {time.monotonic() - started:.0f}s")
+    took = time.monotonic() - started
+    phase_times.inside("container images (built or found)", took)
+    say(f"images ready in {took:.0f}s")
 
 
 def _own(path: Path, uid: int) -> None:
