@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from faults.support import read_write_counts
 from kubernetes.client import CustomObjectsApi, VersionApi
+from needs import unavailable
 
 from tjpipe.local import compose, crds
 from tjpipe.local.kubeapi import new_api_client
@@ -44,7 +45,7 @@ def _say(line: str) -> None:
 def engine() -> None:
     problem = engine_problem()
     if problem is not None:
-        pytest.skip(problem)
+        unavailable(problem)
 
 
 @pytest.fixture(scope="module")

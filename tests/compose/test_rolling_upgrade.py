@@ -42,6 +42,7 @@ import yaml
 from faults.support import read_write_counts
 from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
+from needs import unavailable
 
 from contracts import messages as m
 from contracts import streams, subjects
@@ -160,7 +161,7 @@ class Rollout:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Project, Rollout]]:
     problem = engine_problem() or commit_problem(PREVIOUS_RELEASE)
     if problem is not None:
-        pytest.skip(problem)
+        unavailable(problem)
     build_images(_say)
     took = build_release_image(PREVIOUS_RELEASE, OLD_RELEASE_IMAGE, base_image=compose.BASE_IMAGE)
     _say(f"{OLD_RELEASE_IMAGE}: release {PREVIOUS_RELEASE} built from its own Dockerfile in {took:.0f}s")

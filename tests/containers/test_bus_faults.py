@@ -59,6 +59,7 @@ from faults.support import (
 )
 from kubernetes import client as kube_client
 from kubernetes import dynamic
+from needs import unavailable
 from scale import test_multi_replica as scale
 
 from contracts import streams
@@ -98,7 +99,7 @@ FINAL_REV = scale.FINAL_REV
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     problem = engine_problem()
     if problem is not None:
-        pytest.skip(problem)
+        unavailable(problem)
     support.ensure_images()
     started = time.monotonic()
     rig = Rig(root=tmp_path_factory.mktemp("containers"))

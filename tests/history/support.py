@@ -152,12 +152,12 @@ def browser(tmp: Path, *, width: int = 1280, height: int = 900, phone: bool = Fa
     never narrower than 500)."""
     import shutil
 
-    import pytest
+    from needs import unavailable
 
     chromium = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
     driver = shutil.which("chromedriver") or (CHROMEDRIVER if Path(CHROMEDRIVER).exists() else None)
     if chromium is None or driver is None:
-        pytest.skip("needs chromium and chromium-driver (apt-get install chromium chromium-driver)")
+        unavailable("needs chromium and chromium-driver (apt-get install chromium chromium-driver)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

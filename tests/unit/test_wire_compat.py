@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 from compose.upgrade import PREVIOUS_RELEASE, WATCHER_WITHOUT_IMMUTABLE_FIELDS, archive, commit_problem, missing_from
+from needs import unavailable
 
 from contracts import conditions as t_ext
 from contracts import messages as m
@@ -111,7 +112,7 @@ def _live_jobset() -> Obj:
 def _old_messages(commit: str, scratch: Path) -> dict[str, list[bytes]]:
     problem = commit_problem(commit)
     if problem is not None:
-        pytest.skip(problem)
+        unavailable(problem)
     tree = archive(commit, scratch / "tree", "tjpipe", "contracts", "planner", "watcher", "plumbing")
     given = {"trainjob": _trainjob(), "runtime": _runtime(), "jobset": _live_jobset()}
     env = {k: v for k, v in os.environ.items() if not k.startswith("TJPIPE_")}
