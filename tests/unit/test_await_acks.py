@@ -37,10 +37,28 @@ def _acks(n: int) -> list[asyncio.Future[Any]]:
 
 
 async def test_all_acks_in_is_success() -> None:
-    acks = _acks(3)
-    for ack in acks:
-        ack.set_result("stored")
-    await await_acks(acks, timeout=1.0)
+    """The wait returns once the last ack is in, not before: acks that come one by one, the last well after
+    the first, are all still there with their results (a wait that returned early would have cancelled the
+    ones still out), and nothing is reported to asyncio."""
+
+    async def body() -> None:
+        acks = _acks(3)
+        order: list[str] = []
+
+        async def arrive() -> None:
+            for index, ack in enumerate(acks):
+                await asyncio.sleep(0.05)
+                ack.set_result(f"stored {index}")
+                order.append(f"ack {index}")
+
+        arriving = asyncio.create_task(arrive())
+        await await_acks(acks, timeout=30.0)  # a generous bound; the acks take about 0.15 s
+        order.append("returned")
+        await arriving
+        assert order == ["ack 0", "ack 1", "ack 2", "returned"]
+        assert [ack.result() for ack in acks] == ["stored 0", "stored 1", "stored 2"]
+
+    assert await _reported(body) == []
 
 
 async def test_the_first_error_is_raised_at_once_and_the_others_settled() -> None:
