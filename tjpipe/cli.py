@@ -237,6 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="its private key, PEM",
     )
 
+    status_server = sub.add_parser(
+        "status-server",
+        help="serve Trainer's TrainJob status endpoint over TLS: progress from the pods, recorded in the history, "
+        "written to status.trainerStatus coalesced",
+    )
+    _common(status_server)
+    add_nats_flags(status_server)
+    _kube(status_server)
+    settings.add_status_server_flags(status_server)
+
     up = sub.add_parser(
         "up",
         help="run the embedded local stack: NATS, a simulated cluster (kube-apiserver, controllers, scheduler, JobSet, "
@@ -559,7 +569,7 @@ def _error(message: str) -> None:
     sys.stderr.flush()
 
 
-_SERVICES = ("watcher", "planner", "applier", "controller", "webhook")
+_SERVICES = ("watcher", "planner", "applier", "controller", "webhook", "status-server")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -676,6 +686,10 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
         return run_service(settings.applier(args), run_applier)
     if command == "controller":
         return _run_controller(args)
+    if command == "status-server":
+        from tjpipe.status_server.server import run_status_server
+
+        return run_service(settings.status_server(args), run_status_server)
     from planner.webhook import run_webhook
 
     return run_service(settings.webhook(args), run_webhook)

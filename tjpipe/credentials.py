@@ -1,6 +1,6 @@
 """Who may do what on the bus: one NATS nkey identity per stage, and the server's authorization block.
 
-Why nkeys and not decentralized JWT accounts: the set of identities is fixed (six, one per stage and role),
+Why nkeys and not decentralized JWT accounts: the set of identities is fixed (seven, one per stage and role),
 so JWT's one advantage, adding or changing users without touching the server's configuration, buys nothing
 here, while it costs an operator key, an account key, a resolver and signed JWTs to run and rotate. With
 nkeys the server configuration holds only public keys, the seeds never leave the process that uses them,
@@ -51,8 +51,9 @@ PLANNER = "planner"
 APPLIER = "applier"
 READER = "reader"
 DLQ_OPERATOR = "dlq-operator"
-IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR)
-SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER}
+STATUS_SERVER = "status-server"
+IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER)
+SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER, "status-server": STATUS_SERVER}
 """``tjpipe`` service command → the identity it runs as."""
 
 SEED_SUFFIX = ".nk"
@@ -173,6 +174,10 @@ def permissions() -> dict[str, Permissions | None]:
             ),
         ),
         READER: Permissions(publish=(*read_allow, *_consumer_info())),
+        # The status server records the progress pods report, and nothing else: it reads no stream.
+        STATUS_SERVER: Permissions(
+            publish=(f"{subjects.PROGRESS_PREFIX}.>", f"{_API}.STREAM.INFO.{streams.PROGRESS.name}"),
+        ),
         DLQ_OPERATOR: Permissions(
             publish=(
                 *read_allow,

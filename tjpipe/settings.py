@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from planner.webhook import WebhookSettings
     from plumbing.bus import TlsFiles
     from plumbing.runner import ProcessSettings
+    from tjpipe.status_server.server import StatusServerSettings
     from watcher.service import WatcherSettings
 
 
@@ -180,6 +181,37 @@ def add_trainjob_status_flags(parser: argparse.ArgumentParser | argparse._Argume
         default="",
         help="PEM file of the CA that signs the status server's certificate (read once at start); "
         "required with --trainjob-status",
+    )
+
+
+def add_status_server_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``tjpipe status-server``: where it listens, its serving certificate, and how often it writes a TrainJob."""
+    env_flag(parser, "--host", env="TJPIPE_STATUS_SERVER_HOST", default="0.0.0.0", help="address to listen on")
+    env_flag(
+        parser, "--port", env="TJPIPE_STATUS_SERVER_PORT", default=10443, type=int, help="HTTPS port (Trainer's 10443)"
+    )
+    env_flag(
+        parser,
+        "--tls-cert",
+        env="TJPIPE_STATUS_SERVER_TLS_CERT",
+        default="/etc/tjpipe/status-server-tls/tls.crt",
+        help="serving certificate, PEM (signed by the CA --status-server-ca names to the planner)",
+    )
+    env_flag(
+        parser,
+        "--tls-key",
+        env="TJPIPE_STATUS_SERVER_TLS_KEY",
+        default="/etc/tjpipe/status-server-tls/tls.key",
+        help="its private key, PEM",
+    )
+    env_flag(
+        parser,
+        "--coalesce-seconds",
+        env="TJPIPE_STATUS_COALESCE_SECONDS",
+        default=5.0,
+        type=float,
+        help="at most one write of a TrainJob's status.trainerStatus per this many seconds, the newest update "
+        "(default 5: the SDK's own rate per process)",
     )
 
 
@@ -380,4 +412,26 @@ def webhook(args: argparse.Namespace) -> WebhookSettings:
         host=args.host,
         kubeconfig=args.kubeconfig,
         kube_context=args.context,
+    )
+
+
+def status_server(args: argparse.Namespace) -> StatusServerSettings:
+    from tjpipe.status_server.server import StatusServerSettings
+
+    for path in (args.tls_cert, args.tls_key):
+        if not Path(path).is_file():
+            raise SettingsError(f"no such file: {path} (--tls-cert/--tls-key, TJPIPE_STATUS_SERVER_TLS_*)")
+    if not args.coalesce_seconds > 0:
+        raise SettingsError(
+            f"--coalesce-seconds / TJPIPE_STATUS_COALESCE_SECONDS: must be above 0, got {args.coalesce_seconds}"
+        )
+    return StatusServerSettings(
+        **_on_bus(args),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        host=args.host,
+        port=args.port,
+        kubeconfig=args.kubeconfig,
+        kube_context=args.context,
+        coalesce_seconds=args.coalesce_seconds,
     )

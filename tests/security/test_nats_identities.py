@@ -257,6 +257,18 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.STREAM.MSG.DELETE.{APPLY}",
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
     ],
+    # It records progress and reads nothing back: not even the progress history it writes.
+    "status-server": [
+        *MANAGEMENT,
+        "tj.ev.0.ns.name",
+        "tj.apply.0.ns.name.jobset",
+        "tj.result.0.ns.name.jobset",
+        "tj.dlq.applier.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        f"{API}.DIRECT.GET.TJ_PROGRESS",
+        f"{API}.STREAM.PURGE.TJ_PROGRESS",
+        f"{API}.STREAM.MSG.DELETE.TJ_PROGRESS",
+    ],
 }
 
 

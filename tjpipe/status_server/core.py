@@ -1,0 +1,303 @@
+"""The status server's decisions, without I/O: which request it is, whether its body is valid, who owns a pod,
+and when the coalesced write of a TrainJob's ``trainerStatus`` is due.
+
+Why validate here and not leave it to the CRD, as Trainer does: Trainer writes every update to the API server
+and lets the CRD's schema answer (422 with the API server's message). Here an update is recorded in the history
+first and written to the TrainJob later, coalesced, so the schema's rules (progress 0-100, at most 256 metrics,
+names and values of 1 to 64 characters, ``lastUpdatedTime`` required) are checked before anything is recorded:
+what the history holds is only what the TrainJob could hold. The messages follow the API server's field paths.
+
+Why the coalescer compares ``lastUpdatedTime``: several pods of one TrainJob report, each on its own clock and
+over its own connection, so arrival order says nothing about which value is newer. The status shows the update
+whose ``lastUpdatedTime`` is the newest seen; an older one is kept in the history but never written over it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+
+import msgspec
+
+from contracts.trainer import TrainerStatus, UpdateTrainJobStatusRequest
+
+PATH = re.compile(
+    r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/(?P<namespace>[^/]+)/trainjobs/(?P<name>[^/]+)/status$"
+)
+"""Trainer's one route; anything else is 404 with a ``metav1.Status`` body, as Trainer's."""
+MAX_BODY = 1 << 16
+"""Trainer's request body limit (64 KiB); above it: 413."""
+MAX_METRICS = 256
+MAX_METRIC_TEXT = 64
+INT32_MAX = 2**31 - 1
+AUDIENCE_PREFIX = "trainer.kubeflow.org"
+
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def audience(namespace: str, name: str) -> str:
+    """The token audience Trainer's plugin projects for one TrainJob, and the only one the server accepts."""
+    return f"{AUDIENCE_PREFIX}/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status"
+
+
+def status_path(namespace: str, name: str) -> str:
+    return f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status"
+
+
+def route(path: str) -> tuple[str, str] | None:
+    """``(namespace, name)`` of a status path whose parts are Kubernetes names; ``None`` for any other path."""
+    found = PATH.match(path)
+    if found is None:
+        return None
+    namespace, name = found["namespace"], found["name"]
+    if len(namespace) > 63 or len(name) > 63 or not _NAME.match(namespace) or not _NAME.match(name):
+        return None
+    return namespace, name
+
+
+def bearer_token(header: str) -> str:
+    """The credential of an RFC 7235 ``Bearer`` header (scheme case-insensitive); empty for anything else."""
+    parts = header.split()
+    return parts[1] if len(parts) == 2 and parts[0].lower() == "bearer" else ""
+
+
+# ---------------------------------------------------------------------------------------------- the body
+
+
+class Invalid(ValueError):
+    """A body the server refuses with 422; the message says which field and why, as the API server would."""
+
+
+_request_decoder = msgspec.json.Decoder(UpdateTrainJobStatusRequest)
+_encoder = msgspec.json.Encoder()
+
+
+def parse_time(text: str) -> float:
+    """RFC 3339 (``Z`` or an offset, fractions allowed, as Go's ``metav1.Time`` reads it) as Unix seconds."""
+    value = text.strip()
+    if not re.match(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$", value):
+        raise ValueError(text)
+    head, _, rest = value.partition(".")
+    fraction = 0.0
+    if rest:
+        digits = re.match(r"\d+", rest)
+        assert digits is not None
+        fraction = float("0." + digits[0])
+        head += rest[digits.end() :]
+    when = dt.datetime.fromisoformat(head.replace("z", "Z").replace("t", "T"))
+    return when.timestamp() + fraction
+
+
+def format_time(seconds: float) -> str:
+    """``metav1.Time``'s own form: UTC, whole seconds, ``Z`` (what Trainer echoes and writes)."""
+    return dt.datetime.fromtimestamp(int(seconds // 1), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One valid update: the status as it is written (time in ``metav1.Time`` form) and its time in seconds."""
+
+    status: TrainerStatus
+    updated_at: float
+
+
+def parse_update(body: bytes) -> Update | None:
+    """The update in a request body, checked against the CRD's rules; ``None`` when it has no ``trainerStatus``
+    (Trainer answers that with 200 and writes nothing). Raises :class:`Invalid`."""
+    try:
+        request = _request_decoder.decode(body)
+    except msgspec.MsgspecError as exc:
+        raise Invalid(f"Invalid payload: {exc}") from None
+    status = request.trainer_status
+    if isinstance(status, msgspec.UnsetType):
+        return None
+    problems: list[str] = []
+    base = "status.trainerStatus"
+    progress = status.progress_percentage
+    if not isinstance(progress, msgspec.UnsetType) and not 0 <= progress <= 100:
+        bound = "greater than or equal to 0" if progress < 0 else "less than or equal to 100"
+        problems.append(f"{base}.progressPercentage: Invalid value: {progress}: should be {bound}")
+    remaining = status.estimated_remaining_seconds
+    if not isinstance(remaining, msgspec.UnsetType) and not 0 <= remaining <= INT32_MAX:
+        bound = "greater than or equal to 0" if remaining < 0 else f"less than or equal to {INT32_MAX}"
+        problems.append(f"{base}.estimatedRemainingSeconds: Invalid value: {remaining}: should be {bound}")
+    metrics = [] if isinstance(status.metrics, msgspec.UnsetType) else status.metrics
+    if len(metrics) > MAX_METRICS:
+        problems.append(f"{base}.metrics: Too many: {len(metrics)}: must have at most {MAX_METRICS} items")
+    for i, metric in enumerate(metrics[: MAX_METRICS + 1]):
+        for part in ("name", "value"):
+            text = getattr(metric, part)
+            where = f"{base}.metrics[{i}].{part}"
+            if isinstance(text, msgspec.UnsetType) or not text:
+                problems.append(f"{where}: Required value")
+            elif len(text) > MAX_METRIC_TEXT:
+                problems.append(f"{where}: Too long: may not be more than {MAX_METRIC_TEXT} bytes")
+    updated_at = 0.0
+    if isinstance(status.last_updated_time, msgspec.UnsetType) or not status.last_updated_time:
+        problems.append(f'{base}: Invalid value: "object": lastUpdatedTime is required when trainerStatus is present')
+    else:
+        try:
+            updated_at = parse_time(status.last_updated_time)
+        except ValueError:
+            problems.append(f"{base}.lastUpdatedTime: Invalid value: {status.last_updated_time!r}: not RFC 3339")
+    if problems:
+        raise Invalid("TrainJob status is invalid: " + "; ".join(problems[:8]))
+    normal = msgspec.structs.replace(status, last_updated_time=format_time(updated_at))
+    return Update(status=normal, updated_at=updated_at)
+
+
+def echo(update: Update | None) -> bytes:
+    """The 200 answer: the request as the server understood it (Trainer re-encodes what it decoded)."""
+    request = UpdateTrainJobStatusRequest(trainer_status=update.status if update else msgspec.UNSET)
+    return _encoder.encode(request)
+
+
+def status_body(code: int, reason: str, message: str) -> bytes:
+    """A ``metav1.Status`` failure, as Trainer answers every refusal."""
+    return _encoder.encode(
+        {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code}
+    )
+
+
+def apply_body(namespace: str, name: str, *, uid: str, resource_version: str, status: TrainerStatus) -> bytes:
+    """The server-side apply of ``status.trainerStatus`` alone, conditional on the TrainJob's uid and version.
+
+    The uid keeps the write off a new TrainJob of the same name; the resourceVersion makes it fail (409)
+    when the TrainJob changed since the writer read it, so a writer that read an older ``lastUpdatedTime``
+    never writes over a newer one (another replica's write in between), it reads and decides again.
+    """
+    return _encoder.encode(
+        {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": resource_version},
+            "status": {"trainerStatus": status},
+        }
+    )
+
+
+# ------------------------------------------------------------------------------------------- ownership
+
+
+class OwnerRef(msgspec.Struct, frozen=True, kw_only=True):
+    api_version: str = msgspec.field(default="", name="apiVersion")
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool = False
+
+
+class Meta(msgspec.Struct, frozen=True, kw_only=True):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = msgspec.field(default="", name="resourceVersion")
+    deletion_timestamp: str = msgspec.field(default="", name="deletionTimestamp")
+    labels: dict[str, str] = {}
+    owner_references: list[OwnerRef] = msgspec.field(default_factory=list, name="ownerReferences")
+
+
+class Owned(msgspec.Struct, frozen=True, kw_only=True):
+    """Any object, as far as ownership goes."""
+
+    metadata: Meta = msgspec.field(default_factory=Meta)
+
+
+class _LiveTrainerStatus(msgspec.Struct, frozen=True, kw_only=True):
+    last_updated_time: str = msgspec.field(default="", name="lastUpdatedTime")
+
+
+class _LiveStatus(msgspec.Struct, frozen=True, kw_only=True):
+    trainer_status: _LiveTrainerStatus | None = msgspec.field(default=None, name="trainerStatus")
+
+
+class LiveTrainJob(msgspec.Struct, frozen=True, kw_only=True):
+    """The live TrainJob, as far as the status server reads it."""
+
+    metadata: Meta = msgspec.field(default_factory=Meta)
+    status: _LiveStatus = msgspec.field(default_factory=_LiveStatus)
+
+    def trainer_status_time(self) -> float:
+        """``status.trainerStatus.lastUpdatedTime`` in seconds; 0 when it has none."""
+        text = self.status.trainer_status.last_updated_time if self.status.trainer_status else ""
+        try:
+            return parse_time(text) if text else 0.0
+        except ValueError:
+            return 0.0
+
+
+decode_owned = msgspec.json.Decoder(Owned).decode
+decode_trainjob = msgspec.json.Decoder(LiveTrainJob).decode
+
+
+def controller_of(meta: Meta, *, api_version: str, kind: str) -> OwnerRef | None:
+    """The controller owner reference of ``meta``, if it is of that kind; ``None`` otherwise."""
+    for ref in meta.owner_references:
+        if ref.controller:
+            return ref if ref.api_version == api_version and ref.kind == kind else None
+    return None
+
+
+# ------------------------------------------------------------------------------------------- coalescing
+
+
+@dataclass
+class _Job:
+    pending: Update | None = None
+    newest: float = 0.0
+    """The newest ``updated_at`` accepted for this TrainJob: pending or written."""
+    last_write: float = float("-inf")
+    """When (monotonic) the last write was made; none yet: minus infinity."""
+
+
+@dataclass
+class Coalescer:
+    """Per TrainJob: the newest pending update, and at most one write per ``interval`` seconds.
+
+    ``offer`` takes an accepted update and says whether it is the newest (it replaces what was pending) or
+    older than one already seen (kept in the history, never written). ``due`` says when the pending update
+    may be written: at once for a TrainJob not written within the interval (the first update shows without
+    delay), else when the interval since the last write is over (the newest update then, whatever arrived
+    meanwhile). ``take`` hands the pending update to the writer, ``written`` starts the next interval.
+    """
+
+    interval: float
+    jobs: dict[tuple[str, str], _Job] = field(default_factory=dict)
+
+    def offer(self, key: tuple[str, str], update: Update) -> bool:
+        job = self.jobs.setdefault(key, _Job())
+        if update.updated_at <= job.newest and job.newest:
+            return False
+        job.pending, job.newest = update, update.updated_at
+        return True
+
+    def due(self, key: tuple[str, str], now: float) -> float | None:
+        """The monotonic time the pending update may be written; ``None`` when nothing is pending."""
+        job = self.jobs.get(key)
+        if job is None or job.pending is None:
+            return None
+        return max(now, job.last_write + self.interval)
+
+    def take(self, key: tuple[str, str]) -> Update | None:
+        job = self.jobs.get(key)
+        if job is None or job.pending is None:
+            return None
+        pending, job.pending = job.pending, None
+        return pending
+
+    def written(self, key: tuple[str, str], now: float) -> None:
+        self.jobs.setdefault(key, _Job()).last_write = now
+
+    def put_back(self, key: tuple[str, str], update: Update) -> None:
+        """A write that failed: its update is pending again unless a newer one came meanwhile."""
+        job = self.jobs.setdefault(key, _Job())
+        if job.pending is None or job.pending.updated_at < update.updated_at:
+            job.pending = update
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self.jobs.pop(key, None)

@@ -1,0 +1,262 @@
+"""``tjpipe status-server``: Trainer's TrainJob status endpoint over TLS, recorded in the history, written coalesced.
+
+Why a process of its own and not the admission webhook's: the webhook holds no state and talks to no bus,
+so any number of replicas answer the API server and a slow bus can never delay an admission; the status
+server needs a NATS identity (it publishes the progress records) and Kubernetes rights the webhook has no
+use for (TokenReview, reading pods, Jobs and JobSets, writing TrainJob status). Apart, each runs with only
+its own rights, and a flood of progress reports cannot slow admission down.
+
+A request is answered in Trainer's order: 413 for a body over 64 KiB (before anything is read), 403 unless
+the caller is a pod of the TrainJob (``auth``), 404 when the TrainJob is gone, 422 for a body the CRD would
+refuse (``core.parse_update``), then the update is published to ``TJ_PROGRESS`` and only once the stream
+has stored it is the answer 200 with the request echoed. The TrainJob's ``status.trainerStatus`` is written
+afterwards by the coalescing writer: the newest update per TrainJob, at most one write per interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js.errors
+from aiohttp import web
+from nats.js import JetStreamContext
+from prometheus_client import Counter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from contracts import streams, subjects
+from contracts.messages import ObjectKey
+from contracts.progress import STATUS_FIELD_MANAGER, ProgressReported, encode_progress
+from contracts.resources import TRAINJOB
+from planner.webhook import CertReloader, server_ssl_context
+from plumbing.kube import KubeApiError, KubeClient, KubeConfig
+from plumbing.observability import REGISTRY
+from plumbing.publishing import publish_stored
+from plumbing.runner import ServiceSettings, started
+from tjpipe.status_server import core
+from tjpipe.status_server.auth import Authorizer, Caller, Gone, Refused
+
+log = logging.getLogger(__name__)
+
+UPDATES = Counter(
+    "tjpipe_status_updates_total",
+    "Status updates answered, by outcome: accepted (recorded), empty (no trainerStatus), or the refusal's code",
+    ["outcome"],
+    registry=REGISTRY,
+)
+WRITES = Counter(
+    "tjpipe_status_writes_total",
+    "Writes of a TrainJob's status.trainerStatus by outcome: written, stale (a newer one is live), gone, failed",
+    ["outcome"],
+    registry=REGISTRY,
+)
+
+DEFAULT_COALESCE_SECONDS = 5.0
+"""The SDK's own rate per process (one update per 5 s): one pod's updates are all written, many pods' share it."""
+
+
+@dataclass(kw_only=True)
+class StatusServerSettings(ServiceSettings):
+    tls_cert: str
+    tls_key: str
+    host: str = "0.0.0.0"
+    port: int = 10443
+    kubeconfig: str | None = None
+    kube_context: str | None = None
+    coalesce_seconds: float = DEFAULT_COALESCE_SECONDS
+    cert_check_seconds: float = 30.0
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, KubeApiError):
+        return exc.status in (0, 409, 429) or exc.status >= 500
+    return False
+
+
+class StatusServer:
+    def __init__(self, kube: KubeClient, js: JetStreamContext, *, coalesce_seconds: float) -> None:
+        self.kube = kube
+        self.js = js
+        self.authorizer = Authorizer(kube)
+        self.coalescer = core.Coalescer(interval=coalesce_seconds)
+        self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._uids: dict[tuple[str, str], str] = {}
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=core.MAX_BODY)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        return app
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        key = core.route(request.path)
+        if key is None or request.method != "POST":
+            return _failure(404, "NotFound", "Not found")
+        namespace, name = key
+        if request.content_length is not None and request.content_length > core.MAX_BODY:
+            return _failure(413, "RequestEntityTooLarge", "Payload too large")  # before anything is read
+        try:
+            caller = await self.authorizer.authorize(
+                core.bearer_token(request.headers.get("Authorization", "")), namespace, name
+            )
+        except Refused as exc:
+            log.info("refused a status update for %s/%s: %s", namespace, name, exc)
+            return _failure(403, "Forbidden", "Forbidden")
+        except Gone:
+            return _failure(404, "NotFound", "Train job not found")
+        except KubeApiError as exc:
+            log.warning("cannot check a status update for %s/%s: %s", namespace, name, exc)
+            return _failure(500, "InternalError", "Internal error")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _failure(413, "RequestEntityTooLarge", "Payload too large")
+        try:
+            update = core.parse_update(body)
+        except core.Invalid as exc:
+            return _failure(422, "Invalid", str(exc))
+        if update is None:
+            UPDATES.labels("empty").inc()
+            return web.Response(body=core.echo(None), content_type="application/json")
+        try:
+            await self._record(namespace, name, caller, update)
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("cannot record a status update for %s/%s: %s", namespace, name, exc)
+            return _failure(503, "ServiceUnavailable", "The progress history is not reachable; try again")
+        UPDATES.labels("accepted").inc()
+        self._offer((namespace, name), caller, update)
+        return web.Response(body=core.echo(update), content_type="application/json")
+
+    async def _record(self, namespace: str, name: str, caller: Caller, update: core.Update) -> None:
+        record = ProgressReported(
+            trainjob=ObjectKey(namespace=namespace, name=name),
+            trainjob_uid=caller.trainjob_uid,
+            pod=caller.pod,
+            pod_uid=caller.pod_uid,
+            service_account=caller.service_account,
+            trainer_status=update.status,
+            received_at=time.time(),
+            updated_at=update.updated_at,
+        )
+        data = encode_progress(record)
+        # One pod's one update is one record, whoever repeats it: the id is the pod and the update's content.
+        identity = hashlib.sha256(caller.pod_uid.encode() + b"\0" + core.echo(update)).hexdigest()
+        await publish_stored(
+            self.js,
+            subjects.progress_subject(namespace, name),
+            data,
+            stream=streams.PROGRESS.name,
+            headers={"Nats-Msg-Id": f"progress-{identity}"},
+        )
+
+    # ------------------------------------------------------------------------------------- the writer
+
+    def _offer(self, key: tuple[str, str], caller: Caller, update: core.Update) -> None:
+        if self._uids.get(key) != caller.trainjob_uid:
+            self.coalescer.forget(key)  # a new TrainJob of an old name starts afresh
+            self._uids[key] = caller.trainjob_uid
+        if not self.coalescer.offer(key, update):
+            WRITES.labels("stale").inc()
+            return
+        running = self._writers.get(key)
+        if running is None or running.done():
+            self._writers[key] = asyncio.create_task(self._write_loop(key), name=f"status {key[0]}/{key[1]}")
+
+    async def _write_loop(self, key: tuple[str, str]) -> None:
+        while (due := self.coalescer.due(key, time.monotonic())) is not None:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            update = self.coalescer.take(key)
+            if update is None:
+                continue
+            try:
+                await self._write(key, update)
+            except KubeApiError as exc:
+                WRITES.labels("failed").inc()
+                if _retryable(exc):  # the API server is away or busy: the update waits for the next interval
+                    log.warning("could not write the status of TrainJob %s/%s: %s; trying again", *key, exc)
+                    self.coalescer.put_back(key, update)
+                else:  # refused as it is (never expected: the body was checked): kept in the history only
+                    log.error("the API server refused the status of TrainJob %s/%s: %s", *key, exc)
+            self.coalescer.written(key, time.monotonic())
+
+    async def _write(self, key: tuple[str, str], update: core.Update) -> None:
+        namespace, name = key
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            stop=stop_after_attempt(6),
+            reraise=True,
+        ):
+            with attempt:
+                raw = await self.kube.get(TRAINJOB, namespace=namespace, name=name)
+                if raw is None:
+                    WRITES.labels("gone").inc()
+                    return
+                live = core.decode_trainjob(raw)
+                if live.metadata.uid != self._uids.get(key) or live.metadata.deletion_timestamp:
+                    WRITES.labels("gone").inc()
+                    return
+                if live.trainer_status_time() > update.updated_at:
+                    WRITES.labels("stale").inc()
+                    return
+                body = core.apply_body(
+                    namespace,
+                    name,
+                    uid=live.metadata.uid,
+                    resource_version=live.metadata.resource_version,
+                    status=update.status,
+                )
+                await self.kube.apply(
+                    TRAINJOB,
+                    namespace=namespace,
+                    name=name,
+                    body=body,
+                    field_manager=STATUS_FIELD_MANAGER,
+                    subresource="status",
+                )
+                WRITES.labels("written").inc()
+
+    async def drain(self, timeout: float) -> None:
+        """Let the pending writes go out (each at its time), up to ``timeout``; then stop the writers."""
+        tasks = [t for t in self._writers.values() if not t.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _failure(code: int, reason: str, message: str) -> web.Response:
+    UPDATES.labels(str(code)).inc()
+    return web.Response(status=code, body=core.status_body(code, reason, message), content_type="application/json")
+
+
+async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event) -> None:
+    context = server_ssl_context(settings.tls_cert, settings.tls_key)
+    reloader = CertReloader(context, settings.tls_cert, settings.tls_key)
+    async with started(
+        "tjpipe-status-server",
+        settings,
+        kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig, context=settings.kube_context)),
+    ) as service:
+        server = StatusServer(service.kube_client(), service.js, coalesce_seconds=settings.coalesce_seconds)
+        runner = web.AppRunner(server.app(), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, settings.host, settings.port, ssl_context=context).start()
+            await service.health.start()
+            log.info(
+                "serving TrainJob status updates over TLS on %s:%d, written at most every %.1fs per TrainJob",
+                settings.host,
+                settings.port,
+                settings.coalesce_seconds,
+            )
+            await reloader.run(stop, settings.cert_check_seconds)
+        finally:
+            await runner.cleanup()
+            with contextlib.suppress(Exception):
+                await server.drain(timeout=settings.coalesce_seconds + 2)
