@@ -1,0 +1,54 @@
+"""``tjpipe history`` over a real nats-server when records cannot be decoded.
+
+The unit test (test_units.py) hands ``ops.history`` canned records; here the same records are published to
+the streams the services write (the event, the plan, the result, two dead letters) and the command reads
+them back through NATS as a subprocess, so the stream names, subject filters and stored times it relies on
+are the server's, not the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from contracts import subjects
+from contracts.messages import DeadLetter, encode
+from plumbing import bus as plumbing_bus
+
+from .conftest import Bus
+from .support import tjpipe
+
+pytestmark = [pytest.mark.nats]
+
+
+def test_history_shows_each_undecodable_record_as_its_own_line(own_bus: Bus) -> None:
+    namespace, name = "cli-undecodable", "a"
+    letter = DeadLetter(stage="applier", reason="permanent", error="422", subject="s", payload=b"{}")
+
+    async def record() -> None:
+        nc = await plumbing_bus.connect(own_bus.url, name="test-record", creds=own_bus.credentials.seed_file("admin"))
+        try:
+            js = nc.jetstream()
+            # One at a time, so their stored times give the order the history sorts by.
+            await js.publish(subjects.event_subject(namespace, name), b"{not json")
+            await js.publish(subjects.apply_subject(namespace, name, "jobset"), b"{not json")
+            await js.publish(subjects.result_subject(namespace, name, "jobset"), b"{not json")
+            await js.publish(subjects.dlq_subject("applier", namespace, name), b"[]")
+            await js.publish(subjects.dlq_subject("applier", namespace, name), encode(letter))
+        finally:
+            await nc.close()
+
+    asyncio.run(record())
+    done = tjpipe("history", f"{namespace}/{name}", "-o", "json", env=own_bus.env())
+    assert (done.returncode, done.stderr) == (0, "")
+    rows = json.loads(done.stdout)
+    assert [(r["kind"], r["summary"]) for r in rows] == [
+        ("event", "undecodable event"),
+        ("plan", "undecodable apply message"),
+        ("result", "undecodable apply result"),
+        ("dead-letter", "undecodable dead letter"),
+        ("dead-letter", "applier: permanent: 422"),
+    ]
+    assert [r["stream"] for r in rows] == ["TJ_EVENTS", "TJ_APPLY", "TJ_RESULTS", "TJ_DLQ", "TJ_DLQ"]
