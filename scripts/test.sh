@@ -28,6 +28,7 @@ echo "· ruff";          python3 "$phases" run "ruff" -- "$venv/ruff" check .
 echo "· ruff format";   python3 "$phases" run "ruff format" -- "$venv/ruff" format --check .
 echo "· mypy --strict"; python3 "$phases" run "mypy --strict" -- "$venv/mypy"
 echo "· import layers"; python3 "$phases" run "import layers" -- "$venv/lint-imports"
+echo "· docs site";     python3 "$phases" run "mkdocs build --strict" -- env NO_MKDOCS_2_WARNING=1 "$venv/mkdocs" build --strict --quiet
 if [ $# -eq 0 ]; then
   # kubeflow 0.5.0 requires kubernetes<36, older than the project's own client: its test has an environment
   # of its own, and the rest of the suite (where it skips) runs without it.
