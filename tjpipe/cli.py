@@ -358,7 +358,45 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_operator_commands(sub)
     _debug_flag_everywhere(parser)
+    _name_docs_pages(parser)
     return parser
+
+
+DOCS_PAGES = {
+    "": "docs/index.md",
+    "watcher": "docs/configuration.md",
+    "planner": "docs/configuration.md",
+    "applier": "docs/configuration.md",
+    "controller": "docs/configuration.md",
+    "webhook": "docs/behaviour.md#admission-webhook-tjpipe-webhook",
+    "bus-setup": "docs/deploying.md#kubernetes-deploy-kustomize",
+    "up": "docs/getting-started.md",
+    "demo": "docs/getting-started.md",
+    "down": "docs/getting-started.md",
+    "nats-credentials": "docs/security.md#nats-identities",
+    "nats-credentials rotate": "docs/security.md#rotating-nats-seeds",
+    "nats-tls": "docs/security.md#nats-identities",
+    "history": "docs/operating.md#history-replay-plan-dead-letters",
+    "replay": "docs/operating.md#history-replay-plan-dead-letters",
+    "plan": "docs/operating.md#history-replay-plan-dead-letters",
+    "dlq": "docs/operating.md#history-replay-plan-dead-letters",
+    "keys": "docs/security.md#rotating-keys",
+    "history-server": "docs/operating.md#history-server",
+    "completion": "docs/cli.md",
+}
+"""Each command's page of the documentation site (``mkdocs serve``), named at the end of its ``--help``.
+A command not listed (a sub-command) takes its parent's page; tests/docs checks every page and anchor exists."""
+
+
+def _name_docs_pages(parser: argparse.ArgumentParser, words: tuple[str, ...] = (), page: str = "") -> None:
+    """End each parser's help with its page of the site; the reference of every flag is docs/reference/cli.md."""
+    page = DOCS_PAGES.get(" ".join(words), page)
+    line = f"documentation: {page}" + ("; every command and flag: docs/reference/cli.md" if not words else "")
+    parser.epilog = f"{parser.epilog}\n\n{line}" if parser.epilog else line
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                _name_docs_pages(sub, (*words, name), page)
 
 
 class _Parser(argparse.ArgumentParser):
