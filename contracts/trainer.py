@@ -241,6 +241,23 @@ STATUS_ENV_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 STATUS_MOUNT_PATH = "/var/run/secrets/kubeflow/trainer"
 STATUS_TOKEN_VOLUME = "kubeflow-trainer-token"
 STATUS_TOKEN_EXPIRATION_SECONDS = 3600
+STATUS_TOKEN_FILE = "token"
+STATUS_CA_CERT_FILE = "ca.crt"
+STATUS_CA_CERT_KEY = "ca.crt"
+"""The key of the CA in the ``<trainjob>-tls-config`` ConfigMap (and in the serving certificate's Secret)."""
+STATUS_TLS_CONFIGMAP_SUFFIX = "-tls-config"
+STATUS_SERVER_PORT = 10443
+"""Trainer's default status-server port (``statusServer.port``)."""
+
+
+def trainjob_status_path(namespace: str, name: str) -> str:
+    """The status server's one route, for one TrainJob (Trainer's ``statusserver.StatusUrl``)."""
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainjobs/{name}/status"
+
+
+def trainjob_status_audience(namespace: str, name: str) -> str:
+    """The audience a TrainJob's pods' projected token carries (Trainer's ``statusserver.TokenAudience``)."""
+    return f"{GROUP}/{VERSION}/namespaces/{namespace}/trainjobs/{name}/status"
 
 
 # ======================================================================================== TrainJob

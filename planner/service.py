@@ -28,7 +28,10 @@ from contracts.messages import (
     decode_event,
     encode,
 )
-from planner.core import plan, plan_too_large
+from planner.core import FRAMEWORK, plan, plan_too_large
+from planner.framework import Framework
+from planner.plugins import registry
+from planner.plugins.trainjobstatus import StatusServer
 from plumbing import bus, intake, publishing, signing
 from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
 from plumbing.partitions import consume_partitioned, default_replica_id
@@ -62,6 +65,14 @@ class PlannerSettings(ServiceSettings):
     """The PEM text of the CA that signs the status server's certificate (with ``trainjob_status``)."""
 
 
+def framework_of(settings: PlannerSettings) -> Framework:
+    """The plugins this planner runs: Trainer's default set, plus TrainJobStatus when its gate is on."""
+    if not settings.trainjob_status:
+        return FRAMEWORK
+    server = StatusServer(url=settings.status_server_url, ca_cert=settings.status_server_ca)
+    return Framework(registry(server))
+
+
 @dataclass
 class PlannerStats:
     events: int = 0
@@ -89,6 +100,7 @@ class Planner:
         self.signer = signer
         self.trusted_events = trusted_events
         self.stats = PlannerStats()
+        self.framework = framework_of(settings)
         self.max_payload = DEFAULT_MAX_PAYLOAD
         self._synchronous_until = 0.0
         """The server's max payload (headers and body); ``run_planner`` sets it from the connection."""
@@ -105,7 +117,7 @@ class Planner:
         )
         if event is None:
             return
-        result = plan(event, source_seq=seq)
+        result = plan(event, source_seq=seq, framework=self.framework)
         self.stats.events += 1
         PLANS.labels(outcome="planned").inc()
         CONSUMER_LAG.labels(consumer=msg.metadata.consumer or "planner").set(msg.metadata.num_pending or 0)

@@ -6,10 +6,17 @@ Trainer and made later, by the applier, here. Documented deviations are applied 
 upstream issue, so a difference that is not a deliberate fix fails the test. One is this pipeline's own:
 every ConfigMap and Secret carries the label the watcher selects them by (``contracts.labels``); it is
 checked to be there and then removed, and nothing else is.
+
+The ``trainjob-status*`` cases ran Trainer with its ``TrainJobStatus`` feature gate on (``MANIFEST.json``
+says which gates a case ran with); the planner then runs with the TrainJobStatus plugin, given the URL
+Trainer derives from its default configuration and the CA from the webhook certificate's Secret in the
+case's input, as the planner's shell reads its CA file. With the gate off, the planner's plans are the
+same bytes as a planner that has never heard of the feature.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 from pathlib import Path
@@ -24,7 +31,11 @@ from contracts.jobset import JobSet
 from contracts.labels import LABELLED_KINDS, MANAGED_BY, MANAGED_BY_LABEL
 from contracts.messages import ApplyTrainJobStatus, ObjectApply, TrainJobObserved
 from contracts.trainer import TrainingRuntime, TrainJob
-from planner.core import plan
+from planner.core import FRAMEWORK, plan
+from planner.framework import Framework
+from planner.plugins import registry
+from planner.plugins.trainjobstatus import StatusServer
+from planner.service import PlannerSettings, framework_of
 
 CASES = Path(__file__).parent / "cases"
 Obj = dict[str, Any]
@@ -37,8 +48,39 @@ FRAMEWORK_ENVS = {
 }  # fmt: skip
 
 
+TRAINJOB_STATUS_GATE = "TrainJobStatus=true"
+TRAINER_STATUS_SERVER_URL = "https://kubeflow-trainer-controller-manager.kubeflow-system.svc:10443"
+"""What Trainer's plugin names the status server by with its default configuration: the webhook Service's
+DNS name in the operator namespace (kubeflow-system outside a pod) and ``statusServer.port``."""
+WEBHOOK_CERT_SECRET = ("kubeflow-system", "kubeflow-trainer-webhook-cert")
+
+
 def case_dirs() -> list[Path]:
     return sorted(p.parent for p in CASES.glob("*/*/input.yaml"))
+
+
+def feature_gates(case: Path) -> list[str]:
+    manifest = json.loads((CASES / "MANIFEST.json").read_text())
+    for summary in manifest["cases"]:
+        if (summary["runtime"], summary["variant"]) == (case.parent.name, case.name):
+            return list(summary.get("feature_gates", []))
+    raise AssertionError(f"{case} is not in MANIFEST.json")
+
+
+def framework_for(case: Path) -> Framework:
+    """The planner's plugins for a case: TrainJobStatus too when Trainer ran with its gate on."""
+    gates = feature_gates(case)
+    assert set(gates) <= {TRAINJOB_STATUS_GATE}, f"a feature gate the planner does not know: {gates}"
+    if not gates:
+        return FRAMEWORK
+    docs = [d for d in yaml.safe_load_all((case / "input.yaml").read_text()) if d]
+    secret = next(
+        d
+        for d in docs
+        if d["kind"] == "Secret" and (d["metadata"]["namespace"], d["metadata"]["name"]) == WEBHOOK_CERT_SECRET
+    )
+    ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+    return Framework(registry(StatusServer(url=TRAINER_STATUS_SERVER_URL, ca_cert=ca)))
 
 
 def load(case: Path) -> tuple[Obj, Obj, Obj | None]:
@@ -122,7 +164,7 @@ def event(job: Obj, runtime: Obj, jobset: Obj | None) -> TrainJobObserved:
 @pytest.mark.parametrize("case", case_dirs(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_planner_builds_what_trainer_builds(case: Path) -> None:
     job, runtime, jobset = load(case)
-    result = plan(event(job, runtime, jobset), source_seq=1)
+    result = plan(event(job, runtime, jobset), source_seq=1, framework=framework_for(case))
     validation = json.loads((case / "expected.validate.json").read_text())
     if validation.get("errors"):
         # Trainer's webhook would refuse this TrainJob; with no webhook in front, the planner fails it.
@@ -161,3 +203,76 @@ def test_every_shipped_runtime_is_covered() -> None:
     except ToolchainMissing as exc:  # the one expected absence: no Go toolchain to read Trainer's module with
         unavailable(f"cannot read the shipped runtimes: {exc}")
     assert names <= {p.name for p in CASES.iterdir() if p.is_dir()}
+
+
+TODAYS_PLUGINS = ["coscheduling", "flux", "volcano", "mpi", "plainml", "torch", "jobset", "jax", "xgboost"]
+
+
+@pytest.mark.parametrize("case", case_dirs(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_feature_off_changes_no_byte_of_a_plan(case: Path) -> None:
+    """With the setting off, the planner runs the nine plugins it ran before the feature, and its plans are
+    the same bytes as a framework of exactly those plugins gives."""
+    job, runtime, jobset = load(case)
+    off = framework_of(PlannerSettings(nats_url="nats://127.0.0.1:4222"))
+    assert [p.name for p in off.plugins] == TODAYS_PLUGINS
+    without = Framework([entry for entry in registry() if entry[0] in TODAYS_PLUGINS])
+    ours = plan(event(job, runtime, jobset), source_seq=1, framework=off)
+    before = plan(event(job, runtime, jobset), source_seq=1, framework=without)
+    assert msgspec.json.encode(ours) == msgspec.json.encode(before)
+
+
+@pytest.mark.parametrize("case", case_dirs(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_feature_on_adds_only_what_the_plugin_adds(case: Path) -> None:
+    """On, every golden TrainJob's plan gains the tls-config ConfigMap, and its JobSet gains the env, mount
+    and volume on the trainer pods; everything else is the plan with the feature off."""
+    job, runtime, jobset = load(case)
+    server = StatusServer(url="https://127.0.0.1:10443", ca_cert="-----BEGIN CERTIFICATE-----\nx\n")
+    off = plan(event(job, runtime, jobset), source_seq=1, framework=FRAMEWORK)
+    on = plan(event(job, runtime, jobset), source_seq=1, framework=Framework(registry(server)))
+    off_objects = {(m.object.kind, m.object.metadata.name): msgspec.to_builtins(m.object) for m in off.applies}
+    on_objects = {(m.object.kind, m.object.metadata.name): msgspec.to_builtins(m.object) for m in on.applies}
+    if ("ConfigMap", "job-tls-config") not in on_objects:  # nothing built (validation failed): no change at all
+        assert not [k for k in off_objects if k[0] != "TrainJob"]
+        assert msgspec.json.encode(on) == msgspec.json.encode(off)
+        return
+    config_map = on_objects.pop(("ConfigMap", "job-tls-config"))
+    assert config_map["data"] == {"ca.crt": server.ca_cert}
+    assert config_map["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    if ("JobSet", "job") not in off_objects:
+        # A running JobSet is left alone, with or without the feature; the plan says what it then lacks.
+        assert jobset is not None and on_objects == off_objects
+        assert ".template.spec.template.spec.volumes" in on.warnings[0]
+        return
+    assert on.warnings == off.warnings
+    on_jobset, off_jobset = on_objects.pop(("JobSet", "job")), off_objects.pop(("JobSet", "job"))
+    assert on_objects == off_objects
+    on_rjobs, off_rjobs = on_jobset["spec"]["replicatedJobs"], off_jobset["spec"]["replicatedJobs"]
+    trainer = next((i for i, rjob in enumerate(off_rjobs) if _ancestor(rjob) == "trainer"), None)
+    for index, (on_rjob, off_rjob) in enumerate(zip(on_rjobs, off_rjobs, strict=True)):
+        if index != trainer:
+            assert on_rjob == off_rjob  # only the first trainer pod set is touched, as in Trainer
+            continue
+        on_pod, off_pod = _pod(on_rjob), _pod(off_rjob)
+        (volume,) = [v for v in on_pod["volumes"] if v["name"] == "kubeflow-trainer-token"]
+        token = volume["projected"]["sources"][0]["serviceAccountToken"]
+        assert token["audience"] == "trainer.kubeflow.org/v1alpha1/namespaces/golden/trainjobs/job/status"
+        assert on_pod.get("initContainers") == off_pod.get("initContainers")
+        for on_c, off_c in zip(on_pod["containers"], off_pod["containers"], strict=True):
+            added = {e["name"] for e in on_c["env"] if e not in off_c.get("env", [])}
+            assert {"KUBEFLOW_TRAINER_SERVER_CA_CERT", "KUBEFLOW_TRAINER_SERVER_TOKEN"} <= added <= STATUS_ENV
+            assert STATUS_MOUNT in on_c["volumeMounts"]
+
+
+STATUS_ENV = {"KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT", "KUBEFLOW_TRAINER_SERVER_TOKEN"}
+STATUS_MOUNT = {"name": "kubeflow-trainer-token", "mountPath": "/var/run/secrets/kubeflow/trainer", "readOnly": True}
+
+
+def _ancestor(rjob: Obj) -> str | None:
+    labels = rjob["template"].get("metadata", {}).get("labels", {})
+    value = labels.get("trainer.kubeflow.org/trainjob-ancestor-step")
+    return str(value) if value is not None else None
+
+
+def _pod(rjob: Obj) -> Obj:
+    pod: Obj = rjob["template"]["spec"]["template"]["spec"]
+    return pod

@@ -26,7 +26,8 @@ from contracts.trainer import (
 from planner import framework as fw
 from planner.framework import Framework, Phases
 from planner.info import RuntimeInfo
-from planner.plugins import REGISTRY
+from planner.plugins import REGISTRY, registry
+from planner.plugins.trainjobstatus import StatusServer
 
 POINTS: dict[str, type] = {
     "validation": fw.CustomValidation,
@@ -65,6 +66,21 @@ def test_which_plugins_join_which_phase_in_which_order() -> None:
     assert _names(phases.builders) == ["coscheduling", "flux", "volcano", "mpi", "jobset"]
 
 
+WITH_STATUS = registry(StatusServer(url="https://status.example", ca_cert="-----BEGIN CERTIFICATE-----"))
+"""The registry with Trainer's TrainJobStatus feature gate on."""
+
+
+def test_with_the_trainjob_status_gate_on_its_plugin_comes_last_in_ml_policy_and_build() -> None:
+    assert [name for name, _ in WITH_STATUS] == [name for name, _ in REGISTRY] + ["trainjobstatus"]
+    phases = Phases([factory() for _, factory in WITH_STATUS])
+    assert _names(phases.validators) == ["flux", "volcano", "mpi", "torch", "xgboost"]
+    assert _names(phases.ml_policies) == ["flux", "mpi", "plainml", "torch", "jax", "xgboost", "trainjobstatus"]
+    assert _names(phases.pod_group_policies) == ["coscheduling", "volcano"]
+    assert _names(phases.builders) == ["coscheduling", "flux", "volcano", "mpi", "jobset", "trainjobstatus"]
+    # Not runtime-gated: with the feature on, every runtime gets it, as in Trainer.
+    assert "trainjobstatus" not in _names(Framework(WITH_STATUS)._gated)
+
+
 def test_which_plugins_a_runtime_can_switch_off() -> None:
     built = Framework(REGISTRY)
     assert _names(built._gated) == [
@@ -80,7 +96,7 @@ def test_which_plugins_a_runtime_can_switch_off() -> None:
     assert [p.name for p in built.plugins if not isinstance(p, fw.RuntimeGated)] == ["jobset"]
 
 
-@pytest.mark.parametrize(("name", "factory"), REGISTRY)
+@pytest.mark.parametrize(("name", "factory"), WITH_STATUS)
 def test_each_plugin_declares_exactly_the_extension_points_it_implements(name: str, factory: fw.PluginFactory) -> None:
     plugin = factory()
     module = sys.modules[type(plugin).__module__]

@@ -166,3 +166,67 @@ def test_nothing_below_the_cli_reads_the_environment() -> None:
             if lines and where not in _ALLOWED:
                 found[where] = lines
     assert found == {}
+
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+ON_WITH_URL = {"TJPIPE_TRAINJOB_STATUS": "true", "TJPIPE_STATUS_SERVER_URL": "https://x"}
+
+
+def test_trainjob_status_is_off_unless_asked_for_as_in_trainer() -> None:
+    planner = settings.planner(parse(["planner"]))
+    assert (planner.trainjob_status, planner.status_server_url, planner.status_server_ca) == (False, "", "")
+
+
+def test_trainjob_status_on_reads_the_url_and_the_ca_file_once(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text(CA_PEM)
+    environ = {
+        "TJPIPE_TRAINJOB_STATUS": "true",
+        "TJPIPE_STATUS_SERVER_URL": "https://status.example:10443/",
+        "TJPIPE_STATUS_SERVER_CA": str(ca),
+    }
+    for argv in (["planner"], ["controller"]):
+        args = parse(argv, environ)
+        planner = settings.planner(settings.stage(args, "planner") if argv == ["controller"] else args)
+        assert planner.trainjob_status is True
+        assert planner.status_server_url == "https://status.example:10443"
+        assert planner.status_server_ca == CA_PEM
+    assert settings.planner(parse(["planner", "--no-trainjob-status"], environ)).trainjob_status is False
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"TJPIPE_TRAINJOB_STATUS": "maybe"}, "TJPIPE_TRAINJOB_STATUS: not true or false"),
+        ({"TJPIPE_TRAINJOB_STATUS": "1"}, "--status-server-url / TJPIPE_STATUS_SERVER_URL: required"),
+        ({"TJPIPE_TRAINJOB_STATUS": "on", "TJPIPE_STATUS_SERVER_URL": "http://x:1"}, "must be https://HOST[:PORT]"),
+        ({"TJPIPE_TRAINJOB_STATUS": "yes", "TJPIPE_STATUS_SERVER_URL": "https://x/apis"}, "give only https://HOST"),
+        ({"TJPIPE_TRAINJOB_STATUS": "true", "TJPIPE_STATUS_SERVER_URL": "https://x:1"}, "SERVER_CA: required"),
+        (
+            {
+                "TJPIPE_TRAINJOB_STATUS": "true",
+                "TJPIPE_STATUS_SERVER_URL": "https://x",
+                "TJPIPE_STATUS_SERVER_CA": "/no",
+            },
+            "cannot read /no",
+        ),
+    ],
+)
+def test_trainjob_status_settings_that_cannot_work_are_one_clear_error(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(settings.SettingsError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        settings.planner(parse(["planner"], environ))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"), [("not a pem", "holds no PEM"), (CA_PEM + "-----BEGIN PRIVATE KEY-----", "private key")]
+)
+def test_the_ca_file_must_be_a_certificate_and_never_a_key(tmp_path: Path, content: str, message: str) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text(content)
+    environ = {
+        "TJPIPE_TRAINJOB_STATUS": "true",
+        "TJPIPE_STATUS_SERVER_URL": "https://x",
+        "TJPIPE_STATUS_SERVER_CA": str(ca),
+    }
+    with pytest.raises(settings.SettingsError, match=message):
+        settings.planner(parse(["planner"], environ))
