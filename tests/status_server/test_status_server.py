@@ -1,0 +1,369 @@
+"""``tjpipe status-server`` on the real kube-apiserver and nats-server: Trainer's answers, stricter authorization,
+every accepted update in the history, ``status.trainerStatus`` written coalesced by ``trainer-status``.
+
+The refusals are each a request a real caller could send: tokens come from the TokenRequest API (bound to a pod
+object, or to nothing), an expired one is a genuine token of the API server's own key with its times moved
+back. After every refusal nothing is recorded, the status is unchanged, and the server still serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as kube_client
+
+from contracts import streams, subjects
+from contracts.progress import decode_progress
+from plumbing import bus
+from tjpipe.credentials import Credentials
+from tjpipe.stack import nats_connect_options
+from tjpipe.status_server import core
+
+from .support import (
+    GROUP,
+    VERSION,
+    StatusServer,
+    TrainJobWithPods,
+    make_trainjob,
+    pod_token,
+    post,
+    resigned,
+    start_status_server,
+    trainer_status,
+    update,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(300)]
+
+INTERVAL = 2.0
+"""Coalescing interval for these tests: short, so the flood's bound is tested in seconds."""
+
+
+@pytest.fixture(scope="module")
+def server(
+    kube: Any, nats_url: str, nats_credentials: Credentials | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StatusServer]:
+    if kube.local is None or nats_credentials is None:
+        pytest.skip("needs the session's own kube-apiserver (its signing key) and NATS identities")
+    root = tmp_path_factory.mktemp("status-server")
+    with kube.api_client() as api:
+        started = start_status_server(
+            api,
+            admin_kubeconfig=kube.kubeconfig,
+            nats_url=nats_url,
+            creds=nats_credentials,
+            root=root,
+            interval=INTERVAL,
+        )
+    try:
+        yield started
+    finally:
+        print(started.process.log_tail(40))
+        started.stop()
+
+
+@pytest.fixture
+def api(kube: Any) -> Iterator[Any]:
+    with kube.api_client() as client:
+        yield client
+
+
+def _records(nats_url: str, creds: Credentials | None, namespace: str, name: str) -> list[Any]:
+    async def read() -> list[Any]:
+        nc = await bus.connect(nats_url, name="test-reader", **nats_connect_options(creds, "reader"))
+        try:
+            stored = await bus.read_stream(
+                nc.jetstream(), streams.PROGRESS.name, subjects.trainjob_progress_filter(namespace, name)
+            )
+        finally:
+            await nc.close()
+        return [decode_progress(m.data) for m in stored]
+
+    return asyncio.run(read())
+
+
+def _until(check: Callable[[], bool], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f}s: {what}")
+        time.sleep(0.2)
+
+
+def _job(api: Any, namespace: str, pods: int = 1) -> TrainJobWithPods:
+    return make_trainjob(api, namespace, f"tj-{secrets.token_hex(3)}", pods=pods)
+
+
+def _token(api: Any, job: TrainJobWithPods, pod: int = 0) -> str:
+    return pod_token(api, job.namespace, pod=job.pods[pod], audience=core.audience(job.namespace, job.name))
+
+
+# ------------------------------------------------------------------------------------------- accepted
+
+
+def test_an_update_is_echoed_recorded_and_applied_by_trainer_status(
+    server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    job = _job(api, namespace)
+    body = update(42, estimatedRemainingSeconds=300, metrics=[{"name": "loss", "value": "0.31"}])
+    code, answer = post(server, namespace, job.name, token=_token(api, job), body=body)
+    assert code == 200, answer
+    sent = body["trainerStatus"]
+    echoed = answer["trainerStatus"]
+    assert echoed["progressPercentage"] == 42 and echoed["metrics"] == [{"name": "loss", "value": "0.31"}]
+    assert echoed["lastUpdatedTime"] == core.format_time(core.parse_time(sent["lastUpdatedTime"]))
+
+    _until(lambda: trainer_status(api, namespace, job.name)[0] is not None, timeout=15, what="status.trainerStatus")
+    status, managers = trainer_status(api, namespace, job.name)
+    assert status == echoed
+    assert managers == ["trainer-status"]
+
+    (record,) = _records(nats_url, nats_credentials, namespace, job.name)
+    assert (record.trainjob_uid, record.pod, record.pod_uid) == (job.uid, job.pods[0].name, job.pods[0].uid)
+    assert record.service_account == "trainer"
+    assert record.trainer_status.progress_percentage == 42
+    assert abs(record.updated_at - core.parse_time(sent["lastUpdatedTime"])) < 1e-3
+    assert server.process.log_path.read_text().count(_token(api, job)[:40]) == 0
+
+
+def test_an_update_without_trainer_status_is_answered_and_writes_nothing(
+    server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    job = _job(api, namespace)
+    assert post(server, namespace, job.name, token=_token(api, job), body={}) == (200, {})
+    time.sleep(0.5)
+    assert trainer_status(api, namespace, job.name)[0] is None
+    assert _records(nats_url, nats_credentials, namespace, job.name) == []
+
+
+def test_an_older_update_is_recorded_but_never_written_over_a_newer_one(
+    server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    job = _job(api, namespace, pods=2)
+    now = time.time()
+    assert post(server, namespace, job.name, token=_token(api, job, 0), body=update(60, at=now))[0] == 200
+    assert post(server, namespace, job.name, token=_token(api, job, 1), body=update(20, at=now - 30))[0] == 200
+    time.sleep(INTERVAL * 2 + 1)
+    status, _ = trainer_status(api, namespace, job.name)
+    assert status is not None and status["progressPercentage"] == 60
+    assert sorted(
+        r.trainer_status.progress_percentage for r in _records(nats_url, nats_credentials, namespace, job.name)
+    ) == [20, 60]
+
+
+# ------------------------------------------------------------------------------------------- refused
+
+
+def _long_metrics(count: int, *, name_length: int = 4) -> list[dict[str, str]]:
+    return [{"name": f"m{i:0{name_length - 1}d}", "value": "1"} for i in range(count)]
+
+
+INVALID: dict[str, tuple[bytes | dict[str, Any], int]] = {
+    "oversized": (b'{"trainerStatus": {"metrics": [' + b'{"name": "x", "value": "y"},' * 3000 + b"]}}", 413),
+    "malformed JSON": (b'{"trainerStatus": {"progressPercentage": 5', 422),
+    "progress above 100": (update(150), 422),
+    "progress below 0": (update(-1), 422),
+    "progress not a number": (update("half"), 422),  # type: ignore[arg-type]
+    "more than 256 metrics": (update(1, metrics=_long_metrics(257)), 422),
+    "a name over 64 characters": (update(1, metrics=[{"name": "n" * 65, "value": "1"}]), 422),
+    "a value over 64 characters": (update(1, metrics=[{"name": "loss", "value": "1" * 65}]), 422),
+    "an empty name": (update(1, metrics=[{"name": "", "value": "1"}]), 422),
+    "no lastUpdatedTime": ({"trainerStatus": {"progressPercentage": 5}}, 422),
+    "a lastUpdatedTime that is no time": ({"trainerStatus": {"lastUpdatedTime": "yesterday"}}, 422),
+    "negative remaining seconds": (update(1, estimatedRemainingSeconds=-5), 422),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_an_invalid_body_is_refused_and_nothing_is_written(
+    case: str, server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    job = _job(api, namespace)
+    token = _token(api, job)
+    body, expected = INVALID[case]
+    code, answer = post(server, namespace, job.name, token=token, body=body)
+    assert code == expected, answer
+    assert answer.get("kind") == "Status" and answer.get("code") == expected and answer.get("message")
+    time.sleep(0.3)
+    assert trainer_status(api, namespace, job.name)[0] is None
+    assert _records(nats_url, nats_credentials, namespace, job.name) == []
+    assert post(server, namespace, job.name, token=token, body=update(1))[0] == 200  # and it still serves
+
+
+def _refusal_token(case: str, api: Any, kube: Any, job: TrainJobWithPods, other: TrainJobWithPods) -> str | None:
+    ns = job.namespace
+    mine = core.audience(ns, job.name)
+    if case == "no token":
+        return None
+    if case == "not a token":
+        return "not-a-token"
+    if case == "a pod of another TrainJob, with this TrainJob's audience":
+        return pod_token(api, ns, pod=other.pods[0], audience=mine)
+    if case == "this TrainJob's pod, with another TrainJob's audience":
+        return pod_token(api, ns, pod=job.pods[0], audience=core.audience(ns, other.name))
+    if case == "a wrong audience":
+        return pod_token(api, ns, pod=job.pods[0], audience="https://kubernetes.default.svc")
+    if case == "the audience and another one":
+        spec = kube_client.V1TokenRequestSpec(
+            audiences=[mine, "https://kubernetes.default.svc"],
+            expiration_seconds=3600,
+            bound_object_ref=kube_client.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=job.pods[0].name, uid=job.pods[0].uid
+            ),
+        )
+        return str(
+            kube_client.CoreV1Api(api)
+            .create_namespaced_service_account_token("trainer", ns, kube_client.AuthenticationV1TokenRequest(spec=spec))
+            .status.token
+        )
+    if case == "a plain ServiceAccount token with the audience":
+        return pod_token(api, ns, pod=None, audience=mine)
+    if case == "expired":
+        past = int(time.time()) - 7200
+        return resigned(_token(api, job), kube.local.service_account_private_key, iat=past, nbf=past, exp=past + 600)
+    raise AssertionError(case)
+
+
+REFUSED = (
+    "no token",
+    "not a token",
+    "a pod of another TrainJob, with this TrainJob's audience",
+    "this TrainJob's pod, with another TrainJob's audience",
+    "a wrong audience",
+    "the audience and another one",
+    "a plain ServiceAccount token with the audience",
+    "expired",
+)
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_caller_that_is_not_a_pod_of_the_trainjob_is_refused(
+    case: str,
+    server: StatusServer,
+    api: Any,
+    kube: Any,
+    namespace: str,
+    nats_url: str,
+    nats_credentials: Credentials | None,
+) -> None:
+    job, other = _job(api, namespace), _job(api, namespace)
+    code, answer = post(server, namespace, job.name, token=_refusal_token(case, api, kube, job, other), body=update(5))
+    assert code == 403, answer
+    assert answer == {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "Forbidden",
+                      "reason": "Forbidden", "code": 403}  # fmt: skip
+    time.sleep(0.3)
+    assert trainer_status(api, namespace, job.name)[0] is None
+    assert _records(nats_url, nats_credentials, namespace, job.name) == []
+    assert post(server, namespace, job.name, token=_token(api, job), body=update(1))[0] == 200
+
+
+def test_a_resigned_token_that_has_not_expired_is_accepted(
+    server: StatusServer, api: Any, kube: Any, namespace: str
+) -> None:
+    """The control for "expired": the same re-signing with times still valid passes, so the refusal above is
+    the expiry's and not the signature's."""
+    job = _job(api, namespace)
+    now = int(time.time())
+    token = resigned(_token(api, job), kube.local.service_account_private_key, iat=now, nbf=now, exp=now + 900)
+    assert post(server, namespace, job.name, token=token, body=update(3))[0] == 200
+
+
+def test_unknown_and_deleted_trainjobs_are_not_found(server: StatusServer, api: Any, namespace: str) -> None:
+    job = _job(api, namespace)
+    token_for_unknown = pod_token(api, namespace, pod=job.pods[0], audience=core.audience(namespace, "no-such-job"))
+    code, answer = post(server, namespace, "no-such-job", token=token_for_unknown, body=update(5))
+    assert (code, answer.get("message")) == (404, "Train job not found")
+
+    token = _token(api, job)
+    kube_client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", job.name)
+    # No garbage collector runs on this apiserver: the pod and its token stay, the TrainJob is gone.
+    code, answer = post(server, namespace, job.name, token=token, body=update(5))
+    assert (code, answer.get("message")) == (404, "Train job not found")
+
+
+def test_another_path_or_method_is_not_found(server: StatusServer, api: Any, namespace: str) -> None:
+    job = _job(api, namespace)
+    code, _ = post(server, namespace, job.name + "/../x", token=_token(api, job), body=update(1))
+    assert code == 404
+
+
+def test_plain_http_is_not_served(server: StatusServer) -> None:
+    host, port = server.url.removeprefix("https://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as plain:
+        plain.sendall(
+            b"POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/a/trainjobs/b/status HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        plain.settimeout(5)
+        try:
+            answer = plain.recv(1024)
+        except (ConnectionResetError, TimeoutError):
+            answer = b""
+    assert b"HTTP/1.1 200" not in answer and b"trainerStatus" not in answer
+    with pytest.raises(ssl.SSLError):  # and a client that does not trust the CA does not get through
+        context = ssl.create_default_context()
+        with (
+            socket.create_connection((host, int(port)), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            pass
+
+
+# ------------------------------------------------------------------------------------------- the flood
+
+
+def test_a_flood_from_twenty_pods_is_all_recorded_and_written_at_most_once_per_interval(
+    server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    pods, per_pod = 20, 10
+    job = _job(api, namespace, pods=pods)
+    tokens = [_token(api, job, i) for i in range(pods)]
+    written_before = server.metric("tjpipe_status_writes_total", outcome="written")
+    base = time.time()
+
+    def report(i: int) -> list[int]:
+        codes = []
+        for n in range(per_pod):
+            at = base + n * 0.01 + i * 0.0001
+            codes.append(post(server, namespace, job.name, token=tokens[i], body=update(n * 10 + 1, at=at))[0])
+        return codes
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=pods) as pool:
+        codes = [code for result in pool.map(report, range(pods)) for code in result]
+    took = time.monotonic() - started
+    assert codes == [200] * (pods * per_pod)
+    time.sleep(INTERVAL + 1.5)  # the last pending write goes out
+
+    writes = server.metric("tjpipe_status_writes_total", outcome="written") - written_before
+    allowed = int(took // INTERVAL) + 2  # one at the start of each interval the flood spanned, and the trailing one
+    assert 1 <= writes <= allowed, (writes, took)
+    records = _records(nats_url, nats_credentials, namespace, job.name)
+    assert len(records) == pods * per_pod
+    newest = max(records, key=lambda r: r.updated_at)
+    status, managers = trainer_status(api, namespace, job.name)
+    assert status is not None and status["progressPercentage"] == newest.trainer_status.progress_percentage
+    assert managers == ["trainer-status"]
+    per_update = writes / (pods * per_pod)
+    print(f"{pods * per_pod} updates in {took:.1f}s: {writes:.0f} status writes ({per_update:.3f} per update)")
+
+
+def test_the_server_needs_its_own_files(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tjpipe", "status-server", "--tls-cert", str(tmp_path / "none"), "--tls-key", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "no such file" in result.stderr
