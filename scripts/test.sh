@@ -32,9 +32,9 @@ echo "· docs site";     python3 "$phases" run "mkdocs build --strict" -- env NO
 if [ $# -eq 0 ]; then
   # kubeflow 0.5.0 requires kubernetes<36, older than the project's own client: its test has an environment
   # of its own, and the rest of the suite (where it skips) runs without it.
-  echo "· the Kubeflow SDK's flow (tests/e2e/test_sdk.py), in .venv-sdk"
+  echo "· the Kubeflow SDK's flow (tests/e2e/test_sdk.py) and progress reports (tests/e2e/test_sdk_status.py), in .venv-sdk"
   TJPIPE_VENV="$root/.venv-sdk" python3 "$phases" run "environment (.venv-sdk)" -- bash "$root/scripts/bootstrap.sh" test,sdk
-  TJPIPE_PHASE_PREFIX="SDK flow (.venv-sdk): " "$root/.venv-sdk/bin/pytest" -q -ra tests/e2e/test_sdk.py
+  TJPIPE_PHASE_PREFIX="SDK flow (.venv-sdk): " "$root/.venv-sdk/bin/pytest" -q -ra tests/e2e/test_sdk.py tests/e2e/test_sdk_status.py
 fi
 echo "· pytest"
 # Not exec'd: the phase table follows pytest's output, and the script exits with pytest's code.

@@ -26,12 +26,16 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from kubernetes import client as kube_client
 from kubernetes.client import ApiClient
 
+from contracts import streams, subjects
+from contracts.progress import ProgressReported, decode_progress
+from plumbing import bus
 from tjpipe.credentials import STATUS_SERVER, Credentials
 from tjpipe.keys.pki import write_serving_pki
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.identities import _cluster_of, _kubeconfig
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 from tjpipe.private_files import write_private_file
+from tjpipe.stack import nats_connect_options
 from tjpipe.status_server import core
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
@@ -321,3 +325,20 @@ def trainer_status(api: ApiClient, namespace: str, name: str) -> tuple[dict[str,
         if re.search(r'"f:trainerStatus"', json.dumps(entry.get("fieldsV1") or {}))
     ]
     return (obj.get("status") or {}).get("trainerStatus"), managers
+
+
+def records(nats_url: str, creds: Credentials | None, namespace: str, name: str) -> list[ProgressReported]:
+    """The TrainJob's progress records, read back from ``TJ_PROGRESS`` as the read-only ``reader`` identity."""
+    import asyncio
+
+    async def read() -> list[ProgressReported]:
+        nc = await bus.connect(nats_url, name="test-reader", **nats_connect_options(creds, "reader"))
+        try:
+            stored = await bus.read_stream(
+                nc.jetstream(), streams.PROGRESS.name, subjects.trainjob_progress_filter(namespace, name)
+            )
+        finally:
+            await nc.close()
+        return [decode_progress(m.data) for m in stored]
+
+    return asyncio.run(read())

@@ -8,7 +8,6 @@ back. After every refusal nothing is recorded, the status is unchanged, and the 
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import socket
 import ssl
@@ -21,11 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
-from contracts import streams, subjects
-from contracts.progress import decode_progress
-from plumbing import bus
 from tjpipe.credentials import Credentials
-from tjpipe.stack import nats_connect_options
 from tjpipe.status_server import core
 
 from .support import (
@@ -36,6 +31,7 @@ from .support import (
     make_trainjob,
     pod_token,
     post,
+    records,
     resigned,
     start_status_server,
     trainer_status,
@@ -78,17 +74,7 @@ def api(kube: Any) -> Iterator[Any]:
 
 
 def _records(nats_url: str, creds: Credentials | None, namespace: str, name: str) -> list[Any]:
-    async def read() -> list[Any]:
-        nc = await bus.connect(nats_url, name="test-reader", **nats_connect_options(creds, "reader"))
-        try:
-            stored = await bus.read_stream(
-                nc.jetstream(), streams.PROGRESS.name, subjects.trainjob_progress_filter(namespace, name)
-            )
-        finally:
-            await nc.close()
-        return [decode_progress(m.data) for m in stored]
-
-    return asyncio.run(read())
+    return list(records(nats_url, creds, namespace, name))
 
 
 def _until(check: Callable[[], bool], *, timeout: float, what: str) -> None:
