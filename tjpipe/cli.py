@@ -369,6 +369,7 @@ DOCS_PAGES = {
     "applier": "docs/configuration.md",
     "controller": "docs/configuration.md",
     "webhook": "docs/behaviour.md#admission-webhook-tjpipe-webhook",
+    "status-server": "docs/training-progress.md#the-status-server",
     "bus-setup": "docs/deploying.md#kubernetes-deploy-kustomize",
     "up": "docs/getting-started.md",
     "demo": "docs/getting-started.md",
