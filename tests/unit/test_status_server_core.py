@@ -1,0 +1,97 @@
+"""The status server's pure decisions: Trainer's route, the CRD's rules on a body, time forms, the coalescer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tjpipe.status_server import core
+
+
+def test_the_route_is_trainers_and_names_are_kubernetes_names() -> None:
+    assert core.route(core.status_path("team-a", "mnist")) == ("team-a", "mnist")
+    assert core.route("/apis/trainer.kubeflow.org/v1alpha1/namespaces/a/trainjobs/b") is None
+    assert core.route(core.status_path("A", "b")) is None
+    assert core.route(core.status_path("a", "b.c")) is None
+    assert core.audience("a", "b") == "trainer.kubeflow.org/v1alpha1/namespaces/a/trainjobs/b/status"
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [("Bearer abc", "abc"), ("bearer   abc ", "abc"), ("Basic abc", ""), ("Bearer", ""), ("Bearer a b", "")],
+)
+def test_a_bearer_header_as_rfc_7235_says(header: str, token: str) -> None:
+    assert core.bearer_token(header) == token
+
+
+def test_times_as_the_sdk_sends_them_and_as_kubernetes_writes_them() -> None:
+    sdk = "2026-12-03T22:00:01.654321+00:00"  # datetime.now(timezone.utc).isoformat()
+    assert core.parse_time(sdk) == pytest.approx(core.parse_time("2026-12-03T22:00:01Z") + 0.654321)
+    assert core.parse_time("2026-12-03T23:00:01+01:00") == core.parse_time("2026-12-03T22:00:01Z")
+    assert core.format_time(core.parse_time(sdk)) == "2026-12-03T22:00:01Z"
+    for bad in ("yesterday", "2026-12-03", "2026-12-03 22:00:01Z"):
+        with pytest.raises(ValueError):
+            core.parse_time(bad)
+
+
+def _body(**status: object) -> bytes:
+    return json.dumps({"trainerStatus": {"lastUpdatedTime": "2026-12-03T22:00:00Z", **status}}).encode()
+
+
+def test_a_valid_update_is_normalised_and_echoed() -> None:
+    update = core.parse_update(_body(progressPercentage=100, metrics=[{"name": "loss", "value": "0.1"}]))
+    assert update is not None and update.status.progress_percentage == 100
+    assert json.loads(core.echo(update)) == {
+        "trainerStatus": {
+            "progressPercentage": 100,
+            "metrics": [{"name": "loss", "value": "0.1"}],
+            "lastUpdatedTime": "2026-12-03T22:00:00Z",
+        }
+    }
+    assert core.parse_update(b"{}") is None and core.echo(None) == b"{}"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"{", "Invalid payload"),
+        (b'{"trainerStatus": {"progressPercentage": 1.5}}', "Invalid payload"),
+        (_body(progressPercentage=101), "progressPercentage: Invalid value: 101"),
+        (_body(estimatedRemainingSeconds=-1), "estimatedRemainingSeconds"),
+        (_body(metrics=[{"name": f"m{i}", "value": "1"} for i in range(257)]), "Too many: 257"),
+        (_body(metrics=[{"name": "x" * 65, "value": "1"}]), "metrics[0].name: Too long"),
+        (_body(metrics=[{"name": "x", "value": ""}]), "metrics[0].value: Required value"),
+        (b'{"trainerStatus": {"progressPercentage": 5}}', "lastUpdatedTime is required"),
+    ],
+)
+def test_what_the_crd_refuses_is_refused_before_anything_is_kept(body: bytes, says: str) -> None:
+    with pytest.raises(core.Invalid, match=None) as refused:
+        core.parse_update(body)
+    assert says in str(refused.value)
+
+
+def _update(at: float) -> core.Update:
+    update = core.parse_update(_body())
+    assert update is not None
+    return core.Update(status=update.status, updated_at=at)
+
+
+def test_the_coalescer_writes_the_first_at_once_then_the_newest_once_per_interval() -> None:
+    c = core.Coalescer(interval=5.0)
+    key = ("ns", "tj")
+    assert c.due(key, 100.0) is None
+    assert c.offer(key, _update(10.0))
+    assert c.due(key, 100.0) == 100.0  # never written: at once
+    assert c.take(key) == _update(10.0)
+    c.written(key, 100.0)
+    assert c.offer(key, _update(11.0)) and c.offer(key, _update(13.0))
+    assert not c.offer(key, _update(12.0))  # older than one seen: recorded, never written
+    assert not c.offer(key, _update(13.0))
+    assert c.due(key, 101.0) == 105.0
+    assert c.take(key) == _update(13.0) and c.take(key) is None
+    c.written(key, 105.0)
+    c.put_back(key, _update(13.0))  # a failed write comes back unless something newer came
+    assert c.offer(key, _update(14.0))
+    c.put_back(key, _update(13.0))
+    assert c.take(key) == _update(14.0)
