@@ -44,6 +44,15 @@ TIMES = "\N{MULTIPLICATION SIGN}"
 ENV = re.compile(r"\s*\(env: ([A-Z0-9_]+)\)$")
 
 
+def slug(heading: str) -> str:
+    """The anchor MkDocs gives a heading (Python-Markdown's ``toc`` slugify), for links into the site."""
+    import unicodedata
+
+    text = unicodedata.normalize("NFKD", re.sub(r"[`*]", "", heading)).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
 def _cell(text: object) -> str:
     """Text for one Markdown table cell: one line, pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")

@@ -193,7 +193,7 @@ def log_in(driver: Any, url: str, token: str) -> None:
 
 
 def screenshot(driver: Any, name: str, folder: Path) -> Path:
-    """A PNG of the page; also into ``TJPIPE_SCREENSHOTS`` when set (how the README's pictures are made)."""
+    """A PNG of the page; also into ``TJPIPE_SCREENSHOTS`` when set (tools/screenshots.sh: the docs' pictures)."""
     import os
 
     path = folder / f"{name}.png"
