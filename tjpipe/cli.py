@@ -858,6 +858,7 @@ def _up(args: argparse.Namespace) -> int:
         stack.start_infrastructure(
             nats_url=backends.nats_url, kubeconfig=backends.cluster.kubeconfig if backends.cluster else None
         )
+        stack.start_status_server()  # before the planner, which tells the trainer pods where it is
         stack.start_services()
         stack.start_webhook()
         stack.start_history_server()

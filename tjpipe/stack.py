@@ -259,6 +259,9 @@ class Stack:
     """Each service's own ServiceAccount kubeconfig, on the stack's own apiserver; None: the one kubeconfig."""
     history_url: str = ""
     """Where ``tjpipe history-server`` serves once ``start_history_server`` started it; empty otherwise."""
+    status_server_url: str = ""
+    """``https://127.0.0.1:PORT`` of ``tjpipe status-server`` once ``start_status_server`` started it; empty otherwise.
+    The planner then runs with Trainer's TrainJobStatus gate on, telling the pods this URL and CA."""
     _containers: list[Any] = field(default_factory=list)
 
     # ---------------------------------------------------------------------------------- infrastructure
@@ -483,6 +486,12 @@ class Stack:
                 env["KUBECONFIG"] = str(own.resolve())
         elif self.kubeconfig is not None:
             env["KUBECONFIG"] = str(self.kubeconfig.resolve())
+        if self.status_server_url and service in ("planner", CONTROLLER):
+            env |= {
+                "TJPIPE_TRAINJOB_STATUS": "true",
+                "TJPIPE_STATUS_SERVER_URL": self.status_server_url,
+                "TJPIPE_STATUS_SERVER_CA": str((self.paths.root / "status-server-tls" / "ca.crt").resolve()),
+            }
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -559,6 +568,31 @@ class Stack:
             f"ValidatingWebhookConfiguration {admission_webhook.CONFIGURATION_NAME} registered, failurePolicy Fail; "
             f"ConfigMap {admission_webhook.PUBLIC_NAMESPACE}/{admission_webhook.PUBLIC_CONFIGMAP} "
             f"says {admission_webhook.TRAINER_VERSION}"
+        )
+        return process
+
+    def start_status_server(self) -> ManagedProcess:
+        """``tjpipe status-server`` on loopback with a CA of its own, as its own NATS identity and ServiceAccount;
+        returns once it is ready. Started before the planner, which then tells the pods its URL and CA: on this
+        stack no pod runs, and the demo's stand-in reports from the host, so the URL is the loopback one."""
+        from tjpipe.keys.pki import write_serving_pki
+
+        cert_dir = self.paths.root / "status-server-tls"
+        write_serving_pki(cert_dir, ca_name="tjpipe-status-server-ca", common_name="tjpipe-status-server")
+        port = free_port()
+        process = self.start_service(
+            "status-server",
+            extra=[
+                "--host", "127.0.0.1", "--port", str(port),
+                "--tls-cert", str(cert_dir / "tls.crt"), "--tls-key", str(cert_dir / "tls.key"),
+            ],
+        )  # fmt: skip
+        health = f"http://127.0.0.1:{self.metrics_ports['status-server']}/readyz"
+        wait_until(lambda: http_ok(health), timeout=60, what=f"tjpipe status-server {health}", process=process)
+        self.status_server_url = f"https://127.0.0.1:{port}"
+        self.progress(
+            f"started status-server (pid {process.pid}, {self.status_server_url}, log {process.log_path}); "
+            "TrainJobStatus on: trainer pods are told its URL and CA"
         )
         return process
 

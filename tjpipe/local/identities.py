@@ -34,6 +34,7 @@ IDENTITY_FILES = (
     Path("base/webhook.yaml"),
     Path("components/one-process/controller.yaml"),
     Path("components/history-server/history-server.yaml"),
+    Path("components/status-server/status-server.yaml"),
 )
 """The files under deploy/ the identity objects are read from."""
 
@@ -61,6 +62,7 @@ SERVICE_ACCOUNTS: Mapping[str, str] = {
     "webhook": "tjpipe-webhook",
     "controller": "tjpipe-controller",
     "history-server": "tjpipe-history-server",
+    "status-server": "tjpipe-status-server",
 }
 """The ServiceAccount each service that talks to the API server runs as."""
 TOKEN_SECONDS = 30 * 24 * 3600
