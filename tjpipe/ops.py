@@ -31,6 +31,7 @@ from contracts.messages import (
     decode_event,
     decode_result,
 )
+from contracts.progress import decode_progress
 from planner import core as planner_core
 from planner.core import plan
 from planner.framework import Framework
@@ -95,9 +96,27 @@ class TimelineEntry:
     detail: Obj = field(default_factory=dict)
 
 
+def trainjob_state(job: Obj) -> tuple[str, str, str]:
+    """The TrainJob's state as its owner would name it, with the reason and message that decided it.
+
+    The order is the history list's (``history_server.index.state_of``): Trainer's terminal conditions,
+    then suspension, then whether any of its Jobs has pods running; a job that was never any of these is
+    Created. The reason and message are those of the deciding condition (e.g. ``AllJobsCompleted``)."""
+    status = job.get("status") or {}
+    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    for state in ("Failed", "Complete", "Suspended"):
+        if state in true:
+            return state, str(true[state].get("reason") or ""), str(true[state].get("message") or "")
+    if (job.get("spec") or {}).get("suspend"):
+        return "Suspended", "", ""
+    if any((s.get("active") or 0) > 0 for s in status.get("jobsStatus") or []):
+        return "Running", "", ""
+    return "Created", "", ""
+
+
 def _event_summary(event: Event, previous: TrainJobObserved | None) -> tuple[str, Obj]:
     if isinstance(event, TrainJobDeleted):
-        return "TrainJob deleted", {"uid": event.uid}
+        return "TrainJob deleted", {"uid": event.uid, "state": "Deleted"}
     job = msgspec.to_builtins(event.trainjob)
     changes: list[str] = []
     if previous is not None:
@@ -108,11 +127,154 @@ def _event_summary(event: Event, previous: TrainJobObserved | None) -> tuple[str
     summary = f"{event.cause or 'observed'} (TrainJob rv {rv}, runtime from {event.runtime_source})"
     if event.runtime_error:
         summary += f"; runtime error: {event.runtime_error}"
-    return summary, {"cause": event.cause, "resourceVersion": rv, "changed": changes, "trace_id": event.trace_id}
+    state, reason, message = trainjob_state(job)
+    detail: Obj = {"cause": event.cause, "resourceVersion": rv, "changed": changes, "trace_id": event.trace_id}
+    detail |= {"state": state, "reason": reason, "message": message}
+    if event.runtime_error:
+        detail["runtime_error"] = event.runtime_error
+    return summary, detail
 
 
-async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None = None) -> list[TimelineEntry]:
-    """Every event, planned component, apply result and dead letter of one TrainJob, in time order.
+@dataclass(frozen=True)
+class ProgressPoint:
+    """One training progress update of a TrainJob, as the status server recorded it."""
+
+    time: float
+    """When the status server accepted it (Unix seconds, the server's clock, as every other record's time)."""
+    seq: int
+    pod: str
+    last_updated: str
+    """``lastUpdatedTime`` as the training code sent it (RFC 3339, the pod's clock)."""
+    percentage: int | None
+    remaining_seconds: int | None
+    metrics: dict[str, str]
+    """Each metric's value as sent: Trainer's API carries them as strings."""
+
+    @classmethod
+    def of(cls, record: Any, seq: int, stored_time: float) -> ProgressPoint:
+        status = record.trainer_status
+        unset = msgspec.UNSET
+        return cls(
+            time=record.received_at or stored_time,
+            seq=seq,
+            pod=record.pod,
+            last_updated=status.last_updated_time if status.last_updated_time is not unset else "",
+            percentage=status.progress_percentage if status.progress_percentage is not unset else None,
+            remaining_seconds=(
+                status.estimated_remaining_seconds if status.estimated_remaining_seconds is not unset else None
+            ),
+            metrics={
+                str(m.name): str(m.value)
+                for m in (status.metrics if status.metrics is not unset else [])
+                if m.name is not unset and m.value is not unset
+            },
+        )
+
+    def to_json(self) -> Obj:
+        return {
+            "time": self.time,
+            "at": _iso(self.time),
+            "lastUpdatedTime": self.last_updated,
+            "pod": self.pod,
+            "progressPercentage": self.percentage,
+            "estimatedRemainingSeconds": self.remaining_seconds,
+            "metrics": self.metrics,
+        }
+
+    def summary(self) -> str:
+        parts = []
+        if self.percentage is not None:
+            parts.append(f"{self.percentage}%")
+        if self.remaining_seconds is not None:
+            parts.append(f"{_seconds(self.remaining_seconds)} left")
+        parts += [f"{name} {value}" for name, value in sorted(self.metrics.items())]
+        return " · ".join(parts or ["no figures"]) + (f" (pod {self.pod})" if self.pod else "")
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _seconds(total: int) -> str:
+    if total < 60:
+        return f"{total}s"
+    hours, rest = divmod(total, 3600)
+    return f"{hours}h {rest // 60}m" if hours else f"{rest // 60}m {rest % 60}s"
+
+
+async def progress_series(js: JetStreamContext, key: ObjectKey, *, since: float | None = None) -> list[ProgressPoint]:
+    """Every progress update of one TrainJob the streams hold, in the order the status server accepted them.
+
+    A record that does not decode (a newer writer's, or damaged) is left out; the rest are still shown."""
+    found = await _read_progress(js, key, since)
+    points = []
+    for stored in found:
+        try:
+            record = decode_progress(stored.data)
+        except (msgspec.MsgspecError, ValueError):
+            continue
+        points.append(ProgressPoint.of(record, stored.seq, stored.time))
+    return sorted(points, key=lambda p: (p.time, p.seq))
+
+
+async def _nothing() -> list[StoredMessage]:
+    return []
+
+
+async def _read_progress(js: JetStreamContext, key: ObjectKey, since: float | None) -> list[StoredMessage]:
+    """The TrainJob's progress records; none on a bus set up before the progress stream existed."""
+    import nats.js.errors
+
+    subject = subjects.trainjob_progress_filter(key.namespace, key.name)
+    try:
+        return await read_stream(js, streams.PROGRESS.name, subject, start_time=since)
+    except nats.js.errors.NotFoundError:
+        return []
+
+
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(text: str) -> str:
+    """A text cell a spreadsheet will not run as a formula; numbers (``-0.5``) stay numbers."""
+    if text.startswith(_FORMULA):
+        try:
+            float(text)
+        except ValueError:
+            return "'" + text
+    return text
+
+
+def progress_csv(points: Iterable[ProgressPoint]) -> str:
+    """The series as CSV (RFC 4180): one row per update, one column per metric, times in UTC."""
+    import csv
+    import io
+
+    rows = list(points)
+    metrics = sorted({m for p in rows for m in p.metrics})
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    header = ["time_utc", "last_updated_time", "pod", "progress_percentage", "estimated_remaining_seconds"]
+    writer.writerow(header + [_cell(m) for m in metrics])
+    for p in rows:
+        writer.writerow(
+            [
+                _iso(p.time),
+                _cell(p.last_updated),
+                _cell(p.pod),
+                "" if p.percentage is None else p.percentage,
+                "" if p.remaining_seconds is None else p.remaining_seconds,
+                *(_cell(p.metrics.get(m, "")) for m in metrics),
+            ]
+        )
+    return buffer.getvalue()
+
+
+async def history(
+    js: JetStreamContext, key: ObjectKey, *, since: float | None = None, progress: bool = True
+) -> list[TimelineEntry]:
+    """Every event, planned component, apply result, dead letter and (with ``progress``) training progress
+    update of one TrainJob, in time order.
 
     ``since`` skips what the streams hold from before that time (a caller that knows when the TrainJob's
     first event arrived saves the server the scan of everything older).
@@ -123,11 +285,12 @@ async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None =
     # The four record streams are read at once: each read waits on the server, none on another. Events and
     # plans are named by their place in the work stream (what a plan's source_seq and a dead letter's
     # stream_seq refer to).
-    events, plans, results, letters = await asyncio.gather(
+    events, plans, results, letters, updates = await asyncio.gather(
         read_stream(js, streams.EVENTS_HISTORY.name, subjects.trainjob_events_filter(ns, name), start_time=since),
         read_stream(js, streams.APPLY_HISTORY.name, subjects.trainjob_apply_filter(ns, name), start_time=since),
         read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), start_time=since),
         read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", start_time=since),
+        _read_progress(js, key, since) if progress else _nothing(),
     )
     for stored, event in _decoded(events, decode_event, entries, "event", "undecodable event"):
         summary, detail = _event_summary(event, previous)
@@ -143,7 +306,7 @@ async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None =
                 "plan",
                 f"{component_of(message)} → {message.target} "
                 f"(policy {message.policy}, from event {message.source_seq})",
-                {"component": component_of(message), "source_seq": message.source_seq},
+                {"component": component_of(message), "source_seq": message.source_seq, "target": str(message.target)},
             )
         )
     for stored, result in _decoded(results, decode_result, entries, "result", "undecodable apply result"):
@@ -163,6 +326,11 @@ async def history(js: JetStreamContext, key: ObjectKey, *, since: float | None =
                 f"{letter.stage}: {letter.reason}: {letter.error}",
                 {"stage": letter.stage, "reason": letter.reason, "error": letter.error, "subject": letter.subject},
             )
+        )
+    for stored, record in _decoded(updates, decode_progress, entries, "progress", "undecodable progress update"):
+        point = ProgressPoint.of(record, stored.seq, stored.time)
+        entries.append(
+            TimelineEntry(point.time, stored.stream, stored.seq, "progress", point.summary(), point.to_json())
         )
     return sorted(entries, key=lambda e: (e.time, e.stream, e.seq))
 

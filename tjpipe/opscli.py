@@ -228,7 +228,7 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
     table = Table(title=f"history of TrainJob {key}")
     for column in ("time (UTC)", "stream", "seq", "kind", "what"):
         table.add_column(column)
-    colour = {"event": "cyan", "plan": "white", "result": "green", "dead-letter": "red"}
+    colour = {"event": "cyan", "plan": "white", "result": "green", "dead-letter": "red", "progress": "magenta"}
     for e in entries:
         what = e.summary
         if e.kind == "event" and e.detail.get("changed"):

@@ -81,6 +81,9 @@ async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch
         StoredMessage(stream=streams.DLQ.name, seq=1, subject="dlq.x", data=b"[]", headers={}, time=2.0),
         StoredMessage(stream=streams.DLQ.name, seq=2, subject="dlq.y", data=encode(letter), headers={}, time=3.0),
     ]
+    stored[streams.PROGRESS.name] = [
+        StoredMessage(stream=streams.PROGRESS.name, seq=1, subject="p.x", data=b"{}", headers={}, time=4.0)
+    ]
 
     async def read_stream(js: object, stream: str, subject: str, **options: object) -> list[StoredMessage]:
         return stored[stream]
@@ -93,6 +96,7 @@ async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch
         ("result", "undecodable apply result"),
         ("dead-letter", "undecodable dead letter"),
         ("dead-letter", "applier: permanent: 422"),
+        ("progress", "undecodable progress update"),
     ]
 
 
