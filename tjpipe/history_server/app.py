@@ -27,6 +27,7 @@ import msgspec
 from aiohttp import web
 
 from contracts.messages import ObjectKey, component_of
+from tjpipe.history_server import story
 from tjpipe.history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
 from tjpipe.history_server.index import STATES, HistoryIndex, filtered
 
@@ -41,6 +42,8 @@ log = logging.getLogger("tjpipe.history_server")
 API = "/api/v1"
 LIST_LIMIT = 1000
 TIMELINE_LIMIT = 5000
+PROGRESS_LIMIT = 20000
+"""Progress updates one answer holds at most, the newest: a week of one pod reporting every 30 s."""
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -63,6 +66,8 @@ class Backend:
     session: aiohttp.ClientSession
     scrape: tuple[str, ...] = ()
     ready: bool = False
+    stalled_after: float = 600.0
+    """Seconds without a progress update after which a Running TrainJob is called stalled (0: never)."""
 
 
 BACKEND = web.AppKey("backend", Backend)
@@ -202,8 +207,9 @@ def _listing(summaries: list[Any], request: web.Request) -> dict[str, Any]:
     state = _state(request)
     limit = _limit(request, LIST_LIMIT)
     chosen = filtered(summaries, state=state)
+    now, after = time.time(), request.app[BACKEND].stalled_after
     return {
-        "items": [s.to_json() for s in chosen[:limit]],
+        "items": [s.to_json(now, after) for s in chosen[:limit]],
         "total": len(chosen),
         "truncated": len(chosen) > limit,
     }
@@ -256,13 +262,15 @@ async def trainjobs(request: web.Request) -> web.Response:
     return _json(_listing(request.app[BACKEND].index.in_namespace(namespace), request))
 
 
-def _entry(e: TimelineEntry) -> dict[str, Any]:
+def _entry(e: TimelineEntry, text: str) -> dict[str, Any]:
     return {
         "time": e.time,
         "at": dt.datetime.fromtimestamp(e.time, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "stream": e.stream,
         "seq": e.seq,
         "kind": e.kind,
+        "text": text,
+        "tone": story.tone(e),
         "summary": e.summary,
         "detail": e.detail,
     }
@@ -276,16 +284,64 @@ async def history(request: web.Request) -> web.Response:
     backend = request.app[BACKEND]
     summary = backend.index.get(namespace, name)
     since = summary.first_seen - 1.0 if summary is not None and summary.first_seen else None
-    entries = await ops.history(backend.js, ObjectKey(namespace=namespace, name=name), since=since)
+    entries = await ops.history(backend.js, ObjectKey(namespace=namespace, name=name), since=since, progress=False)
     if not entries and summary is None:
         raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
     limit = _limit(request, TIMELINE_LIMIT)
+    texts = story.texts(entries)  # of every entry: a state change before the newest ``limit`` still counts
     return _json(
         {
-            "trainjob": summary.to_json() if summary is not None else {"namespace": namespace, "name": name},
-            "entries": [_entry(e) for e in entries[-limit:]],
+            "trainjob": _about(summary, namespace, name, backend),
+            "states": [p.to_json() for p in story.phases(entries)],
+            "counts": story.counts(entries),
+            "entries": [_entry(e, t) for e, t in zip(entries[-limit:], texts[-limit:], strict=True)],
             "total": len(entries),
             "truncated": len(entries) > limit,
+        }
+    )
+
+
+def _about(summary: Any, namespace: str, name: str, backend: Backend) -> dict[str, Any]:
+    if summary is None:
+        return {"namespace": namespace, "name": name}
+    result: dict[str, Any] = summary.to_json(time.time(), backend.stalled_after)
+    return result
+
+
+async def progress(request: web.Request) -> web.Response:
+    """The TrainJob's training progress over time: every update its pods reported, oldest first, as JSON or
+    (``?output=csv``) as a spreadsheet's CSV file, one row per update and one column per metric."""
+    from tjpipe import ops
+
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await _require(request, "get", namespace, name)
+    output = request.query.get("output", "json")
+    if output not in ("json", "csv"):
+        raise _error(400, f"unknown output {output!r}; one of json, csv")
+    limit = _limit(request, PROGRESS_LIMIT)
+    backend = request.app[BACKEND]
+    summary = backend.index.get(namespace, name)
+    since = summary.first_seen - 1.0 if summary is not None and summary.first_seen else None
+    points = await ops.progress_series(backend.js, ObjectKey(namespace=namespace, name=name), since=since)
+    if not points and summary is None:
+        raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
+    shown = points[-limit:]
+    if output == "csv":
+        filename = f"{namespace}_{name}_progress.csv"
+        return web.Response(
+            text=ops.progress_csv(shown),
+            content_type="text/csv",
+            charset="utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+        )
+    return _json(
+        {
+            "trainjob": _about(summary, namespace, name, backend),
+            "metrics": sorted({m for p in points for m in p.metrics}),
+            "pods": sorted({p.pod for p in points}),
+            "points": [p.to_json() for p in shown],
+            "total": len(points),
+            "truncated": len(points) > limit,
         }
     )
 
@@ -398,6 +454,7 @@ def make_app(backend: Backend) -> web.Application:
     app.router.add_get(f"{API}/health", health)
     app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs", trainjobs)
     app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/history", history)
+    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/progress", progress)
     app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/diff", plan_diff)
     app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/{{seq}}", plan)
     app.router.add_get("/", page)

@@ -11,12 +11,17 @@ skipped by the parser instead of being built into objects and thrown away.
 
 One TrainJob's timeline is not kept here: it is read from the streams on demand (``tjpipe.ops.history``,
 the same code ``tjpipe history`` runs), starting at the time the index saw that TrainJob's first event.
+
+Training progress (``TJ_PROGRESS``, written by the status server) is folded in the same way, keeping the
+newest update of each TrainJob only: what the list shows next to the state, and what tells a stalled job
+(Running, and no update for a while) from a working one. The series itself is read on demand, as the
+timeline is. A bus set up before the progress stream existed simply has no progress to show.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -99,6 +104,33 @@ def state_of(job: _TrainJob) -> str:
 
 
 @dataclass(slots=True)
+class Progress:
+    """The newest progress update of a TrainJob, as its training code reported it."""
+
+    received_at: float
+    """When the status server accepted it (its clock, like every other time here)."""
+    last_updated: str = ""
+    """``lastUpdatedTime`` as the training code sent it (RFC 3339)."""
+    pod: str = ""
+    percentage: int | None = None
+    remaining_seconds: int | None = None
+    metrics: dict[str, str] = field(default_factory=dict)
+    updates: int = 0
+    """How many updates the streams hold of this TrainJob."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "percentage": self.percentage,
+            "estimatedRemainingSeconds": self.remaining_seconds,
+            "metrics": self.metrics,
+            "lastUpdatedTime": self.last_updated,
+            "receivedAt": self.received_at,
+            "pod": self.pod,
+            "updates": self.updates,
+        }
+
+
+@dataclass(slots=True)
 class Summary:
     """One TrainJob as the list shows it."""
 
@@ -115,8 +147,22 @@ class Summary:
     dead_letters: int = 0
     last_event_seq: int = 0
     last_dead_letter_seq: int = 0
+    state_since: float = 0.0
+    """When the events first showed the current state."""
+    progress: Progress | None = None
+    last_progress_seq: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def stalled_for(self, now: float, after: float) -> float | None:
+        """Seconds without a progress update, when the job is Running, has reported progress before, and has
+        been quiet for more than ``after`` seconds; ``None`` when it is not stalled. Quiet time counts from
+        the later of its last update and the moment it (re)started running."""
+        if self.state != "Running" or self.progress is None or after <= 0:
+            return None
+        quiet = now - max(self.progress.received_at, self.state_since)
+        return quiet if quiet > after else None
+
+    def to_json(self, now: float = 0.0, stalled_after: float = 0.0) -> dict[str, Any]:
+        stalled = self.stalled_for(now, stalled_after) if now else None
         return {
             "namespace": self.namespace,
             "name": self.name,
@@ -130,6 +176,10 @@ class Summary:
             "lastSeen": self.last_seen,
             "events": self.events,
             "deadLetters": self.dead_letters,
+            "stateSince": self.state_since,
+            "progress": self.progress.to_json() if self.progress is not None else None,
+            "stalled": stalled is not None,
+            "stalledSeconds": round(stalled, 1) if stalled is not None else None,
         }
 
 
@@ -144,7 +194,7 @@ class HistoryIndex:
 
     def reset(self) -> None:
         self._namespaces.clear()
-        self.next_seq.update({streams.EVENTS_HISTORY.name: 1, streams.DLQ.name: 1})
+        self.next_seq.update({streams.EVENTS_HISTORY.name: 1, streams.DLQ.name: 1, streams.PROGRESS.name: 1})
         self.undecodable = 0
 
     def __len__(self) -> int:
@@ -175,6 +225,8 @@ class HistoryIndex:
         summary.last_seen = stored.time
         summary.last_event_seq = stored.seq
         if isinstance(event, _Deleted):
+            if summary.state != "Deleted":
+                summary.state_since = stored.time
             summary.state = "Deleted"
             return
         job = event.trainjob
@@ -183,7 +235,10 @@ class HistoryIndex:
         summary.created = job.metadata.creation_timestamp or summary.created
         summary.runtime = job.spec.runtime_ref.name
         summary.runtime_kind = job.spec.runtime_ref.kind or "ClusterTrainingRuntime"
-        summary.state = state_of(job)
+        state = state_of(job)
+        if state != summary.state or not summary.state_since:
+            summary.state_since = stored.time
+        summary.state = state
 
     def add_dead_letter(self, stored: StoredMessage) -> None:
         parts = stored.subject.split(".")
@@ -196,15 +251,49 @@ class HistoryIndex:
         summary.last_dead_letter_seq = stored.seq
         summary.last_seen = max(summary.last_seen, stored.time)
 
-    def prune(self, first_event_seq: int, first_dead_letter_seq: int) -> int:
-        """Forget TrainJobs none of whose events or dead letters the streams still hold; how many went."""
+    def add_progress(self, stored: StoredMessage) -> None:
+        from contracts.progress import decode_progress
+
+        namespace, name = subjects.trainjob_of_subject(stored.subject)
+        if namespace == "_":
+            return
+        try:
+            record = decode_progress(stored.data)
+        except (msgspec.MsgspecError, ValueError):
+            self.undecodable += 1
+            return
+        summary = self._summary(namespace, name)
+        if not summary.first_seen:
+            summary.first_seen = stored.time
+        status = record.trainer_status
+        metrics = status.metrics if isinstance(status.metrics, list) else []
+        before = summary.progress.updates if summary.progress is not None else 0
+        summary.progress = Progress(
+            received_at=record.received_at or stored.time,
+            last_updated=status.last_updated_time if isinstance(status.last_updated_time, str) else "",
+            pod=record.pod,
+            percentage=status.progress_percentage if isinstance(status.progress_percentage, int) else None,
+            remaining_seconds=(
+                status.estimated_remaining_seconds if isinstance(status.estimated_remaining_seconds, int) else None
+            ),
+            metrics={m.name: m.value for m in metrics if isinstance(m.name, str) and isinstance(m.value, str)},
+            updates=before + 1,
+        )
+        summary.last_progress_seq = stored.seq
+        summary.last_seen = max(summary.last_seen, stored.time)
+
+    def prune(self, first_event_seq: int, first_dead_letter_seq: int, first_progress_seq: int | None = None) -> int:
+        """Forget TrainJobs none of whose events, dead letters or progress updates the streams still hold;
+        how many went."""
         gone = 0
         for namespace in list(self._namespaces):
             jobs = self._namespaces[namespace]
             for name in [
                 n
                 for n, s in jobs.items()
-                if s.last_event_seq < first_event_seq and s.last_dead_letter_seq < first_dead_letter_seq
+                if s.last_event_seq < first_event_seq
+                and s.last_dead_letter_seq < first_dead_letter_seq
+                and (first_progress_seq is None or s.last_progress_seq < first_progress_seq)
             ]:
                 del jobs[name]
                 gone += 1
@@ -239,20 +328,30 @@ class HistoryIndex:
 
     async def catch_up(self, js: JetStreamContext) -> int:
         """Fold in everything that arrived since the last call, a page at a time; how many messages."""
+        import nats.js.errors
+
         from plumbing.bus import read_stream
 
-        firsts = []
-        for stream in (streams.EVENTS_HISTORY.name, streams.DLQ.name):
-            info = await js.stream_info(stream)
-            firsts.append(int(info.state.first_seq or 0))
+        firsts: dict[str, int] = {}
+        sources = [
+            (streams.EVENTS_HISTORY.name, subjects.events_filter(), self.add_event),
+            (streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>", self.add_dead_letter),
+            (streams.PROGRESS.name, f"{subjects.PROGRESS_PREFIX}.>", self.add_progress),
+        ]
+        for stream, _, _ in list(sources):
+            try:
+                info = await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                if stream != streams.PROGRESS.name:
+                    raise
+                sources.pop()  # a bus set up before progress was recorded: nothing to show, nothing to fail
+                continue
+            firsts[stream] = int(info.state.first_seq or 0)
             if int(info.state.last_seq or 0) + 1 < self.next_seq[stream]:
                 # The stream was purged or made anew below our position: start over, so nothing counts twice.
                 self.reset()
         read = 0
-        for stream, subject, fold in (
-            (streams.EVENTS_HISTORY.name, subjects.events_filter(), self.add_event),
-            (streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>", self.add_dead_letter),
-        ):
+        for stream, subject, fold in sources:
             while True:
                 page = await read_stream(js, stream, subject, start_seq=self.next_seq[stream], limit=READ_PAGE)
                 for stored in page:
@@ -263,7 +362,7 @@ class HistoryIndex:
                 self.next_seq[stream] = page[-1].seq + 1
                 if len(page) < READ_PAGE:
                     break
-        self.prune(*firsts)
+        self.prune(firsts[streams.EVENTS_HISTORY.name], firsts[streams.DLQ.name], firsts.get(streams.PROGRESS.name))
         return read
 
 

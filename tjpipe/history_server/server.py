@@ -50,6 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="how often the TrainJob index reads what arrived on the streams (default 2)",
     )
+    env_flag(
+        parser,
+        "--stalled-after",
+        env="TJPIPE_HISTORY_STALLED_AFTER_SECONDS",
+        default=600.0,
+        type=float,
+        help="seconds without a training progress update after which a Running TrainJob is listed as stalled "
+        "(default 600; 0: never)",
+    )
     env_list_flag(
         parser,
         "--scrape",
@@ -118,6 +127,7 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
         authorizer=ClusterAuthorizer(KubePoster(kube), ttl=args.auth_cache_seconds),
         session=session,
         scrape=tuple(args.scrape or ()),
+        stalled_after=max(0.0, args.stalled_after),
     )
     runner = web.AppRunner(make_app(backend), access_log=None, handle_signals=False)
     await runner.setup()

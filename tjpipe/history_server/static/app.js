@@ -83,6 +83,7 @@ function hashParams() {
 // ------------------------------------------------------------------------------------------- the list
 
 async function renderList(params) {
+  clearList();
   show("list-view");
   const namespaces = await api("/api/v1/namespaces");
   const select = $("filter-namespace");
@@ -115,8 +116,13 @@ function drawRows(listing) {
   body.replaceChildren(...rows.map((j) => {
     const created = j.creationTimestamp ? Date.parse(j.creationTimestamp) / 1000 : j.firstSeen;
     const link = el("a", { href: `#/ns/${encodeURIComponent(j.namespace)}/${encodeURIComponent(j.name)}`, text: j.name });
+    const stateCell = el("td", {}, el("span", { class: "state " + j.state, text: j.state }));
+    if (j.stalled) {
+      stateCell.append(" ", el("span", { class: "stalled", text: "stalled " + duration(j.stalledSeconds),
+        title: `Running, and no progress reported for ${duration(j.stalledSeconds)}` }));
+    }
     const row = el("tr", { "data-name": j.name, "data-namespace": j.namespace },
-      el("td", {}, link), el("td", { text: j.namespace }), el("td", {}, el("span", { class: "state " + j.state, text: j.state })),
+      el("td", {}, link), el("td", { text: j.namespace }), stateCell, progressCell(j.progress),
       el("td", { text: j.runtime }), el("td", { text: age(now - created) }), el("td", { text: age(now - j.lastSeen) + " ago" }),
       el("td", { class: "num", text: String(j.events) }), el("td", { class: "num", text: String(j.deadLetters) }));
     row.addEventListener("click", (e) => { if (e.target.tagName !== "A") location.hash = link.getAttribute("href"); });
@@ -124,6 +130,32 @@ function drawRows(listing) {
   }));
   const shown = rows.length === listing.items.length ? `${rows.length}` : `${rows.length} of ${listing.items.length}`;
   $("list-note").textContent = `${shown} TrainJob(s)` + (listing.truncated ? ` (the newest ${listing.items.length} of ${listing.total})` : "");
+}
+
+// The newest progress a TrainJob reported, in a few words: "62% · loss 0.31 · accuracy 0.82".
+function progressWords(p, most = 2) {
+  if (!p) return "";
+  const parts = [];
+  if (p.percentage != null) parts.push(p.percentage + "%");
+  const names = Object.keys(p.metrics || {}).sort();
+  for (const name of names.slice(0, most)) parts.push(`${name} ${p.metrics[name]}`);
+  if (names.length > most) parts.push(`+${names.length - most} more`);
+  return parts.join(" · ");
+}
+
+function progressCell(p) {
+  const cell = el("td", { class: "progress" });
+  if (!p) return cell;
+  if (p.percentage != null) {
+    const bar = el("div", { class: "bar small" }, el("span"));
+    bar.firstChild.style.width = `${Math.max(0, Math.min(100, p.percentage))}%`;
+    cell.append(bar);
+  }
+  cell.append(el("span", { class: "progress-text", text: progressWords(p) }));
+  const all = Object.entries(p.metrics || {}).map(([k, v]) => `${k} ${v}`);
+  cell.title = [p.percentage != null ? `${p.percentage}% done` : "", p.estimatedRemainingSeconds != null
+    ? `about ${duration(p.estimatedRemainingSeconds)} left` : "", ...all, `reported ${utc(p.receivedAt)} UTC`].filter(Boolean).join("\n");
+  return cell;
 }
 
 function listFiltersChanged() {
@@ -139,89 +171,311 @@ function listFiltersChanged() {
 
 let timeline = null;
 
-async function renderTimeline(namespace, name) {
-  show("timeline-view");
-  $("timeline-title").textContent = `${namespace}/${name}`;
-  $("detail").hidden = true;
+const STATE_WORDS = { Created: "waiting for pods", Running: "running", Suspended: "suspended", Complete: "complete", Failed: "failed", Deleted: "deleted" };
+const TERMINAL = new Set(["Complete", "Failed", "Deleted"]);
+const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+
+function day(ts) {
+  const d = new Date(ts * 1000);
+  return `${d.getUTCDate()} ${MONTHS[d.getUTCMonth()]} ${d.getUTCFullYear()}`;
+}
+
+function clock(ts, fine = false) { return new Date(ts * 1000).toISOString().slice(11, fine ? 23 : 19); }
+
+function duration(seconds) {
+  if (!isFinite(seconds) || seconds < 0) return "";
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
+  if (seconds < 60) return `${Math.round(seconds)}s`;
+  const parts = [];
+  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
+    if (seconds >= size && parts.length < 2) { parts.push(Math.floor(seconds / size) + unit); seconds %= size; }
+    else if (parts.length) break;
+  }
+  return parts.join(" ");
+}
+
+function stateText(phase) {
+  let text = phase.state;
+  if (phase.reason && phase.reason !== phase.state) text += " — " + phase.reason;
+  return text;
+}
+
+// Everything one TrainJob's page shows, emptied before a page is drawn and when a request is refused, so no
+// fact of the page shown before stays on screen next to another TrainJob's (or namespace's) name.
+function clearTimeline() {
+  timeline = null;
+  $("timeline-title").textContent = "";
+  $("timeline-facts").textContent = "";
+  $("states").replaceChildren();
+  $("progress-now").replaceChildren();
   $("picture").replaceChildren();
   $("entries").querySelector("tbody").replaceChildren();
+  $("detail").hidden = true;
+  $("timeline-view").append($("detail"));
+}
+
+function clearList() {
+  $("list-note").textContent = "";
+  $("trainjobs").querySelector("tbody").replaceChildren();
+  listCache = { key: "", items: [] };
+}
+
+async function renderTimeline(namespace, name) {
+  clearTimeline();
+  show("timeline-view");
+  $("timeline-title").textContent = `${namespace}/${name}`;
   const base = `/api/v1/namespaces/${encodeURIComponent(namespace)}/trainjobs/${encodeURIComponent(name)}`;
-  const data = await api(base + "/history");
-  timeline = { base, data, selected: -1 };
+  const [data, progress] = await Promise.all([api(base + "/history"), api(base + "/progress")]);
+  timeline = { base, data, progress, selected: -1 };
   const job = data.trainjob;
+  const states = data.states || [];
+  const now = Date.now() / 1000;
   const facts = [];
-  if (job.state) facts.push("state " + job.state);
+  const last = states[states.length - 1];
+  if (last) facts.push(stateText(last) + (last.state !== "Deleted" && job.state === "Deleted" ? " (deleted)" : ""));
+  else if (job.state) facts.push(job.state);
+  const ran = states.filter((p) => p.state === "Running").reduce((sum, p) => sum + ((p.to ?? now) - p.from), 0);
+  if (ran > 0) facts.push("ran " + duration(ran));
   if (job.runtime) facts.push("runtime " + job.runtime);
-  facts.push(`${data.total} entries` + (data.truncated ? ` (the newest ${data.entries.length} shown)` : ""));
-  if (job.deadLetters) facts.push(`${job.deadLetters} dead letter(s)`);
+  if (job.creationTimestamp) facts.push("created " + day(Date.parse(job.creationTimestamp) / 1000) + " " + clock(Date.parse(job.creationTimestamp) / 1000) + " UTC");
+  const counts = data.counts || {};
+  const others = (counts.plan || 0) + (counts.result || 0);
+  facts.push(`${counts.event || 0} event(s), ${others} step(s) of the pipeline` + (data.truncated ? ` (the newest ${data.entries.length} of ${data.total} records shown)` : ""));
+  if (counts["dead-letter"]) facts.push(`${counts["dead-letter"]} given up (dead letters)`);
   $("timeline-facts").textContent = facts.join(" · ");
-  drawPicture(data.entries);
+  drawProgressNow(progress, job);
+  drawStates(states, now);
+  drawPicture(data.entries, states, now, progress);
   drawEntries(data.entries);
 }
 
-function drawPicture(entries) {
-  const width = 1000, left = 100, right = 20, top = 10, lane = 34, axis = 26;
-  const height = top + lane * LANES.length + axis;
-  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "timeline", id: "timeline-svg" });
-  LANES.forEach((kind, i) => {
-    root.append(svg("rect", { class: "lane", x: left, y: top + i * lane + 2, width: width - left - right, height: lane - 4 }));
-    const label = svg("text", { class: "lane-label", x: 8, y: top + i * lane + lane / 2 + 4 });
-    label.textContent = LANE_NAMES[kind];
-    root.append(label);
-  });
-  if (entries.length) {
-    const t0 = entries[0].time, t1 = Math.max(entries[entries.length - 1].time, t0 + 1);
-    const x = (t) => left + 6 + (t - t0) / (t1 - t0) * (width - left - right - 12);
-    const base = top + lane * LANES.length;
-    root.append(svg("line", { class: "axis", x1: left, x2: width - right, y1: base + 2, y2: base + 2 }));
-    for (let i = 0; i <= 4; i++) {
-      const t = t0 + (t1 - t0) * i / 4;
-      const tick = svg("text", { class: "tick", x: x(t), y: base + 18, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
-      tick.textContent = new Date(t * 1000).toISOString().slice(11, t1 - t0 < 10 ? 23 : 19);
-      root.append(tick);
-    }
-    entries.forEach((entry, index) => {
-      const row = LANES.indexOf(entry.kind);
-      const cy = top + Math.max(row, 0) * lane + lane / 2;
-      const failed = entry.kind === "result" && entry.detail && entry.detail.action === "failed";
-      const cls = `mark ${entry.kind}${failed ? " failed" : ""}`;
-      const mark = entry.kind === "plan"
-        ? svg("rect", { class: cls, x: x(entry.time) - 5, y: cy - 5, width: 10, height: 10, "data-index": index })
-        : svg("circle", { class: cls, cx: x(entry.time), cy, r: entry.kind === "dead-letter" ? 8 : 6, "data-index": index });
-      const title = svg("title");
-      title.textContent = `${utc(entry.time)} ${entry.kind}: ${entry.summary}`;
-      mark.append(title);
-      mark.addEventListener("click", () => select(index));
-      root.append(mark);
-    });
+function drawProgressNow(progress, job) {
+  const box = $("progress-now");
+  box.replaceChildren();
+  const points = progress.points || [];
+  if (!points.length) return;
+  const latest = points[points.length - 1];
+  const parts = [];
+  if (latest.progressPercentage != null) parts.push(`${latest.progressPercentage}% done`);
+  if (latest.estimatedRemainingSeconds != null && !TERMINAL.has(job.state)) parts.push(`about ${duration(latest.estimatedRemainingSeconds)} left`);
+  for (const [name, value] of Object.entries(latest.metrics || {}).sort()) parts.push(`${name} ${value}`);
+  parts.push(`last reported ${day(latest.time)} ${clock(latest.time)} UTC`);
+  box.append(el("span", { id: "progress-latest", text: parts.join(" · ") }));
+  if (job.stalled) box.append(" ", el("span", { class: "stalled", text: `stalled: no update for ${duration(job.stalledSeconds)}` }));
+  const csv = el("button", { type: "button", id: "download-csv", text: `Download CSV (${progress.total} updates)` });
+  csv.addEventListener("click", () => downloadCsv().catch(fail));
+  box.append(" ", csv);
+}
+
+// A download the browser can save: fetched with the token (a plain link could not send it), handed over as a blob.
+async function downloadCsv() {
+  const text = await api(`${timeline.base}/progress?output=csv`, { text: true });
+  const [, namespace, name] = timeline.base.match(/namespaces\/([^/]+)\/trainjobs\/([^/]+)$/);
+  const link = el("a", { href: URL.createObjectURL(new Blob([text], { type: "text/csv" })),
+    download: `${decodeURIComponent(namespace)}_${decodeURIComponent(name)}_progress.csv` });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+}
+
+const MAX_METRIC_CHARTS = 6;
+const SERIES_COLOURS = ["#1f4e79", "#c0392b", "#2e8b57", "#8e44ad", "#d35400", "#16a085"];
+
+// One series per pod (a TrainJob's pods may each report); a value that is not a number is left out of the chart.
+function seriesOf(points, value) {
+  const byPod = new Map();
+  for (const p of points) {
+    const v = value(p);
+    if (v == null || v === "" || !isFinite(Number(v))) continue;
+    if (!byPod.has(p.pod)) byPod.set(p.pod, []);
+    byPod.get(p.pod).push([p.time, Number(v)]);
   }
+  return byPod;
+}
+
+function drawSeriesPanel(root, { y, height, left, right, width, x, name, byPod, fixed, cls, metric }) {
+  root.append(svg("rect", { class: "lane chart-lane", x: left, y, width: width - left - right, height }));
+  const values = [...byPod.values()].flat().map(([, v]) => v);
+  if (!values.length) return;
+  let lo = fixed ? fixed[0] : Math.min(...values), hi = fixed ? fixed[1] : Math.max(...values);
+  if (hi === lo) { hi += Math.abs(hi) * 0.05 || 1; lo -= Math.abs(lo) * 0.05 || 1; }
+  const pad = 6;
+  const yOf = (v) => y + pad + (hi - v) / (hi - lo) * (height - 2 * pad);
+  const fmt = (v) => Math.abs(v) >= 1000 || (Math.abs(v) < 0.01 && v !== 0) ? v.toExponential(2) : String(+v.toPrecision(4));
+  const label = svg("text", { class: "lane-label chart-name", x: 8, y: y + 14 });
+  label.textContent = name;
+  root.append(label);
+  for (const [v, dy] of [[hi, 0], [lo, 0]]) {
+    const t = svg("text", { class: "tick chart-scale", x: left - 4, y: yOf(v) + 4 + dy, "text-anchor": "end" });
+    t.textContent = fixed ? `${v}%` : fmt(v);
+    root.append(t);
+  }
+  let colour = 0;
+  for (const [pod, series] of byPod) {
+    const stroke = SERIES_COLOURS[colour++ % SERIES_COLOURS.length];
+    const line = svg("polyline", { class: cls, fill: "none", stroke, "stroke-width": 2, "data-pod": pod, ...(metric ? { "data-metric": metric } : {}),
+      points: series.map(([t, v]) => `${x(t).toFixed(1)},${yOf(v).toFixed(1)}`).join(" ") });
+    const title = svg("title");
+    const first = series[0][1], last = series[series.length - 1][1];
+    title.textContent = `${name}${byPod.size > 1 ? ` (pod ${pod})` : ""}: ${fmt(first)} → ${fmt(last)} over ${series.length} update(s)`;
+    line.append(title);
+    root.append(line);
+    const [tl, vl] = series[series.length - 1];
+    root.append(svg("circle", { class: "chart-dot", cx: x(tl), cy: yOf(vl), r: 3, fill: stroke }));
+  }
+}
+
+function drawStates(states, now) {
+  $("states").replaceChildren(...states.map((p, i) => {
+    const ongoing = p.to == null && !TERMINAL.has(p.state);
+    const lasted = p.to != null ? duration(p.to - p.from) : ongoing ? duration(now - p.from) + " so far" : "";
+    const item = el("li", { class: "phase-item", "data-state": p.state },
+      el("span", { class: "state " + p.state, text: p.state }));
+    if (p.reason && p.reason !== p.state) item.append(el("span", { class: "reason", text: p.reason }));
+    item.append(el("span", { class: "when", text: `at ${clock(p.from)}` + (lasted ? `, for ${lasted}` : "") }));
+    if (p.message) item.title = p.message;
+    return item;
+  }));
+}
+
+function drawPicture(entries, states, now, progress = { points: [], metrics: [] }) {
+  const width = 1000, left = 100, right = 20, lane = 34, stateLane = 30, axis = 40;
+  const points = progress.points || [];
+  const progressSeries = seriesOf(points, (p) => p.progressPercentage);
+  const metricNames = (progress.metrics || []).filter((m) => points.some((p) => isFinite(Number((p.metrics || {})[m])) && (p.metrics || {})[m] !== ""));
+  const charted = metricNames.slice(0, MAX_METRIC_CHARTS);
+  const chartHeight = 70, metricHeight = 56, gap = 6;
+  const charts = (progressSeries.size ? chartHeight + gap : 0) + charted.length * (metricHeight + gap);
+  const top = 10 + charts;
+  const pipelineTop = top + stateLane + 8;
+  const height = pipelineTop + lane * LANES.length + axis;
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "timeline", id: "timeline-svg" });
+  const label = (text, y, cls = "lane-label") => {
+    const node = svg("text", { class: cls, x: 8, y });
+    node.textContent = text;
+    root.append(node);
+  };
+  root.append(svg("rect", { class: "lane", x: left, y: top, width: width - left - right, height: stateLane }));
+  label("state", top + stateLane / 2 + 4);
+  LANES.forEach((kind, i) => {
+    root.append(svg("rect", { class: "lane", x: left, y: pipelineTop + i * lane + 2, width: width - left - right, height: lane - 4 }));
+    label(LANE_NAMES[kind], pipelineTop + i * lane + lane / 2 + 4);
+  });
+  const times = entries.map((e) => e.time).concat(states.map((p) => p.from), points.map((p) => p.time));
+  if (!times.length) { $("picture").replaceChildren(root); return; }
+  const last = states[states.length - 1];
+  const t0 = Math.min(...times);
+  let t1 = Math.max(...times);
+  if (last && last.to == null && !TERMINAL.has(last.state)) t1 = Math.max(t1, now);
+  t1 = Math.max(t1, t0 + 1);
+  const x = (t) => left + 6 + (t - t0) / (t1 - t0) * (width - left - right - 12);
+  // The training's own figures first: progress in percent, then each metric on its own scale.
+  let y = 10;
+  const panel = { left, right, width, x };
+  if (progressSeries.size) {
+    drawSeriesPanel(root, { ...panel, y, height: chartHeight, name: "progress", byPod: progressSeries, fixed: [0, 100], cls: "progress-line" });
+    y += chartHeight + gap;
+  }
+  for (const metric of charted) {
+    drawSeriesPanel(root, { ...panel, y, height: metricHeight, name: metric, byPod: seriesOf(points, (p) => (p.metrics || {})[metric]), cls: "metric-line", metric });
+    y += metricHeight + gap;
+  }
+  if (metricNames.length > charted.length) {
+    const more = svg("text", { class: "tick", x: 8, y: y - 2 });
+    more.textContent = `${metricNames.length - charted.length} more metric(s) in the CSV`;
+    root.append(more);
+  }
+  // The job's own states: one bar per state, as long as the job was in it.
+  states.forEach((p) => {
+    const end = p.to ?? (TERMINAL.has(p.state) ? Math.max(t1, p.from) : t1);
+    const x0 = x(p.from), w = Math.max(TERMINAL.has(p.state) && p.to == null ? 8 : 3, x(end) - x0);
+    const bar = svg("rect", { class: "phase " + p.state, x: x0, y: top + 4, width: w, height: stateLane - 8, rx: 3, "data-state": p.state });
+    const title = svg("title");
+    const lasted = p.to != null ? ` for ${duration(p.to - p.from)}` : "";
+    title.textContent = `${stateText(p)} from ${day(p.from)} ${clock(p.from)} UTC${lasted}` + (p.message ? `\n${p.message}` : "");
+    bar.append(title);
+    root.append(bar);
+    const words = stateText(p) + (p.to != null ? " " + duration(p.to - p.from) : "");
+    if (w > words.length * 6.5 + 8) {
+      const text = svg("text", { class: "phase-label", x: x0 + 5, y: top + stateLane / 2 + 4 });
+      text.textContent = words;
+      root.append(text);
+    }
+  });
+  // The axis, with the day it starts on (and the day on a tick where it changes).
+  const base = pipelineTop + lane * LANES.length;
+  root.append(svg("line", { class: "axis", x1: left, x2: width - right, y1: base + 2, y2: base + 2 }));
+  let shownDay = day(t0);
+  label(shownDay, base + 18, "tick date");
+  label("UTC", base + 32, "tick");
+  for (let i = 0; i <= 4; i++) {
+    const t = t0 + (t1 - t0) * i / 4;
+    const tick = svg("text", { class: "tick", x: x(t), y: base + 18, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
+    const today = day(t);
+    tick.textContent = (today !== shownDay ? today.replace(/ \d{4}$/, "") + " " : "") + clock(t, t1 - t0 < 10);
+    shownDay = today;
+    root.append(tick);
+  }
+  entries.forEach((entry, index) => {
+    const row = LANES.indexOf(entry.kind);
+    const cy = pipelineTop + Math.max(row, 0) * lane + lane / 2;
+    const cls = `mark ${entry.kind} ${entry.tone || ""}`;
+    const mark = entry.kind === "plan"
+      ? svg("rect", { class: cls, x: x(entry.time) - 5, y: cy - 5, width: 10, height: 10, "data-index": index })
+      : svg("circle", { class: cls, cx: x(entry.time), cy, r: entry.kind === "dead-letter" ? 8 : 6, "data-index": index });
+    const title = svg("title");
+    title.textContent = `${utc(entry.time)} ${entry.text || entry.summary}`;
+    mark.append(title);
+    mark.addEventListener("click", () => select(index, $("picture")));
+    root.append(mark);
+  });
   $("picture").replaceChildren(root);
+}
+
+function chip(entry) {
+  if (entry.kind === "result" && entry.detail && entry.detail.action) return entry.detail.action;
+  return { "event": "event", "plan": "plan", "dead-letter": "gave up" }[entry.kind] || entry.kind;
 }
 
 function drawEntries(entries) {
   const body = $("entries").querySelector("tbody");
   body.replaceChildren(...entries.map((entry, index) => {
-    const what = entry.summary + (entry.detail && entry.detail.changed && entry.detail.changed.length
-      ? "\nchanged: " + entry.detail.changed.slice(0, 8).join(", ") : "");
-    const row = el("tr", { class: entry.kind, "data-index": index },
-      el("td", { text: utc(entry.time) }), el("td", {}, el("span", { class: "kind " + entry.kind, text: entry.kind })),
-      el("td", { text: what }));
-    row.addEventListener("click", () => select(index));
+    const row = el("tr", { class: `${entry.kind} ${entry.tone || ""}`, "data-index": index },
+      el("td", { class: "time", text: utc(entry.time) }), el("td", { text: entry.text || entry.summary }),
+      el("td", {}, el("span", { class: `kind ${entry.kind} ${entry.tone || ""}`, text: chip(entry) })));
+    row.addEventListener("click", () => select(index, row));
     return row;
   }));
 }
 
-function select(index) {
+// The detail opens where it was asked for: under the clicked row of the table, or under the picture.
+function place(anchor) {
+  const detail = $("detail");
+  if (anchor && anchor.tagName === "TR") {
+    const holder = el("tr", { class: "detail-row" }, el("td", { colspan: "3" }));
+    holder.firstChild.append(detail);
+    anchor.after(holder);
+  } else {
+    $("picture").after(detail);
+  }
+  for (const row of document.querySelectorAll("tr.detail-row")) if (!row.contains(detail)) row.remove();
+  detail.hidden = false;
+  detail.scrollIntoView({ block: "nearest" });
+}
+
+function select(index, anchor) {
   const entry = timeline.data.entries[index];
   timeline.selected = index;
   for (const node of document.querySelectorAll(".selected")) node.classList.remove("selected");
   for (const node of document.querySelectorAll(`[data-index="${index}"]`)) node.classList.add("selected");
-  $("detail").hidden = false;
-  $("detail-title").textContent = `${entry.kind} · ${entry.stream} #${entry.seq} · ${utc(entry.time)}`;
-  $("detail-summary").textContent = entry.summary;
+  $("detail-title").textContent = entry.text || entry.summary;
+  $("detail-when").textContent = `${day(entry.time)}, ${clock(entry.time, true)} UTC`;
+  $("detail-summary").textContent = `${entry.stream} #${entry.seq}: ${entry.summary}`;
   $("detail-body").textContent = JSON.stringify(entry.detail, null, 2);
   const actions = $("detail-actions");
   actions.replaceChildren();
+  place(anchor);
   const eventSeq = entry.kind === "plan" ? entry.detail.source_seq : entry.kind === "event" ? entry.seq : null;
   if (eventSeq == null) return;
   const planned = timeline.data.entries.filter((e) => e.kind === "plan").map((e) => e.detail.source_seq);
@@ -308,7 +562,13 @@ async function route() {
     if (match) await renderTimeline(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
     else if (path === "/health") await renderHealth();
     else await renderList(params);
-  } catch (error) { fail(error); }
+  } catch (error) {
+    // A refused or failed page shows the refusal and nothing else: no facts or counts of the page before.
+    clearTimeline();
+    clearList();
+    if (!(error instanceof HttpError && error.status === 401)) show("");
+    fail(error);
+  }
 }
 
 document.addEventListener("DOMContentLoaded", () => {
