@@ -139,6 +139,7 @@ def test_the_health_page_reads_the_streams_and_the_consumers(world: World) -> No
         "TJ_APPLY_HISTORY",
         "TJ_RESULTS",
         "TJ_DLQ",
+        "TJ_PROGRESS",
     }
     assert not any("error" in s for s in health["streams"])
     assert len(health["consumers"]) == 32 and not any("error" in c for c in health["consumers"])

@@ -109,7 +109,7 @@ def test_up_demo_prints_the_history_url_and_token_and_its_timeline_shows_the_dem
             assert driver.find_elements(By.CSS_SELECTOR, "#timeline-svg .mark.event")
             assert driver.find_elements(By.CSS_SELECTOR, "#timeline-svg .mark.plan")
             texts = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#entries tbody tr")]
-            assert any("created JobSet tjpipe-demo/mnist" in t for t in texts), texts
+            assert any("Created JobSet mnist" in t for t in texts), texts
             screenshot(driver, "history-timeline", tmp_path)
             driver.find_element(By.ID, "nav-health").click()
             wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#lag tbody tr")))

@@ -1,0 +1,156 @@
+"""A TrainJob's page in a real Chromium as its owner reads it: the progress and each metric charted, the job's
+own states in a lane with Trainer's reasons, plain words (the pipeline's record one click away, opening
+where it was clicked), a dated time axis, a skipped write not drawn as a success, the same event count in
+the list and on the page, the CSV download, and nothing of the page before left on screen after a refusal.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from .progress_support import LOSS, Story
+from .support import browser, log_in, screenshot
+
+pytestmark = [pytest.mark.cluster, pytest.mark.nats]
+
+GREEN = "rgb(46, 139, 87)"
+PIPELINE_WORDS = ("rv ", "policy ", "TJ_EVENTS", "TJ_RESULTS", "wire_version", "observed_at", "source_seq")
+
+
+def _open_gamma(driver: Any, story: Story) -> WebDriverWait:  # type: ignore[type-arg]
+    driver.get(f"{story.server.url}/#/ns/{story.namespace}/gamma")
+    wait = WebDriverWait(driver, 20)
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#timeline-svg .progress-line")))
+    return wait
+
+
+def _in_view(driver: Any, element: Any) -> bool:
+    return bool(
+        driver.execute_script(
+            "const r = arguments[0].getBoundingClientRect();"
+            "return r.height > 0 && r.top >= 0 && r.top < window.innerHeight;",
+            element,
+        )
+    )
+
+
+def test_the_page_charts_progress_and_metrics_above_the_states_and_speaks_plainly(story: Story, tmp_path: Path) -> None:
+    driver = browser(tmp_path, width=1280, height=1000)
+    try:
+        log_in(driver, story.server.url, story.tokens["viewer"])
+        wait = WebDriverWait(driver, 20)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '#trainjobs tr[data-name="gamma"]')))
+        row = driver.find_element(By.CSS_SELECTOR, '#trainjobs tr[data-name="gamma"]')
+        assert "96% · accuracy 0.84 · loss 0.31" in row.text
+        listed_events = int(row.find_elements(By.CSS_SELECTOR, "td")[-2].text)
+
+        _open_gamma(driver, story)
+        # The chart: progress, and a line per numeric metric ("phase" is not a number), above the state lane.
+        progress = driver.find_element(By.CSS_SELECTOR, "#timeline-svg .progress-line")
+        assert len(progress.get_attribute("points").split()) == len(LOSS)
+        metrics = {m.get_attribute("data-metric") for m in driver.find_elements(By.CSS_SELECTOR, ".metric-line")}
+        assert metrics == {"accuracy", "loss"}
+        phases = driver.find_elements(By.CSS_SELECTOR, "#timeline-svg rect.phase")
+        assert [p.get_attribute("data-state") for p in phases] == ["Created", "Running", "Complete"]
+        assert progress.rect["y"] + progress.rect["height"] <= phases[0].rect["y"]
+        first_plan = driver.find_element(By.CSS_SELECTOR, "#timeline-svg .mark.plan")
+        assert phases[0].rect["y"] < first_plan.rect["y"]
+
+        # The owner's words: state, reason and durations; no pipeline vocabulary outside the record panel.
+        facts = driver.find_element(By.ID, "timeline-facts").text
+        assert facts.startswith("Complete — AllJobsCompleted · ran "), facts
+        assert f"{listed_events} event(s)" in facts
+        states = driver.find_element(By.ID, "states").text
+        assert "Created" in states and "Running" in states and "AllJobsCompleted" in states
+        latest = driver.find_element(By.ID, "progress-latest").text
+        assert latest.startswith("96% done · accuracy 0.84 · loss 0.31")
+        shown = driver.find_element(By.ID, "timeline-view").text
+        assert not [w for w in PIPELINE_WORDS if w in shown], shown
+        assert "Complete — AllJobsCompleted: jobset completed successfully" in shown
+        axis = " ".join(t.text for t in driver.find_elements(By.CSS_SELECTOR, "#timeline-svg .tick.date"))
+        assert any(str(year) in axis for year in range(2025, 2100)), axis
+
+        # A write left as it was is not drawn like a success.
+        skipped = driver.find_element(By.CSS_SELECTOR, "#timeline-svg .mark.result.skipped")
+        assert skipped.value_of_css_property("fill") != GREEN
+        done = driver.find_elements(By.CSS_SELECTOR, "#timeline-svg .mark.result.ok")
+        assert done and all(m.value_of_css_property("fill") == GREEN for m in done)
+        chip = driver.find_element(By.CSS_SELECTOR, "#entries tr.skipped .kind")
+        assert chip.text == "skipped" and chip.value_of_css_property("color") != GREEN
+
+        driver.execute_script("window.scrollTo(0, 0)")
+        screenshot(driver, "history-progress", tmp_path)
+
+        # The pipeline's record is one click away and opens where it was asked for, in view.
+        rows = driver.find_elements(By.CSS_SELECTOR, "#entries tbody tr.result")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", rows[-1])
+        rows[-1].click()
+        detail = wait.until(ec.visibility_of_element_located((By.ID, "detail")))
+        assert _in_view(driver, detail)
+        assert "TJ_RESULTS #" in driver.find_element(By.ID, "detail-summary").text
+        driver.execute_script("window.scrollTo(0, 0)")
+        driver.find_element(By.CSS_SELECTOR, "#timeline-svg .mark.event").click()
+        assert _in_view(driver, wait.until(ec.visibility_of_element_located((By.ID, "detail"))))
+    finally:
+        driver.quit()
+
+
+def test_the_csv_download_saves_the_series(story: Story, tmp_path: Path) -> None:
+    driver = browser(tmp_path)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    try:
+        driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+        log_in(driver, story.server.url, story.tokens["viewer"])
+        wait = _open_gamma(driver, story)
+        wait.until(ec.element_to_be_clickable((By.ID, "download-csv"))).click()
+        saved = downloads / f"{story.namespace}_gamma_progress.csv"
+        wait.until(lambda _: saved.exists() and saved.stat().st_size > 0)
+        with saved.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        assert [float(r["loss"]) for r in rows] == list(LOSS)
+    finally:
+        driver.quit()
+
+
+def test_a_refused_page_keeps_no_facts_or_counts_of_the_page_before(story: Story, tmp_path: Path) -> None:
+    driver = browser(tmp_path)
+    try:
+        log_in(driver, story.server.url, story.tokens["viewer"])
+        wait = WebDriverWait(driver, 20)
+        note = wait.until(ec.visibility_of_element_located((By.ID, "list-note")))
+        wait.until(lambda _: "TrainJob(s)" in note.text)
+
+        # A namespace the token may not read, opened by URL after the readable list.
+        driver.get(f"{story.server.url}/#/?namespace={story.other}")
+        error = wait.until(ec.visibility_of_element_located((By.ID, "error")))
+        assert "may not list" in error.text
+        assert not driver.find_element(By.ID, "list-note").is_displayed() or not note.text
+        assert not driver.find_elements(By.CSS_SELECTOR, "#trainjobs tbody tr")
+
+        # A TrainJob of that namespace, opened by URL after a readable TrainJob's page.
+        _open_gamma(driver, story)
+        assert "AllJobsCompleted" in driver.find_element(By.ID, "timeline-facts").text
+        driver.get(f"{story.server.url}/#/ns/{story.other}/hidden")
+        wait.until(ec.text_to_be_present_in_element((By.ID, "error"), "may not get"))
+        for gone in ("timeline-facts", "states", "progress-now", "timeline-title"):
+            element = driver.find_element(By.ID, gone)
+            assert not element.is_displayed() or not element.text, gone
+        assert not driver.find_elements(By.CSS_SELECTOR, "#timeline-svg")
+        assert not driver.find_elements(By.CSS_SELECTOR, "#entries tbody tr")
+        body = driver.find_element(By.TAG_NAME, "body").text
+        assert "gamma" not in body and "AllJobsCompleted" not in body and "event(s)" not in body
+        screenshot(driver, "history-refused", tmp_path)
+
+        # Back to a readable page: it is drawn again in full.
+        _open_gamma(driver, story)
+        assert driver.find_element(By.ID, "timeline-facts").text.startswith("Complete")
+    finally:
+        driver.quit()
