@@ -154,3 +154,18 @@ def test_a_refused_page_keeps_no_facts_or_counts_of_the_page_before(story: Story
         assert driver.find_element(By.ID, "timeline-facts").text.startswith("Complete")
     finally:
         driver.quit()
+
+
+def test_the_list_with_progress_and_the_page_with_its_chart_fit_a_phone(story: Story, tmp_path: Path) -> None:
+    driver = browser(tmp_path, width=390, height=844, phone=True)
+    try:
+        log_in(driver, story.server.url, story.tokens["viewer"])
+        wait = WebDriverWait(driver, 20)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '#trainjobs tr[data-name="gamma"] td.progress')))
+        for page in ("list", "timeline"):
+            if page == "timeline":
+                _open_gamma(driver, story)
+            width = driver.execute_script("return document.documentElement.scrollWidth")
+            assert width <= 400, f"the {page} is {width}px wide on a 390px screen"
+    finally:
+        driver.quit()
