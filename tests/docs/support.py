@@ -64,3 +64,29 @@ def blocks(page: str) -> list[Block]:
             found.append(Block(page, i + 1, info, "\n".join(lines[i + 1 : end]) + "\n", marker, note))
         i = end + 1
     return found
+
+
+ITEM = re.compile(r"^( *)([-*+]|\d+\.) ")
+
+
+def list_problems(page: str) -> list[str]:
+    """Lists GitHub renders but Python-Markdown (the site) does not: a list straight after a paragraph line
+    runs into the paragraph, and a nested item indented less than four spaces is not nested."""
+    problems: list[str] = []
+    fence, in_list, prev = False, False, ""
+    for number, line in enumerate((DOCS / page).read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        elif not fence:
+            item = ITEM.match(line)
+            if item:
+                indent = len(item.group(1))
+                if indent == 0 and not in_list and prev.strip():
+                    problems.append(f"docs/{page}:{number}: a blank line before the list")
+                if 0 < indent < 4:
+                    problems.append(f"docs/{page}:{number}: indent a nested item by four spaces")
+                in_list = True
+            elif in_list and line.strip() and not line.startswith(" ") and not prev.strip():
+                in_list = False
+        prev = line
+    return problems

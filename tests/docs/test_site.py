@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import DOCS, REPO, gen_docs
+from .support import DOCS, REPO, gen_docs, list_problems
 
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 pytestmark = pytest.mark.skipif(not MKDOCS.exists(), reason="mkdocs is not installed (the test extra has it)")
@@ -103,3 +103,8 @@ def test_every_command_help_names_a_page_that_exists() -> None:
     gen = gen_docs()
     for command in gen._walk(gen._subcommands(build_parser(), [])):
         assert "documentation: docs/" in (command.parser.epilog or ""), command.words
+
+
+def test_every_list_renders_as_a_list_on_the_site() -> None:
+    pages = sorted(p.name for p in DOCS.glob("*.md"))
+    assert [problem for page in pages for problem in list_problems(page)] == []
