@@ -13,9 +13,10 @@ One TrainJob's timeline is not kept here: it is read from the streams on demand 
 the same code ``tjpipe history`` runs), starting at the time the index saw that TrainJob's first event.
 
 Training progress (``TJ_PROGRESS``, written by the status server) is folded in the same way, keeping the
-newest update of each TrainJob only: what the list shows next to the state, and what tells a stalled job
-(Running, and no update for a while) from a working one. The series itself is read on demand, as the
-timeline is. A bus set up before the progress stream existed simply has no progress to show.
+newest update of each TrainJob only (at most 256 metrics of 64 characters each, all the status server
+admits): what the list shows next to the state, and what tells a stalled job (Running, and no update for a
+while) from a working one. The series itself is read on demand, as the timeline is. A bus set up before the
+progress stream existed simply has no progress to show.
 """
 
 from __future__ import annotations
