@@ -26,6 +26,7 @@ this twice leaves no diff. Comparisons must mask `data` of the `<job>-mpi-ssh-au
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import os
@@ -171,6 +172,10 @@ class Variant:
     # Put the JobSet that the base variant builds into the fake client, with a finished status, and also
     # record TrainJobStatus (expected.status.json).
     existing_jobset: bool = False
+    # Trainer feature gates the oracle runs with (--feature-gates); recorded in MANIFEST.json.
+    feature_gates: tuple[str, ...] = ()
+    # Objects already in the cluster besides the TrainJob and its runtime (e.g. the webhook's certificate).
+    existing: Callable[[], list[dict[str, Any]]] = list
 
 
 def _with_podgroup(rt: Runtime) -> Runtime:
@@ -183,6 +188,43 @@ def _without_podgroup(rt: Runtime) -> Runtime:
     rt = copy.deepcopy(rt)
     rt["spec"].pop("podGroupPolicy", None)
     return rt
+
+
+# TrainJobStatus: Trainer's plugin copies the CA from its webhook certificate's Secret in the operator
+# namespace (kubeflow-system when not running in a pod) into <job>-tls-config, and names the status server by
+# the webhook Service's DNS name with the default port. A fixed self-signed CA certificate (its key was thrown
+# away when it was made) keeps the fixtures stable; tests/golden gives the planner the same URL and CA.
+TRAINJOB_STATUS_GATE = "TrainJobStatus=true"
+OPERATOR_NAMESPACE = "kubeflow-system"
+WEBHOOK_CERT_SECRET = "kubeflow-trainer-webhook-cert"
+STATUS_SERVER_URL = f"https://kubeflow-trainer-controller-manager.{OPERATOR_NAMESPACE}.svc:10443"
+STATUS_SERVER_CA = """-----BEGIN CERTIFICATE-----
+MIIBhzCCAS6gAwIBAgIBATAKBggqhkjOPQQDAjAiMSAwHgYDVQQDDBdnb2xkZW4t
+c3RhdHVzLXNlcnZlci1jYTAgFw0yNjEyMDMyMjIzMDJaGA8yMTI2MTEwOTIyMjMw
+MlowIjEgMB4GA1UEAwwXZ29sZGVuLXN0YXR1cy1zZXJ2ZXItY2EwWTATBgcqhkjO
+PQIBBggqhkjOPQMBBwNCAASuRnA7WLyNu0uLTSfnqfEYlQe7QWj3zqD18lahAE2k
+oRbQf17/ayCbN7aljrBJU4T2wHTEF/fey0XpNv6S1gIJo1MwUTAdBgNVHQ4EFgQU
+MiVuFfaclwcy6Pe03hkzTkypdn4wHwYDVR0jBBgwFoAUMiVuFfaclwcy6Pe03hkz
+Tkypdn4wDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNHADBEAiAt+9zBEHQd
+S6lvq0YE5yeO2PUX1rGQNyuSz7ywme4YgQIgAob1igQ61PxeldDmXBNn2zo7gRDQ
+VpYS0fNDxyA80XA=
+-----END CERTIFICATE-----
+"""
+
+
+def webhook_cert_secret() -> list[dict[str, Any]]:
+    """The webhook certificate's Secret, reduced to the key the plugin reads (ca.crt)."""
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": WEBHOOK_CERT_SECRET, "namespace": OPERATOR_NAMESPACE},
+            "data": {"ca.crt": b64(STATUS_SERVER_CA)},
+        }
+    ]
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -295,6 +337,34 @@ VARIANTS: tuple[Variant, ...] = (
             }
         },
         applies=_is_torchtune,
+    ),
+    # Trainer's alpha feature gate TrainJobStatus on: the status server's env, token volume and CA ConfigMap.
+    Variant(
+        "trainjob-status",
+        "feature gate TrainJobStatus on; only spec.runtimeRef",
+        lambda rt: {},
+        feature_gates=(TRAINJOB_STATUS_GATE,),
+        existing=webhook_cert_secret,
+    ),
+    Variant(
+        "trainjob-status-env",
+        "feature gate TrainJobStatus on; numNodes 2, initializers, and spec.trainer.env overriding "
+        "KUBEFLOW_TRAINER_SERVER_URL",
+        lambda rt: {
+            "trainer": {
+                "numNodes": 2,
+                "env": [
+                    {"name": "EXAMPLE_FOO", "value": "bar"},
+                    {"name": "KUBEFLOW_TRAINER_SERVER_URL", "value": "https://example.com/elsewhere"},
+                ],
+            },
+            "initializer": {
+                "dataset": {"storageUri": "hf://example/dataset"},
+                "model": {"storageUri": "hf://example/model"},
+            },
+        },
+        feature_gates=(TRAINJOB_STATUS_GATE,),
+        existing=webhook_cert_secret,
     ),
 )
 
@@ -418,9 +488,10 @@ class CaseResult:
 
 def run_case(oracle: Oracle, runtime: Runtime, variant: Variant) -> CaseResult:
     rt = variant.runtime(runtime)
-    raw_docs = [train_job(rt, variant.job(rt)), rt]
+    raw_docs = [train_job(rt, variant.job(rt)), rt, *variant.existing()]
+    gates = tuple(f"--feature-gates={gate}" for gate in variant.feature_gates)
     if variant.existing_jobset:
-        code, out, err = oracle.run(yaml.safe_dump_all(raw_docs, sort_keys=False))
+        code, out, err = oracle.run(yaml.safe_dump_all(raw_docs, sort_keys=False), *gates)
         if code != 0:
             raise RuntimeError(
                 f"{rt['metadata']['name']}/{variant.name}: building the existing JobSet failed: {err.strip()}"
@@ -428,7 +499,7 @@ def run_case(oracle: Oracle, runtime: Runtime, variant: Variant) -> CaseResult:
         raw_docs.append(existing_jobset(json.loads(out), [str(j["name"]) for j in _rjobs(rt)]))
     raw = yaml.safe_dump_all(raw_docs, sort_keys=False)
 
-    code, out, err = oracle.run(raw, "--emit-stored")
+    code, out, err = oracle.run(raw, "--emit-stored", *gates)
     if code != 0:
         raise RuntimeError(f"{rt['metadata']['name']}/{variant.name}: --emit-stored failed: {err.strip()}")
     stored = json.loads(out)
@@ -436,12 +507,14 @@ def run_case(oracle: Oracle, runtime: Runtime, variant: Variant) -> CaseResult:
 
     files: dict[str, str] = {"input.yaml": input_yaml}
     summary: dict[str, Any] = {"runtime": rt["metadata"]["name"], "variant": variant.name, "describe": variant.describe}
+    if variant.feature_gates:
+        summary["feature_gates"] = list(variant.feature_gates)
 
     outcomes: dict[str, Any] = {}
     for order in ("registry", "reverse"):
-        code, out, err = oracle.run(input_yaml, f"--plugin-order={order}")
+        code, out, err = oracle.run(input_yaml, f"--plugin-order={order}", *gates)
         build = ("objects", json.loads(out)) if code == 0 else ("error", _stderr_message(err))
-        code, out, err = oracle.run(input_yaml, f"--plugin-order={order}", "--validate")
+        code, out, err = oracle.run(input_yaml, f"--plugin-order={order}", "--validate", *gates)
         if code != 0:
             raise RuntimeError(f"{rt['metadata']['name']}/{variant.name}: --validate failed: {err.strip()}")
         outcomes[order] = (build, json.loads(out))
@@ -457,7 +530,7 @@ def run_case(oracle: Oracle, runtime: Runtime, variant: Variant) -> CaseResult:
         summary["error"] = payload.strip()
     files["expected.validate.json"] = json.dumps(validation, indent=2) + "\n"
     if variant.existing_jobset:
-        code, out, err = oracle.run(input_yaml, "--status")
+        code, out, err = oracle.run(input_yaml, "--status", *gates)
         if code == 0:
             files["expected.status.json"] = out
             summary["status"] = "computed"
@@ -509,6 +582,7 @@ def verify_with_apiserver(results: list[CaseResult]) -> list[str]:
         "TrainingRuntime": "trainingruntimes",
         "ClusterTrainingRuntime": "clustertrainingruntimes",
         "JobSet": "jobsets",
+        "Secret": "secrets",
     }
 
     def check(client: DynamicClient, case: str, raw: dict[str, Any], stored: dict[str, Any]) -> list[str]:
@@ -518,16 +592,21 @@ def verify_with_apiserver(results: list[CaseResult]) -> list[str]:
         body = copy.deepcopy(raw)
         body.pop("status", None)  # a subresource: create ignores it
         body["metadata"].pop("uid", None)  # the server assigns its own
+        group = "api" if "/" not in raw["apiVersion"] else "apis"
         try:
             answer = client.request(
-                "POST", f"/apis/{raw['apiVersion']}/{scope}{plurals[kind]}", body=body, dry_run="All", serialize=False
+                "POST",
+                f"/{group}/{raw['apiVersion']}/{scope}{plurals[kind]}",
+                body=body,
+                dry_run="All",
+                serialize=False,
             )
         except ApiException as err:
             reason = json.loads(err.body or "{}").get("message", err.body)
             return [f"{case}: the API server rejects {kind} {name}: {err.status} {reason}"]
         served = json.loads(answer.data)
         problems = []
-        if served.get("spec") != stored.get("spec"):
+        if served.get("spec") != stored.get("spec") or served.get("data") != stored.get("data"):
             problems.append(f"{case}: {kind} {name}: .spec stored by the API server differs")
         for part in ("labels", "annotations"):
             if (served["metadata"].get(part) or {}) != (stored["metadata"].get(part) or {}):
@@ -545,8 +624,9 @@ def verify_with_apiserver(results: list[CaseResult]) -> list[str]:
             sources = [src for src in CRD_SOURCES if isinstance(src, ManifestSource)]
             install_crds(api, crd_manifests(sources=sources, progress=progress))
             client = DynamicClient(api, cache_file=str(root / "discovery.json"))  # type: ignore[no-untyped-call]
-            namespace_body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-            client.request("POST", "/api/v1/namespaces", body=namespace_body)
+            for namespace in (NAMESPACE, OPERATOR_NAMESPACE):
+                namespace_body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+                client.request("POST", "/api/v1/namespaces", body=namespace_body)
             for result in results:
                 for raw, stored in zip(result.raw_docs, result.stored_docs, strict=True):
                     problems += check(client, f"{result.runtime}/{result.variant}", raw, stored)
