@@ -225,3 +225,71 @@ class Project:
 def _docker(*args: str) -> str:
     completed = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True)
     return completed.stdout
+
+
+# ------------------------------------------------------------------------------------ exactly once, counted
+
+WRITTEN = ("created", "configured")
+"""The results that stand for a write to the API server."""
+
+
+def plan_key(source_seq: int, component: str, target: object) -> tuple[int, str, str]:
+    """One plan: the event it was made from, the component and the target. A plan published twice under
+    two message ids (the stream's duplicate check only drops the same id) shows as this key twice."""
+    return (source_seq, component, str(target))
+
+
+def exactly_once_problems(plans: Sequence[Any], results: Sequence[Any], *, redeliveries: bool) -> list[str]:
+    """What breaks "nothing doubled" in one namespace's recorded plans (``ApplyMessage``, from the apply
+    history) and results (``ApplyResult``): each plan recorded once, each target created once, each plan
+    written at most once; and, where nothing could make the bus deliver a plan again (``redeliveries``
+    False: no replica killed, no server lost), exactly one result per plan and none for a plan never made.
+    """
+    from collections import Counter
+
+    from contracts.messages import component_of
+
+    problems: list[str] = []
+    planned = Counter(plan_key(p.source_seq, component_of(p), p.target) for p in plans)
+    twice = {k: n for k, n in planned.items() if n > 1}
+    if twice:
+        problems.append(f"{len(twice)} plan(s) recorded more than once, e.g. {sorted(twice.items())[:3]}")
+    answered = Counter(plan_key(r.source_seq, r.component, r.target) for r in results)
+    if not redeliveries:
+        many = {k: n for k, n in answered.items() if n > 1}
+        if many:
+            problems.append(f"{len(many)} plan(s) with more than one result, e.g. {sorted(many.items())[:3]}")
+        unanswered = sorted(set(planned) - set(answered))
+        if unanswered:
+            problems.append(f"{len(unanswered)} plan(s) with no result, e.g. {unanswered[:3]}")
+    orphans = sorted(set(answered) - set(planned))
+    if orphans:
+        problems.append(f"{len(orphans)} result(s) for no recorded plan, e.g. {orphans[:3]}")
+    writes = Counter(plan_key(r.source_seq, r.component, r.target) for r in results if r.action in WRITTEN)
+    rewritten = {k: n for k, n in writes.items() if n > 1}
+    if rewritten:
+        problems.append(f"{len(rewritten)} plan(s) written more than once, e.g. {sorted(rewritten.items())[:3]}")
+    created = Counter(str(r.target) for r in results if r.action == "created")
+    recreated = {k: n for k, n in created.items() if n > 1}
+    if recreated:
+        problems.append(f"{len(recreated)} target(s) created more than once, e.g. {sorted(recreated.items())[:3]}")
+    return problems
+
+
+async def namespace_record(nc: NATS, namespace: str) -> tuple[list[Any], list[Any]]:
+    """The plans (apply history) and results of ``namespace``, decoded, as a reader reads them."""
+    from faults.support import apply_filter, results_filter
+
+    from contracts import messages, streams
+    from tjpipe import ops
+
+    js = nc.jetstream()
+    plans = [
+        messages.decode_apply(stored.data)
+        for stored in await ops.read_stream(js, streams.APPLY_HISTORY.name, apply_filter(namespace))
+    ]
+    results = [
+        messages.decode_result(stored.data)
+        for stored in await ops.read_stream(js, streams.RESULTS.name, results_filter(namespace))
+    ]
+    return plans, results

@@ -10,10 +10,12 @@ the compose v2 plugin built from its module; the file is checked by both.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,17 @@ from needs import unavailable
 from tjpipe.local import compose, crds
 from tjpipe.local.kubeapi import new_api_client
 
-from .support import Project, build_images, compose_tools, engine_problem, pipeline_writes, settled_writes
+from .support import (
+    WRITTEN,
+    Project,
+    build_images,
+    compose_tools,
+    engine_problem,
+    exactly_once_problems,
+    namespace_record,
+    pipeline_writes,
+    settled_writes,
+)
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -169,6 +181,10 @@ def _finished(api: Any) -> dict[str, str]:
 def test_fifty_trainjobs_on_three_runtimes_complete(project: Project) -> None:
     objects: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LOAD_NAMESPACE}}]
     objects += [_load_trainjob(i) for i in range(LOAD_TRAINJOBS)]
+    # The API server's counters are the whole cluster's: the demo's TrainJobs are done and written first.
+    project.wait_exited("demo", timeout=DEMO_TIMEOUT)
+    kube = project.kube()
+    before = settled_writes(kube)
     started = time.monotonic()
     with new_api_client(project.state / "kubeconfig") as api:
         crds.apply_objects(api, objects, field_manager="compose-test")
@@ -184,6 +200,28 @@ def test_fifty_trainjobs_on_three_runtimes_complete(project: Project) -> None:
     assert set(finished.values()) == {"Complete"}, finished
     assert len(jobsets["items"]) == LOAD_TRAINJOBS
     _say(f"{LOAD_TRAINJOBS} TrainJobs on {', '.join(LOAD_RUNTIMES)} Complete in {time.monotonic() - started:.0f}s")
+
+    # Nothing doubled, counted: no fault here, so every plan is recorded once and answered by exactly one
+    # result, and the API server's own count of JobSet writes is the pipeline's count of them, one per
+    # TrainJob (a JobSet is written once, when it is created; a running one is not even planned).
+    delta = settled_writes(kube) - before
+    plans, results = asyncio.run(_namespace_record(project))
+    problems = exactly_once_problems(plans, results, redeliveries=False)
+    assert problems == [], problems
+    reported = Counter(r.target.kind for r in results if r.action in WRITTEN)
+    assert delta.writes("jobsets") == reported["JobSet"] == LOAD_TRAINJOBS, (delta.summary(), dict(reported))
+    _say(
+        f"{len(plans)} plans, {len(results)} results, one each; writes reported {dict(reported)}; "
+        f"JobSet writes the API server counted: {delta.writes('jobsets')}"
+    )
+
+
+async def _namespace_record(project: Project) -> tuple[list[Any], list[Any]]:
+    nc = await project.reader()
+    try:
+        return await namespace_record(nc, LOAD_NAMESPACE)
+    finally:
+        await nc.close()
 
 
 def test_applier_restart_writes_nothing(project: Project) -> None:
