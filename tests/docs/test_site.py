@@ -108,3 +108,11 @@ def test_every_command_help_names_a_page_that_exists() -> None:
 def test_every_list_renders_as_a_list_on_the_site() -> None:
     pages = sorted(p.name for p in DOCS.glob("*.md"))
     assert [problem for page in pages for problem in list_problems(page)] == []
+
+
+def test_the_command_line_page_names_every_command() -> None:
+    from tjpipe.cli import build_parser
+
+    page = (DOCS / "cli.md").read_text()
+    commands = [c.words[0] for c in gen_docs()._subcommands(build_parser(), [])]
+    assert [c for c in commands if f"`{c}`" not in page] == []
