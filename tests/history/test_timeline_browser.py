@@ -50,6 +50,7 @@ def test_the_page_charts_progress_and_metrics_above_the_states_and_speaks_plainl
         row = driver.find_element(By.CSS_SELECTOR, '#trainjobs tr[data-name="gamma"]')
         assert "96% · accuracy 0.84 · loss 0.31" in row.text
         listed_events = int(row.find_elements(By.CSS_SELECTOR, "td")[-2].text)
+        screenshot(driver, "history-progress-list", tmp_path)
 
         _open_gamma(driver, story)
         # The chart: progress, and a line per numeric metric ("phase" is not a number), above the state lane.
@@ -95,6 +96,7 @@ def test_the_page_charts_progress_and_metrics_above_the_states_and_speaks_plainl
         detail = wait.until(ec.visibility_of_element_located((By.ID, "detail")))
         assert _in_view(driver, detail)
         assert "TJ_RESULTS #" in driver.find_element(By.ID, "detail-summary").text
+        screenshot(driver, "history-progress-detail", tmp_path)
         driver.execute_script("window.scrollTo(0, 0)")
         driver.find_element(By.CSS_SELECTOR, "#timeline-svg .mark.event").click()
         assert _in_view(driver, wait.until(ec.visibility_of_element_located((By.ID, "detail"))))

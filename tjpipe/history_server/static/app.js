@@ -369,6 +369,7 @@ function drawPicture(entries, states, now, progress = { points: [], metrics: [] 
   let t1 = Math.max(...times);
   if (last && last.to == null && !TERMINAL.has(last.state)) t1 = Math.max(t1, now);
   t1 = Math.max(t1, t0 + 1);
+  if (last && last.to == null && TERMINAL.has(last.state)) t1 += (t1 - t0) * 0.1;  // room to name how it ended
   const x = (t) => left + 6 + (t - t0) / (t1 - t0) * (width - left - right - 12);
   // The training's own figures first: progress in percent, then each metric on its own scale.
   let y = 10;
@@ -396,8 +397,9 @@ function drawPicture(entries, states, now, progress = { points: [], metrics: [] 
     title.textContent = `${stateText(p)} from ${day(p.from)} ${clock(p.from)} UTC${lasted}` + (p.message ? `\n${p.message}` : "");
     bar.append(title);
     root.append(bar);
-    const words = stateText(p) + (p.to != null ? " " + duration(p.to - p.from) : "");
-    if (w > words.length * 6.5 + 8) {
+    const lasted2 = p.to != null ? " " + duration(p.to - p.from) : "";
+    const words = [stateText(p) + lasted2, p.state + lasted2, p.state].find((t) => w > t.length * 6.5 + 8);
+    if (words) {
       const text = svg("text", { class: "phase-label", x: x0 + 5, y: top + stateLane / 2 + 4 });
       text.textContent = words;
       root.append(text);
