@@ -191,7 +191,7 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
     """A TrainJob lifecycle change a status apply makes: a condition that was not True at the planned version.
 
     The planner states it; the applier counts it only when its status apply, conditional on that very
-    version, changed the TrainJob, which is what makes the count happen once (see the README's metrics).
+    version, changed the TrainJob, which is what makes the count happen once (docs/operating.md, metrics).
     """
 
     change: LifecycleChange

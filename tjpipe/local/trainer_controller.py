@@ -27,7 +27,7 @@ kustomize from the module's ``manifests/base/webhook``, are registered with only
 replaced by ``https://127.0.0.1:PORT``. So TrainJobs created while it runs are defaulted and validated
 exactly as in a Trainer installation. ``stop()`` removes both configurations by default: with
 ``failurePolicy: Fail`` they would refuse every TrainJob create and update once the process is gone,
-which is the first step of replacing Trainer (README, "Replacing Trainer's controller").
+which is the first step of replacing Trainer (docs/deploying.md, "Replacing Trainer's controller").
 """
 
 from __future__ import annotations
