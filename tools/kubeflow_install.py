@@ -166,7 +166,27 @@ def assemble_chart(
     for name, objs in monitoring.items():
         (files / "monitoring" / f"{name}.yaml").write_text(_dump(objs))
     (files / "image.yaml").write_text(yaml.safe_dump({"repository": repository, "tag": tag}, default_style='"'))
+    (files / "trainjob-status.yaml").write_text(
+        yaml.safe_dump(_trainjob_status_lines(files / "pipeline.yaml"), default_style='"', width=1 << 16)
+    )
     return out
+
+
+# The settings the chart's trainJobStatus values replace, by the line each is rendered as in files/pipeline.yaml.
+TRAINJOB_STATUS_SETTINGS = {"enabled": "TJPIPE_TRAINJOB_STATUS", "serverURL": "TJPIPE_STATUS_SERVER_URL"}
+
+
+def _trainjob_status_lines(pipeline: Path) -> dict[str, str]:
+    """The rendered lines of the TrainJobStatus settings in the shared ConfigMap, which the chart's template
+    replaces (``templates/pipeline.yaml``); each must be there exactly once, or the value would be ignored."""
+    text = pipeline.read_text()
+    lines: dict[str, str] = {}
+    for value, name in TRAINJOB_STATUS_SETTINGS.items():
+        found = re.findall(rf"^  {name}: .*$", text, flags=re.MULTILINE)
+        if len(found) != 1:
+            raise RuntimeError(f"expected one {name} line in the rendered tjpipe-config, found {len(found)}")
+        lines[value] = found[0]
+    return lines
 
 
 def _monitoring_objects(

@@ -208,6 +208,56 @@ def test_the_chart_sets_the_image_and_can_leave_the_runtimes_to_trainer(chart_di
     assert len(images) == 5  # four services and the bus set-up Job
 
 
+def _pipeline_config(objects: list[Obj]) -> dict[str, str]:
+    (config,) = [o for o in _of_kind(objects, "ConfigMap") if o["metadata"]["name"].startswith("tjpipe-config-")]
+    data: dict[str, str] = config["data"]
+    return data
+
+
+def test_trainjob_status_is_off_by_default_and_a_value_turns_it_on(chart_dir: Path, chart: list[Obj]) -> None:
+    """Trainer's alpha gate stays off unless asked for; on, the planner is told the server's URL (its Service
+    by default, or the value) and reads the CA its Deployment mounts from the status server's TLS Secret."""
+    default = _pipeline_config(chart)
+    assert default["TJPIPE_TRAINJOB_STATUS"] == "false"
+    assert default["TJPIPE_STATUS_SERVER_URL"] == "https://tjpipe-status-server.trainjob-pipeline.svc:10443"
+    on = helm_template(
+        chart_dir,
+        release=RELEASE,
+        namespace=RELEASE_NAMESPACE,
+        extra_args=["--set", "trainJobStatus.enabled=true"],
+        progress=_progress,
+    )
+    assert _pipeline_config(on)["TJPIPE_TRAINJOB_STATUS"] == "true"
+    assert _pipeline_config(on)["TJPIPE_STATUS_SERVER_URL"] == default["TJPIPE_STATUS_SERVER_URL"]
+    elsewhere = helm_template(
+        chart_dir,
+        release=RELEASE,
+        namespace=RELEASE_NAMESPACE,
+        extra_args=[
+            "--set",
+            "trainJobStatus.enabled=true",
+            "--set",
+            "trainJobStatus.serverURL=https://status.example:8443",
+        ],
+        progress=_progress,
+    )
+    assert _pipeline_config(elsewhere)["TJPIPE_STATUS_SERVER_URL"] == "https://status.example:8443"
+    # Only the setting changed: every other object renders as with the defaults.
+    assert {k: v for k, v in _by_key(on).items() if k[1] != "ConfigMap"} == {
+        k: v for k, v in _by_key(chart).items() if k[1] != "ConfigMap"
+    }
+    planner = _named(chart, "Deployment", "tjpipe-planner")["spec"]["template"]["spec"]
+    (volume,) = [v for v in planner["volumes"] if v["name"] == "status-server-ca"]
+    assert volume["secret"] == {
+        "secretName": "tjpipe-status-server-tls",
+        "optional": True,
+        "defaultMode": 0o440,
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    (mount,) = [m for m in planner["containers"][0]["volumeMounts"] if m["name"] == "status-server-ca"]
+    assert Path(default["TJPIPE_STATUS_SERVER_CA"]).parent == Path(mount["mountPath"])
+
+
 def test_the_assembled_chart_lints_and_packages(chart_dir: Path, tmp_path: Path) -> None:
     """What publishing it takes: `helm lint --strict` finds nothing, `helm package` makes the archive."""
     assert "0 chart(s) failed" in run_helm("lint", "--strict", str(chart_dir), progress=_progress)
