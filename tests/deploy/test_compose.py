@@ -48,7 +48,16 @@ COMPOSE_SPEC_VALIDATOR = GoTool(
     package=f"{COMPOSE_GO_MODULE}/cmd",
 )
 CONTROL_PLANE = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "jobset-manager"}
-INFRASTRUCTURE = CONTROL_PLANE | {"init", "setup", "nats", "bus-setup", "webhook", "history-server", "demo"}
+INFRASTRUCTURE = CONTROL_PLANE | {
+    "init",
+    "setup",
+    "nats",
+    "bus-setup",
+    "webhook",
+    "history-server",
+    "status-server",
+    "demo",
+}
 ONE_SHOTS = {"init", "setup", "bus-setup", "demo"}
 
 
@@ -466,7 +475,14 @@ def test_prepare_writes_each_file_once_and_the_host_view(tmp_path: Path) -> None
                 assert (root / value.lstrip("/")).is_file(), f"{service} reads {value}, which init did not write"
     host = yaml.safe_load((state / "kubeconfig").read_text())
     assert host["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:16443"
-    assert sorted(p.name for p in state.iterdir()) == ["env", "kubeconfig", "login-token", "nats-ca.crt", "reader.nk"]
+    assert sorted(p.name for p in state.iterdir()) == [
+        "env",
+        "kubeconfig",
+        "login-token",
+        "nats-ca.crt",
+        "reader.nk",
+        "status-server-ca.crt",
+    ]
     assert not any(b"PRIVATE KEY" in p.read_bytes() for p in state.iterdir())
     assert (state / "reader.nk").stat().st_mode & 0o077 == 0
     assert (state / "login-token").stat().st_mode & 0o077 == 0
@@ -482,6 +498,7 @@ KUBE_IDENTITY_VOLUMES = {
     "applier": "applier-kube",
     "webhook": "webhook-kube",
     "history-server": "history-server-kube",
+    "status-server": "status-server-kube",
 }
 
 
@@ -519,3 +536,41 @@ def test_the_history_server_reads_the_bus_as_reader_and_scrapes_the_services(mod
     scraped = spec["environment"]["TJPIPE_HISTORY_SCRAPE"].split(",")
     assert scraped == [f"http://{s}:9090/metrics" for s in SERVICES]
     assert [(p["host_ip"], p["target"]) for p in spec["ports"]] == [("127.0.0.1", 8080)]
+
+
+def test_trainjob_status_is_on_and_the_planner_names_the_status_server_as_the_host_reaches_it(
+    model: dict[str, Any],
+) -> None:
+    """Trainer's gate on (a variable turns it off); the URL is the status server's published loopback port; the
+    planner mounts the CA alone (init copies it out of the server's TLS folder), never the server's key."""
+    services = model["services"]
+    planner, server = services["planner"]["environment"], services["status-server"]
+    assert planner["TJPIPE_TRAINJOB_STATUS"] == "true"
+    (published,) = server["ports"]
+    assert (published["host_ip"], published["target"]) == ("127.0.0.1", 10443)
+    assert planner["TJPIPE_STATUS_SERVER_URL"] == f"https://127.0.0.1:{published['published']}"
+    assert f"--port={published['target']}" in server["command"]
+    mounts = {v["source"]: v for v in services["planner"]["volumes"]}
+    assert "status-server-tls" not in mounts
+    assert mounts["status-server-ca"]["read_only"] is True
+    assert Path(planner["TJPIPE_STATUS_SERVER_CA"]).parent == Path(mounts["status-server-ca"]["target"])
+    init = {v["source"]: v["target"] for v in services["init"]["volumes"]}
+    assert (
+        init["status-server-ca"] == "/status-server-ca" and init["status-server-tls"] == "/etc/tjpipe/status-server-tls"
+    )
+    assert init["status-server-nats-creds"] == "/creds/status-server"
+    creds = {v["source"]: v for v in server["volumes"]}["status-server-nats-creds"]
+    assert Path(server["environment"]["NATS_CREDS"]).parent == Path(creds["target"])
+    assert services["demo"]["depends_on"]["status-server"]["condition"] == "service_healthy"
+
+
+def test_prepare_gives_the_planner_the_status_servers_ca_and_the_server_its_certificate(tmp_path: Path) -> None:
+    from tjpipe.local import compose as shape
+
+    root, state = tmp_path / "root", tmp_path / "state"
+    shape.prepare(root=root, state=state, apiserver_host_port=6443, nats_host_port=4222, pod_run_seconds=5)
+    tls = root / shape.STATUS_SERVER_TLS.relative_to("/")
+    ca = root / shape.STATUS_SERVER_CA.relative_to("/")
+    assert ca.read_bytes() == (tls / "ca.crt").read_bytes() == (state / "status-server-ca.crt").read_bytes()
+    assert b"PRIVATE KEY" not in ca.read_bytes() and b"PRIVATE KEY" in (tls / "tls.key").read_bytes()
+    assert (root / "creds" / "status-server" / "nats.nk").is_file()

@@ -83,7 +83,7 @@ JOBSET_KUBECONFIG = JOBSET_DIR / "kubeconfig"
 JOBSET_CERTS = JOBSET_DIR / "certs"
 SERVICE_KUBECONFIG = Path("/kube/kubeconfig")
 """The admin's kubeconfig, for ``setup`` and the demo (the user's own client) only."""
-IDENTITY_SERVICES = ("watcher", "applier", "webhook", "history-server")
+IDENTITY_SERVICES = ("watcher", "applier", "webhook", "history-server", "status-server")
 """The containers that talk to the API server, each as its own ServiceAccount (``tjpipe.local.identities``)."""
 IDENTITIES_DIR = Path("/kube-identities")
 """Where ``setup`` mounts each of those containers' kubeconfig volume (one folder per service); the service
@@ -93,6 +93,11 @@ TOKEN_NAME = "token"
 HISTORY_IDENTITY = "reader"
 """The NATS identity ``tjpipe history-server`` reads the streams as."""
 WEBHOOK_TLS = Path("/etc/tjpipe/webhook-tls")
+STATUS_SERVER_HOST = "status-server"
+STATUS_SERVER_TLS = Path("/etc/tjpipe/status-server-tls")
+"""The status server's serving certificate and key (its volume only)."""
+STATUS_SERVER_CA = Path("/status-server-ca/ca.crt")
+"""The CA of that certificate alone, for the planner (TrainJobStatus: each TrainJob's ``<name>-tls-config``)."""
 
 
 def component_flags() -> dict[str, list[str]]:
@@ -218,6 +223,20 @@ def prepare(
     _own(webhook_tls, SERVICE_USER)
     (webhook_tls / "ca.crt").chmod(0o444)
 
+    # TrainJobStatus: the status server's certificate, valid for its container name and, since on this stack no
+    # pod runs and the trainer's stand-in reports from the host, for 127.0.0.1 (its published port); the
+    # planner gets the CA alone.
+    status_tls = at(STATUS_SERVER_TLS)
+    if not (status_tls / "tls.crt").is_file():
+        write_serving_pki(
+            status_tls,
+            ca_name="tjpipe-status-server-ca",
+            common_name="tjpipe-status-server",
+            dns_names=[STATUS_SERVER_HOST],
+        )
+    _own(status_tls, SERVICE_USER)
+    _copy(status_tls / "ca.crt", at(STATUS_SERVER_CA), uid=SERVICE_USER, mode=0o444)
+
     # The bus: one seed per identity, the server's authorization block (public keys only), its TLS.
     creds = credentials.generate_credentials(at(Path("/creds/all")))
     conf_dir = at(Path("/nats-conf"))
@@ -230,7 +249,7 @@ def prepare(
         "include ./authorization.conf\n"
     )
     _copy(tls_dir / "ca.crt", at(Path("/nats-ca/ca.crt")), uid=SERVICE_USER, mode=0o444)
-    for identity in ("watcher", "planner", "applier", "admin"):
+    for identity in ("watcher", "planner", "applier", "admin", credentials.STATUS_SERVER):
         _copy(creds.seed_file(identity), at(Path(f"/creds/{identity}/nats.nk")), uid=SERVICE_USER)
     _copy(creds.seed_file(HISTORY_IDENTITY), at(Path("/creds/history-server/nats.nk")), uid=SERVICE_USER)
 
@@ -249,6 +268,7 @@ def prepare(
         embed_ca=True,
     )
     shutil.copyfile(tls_dir / "ca.crt", state / "nats-ca.crt")
+    shutil.copyfile(status_tls / "ca.crt", state / "status-server-ca.crt")
     _copy(creds.seed_file(credentials.READER), state / "reader.nk", uid=os.getuid(), mode=0o600)
     # The history server's login: the admin's token, which the kubeconfig above holds already.
     write_private_file(state / "login-token", token + "\n")
@@ -260,11 +280,12 @@ def prepare(
         'export NATS_CREDS="$(dirname "${BASH_SOURCE[0]:-$0}")/reader.nk"\n'
     )
     # The folder's owner is whoever made it on the host (or root, if Docker made it): the files become theirs.
-    for path in (state / "kubeconfig", state / "nats-ca.crt", state / "reader.nk", state / "login-token", env_file):
+    host_files = ("kubeconfig", "nats-ca.crt", "status-server-ca.crt", "reader.nk", "login-token")
+    for path in (*(state / name for name in host_files), env_file):
         _own(path, state.stat().st_uid)
     progress(
         f"host files in {state}: kubeconfig (https://127.0.0.1:{apiserver_host_port}), reader.nk, nats-ca.crt, "
-        "login-token (the history server's), env"
+        "status-server-ca.crt, login-token (the history server's), env"
     )
 
 
