@@ -1,0 +1,386 @@
+"""A fleet on NATS: a hub that holds every member cluster's history, and members that never depend on it.
+
+Why leaf nodes and JetStream domains: a member's nats-server joins the hub as a leaf node, and each side
+keeps its own JetStream under its own domain. A client of the member that asks ``$JS.API`` is answered by
+the member's JetStream whether the hub is there or not, so the member's watcher, planner and applier plan
+and apply exactly as a lone cluster does, link or no link; the link only ever carries copies of records.
+
+Why the hub pulls (stream sources) rather than the member pushes: a fleet stream at the hub lists every
+member's record stream as a source in the member's domain (``external.api = $JS.<cluster>.API``). The
+hub's stream leader asks the member's JetStream for a consumer starting after the last record it holds
+from that member, so a member that was away is caught up from where it left off, and the hub drops
+anything at or below that position: nothing lost (within the member's own retention), nothing twice. The
+member's streams, subjects and identities stay exactly as a lone cluster has them.
+
+Why a subject transform per source: it stores each record as ``fleet.<cluster>.<its subject>``
+(``contracts.fleet``). The name comes from the hub's own configuration of the source, not from anything the
+member sends, so a member cannot put its records under another cluster's name.
+
+Why the member's leaf identity is a user with permissions in the hub's account, and not an entry in the
+leaf listener's ``authorization`` block: entries there carry no permissions. As a user of the account,
+restricted to leaf connections, it may, from the member's side of the link:
+
+- send into the hub only the copies the hub asked it for (``fleet-deliver.<cluster>.>``) and the answers
+  of its JetStream API (``$JSC.R.<cluster>.>``, a per-domain reply space the hub's ``js_api_reply_v2``
+  feature flag gives): nothing onto the hub's work subjects, no request to the hub's or another member's
+  JetStream API;
+- receive from the hub only the consumer-create requests for its record streams and their flow-control
+  replies: nothing of its work streams' subjects, no other API call.
+
+The member adds ``deny_imports`` of its own work subjects on its side of the link; the hub's permissions
+are the boundary, the member's list is its own second wall.
+
+The hub is a JetStream cluster of three servers with one domain; every server listens for leaf nodes over
+TLS (a leaf may land on any of them), and every member lists them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import BadRequestError
+
+from contracts import fleet, subjects
+from plumbing.bus import identity_inbox_prefix, until_done
+from tjpipe.credentials import new_user_seed, public_key_of
+from tjpipe.private_files import write_private_file
+
+HUB_ADMIN = "fleet-admin"
+"""Sets up the hub's fleet streams; like a member's ``admin``, mounted into no service."""
+HUB_READER = "fleet-reader"
+"""Reads the fleet streams (the fleet's history server), with direct gets only."""
+HUB_IDENTITIES = (HUB_ADMIN, HUB_READER)
+LEAF_PREFIX = "leaf-"
+"""A member's leaf identity is ``leaf-<cluster>``."""
+
+DEFAULT_LEAF_PORT = 7422
+DUPLICATE_WINDOW_SECONDS = 0.1
+"""A fleet stream's window for ``Nats-Msg-Id`` duplicates: the shortest the server takes (100 ms).
+
+Sourcing already stores each origin record once (by the origin's sequence); a longer window would only let
+a record of one member whose id equals another member's be dropped as its duplicate."""
+
+
+@dataclass(frozen=True)
+class LeafPermissions:
+    """What a member's leaf connection may carry, from the member's side: ``publish`` is member → hub,
+    ``subscribe`` is hub → member (the server applies a leaf user's permissions that way round)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+
+def leaf_identity(cluster: str) -> str:
+    return f"{LEAF_PREFIX}{fleet.check_cluster_name(cluster)}"
+
+
+def leaf_permissions(cluster: str) -> LeafPermissions:
+    """The member ``cluster``'s leaf user: export its records when the hub asks, and nothing else."""
+    fleet.check_cluster_name(cluster)
+    api = fleet.api_prefix(cluster)
+    subscribe: list[str] = []
+    for spec in fleet.FLEET_STREAMS:
+        subscribe += [
+            f"{api}.CONSUMER.CREATE.{spec.origin}",
+            f"{api}.CONSUMER.CREATE.{spec.origin}.>",
+            f"$JS.FC.{spec.origin}.>",
+        ]
+    return LeafPermissions(
+        publish=(f"$JSC.R.{cluster}.>", f"{fleet.DELIVER_PREFIX}.{cluster}.>"),
+        subscribe=tuple(subscribe),
+    )
+
+
+def reader_permissions() -> tuple[str, ...]:
+    """The hub reader's publish allow-list: stream info and direct gets on the fleet streams only."""
+    out: list[str] = []
+    for spec in fleet.FLEET_STREAMS:
+        out += [
+            f"$JS.API.STREAM.INFO.{spec.name}",
+            f"$JS.API.DIRECT.GET.{spec.name}",
+            f"$JS.API.DIRECT.GET.{spec.name}.>",
+        ]
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------- credentials
+
+
+@dataclass(frozen=True)
+class FleetCredentials:
+    """The hub's seeds: ``<root>/hub/<identity>.nk`` for its own identities, ``<root>/members/<cluster>.nk``
+    for each member's leaf identity (that seed goes to the member, into its leaf remote)."""
+
+    root: Path
+
+    def hub_seed(self, identity: str) -> Path:
+        if identity not in HUB_IDENTITIES:
+            raise ValueError(f"unknown hub identity {identity!r}; one of {', '.join(HUB_IDENTITIES)}")
+        return self.root / "hub" / f"{identity}.nk"
+
+    def leaf_seed(self, cluster: str) -> Path:
+        return self.root / "members" / f"{fleet.check_cluster_name(cluster)}.nk"
+
+    def members(self) -> list[str]:
+        folder = self.root / "members"
+        return sorted(path.stem for path in folder.glob("*.nk")) if folder.is_dir() else []
+
+    def public_key(self, seed_file: Path) -> str:
+        return public_key_of(seed_file.read_bytes())
+
+
+def generate_fleet_credentials(root: Path, members: Iterable[str] = ()) -> FleetCredentials:
+    """Seeds for the hub's identities and for each of ``members`` that has none yet (mode 0600, folders 0700)."""
+    creds = FleetCredentials(root)
+    paths = [creds.hub_seed(identity) for identity in HUB_IDENTITIES]
+    paths += [creds.leaf_seed(cluster) for cluster in members]
+    for path in paths:
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private_file(path, new_user_seed() + b"\n")
+    return creds
+
+
+# ---------------------------------------------------------------------------------------------- configs
+
+
+def _q(value: str) -> str:
+    """A quoted string of the NATS config format (JSON's are): a ``$`` or a space stays literal."""
+    return json.dumps(value)
+
+
+def _list(values: Iterable[str]) -> str:
+    return "[" + ", ".join(_q(v) for v in values) + "]"
+
+
+def hub_authorization(creds: FleetCredentials, members: Sequence[str]) -> str:
+    """The hub's ``authorization`` block: its admin and reader, and one leaf-only user per member."""
+    inbox = identity_inbox_prefix(HUB_READER)
+    lines = ["authorization {", "  users = ["]
+    lines.append(f"    {{nkey: {_q(creds.public_key(creds.hub_seed(HUB_ADMIN)))}}}  # {HUB_ADMIN}")
+    lines.append(
+        f"    {{nkey: {_q(creds.public_key(creds.hub_seed(HUB_READER)))}, permissions: {{"
+        f"publish: {{allow: {_list(reader_permissions())}}}, subscribe: {{allow: {_list([f'{inbox}.>'])}}}}}}}"
+        f"  # {HUB_READER}"
+    )
+    for cluster in members:
+        rules = leaf_permissions(cluster)
+        lines.append(
+            f"    {{nkey: {_q(creds.public_key(creds.leaf_seed(cluster)))}, "
+            'allowed_connection_types: ["LEAFNODE"], permissions: {'
+            f"publish: {{allow: {_list(rules.publish)}}}, subscribe: {{allow: {_list(rules.subscribe)}}}}}}}"
+            f"  # {leaf_identity(cluster)}"
+        )
+    lines += ["  ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class HubServer:
+    """One server of the hub's JetStream cluster: where it listens and keeps its store."""
+
+    name: str
+    client_listen: str
+    monitor_listen: str
+    cluster_listen: str
+    leaf_listen: str
+    store_dir: str
+    routes: tuple[str, ...] = field(default=())
+    """The other servers' cluster addresses, ``host:port``."""
+
+
+@dataclass(frozen=True)
+class HubTls:
+    """The hub's leaf listener certificate (PEM files), and the CA the members check it with."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+
+
+def hub_config(
+    server: HubServer,
+    *,
+    tls: HubTls,
+    authorization: str,
+    route_password: str,
+    cluster_name: str = "fleet-hub",
+    domain: str = fleet.HUB_DOMAIN,
+) -> str:
+    """One hub server's whole nats.conf: JetStream in the hub's domain, routes, the leaf listener over TLS."""
+    routes = "\n".join(f"    {_q(f'nats-route://route:{route_password}@{host}')}" for host in server.routes)
+    return (
+        f"server_name: {_q(server.name)}\n"
+        f"listen: {_q(server.client_listen)}\n"
+        f"http: {_q(server.monitor_listen)}\n"
+        # Replies of a member's JetStream API come back under $JSC.R.<domain>., so each member's leaf user may
+        # answer only in its own domain's reply space.
+        "feature_flags { js_api_reply_v2: true }\n"
+        f"jetstream {{\n  store_dir: {_q(server.store_dir)}\n  domain: {_q(domain)}\n}}\n"
+        "cluster {\n"
+        f"  name: {_q(cluster_name)}\n"
+        f"  listen: {_q(server.cluster_listen)}\n"
+        f'  authorization {{\n    user: "route"\n    password: {_q(route_password)}\n  }}\n'
+        f"  routes: [\n{routes}\n  ]\n"
+        "}\n"
+        "leafnodes {\n"
+        f"  listen: {_q(server.leaf_listen)}\n"
+        # One member's interest is not passed on to the others: a member hears nothing of another.
+        "  isolate_leafnode_interest: true\n"
+        f"  tls {{\n    cert_file: {_q(tls.cert_file)}\n    key_file: {_q(tls.key_file)}\n"
+        f"    ca_file: {_q(tls.ca_file)}\n    timeout: 5\n  }}\n"
+        "}\n" + authorization
+    )
+
+
+def member_config(
+    *,
+    cluster: str,
+    store_dir: str,
+    hub_leaf_urls: Sequence[str],
+    leaf_seed: str,
+    ca_file: str,
+    enabled: bool = True,
+    reconnect_seconds: float = 1.0,
+) -> str:
+    """What a member's nats.conf adds for the fleet: its JetStream domain and its leaf remote to the hub.
+
+    ``leaf_seed`` is the member's leaf nkey seed (``FleetCredentials.leaf_seed``), so the file holding this
+    must be as private as a seed (mode 0600, a Secret). ``enabled=False`` keeps the remote configured but
+    not connected: a reload with it cuts the link, and a reload without it heals it.
+    """
+    fleet.check_cluster_name(cluster)
+    urls = _list(url if "://" in url else f"nats-leaf://{url}" for url in hub_leaf_urls)
+    work = (f"{subjects.EVENTS_PREFIX}.>", f"{subjects.APPLY_PREFIX}.>", "$KV.>", "$JS.API.>")
+    return (
+        f"jetstream {{\n  store_dir: {_q(store_dir)}\n  domain: {_q(cluster)}\n}}\n"
+        "leafnodes {\n"
+        f"  reconnect: {reconnect_seconds:g}\n"
+        "  remotes: [\n"
+        "    {\n"
+        f"      urls: {urls}\n"
+        f"      nkey: {_q(leaf_seed.strip())}\n"
+        f"      tls {{\n        ca_file: {_q(ca_file)}\n        timeout: 5\n      }}\n"
+        # The member's own wall: nothing of its work subjects comes in from the hub, whatever the hub allows.
+        f"      deny_imports: {_list(work)}\n" + ("" if enabled else "      disabled: true\n") + "    }\n  ]\n}\n"
+    )
+
+
+# ------------------------------------------------------------------------------------------ fleet streams
+
+
+def fleet_stream_config(
+    spec: fleet.FleetStreamSpec, members: Sequence[str], *, replicas: int = 3
+) -> js_api.StreamConfig:
+    """``spec`` at the hub: no subjects of its own, one source per member with its name in every subject."""
+    sources = []
+    for cluster in members:
+        src, dest = fleet.transform(fleet.check_cluster_name(cluster), spec)
+        sources.append(
+            js_api.StreamSource(
+                name=spec.origin,
+                external=js_api.ExternalStream(
+                    api=fleet.api_prefix(cluster), deliver=fleet.deliver_subject(cluster, spec)
+                ),
+                subject_transforms=[js_api.SubjectTransform(src=src, dest=dest)],
+            )
+        )
+    max_bytes = spec.member_max_bytes * len(members) if spec.member_max_bytes > 0 else -1
+    return js_api.StreamConfig(
+        name=spec.name,
+        description=spec.description,
+        subjects=[],
+        sources=sources or None,
+        retention=js_api.RetentionPolicy.LIMITS,
+        storage=js_api.StorageType.FILE,
+        max_age=spec.max_age_seconds,
+        max_bytes=max_bytes,
+        discard=js_api.DiscardPolicy.OLD,
+        duplicate_window=DUPLICATE_WINDOW_SECONDS,
+        num_replicas=replicas,
+        allow_direct=True,
+    )
+
+
+async def setup_fleet_streams(js: JetStreamContext, members: Sequence[str], *, replicas: int = 3) -> None:
+    """Create or update every fleet stream with one source per member (hub admin identity; idempotent).
+
+    A member added later is one more source: the others keep their position. A source's identity at the
+    server is its origin stream, API prefix and transform, so renaming a member copies its history again.
+    """
+    for spec in fleet.FLEET_STREAMS:
+        config = fleet_stream_config(spec, members, replicas=replicas)
+
+        async def put(config: js_api.StreamConfig = config) -> None:
+            try:
+                await js.add_stream(config)
+            except BadRequestError:
+                await js.update_stream(config)
+
+        await until_done(put, what=f"setting up fleet stream {spec.name}")
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """How far the hub's copy of one member's record stream is."""
+
+    stream: str
+    cluster: str
+    lag: int
+    active_seconds: float | None
+    """Seconds since the member last sent anything for it; None while it is not connected."""
+    error: str
+
+
+async def source_states(js: JetStreamContext, *, timeout: float = 5.0) -> list[SourceState]:
+    """Every fleet stream's sources as the hub sees them (lag in records, last activity, error).
+
+    Read from the raw stream info: the client library's source state leaves out ``external``, which is
+    the only thing that tells two members' sources of the same origin stream apart.
+    """
+    nc = js._nc
+    out: list[SourceState] = []
+    for spec in fleet.FLEET_STREAMS:
+        reply = await nc.request(f"$JS.API.STREAM.INFO.{spec.name}", b"", timeout=timeout)
+        info = json.loads(reply.data)
+        if "error" in info:
+            continue
+        for state in info.get("sources") or []:
+            api = str((state.get("external") or {}).get("api", ""))
+            active = state.get("active")
+            error = state.get("error") or {}
+            out.append(
+                SourceState(
+                    stream=spec.name,
+                    cluster=api.split(".")[1] if api.count(".") >= 2 else "",
+                    lag=int(state.get("lag") or 0),
+                    active_seconds=None if active is None or active < 0 else active / 1e9,
+                    error=str(error.get("description", "")) if error else "",
+                )
+            )
+    return out
+
+
+async def wait_caught_up(js: JetStreamContext, *, timeout: float = 60.0) -> list[SourceState]:
+    """Until every source of every fleet stream is connected with no lag; the states at the end."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        states = await source_states(js)
+        if states and all(s.lag == 0 and s.active_seconds is not None and not s.error for s in states):
+            return states
+        if loop.time() > deadline:
+            raise TimeoutError(f"the fleet streams did not catch up within {timeout:.0f}s: {states}")
+        await asyncio.sleep(0.25)
+
+
+def write_member_config(path: Path, text: str) -> Path:
+    """A member's fleet config holds its leaf seed: written with mode 0600."""
+    write_private_file(path, text.encode())
+    return path
