@@ -47,7 +47,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from compose.support import engine_problem
+from compose.support import engine_problem, exactly_once_problems, namespace_record
 from faults.support import (
     WriteCounts,
     apply_filter,
@@ -533,6 +533,12 @@ def assert_invariants(rig: Rig, api: Any, namespace: str, jobs: list[Job], befor
     named_results = {s.split(".")[4] for s in results}
     assert named_events >= {j.name for j in jobs}, sorted({j.name for j in jobs} - named_events)[:10]
     assert named_results >= {j.name for j in jobs}, sorted({j.name for j in jobs} - named_results)[:10]
+    # Nothing doubled, counted: each plan recorded once, written at most once, each target created once
+    # (a killed replica or server may make the bus deliver a plan again, answered `unchanged`: results per
+    # plan are not counted here; the compose stack's load test, with no fault, counts them exactly).
+    plans, results_of_ns = scale._run(lambda nc: namespace_record(nc, namespace), url, raw=True, timeout=60)
+    doubled = exactly_once_problems(plans, results_of_ns, redeliveries=True)
+    assert doubled == [], doubled
     after = history_state(url)
     for name, (messages, first, deleted) in after.streams.items():
         was = before.streams[name]
@@ -548,6 +554,7 @@ def assert_invariants(rig: Rig, api: Any, namespace: str, jobs: list[Job], befor
         "history after": str(after),
         "objects as planned": str(compared),
         "messages of this namespace": f"{sum(events.values())} events, {sum(results.values())} results",
+        "plans recorded, each once": str(len(plans)),
     }
 
 
