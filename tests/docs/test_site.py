@@ -7,6 +7,7 @@ mkdocs.yml would otherwise let the site rot without anyone seeing).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -116,3 +117,12 @@ def test_the_command_line_page_names_every_command() -> None:
     page = (DOCS / "cli.md").read_text()
     commands = [c.words[0] for c in gen_docs()._subcommands(build_parser(), [])]
     assert [c for c in commands if f"`{c}`" not in page] == []
+
+
+def test_the_ratio_chart_shows_the_figures_the_performance_page_prints() -> None:
+    data = json.loads((DOCS / "data" / "benchmark.json").read_text())
+    page = (DOCS / "performance.md").read_text()
+    assert data["rows"]
+    for row in data["rows"]:
+        assert row["ratio_as_printed"] in page, row
+        assert float(row["ratio_as_printed"].rstrip("\N{MULTIPLICATION SIGN}")) == row["ratio"], row
