@@ -1,0 +1,85 @@
+"""A member cut off from the hub keeps working, and the hub holds every record exactly once when it returns.
+
+Two ways a link goes: the member's leaf remote is disabled (its config reloaded, as an operator or a network
+partition would have it), and the whole hub is stopped (all three servers). While the link is down the member's
+stages go on through their own work streams: the watcher's events are taken by the member's JetStream, the
+planner pulls them from its durables and publishes apply messages, the applier pulls those and records results.
+Afterwards every record of each member is at the hub once: counted exactly, with the member's origin sequences
+1..N in order (no gap, no double), each under its own cluster's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from contracts import fleet as fleet_contract
+from contracts import streams
+from fleet.support import (
+    EVENTS_FLEET,
+    Fleet,
+    check_exact,
+    hub_records,
+    pass_work_along,
+    publish_records,
+    until_hub_holds,
+)
+
+pytestmark = [pytest.mark.nats, pytest.mark.timeout(170)]
+
+APPLY_FLEET = fleet_contract.FLEET_OF[streams.APPLY_HISTORY.name]
+CATCH_UP_SECONDS = 60.0
+
+
+def per_cluster(records: list[object]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in records:
+        cluster = fleet_contract.cluster_of(record.subject)[0]  # type: ignore[attr-defined]
+        counts[cluster] = counts.get(cluster, 0) + 1
+    return counts
+
+
+async def test_a_member_cut_off_keeps_working_and_is_caught_up_exactly(fleet_servers: Fleet) -> None:
+    c1, c2 = fleet_servers.members["c1"], fleet_servers.members["c2"]
+    await asyncio.gather(publish_records(c1, start=0, count=30), publish_records(c2, start=0, count=30))
+    assert await pass_work_along(c1) == (30, 30)
+    check_exact(await until_hub_holds(fleet_servers, EVENTS_FLEET, 60, timeout=30), {"c1": 30, "c2": 30})
+
+    # The leaf link of c1 goes down; c1 keeps taking events and passing its work along, c2 is not affected.
+    c1.set_link(False)
+    await asyncio.gather(publish_records(c1, start=30, count=50), publish_records(c2, start=30, count=20))
+    assert await pass_work_along(c1) == (50, 50)
+    assert await pass_work_along(c2) == (50, 50)
+    await asyncio.sleep(2)
+    assert per_cluster(await hub_records(fleet_servers, EVENTS_FLEET)) == {"c1": 30, "c2": 50}
+
+    c1.set_link(True)
+    healed = time.monotonic()
+    records = await until_hub_holds(fleet_servers, EVENTS_FLEET, 130, timeout=CATCH_UP_SECONDS)
+    print(f"c1's 50 records reached the hub {time.monotonic() - healed:.1f}s after its link came back")
+    check_exact(records, {"c1": 80, "c2": 50})
+    check_exact(await until_hub_holds(fleet_servers, APPLY_FLEET, 130, timeout=CATCH_UP_SECONDS), {"c1": 80, "c2": 50})
+
+
+async def test_the_hub_down_loses_nothing_of_either_member(fleet_servers: Fleet) -> None:
+    c1, c2 = fleet_servers.members["c1"], fleet_servers.members["c2"]
+    before = per_cluster(await hub_records(fleet_servers, EVENTS_FLEET))
+    total = {cluster: before.get(cluster, 0) for cluster in ("c1", "c2")}
+
+    fleet_servers.stop_hub()
+    await asyncio.gather(
+        publish_records(c1, start=total["c1"], count=40), publish_records(c2, start=total["c2"], count=15)
+    )
+    # Both members plan and apply with no hub at all.
+    assert await pass_work_along(c1) == (40, 40)
+    assert await pass_work_along(c2) == (15, 15)
+    total = {"c1": total["c1"] + 40, "c2": total["c2"] + 15}
+
+    fleet_servers.start_hub()
+    back = time.monotonic()
+    records = await until_hub_holds(fleet_servers, EVENTS_FLEET, sum(total.values()), timeout=CATCH_UP_SECONDS)
+    print(f"both members' records reached the hub {time.monotonic() - back:.1f}s after it was back")
+    check_exact(records, total)
+    check_exact(await until_hub_holds(fleet_servers, APPLY_FLEET, sum(total.values()), timeout=CATCH_UP_SECONDS), total)
