@@ -69,8 +69,13 @@ def framework_of(settings: PlannerSettings) -> Framework:
     """The plugins this planner runs: Trainer's default set, plus TrainJobStatus when its gate is on."""
     if not settings.trainjob_status:
         return FRAMEWORK
-    server = StatusServer(url=settings.status_server_url, ca_cert=settings.status_server_ca)
-    return Framework(registry(server))
+    return framework_with(StatusServer(url=settings.status_server_url, ca_cert=settings.status_server_ca))
+
+
+def framework_with(status_server: StatusServer | None) -> Framework:
+    """The planner's plugins with TrainJobStatus given this server, or without it (``None``): also what
+    ``tjpipe replay`` and ``tjpipe plan`` plan with, so they plan as the planner does."""
+    return FRAMEWORK if status_server is None else Framework(registry(status_server))
 
 
 @dataclass

@@ -501,6 +501,8 @@ def _add_operator_commands(sub: Any) -> None:
     rep.add_argument("--from-seq", type=_positive_int, help="first event stream sequence to replay")
     _output_format(rep, "table", "json", "yaml")
     _nats_client(rep)
+    # Replayed as the planner plans: with TrainJobStatus when it ran with it (.tjpipe/env sets these).
+    add_trainjob_status_flags(rep)
 
     pl = sub.add_parser(
         "plan",
@@ -526,6 +528,7 @@ def _add_operator_commands(sub: Any) -> None:
     )
     _kube(pl)
     _connect_timeout(pl, "the apiserver")
+    add_trainjob_status_flags(pl)
 
     dlq = sub.add_parser("dlq", help="inspect dead letters and send them back into the pipeline")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="COMMAND")

@@ -520,7 +520,9 @@ async def retry_dead_letter(js: JetStreamContext, seq: int) -> str:
 # --------------------------------------------------------------------------------------------------- plan
 
 
-def preview(trainjob: Obj, runtime: Obj | None, *, jobset: Obj | None = None) -> list[ApplyMessage]:
+def preview(
+    trainjob: Obj, runtime: Obj | None, *, jobset: Obj | None = None, framework: Framework | None = None
+) -> list[ApplyMessage]:
     """What the pipeline would apply for this TrainJob and runtime, computed offline."""
     from contracts.jobset import JobSet
     from contracts.trainer import TrainingRuntime, TrainJob
@@ -538,5 +540,5 @@ def preview(trainjob: Obj, runtime: Obj | None, *, jobset: Obj | None = None) ->
         observed_at=dt.datetime.now(dt.UTC).timestamp(),
         cause="tjpipe plan",
     )
-    result = plan(event, source_seq=0)
+    result = plan(event, source_seq=0, framework=framework or planner_core.FRAMEWORK)
     return list(result.applies)

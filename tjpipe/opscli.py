@@ -37,6 +37,7 @@ from tjpipe.exits import ExitCode, Failure, Unreachable, UsageError
 from tjpipe.nats_connection import connect_nats
 
 if TYPE_CHECKING:
+    from planner.framework import Framework
     from tjpipe.ops import StoredDeadLetter
 
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
@@ -247,19 +248,34 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------- replay
 
 
+def _framework(args: argparse.Namespace) -> Framework:
+    """The planner's plugins as the TrainJobStatus settings say (``.tjpipe/env`` sets them as the stack's planner
+    runs), so a replay or a preview plans what the planner does."""
+    from planner.service import framework_with
+    from tjpipe.settings import status_server_of
+
+    return framework_with(status_server_of(args))
+
+
 async def _replay(js: Any, args: argparse.Namespace) -> int:
     from tjpipe import ops
 
     key: ObjectKey | None = args.key
     since: float | None = args.since_time
+    framework = _framework(args)
     if args.all and sys.stderr.isatty():
         with Progress(console=err, transient=True) as bar:
             task = bar.add_task("replaying events", total=None)
             report = await ops.replay(
-                js, key=None, since=since, from_seq=args.from_seq, progress=lambda: bar.advance(task)
+                js,
+                key=None,
+                since=since,
+                from_seq=args.from_seq,
+                framework=framework,
+                progress=lambda: bar.advance(task),
             )
     else:
-        report = await ops.replay(js, key=key, since=since, from_seq=args.from_seq)
+        report = await ops.replay(js, key=key, since=since, from_seq=args.from_seq, framework=framework)
     changed = [e for e in report.events if e.changed]
     if args.output != "table":
         emit(
@@ -371,7 +387,7 @@ def _plan(args: argparse.Namespace) -> int:
                 "is not in the cluster"
             )
     try:
-        messages = ops.preview(trainjob, runtime)
+        messages = ops.preview(trainjob, runtime, framework=_framework(args))
     except msgspec.ValidationError as exc:
         raise UsageError(f"{where}: not a valid TrainJob or runtime: {exc}") from None
     if reader is None or not args.server_dry_run:

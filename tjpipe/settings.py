@@ -28,6 +28,7 @@ from tjpipe.exits import UsageError
 
 if TYPE_CHECKING:
     from applier.service import ApplierSettings
+    from planner.plugins.trainjobstatus import StatusServer
     from planner.service import PlannerSettings
     from planner.webhook import WebhookSettings
     from plumbing.bus import TlsFiles
@@ -262,6 +263,17 @@ def trainjob_status(args: argparse.Namespace) -> dict[str, Any]:
         "status_server_url": status_server_url(args.status_server_url),
         "status_server_ca": read_status_server_ca(args.status_server_ca),
     }
+
+
+def status_server_of(args: argparse.Namespace) -> StatusServer | None:
+    """The TrainJobStatus plugin's server from the same flags, for commands that plan as the planner does
+    (``tjpipe replay``, ``tjpipe plan``); ``None`` with the gate off."""
+    from planner.plugins.trainjobstatus import StatusServer
+
+    fields = trainjob_status(args)
+    if not fields:
+        return None
+    return StatusServer(url=fields["status_server_url"], ca_cert=fields["status_server_ca"])
 
 
 # ------------------------------------------------------------------------------------------- settings objects

@@ -454,7 +454,19 @@ class Stack:
             lines.append(f"# for 'tjpipe dlq retry': NATS_CREDS={dlq} tjpipe dlq retry SEQ")
         if self.kubeconfig is not None:
             lines.append(f"export KUBECONFIG={shlex.quote(str(self.kubeconfig.resolve()))}")
+        # So that `tjpipe replay` and `tjpipe plan` plan as this stack's planner does (TrainJobStatus on).
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in self.trainjob_status_env().items()]
         self.paths.env_file.write_text("\n".join(lines) + "\n")
+
+    def trainjob_status_env(self) -> dict[str, str]:
+        """The planner's TrainJobStatus settings once the status server runs: on, with its loopback URL and CA."""
+        if not self.status_server_url:
+            return {}
+        return {
+            "TJPIPE_TRAINJOB_STATUS": "true",
+            "TJPIPE_STATUS_SERVER_URL": self.status_server_url,
+            "TJPIPE_STATUS_SERVER_CA": str((self.paths.root / "status-server-tls" / "ca.crt").resolve()),
+        }
 
     # ----------------------------------------------------------------------------------------- services
 
@@ -486,12 +498,8 @@ class Stack:
                 env["KUBECONFIG"] = str(own.resolve())
         elif self.kubeconfig is not None:
             env["KUBECONFIG"] = str(self.kubeconfig.resolve())
-        if self.status_server_url and service in ("planner", CONTROLLER):
-            env |= {
-                "TJPIPE_TRAINJOB_STATUS": "true",
-                "TJPIPE_STATUS_SERVER_URL": self.status_server_url,
-                "TJPIPE_STATUS_SERVER_CA": str((self.paths.root / "status-server-tls" / "ca.crt").resolve()),
-            }
+        if service in ("planner", CONTROLLER):
+            env |= self.trainjob_status_env()
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -590,6 +598,7 @@ class Stack:
         health = f"http://127.0.0.1:{self.metrics_ports['status-server']}/readyz"
         wait_until(lambda: http_ok(health), timeout=60, what=f"tjpipe status-server {health}", process=process)
         self.status_server_url = f"https://127.0.0.1:{port}"
+        self.write_env()
         self.progress(
             f"started status-server (pid {process.pid}, {self.status_server_url}, log {process.log_path}); "
             "TrainJobStatus on: trainer pods are told its URL and CA"

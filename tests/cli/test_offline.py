@@ -338,3 +338,27 @@ def test_down_purge_deletes_a_state_folder_and_nothing_else(tmp_path: Path) -> N
     not_a_folder = tjpipe("down", "--purge", "--state-dir", str(a_file))
     assert (not_a_folder.returncode, not_a_folder.stdout) == (2, "")
     assert not_a_folder.stderr == f"error: {a_file} is not a folder; not purging it\n" and a_file.exists()
+
+
+def test_plan_plans_as_a_planner_with_trainjob_status_does(tmp_path: Path, job_file: Path) -> None:
+    """The same settings as the planner's (as .tjpipe/env exports them on the local stack): the preview then
+    holds what the TrainJobStatus plugin adds; without them, nothing of it."""
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    env = {
+        "TJPIPE_TRAINJOB_STATUS": "true",
+        "TJPIPE_STATUS_SERVER_URL": "https://127.0.0.1:10443",
+        "TJPIPE_STATUS_SERVER_CA": str(ca),
+    }
+    done = tjpipe("plan", "-f", str(job_file), env=env)
+    assert (done.returncode, done.stderr) == (0, "")
+    objects = [d for d in yaml.safe_load_all(done.stdout) if d]
+    (config_map,) = [o for o in objects if o["metadata"]["name"] == "sdk-tls-config"]
+    assert config_map["data"] == {"ca.crt": ca.read_text()}
+    env_names = {e["name"]: e.get("value") for e in _container(objects)["env"]}  # type: ignore[attr-defined]
+    url = "https://127.0.0.1:10443/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/sdk/status"
+    assert env_names["KUBEFLOW_TRAINER_SERVER_URL"] == url
+    off = tjpipe("plan", "-f", str(job_file), "--no-trainjob-status", env=env)
+    assert [d for d in yaml.safe_load_all(off.stdout) if d] == _expected_objects()
+    broken = tjpipe("plan", "-f", str(job_file), env={**env, "TJPIPE_STATUS_SERVER_CA": str(tmp_path / "none")})
+    assert broken.returncode == 2 and "TJPIPE_STATUS_SERVER_CA: cannot read" in broken.stderr
