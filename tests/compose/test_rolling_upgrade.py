@@ -415,13 +415,20 @@ def test_rolling_upgrade_and_rollback_under_load(stack: tuple[Project, Rollout])
         if any(b.source_seq < a.source_seq for a, b in itertools.pairwise(done))
     }
     assert stale == {}, stale
-    repeated = sum(b.source_seq == a.source_seq for done in writes.values() for a, b in itertools.pairwise(done))
+    repeated = {
+        target: [r.source_seq for r in done]
+        for target, done in writes.items()
+        if any(b.source_seq == a.source_seq for a, b in itertools.pairwise(done))
+    }
     created_twice = {t: n for t, done in writes.items() if (n := sum(r.action == "created" for r in done)) > 1}
-    assert created_twice == {}, created_twice
     _say(
         f"writes by the pipeline: {sum(map(len, writes.values()))} on {len(writes)} targets, none from an older "
-        f"plan than one written before; one plan written again (a redelivery): {repeated}"
+        f"plan than one written before; targets written twice from one plan: {len(repeated)}"
     )
+    assert created_twice == {}, created_twice
+    # Nothing doubled across the releases: a plan redelivered after a stop is recognised by the ledger (or,
+    # across a change of digest, by comparing with the live object) and answered `unchanged`, not written.
+    assert repeated == {}, repeated
 
     # Today's planner replays the whole history, both releases' events, to the plans recorded for them.
     report = asyncio.run(_replay(project))
