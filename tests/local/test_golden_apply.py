@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from golden.test_golden import by_identity, case_dirs, event, load
+from golden.test_golden import by_identity, case_dirs, event, framework_for, load
 from kubernetes import dynamic
 
 from applier.secrets import generated_data
@@ -51,7 +51,8 @@ def test_components_are_accepted_and_equal_to_trainers_under_ssa(kube: Any, case
     job, runtime, jobset = load(case)
     if json.loads((case / "expected.validate.json").read_text()).get("errors"):
         pytest.skip("Trainer's webhook refuses this TrainJob; the planner fails it instead of building")
-    result = plan(event(job, runtime, jobset), source_seq=1)
+    # The trainjob-status cases ran Trainer with its TrainJobStatus gate on; the planner runs its plugin too.
+    result = plan(event(job, runtime, jobset), source_seq=1, framework=framework_for(case))
     ours = [_as_applied(m) for m in result.applies if not isinstance(m, ApplyTrainJobStatus)]
     theirs = by_identity(json.loads((case / "expected.json").read_text()))
     # Upstream #4076: without spec.trainer we add the framework env Trainer leaves out, so the two differ
