@@ -58,6 +58,9 @@ class PhaseTimes:
         except ValueError:
             return str(path.parent)
 
+    def pytest_collection(self) -> None:
+        self.session_started = time.monotonic()
+
     def pytest_collection_finish(self) -> None:
         self.collected = time.monotonic() - self.session_started
 
@@ -88,7 +91,7 @@ class PhaseTimes:
         phases = _phases()
         if phases.phases_file() is None:
             return
-        phases.record(f"{self.prefix}pytest start and collection", self.collected)
+        phases.record(f"{self.prefix}pytest collection", self.collected)
         for folder, seconds in self.folders.items():
             phases.record(f"{self.prefix}{folder}", seconds)
             for name, part, note in _inside.get(folder, []):
