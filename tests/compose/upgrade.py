@@ -61,7 +61,7 @@ def commit_problem(commit: str) -> str | None:
     )
     if _has_commit(commit):
         return None
-    why = (fetched.stderr or fetched.stdout).strip().splitlines()[-1:] or ["no output"]
+    why = (fetched.stderr or fetched.stdout).strip().splitlines()[:1] or ["no output"]
     return f"commit {commit} is not in this checkout and could not be fetched from origin ({why[0]})"
 
 
