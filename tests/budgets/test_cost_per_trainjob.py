@@ -60,7 +60,7 @@ RESYNC_SECONDS = "3600"
 
 # ------------------------------------------------------------------------------------------- budgets
 
-# Measured 2026-12-03 over ten runs each on the simulated cluster. Where a count varied with timing, the row is
+# Measured 2026-12-03 over thirteen runs each on the simulated cluster. Where a count varied with timing, the row is
 # the most seen and its reason says "max" with the range seen. Every row is per TrainJob; docs/cost-budgets.md
 # explains each at length. An "echo" is an observation of the TrainJob caused only by the pipeline's own status
 # write: today it costs an event, its history copy, a delivery and an ack, and is planned to nothing.
@@ -94,18 +94,18 @@ CREATION: tuple[Budget, ...] = (
 Suspended condition written; no pod runs."""
 
 LIFECYCLE: tuple[Budget, ...] = (
-    Budget("events published", 10, "max (8-10): ADDED; components; 2-4 JobSet status changes; 4 echoes"),
-    Budget("event history copies", 10, "TJ_EVENTS_HISTORY keeps every event: the replayable record"),
-    Budget("planner deliveries", 10, "each event delivered once; more would be a redelivery"),
-    Budget("planner acks (ack floor)", 10, "each event acknowledged once planned (an echo plans nothing)"),
-    Budget("apply messages", 6, "the runtime snapshot and the JobSet once each, 4 status"),
-    Budget("apply history copies", 6, "TJ_APPLY_HISTORY keeps every apply message"),
-    Budget("applier deliveries", 6, "each apply message delivered once"),
-    Budget("applier acks (ack floor)", 6, "each apply message acknowledged once its result is published"),
-    Budget("results published", 6, "one outcome per apply message"),
-    Budget("ledger KV writes", 13, "claim + record per write, 6 x 2 (the fence), and the TrainJob's seen key"),
+    Budget("events published", 10, "max (7-10): ADDED; components; 2-4 JobSet status changes; 3-4 echoes"),
+    Budget("event history copies", 10, "max: TJ_EVENTS_HISTORY keeps every event, the replayable record"),
+    Budget("planner deliveries", 10, "max: each event delivered once; more would be a redelivery"),
+    Budget("planner acks (ack floor)", 10, "max: each event acknowledged once planned (an echo plans nothing)"),
+    Budget("apply messages", 6, "max (5-6): the runtime snapshot and the JobSet once each, 3-4 status"),
+    Budget("apply history copies", 6, "max: TJ_APPLY_HISTORY keeps every apply message"),
+    Budget("applier deliveries", 6, "max: each apply message delivered once"),
+    Budget("applier acks (ack floor)", 6, "max: each apply message acknowledged once its result is published"),
+    Budget("results published", 6, "max: one outcome per apply message"),
+    Budget("ledger KV writes", 13, "max (11-13): claim + record per write (the fence), the TrainJob's seen key"),
     Budget("ledger KV reads (direct gets)", 2, "max (0-2): a fresh read after a compare-and-set lost to a claim"),
-    Budget("acks sent", 16, "max (14-16): the planner's and the applier's acks, as the server routed them"),
+    Budget("acks sent", 16, "max (12-16): the planner's and the applier's acks, as the server routed them"),
     Budget("other ack replies (nak, in progress, term)", 0, "nothing retried or handed back on the happy path"),
     Budget("dead letters", 0, "nothing fails"),
     Budget("purges and message deletes", 0, "one server: interest retention drops finished work itself"),
@@ -113,9 +113,9 @@ LIFECYCLE: tuple[Budget, ...] = (
     Budget("api configmaps GET", 1, "read before its apply: a foreign ConfigMap is never taken over"),
     Budget("api jobsets APPLY", 1, "the JobSet written once; its status changes re-plan nothing of it"),
     Budget("api jobsets GET", 1, "read before its apply: a foreign JobSet is never taken over"),
-    Budget("api trainjobs GET", 3, "live TrainJob before each status write but the first (conditional write)"),
-    Budget("api trainjobs/status APPLY", 4, "jobsStatus: Jobs made, pods ready, pods done; then Complete"),
-    Budget("status writes", 4, "the same four, one per JobSet status change, not coalesced (item 3)"),
+    Budget("api trainjobs GET", 3, "max (2-3): live TrainJob before each status write but the first"),
+    Budget("api trainjobs/status APPLY", 4, "max (3-4): jobsStatus per JobSet status change, then Complete"),
+    Budget("status writes", 4, "max (3-4): the same, one per JobSet status change, not coalesced (item 3)"),
 )
 """A torch TrainJob (2 nodes) created and run to Complete."""
 # fmt: on
