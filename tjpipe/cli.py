@@ -281,9 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulated.add_argument(
         "--pod-run-seconds",
         type=float,
-        default=5.0,
-        help="how long a simulated pod runs before it succeeds (default 5; per pod: annotation "
-        "sim.tjpipe.local/run-time)",
+        default=None,
+        help="how long a simulated pod runs before it succeeds (default 5, with --demo 20: long enough for the "
+        "training stand-in to report progress a few times; per pod: annotation sim.tjpipe.local/run-time)",
     )
     adopt = up.add_argument_group(
         "existing servers",
@@ -832,7 +832,7 @@ def _nats_credentials(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from tjpipe.demo import follow_stack
+    from tjpipe.demo import follow_stack, results_position
     from tjpipe.exits import Failure, UsageError
     from tjpipe.local.toolchain import ToolchainMissing
     from tjpipe.stack import Stack, StatePaths, choose_backends
@@ -850,7 +850,7 @@ def _up(args: argparse.Namespace) -> int:
         progress=lambda line: console.print(f"[dim]·[/] {escape(line)}"),
         simulate=not args.control_plane_only,
         sim_nodes=args.nodes,
-        pod_run_seconds=args.pod_run_seconds,
+        pod_run_seconds=args.pod_run_seconds if args.pod_run_seconds is not None else (20.0 if args.demo else 5.0),
         one_process=args.one_process,
     )
     # `timeout`, a service manager or a closing terminal send SIGTERM: stop everything as Ctrl-C does. A shell
@@ -865,6 +865,7 @@ def _up(args: argparse.Namespace) -> int:
         stack.start_services()
         stack.start_webhook()
         stack.start_history_server()
+        since = asyncio.run(results_position(stack))  # the demo shows this run's results, not the history's
         demo = stack.create_demo() if args.demo else None
         # On the simulated cluster a second, MPI TrainJob shows a Secret and more ConfigMaps being cleaned up.
         more_demos = [stack.create_mpi_demo()] if demo and stack.simulation is not None else []
@@ -879,7 +880,7 @@ def _up(args: argparse.Namespace) -> int:
             stack.history_url = ""
             return 0
         console.print("[green]stack running[/]; press [bold]Ctrl-C[/] to stop everything")
-        asyncio.run(follow_stack(stack, demo, more_demos, console=console, sigterm_handler=_interrupt))
+        asyncio.run(follow_stack(stack, demo, more_demos, console=console, sigterm_handler=_interrupt, since_seq=since))
     except ToolchainMissing as exc:
         _plain(str(exc), style="red")
         return 2

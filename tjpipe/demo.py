@@ -55,6 +55,7 @@ class DemoWatch:
         self._core = CoreV1Api(self._api)
         self._last: tuple[Any, ...] | None = None
         self._last_pods = ""
+        self._last_progress: Any = None
         self._finished_at: float | None = None
         self._owned: dict[str, str] = {}
         """kind/name -> what the demo printed for each object the TrainJob (or its JobSet's Jobs) owned."""
@@ -93,6 +94,11 @@ class DemoWatch:
         if (conditions, jobs) != self._last:
             self._last = (conditions, jobs)
             self._print_status(conditions, jobs)
+        progress = status.get("trainerStatus")
+        if progress and progress != self._last_progress:
+            self._last_progress = progress
+            where = escape(f"{self.namespace}/{self.name}")
+            self._say(f"  [cyan]progress[/] of {where}: {escape(progress_line(progress))}")
         pods = self._pod_phases()
         if pods and pods != self._last_pods:
             self._last_pods = pods
@@ -210,6 +216,20 @@ class DemoWatch:
         return dict(trainjob)
 
 
+def progress_line(progress: dict[str, Any]) -> str:
+    """``status.trainerStatus`` in a line: ``40% · ETA 12s · loss=0.52 epoch=2 · reported 22:40:01Z``."""
+    parts = []
+    if "progressPercentage" in progress:
+        parts.append(f"{progress['progressPercentage']}%")
+    if "estimatedRemainingSeconds" in progress:
+        parts.append(f"ETA {progress['estimatedRemainingSeconds']}s")
+    metrics = " ".join(f"{m.get('name')}={m.get('value')}" for m in progress.get("metrics") or [])
+    if metrics:
+        parts.append(metrics)
+    parts.append(f"reported {str(progress.get('lastUpdatedTime', '?')).partition('T')[2] or '?'}")
+    return " · ".join(parts)
+
+
 def _owned_by(metadata: dict[str, Any], owner_uids: set[str]) -> bool:
     references = metadata.get("ownerReferences") or metadata.get("owner_references") or []
     return any(reference.get("uid") in owner_uids for reference in references)
@@ -257,6 +277,20 @@ def follow(kubeconfig: Path, trainjobs: list[tuple[str, str]], *, say: Callable[
     return True
 
 
+async def results_position(stack: Any) -> int:
+    """The newest apply result's sequence now: ``follow_stack`` shows only what comes after it."""
+    nc = await bus.connect(stack.nats_url, name="tjpipe-up", identity="reader", **stack.nats_connect_options("reader"))
+    try:
+        info = await nc.jetstream().stream_info(streams.RESULTS.name)
+        return int(info.state.last_seq or 0)
+    finally:
+        await nc.close()
+
+
+OTHER_WORK_EVERY_SECONDS = 10.0
+"""How often the demo says, in one line, how much else the stack did meanwhile."""
+
+
 async def follow_stack(
     stack: Any,
     demo: tuple[str, str] | None,
@@ -264,10 +298,14 @@ async def follow_stack(
     *,
     console: Console,
     sigterm_handler: Callable[[int, Any], None],
+    since_seq: int = 0,
 ) -> None:
-    """Print every apply result as it happens, the demo JobSet's shape once it exists, and on a simulated
-    cluster the demo TrainJob's status until it finished, then its deletion and clean-up (``DemoWatch``).
+    """Print the apply results since ``since_seq`` as they happen, the demo JobSet's shape once it exists, and
+    on a simulated cluster the demo TrainJobs' status and progress until they finished, then their deletion and
+    clean-up (``DemoWatch``), with the training stand-in (``tjpipe.standin``) reporting for their running pods.
 
+    With a demo, only the demo TrainJobs' results are printed, in the order they happen; the rest of what the
+    stack does (other namespaces, other TrainJobs) is one line every ``OTHER_WORK_EVERY_SECONDS``.
     Until it returns, SIGINT and SIGTERM end the loop; then SIGTERM goes back to ``sigterm_handler``.
     """
     say = functools.partial(console.print, emoji=False)
@@ -276,10 +314,16 @@ async def follow_stack(
     nc = await bus.connect(stack.nats_url, name="tjpipe-up", identity="reader", **stack.nats_connect_options("reader"))
     js = nc.jetstream()
     shown = False
-    next_seq = 1
+    next_seq = since_seq + 1
+    demos = [d for d in (demo, *(more_demos or [])) if d is not None]
+    wanted = {f"{ns}/{name}" for ns, name in demos}
     watches = []
+    standins: list[Any] = []
     if demo and getattr(stack, "simulation", None) is not None:
-        watches = [DemoWatch(stack.kubeconfig, *d, say=say) for d in (demo, *(more_demos or []))]
+        watches = [DemoWatch(stack.kubeconfig, *d, say=say) for d in demos]
+        standins = await asyncio.to_thread(_standins, stack, demos, say)
+    other: dict[str, int] = {}
+    said_other = time.monotonic()
     # Ctrl-C and SIGTERM set an event the loop checks, rather than cancelling this task: on Python 3.11 a
     # cancellation that lands while asyncio.wait_for's inner future completes is lost (fixed in 3.12), and
     # a lost one left `tjpipe up` running after Ctrl-C under load.
@@ -289,34 +333,27 @@ async def follow_stack(
         loop.add_signal_handler(signum, stop.set)
     try:
         while not stop.is_set():
-            if watches and any(watch.state != "done" for watch in watches):
-                for watch in watches:
-                    await asyncio.to_thread(watch.poll)
-                if all(watch.state == "done" for watch in watches):
-                    console.print(
-                        "[bold green]demo finished[/]: the TrainJobs ran to Complete and the garbage collector removed "
-                        "everything they owned; the stack keeps running, Ctrl-C stops it"
-                    )
             for process in stack.services:
                 if not process.is_running():
                     console.print(f"[red]{process.name} exited[/]; last log lines:")
                     console.print(process.log_tail(), markup=False, emoji=False)
                     return
+            # The results first, then the status: a TrainJob's lines come in the order they happened.
             try:
                 stored = await bus.read_stream(
                     js, streams.RESULTS.name, f"{subjects.RESULTS_PREFIX}.>", start_seq=next_seq
                 )
             except Exception:
                 stored = []
-            if not stored:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=0.5)
-                continue
-            next_seq = stored[-1].seq + 1
+            if stored:
+                next_seq = stored[-1].seq + 1
             for msg in stored:
                 try:
                     result = decode_result(msg.data)
                 except msgspec.DecodeError:
+                    continue
+                if wanted and str(result.trainjob) not in wanted:
+                    other[str(result.trainjob)] = other.get(str(result.trainjob), 0) + 1
                     continue
                 colour = {"created": "green", "configured": "cyan", "unchanged": "dim", "failed": "red"}.get(
                     result.action, "yellow"
@@ -330,6 +367,28 @@ async def follow_stack(
                 if demo and not shown and result.component == "jobset" and result.action in ("created", "configured"):
                     shown = True
                     show_jobset(stack.kubeconfig, *demo, console=console)
+            if other and time.monotonic() - said_other >= OTHER_WORK_EVERY_SECONDS:
+                namespaces = {key.partition("/")[0] for key in other}
+                say(
+                    f"[dim]meanwhile the stack also applied {sum(other.values())} components of {len(other)} other "
+                    f"TrainJob{'s' if len(other) != 1 else ''} in {len(namespaces)} namespace"
+                    f"{'s' if len(namespaces) != 1 else ''}[/]"
+                )
+                other.clear()
+                said_other = time.monotonic()
+            if watches and any(watch.state != "done" for watch in watches):
+                for standin in standins:
+                    await asyncio.to_thread(standin.poll)
+                for watch in watches:
+                    await asyncio.to_thread(watch.poll)
+                if all(watch.state == "done" for watch in watches):
+                    console.print(
+                        "[bold green]demo finished[/]: the TrainJobs ran to Complete and the garbage collector removed "
+                        "everything they owned; the stack keeps running, Ctrl-C stops it"
+                    )
+            if not stored:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=0.5)
         console.print("\nstopping…")
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -337,7 +396,41 @@ async def follow_stack(
         signal.signal(signal.SIGTERM, sigterm_handler)
         for watch in watches:
             watch.close()
+        for standin in standins:
+            standin.close()
         await nc.close()
+
+
+def _standins(stack: Any, demos: list[tuple[str, str]], say: Callable[[str], None]) -> list[Any]:
+    """A training stand-in per demo TrainJob, when the status server runs and the Kubeflow SDK is at hand."""
+    from tjpipe.standin import TrainingStandIn, sdk_python
+
+    if not getattr(stack, "status_server_url", ""):
+        return []
+    python = sdk_python()
+    if python is None:
+        say(
+            "[yellow]no training progress in this demo[/]: the stand-in that reports it calls the Kubeflow SDK "
+            "(kubeflow 0.5.0), which is not installed here or in .venv-sdk (bash scripts/bootstrap.sh sdk)"
+        )
+        return []
+    say(
+        "a stand-in for training code (no container runs on the simulated nodes) reports progress for each running "
+        "pod with the Kubeflow SDK's update_trainjob_status, the pod's environment and a token bound to the pod"
+    )
+    api = new_api_client(stack.kubeconfig)
+    return [
+        TrainingStandIn(
+            api,
+            namespace,
+            name,
+            python=python,
+            folder=stack.paths.root / "standin",
+            default_seconds=float(getattr(stack, "pod_run_seconds", 5.0)),
+            say=say,
+        )
+        for namespace, name in demos
+    ]
 
 
 def show_jobset(kubeconfig: Path, namespace: str, name: str, *, console: Console) -> None:

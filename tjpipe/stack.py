@@ -125,6 +125,8 @@ _STATE_ENTRIES = frozenset(
         "creds",
         "keys",
         "webhook-tls",
+        "status-server-tls",
+        "standin",
         "nats-auth.conf",
         "kube-identities",
     }
@@ -334,6 +336,7 @@ class Stack:
                 log_dir=self.paths.logs,
                 kubeconfig_path=self.paths.kubeconfig,
                 progress=self.progress,
+                service_account_admission=self.simulate,  # the simulated cluster makes default ServiceAccounts
             )
             self.kubeconfig = self.local_kube.kubeconfig
             self.progress(f"Kubernetes: ready at {self.local_kube.server}")

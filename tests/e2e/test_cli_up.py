@@ -56,7 +56,7 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
         assert [p.stem for p in pid_files] == sorted(
             [
                 *("applier", "etcd", "kube-apiserver", "nats", "planner", "watcher", "webhook", "history-server"),
-                *("jobset-manager", "kube-controller-manager", "kube-scheduler", "kwok"),
+                *("jobset-manager", "kube-controller-manager", "kube-scheduler", "kwok", "status-server"),
             ]
         )
         assert "ValidatingWebhookConfiguration tjpipe-validator.trainer.kubeflow.org registered" in up.stderr
@@ -69,7 +69,8 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
         assert f"export NATS_CREDS={state / 'creds' / 'reader.nk'}" in env_lines
         assert (state / "creds").stat().st_mode & 0o777 == 0o700
         assert {p.name: p.stat().st_mode & 0o777 for p in (state / "creds").iterdir()} == {
-            f"{identity}.nk": 0o600 for identity in ("admin", "watcher", "planner", "applier", "reader", "dlq-operator")
+            f"{identity}.nk": 0o600
+            for identity in ("admin", "watcher", "planner", "applier", "reader", "dlq-operator", "status-server")
         }
         _check_demo_jobset(state)
         _check_demo_completes(state)
@@ -96,6 +97,7 @@ def test_up_one_process_runs_the_three_stages_as_one_controller_each_with_its_ow
             "history-server",
             "kube-apiserver",
             "nats",
+            "status-server",
             "webhook",
         ]
         controller = _environ(pids[0])
@@ -376,7 +378,7 @@ def test_up_demo_runs_to_complete_shows_the_cascade_and_ctrl_c_leaves_no_process
             assert up.poll() is None and time.monotonic() < deadline, output.read_text()[-4000:]
             time.sleep(0.5)
         pids = [int(p.read_text().split()[0]) for p in (tmp_path / ".tjpipe" / "logs").glob("*.pid")]
-        assert len(pids) == 12  # the simulated cluster, the services, the webhook and the history server
+        assert len(pids) == 13  # the simulated cluster, the services, the webhook, history and status servers
     finally:
         up.send_signal(signal.SIGINT)
         try:

@@ -96,6 +96,7 @@ def start_kube(
     progress: Callable[[str], None],
     extra_apiserver_args: Sequence[str] = (),
     users: Mapping[str, Sequence[str]] | None = None,
+    service_account_admission: bool = False,
 ) -> LocalKube:
     """Start etcd and kube-apiserver on 127.0.0.1 and write a kubeconfig for them.
 
@@ -142,6 +143,7 @@ def start_kube(
                 pki=pki,
                 tokens_file=tokens_file,
                 issuer=f"{server}/",
+                service_account_admission=service_account_admission,
             ),
         ]
         advertise_address = _advertise_address_if_needed()
@@ -191,10 +193,23 @@ def etcd_flags(*, data_dir: Path | str, client_url: str, listen_client_url: str,
 
 
 def apiserver_flags(
-    *, etcd_url: str, bind_address: str, port: int, pki: ApiserverPki, tokens_file: Path | str, issuer: str
+    *,
+    etcd_url: str,
+    bind_address: str,
+    port: int,
+    pki: ApiserverPki,
+    tokens_file: Path | str,
+    issuer: str,
+    service_account_admission: bool = False,
 ) -> list[str]:
     """kube-apiserver's flags: TLS from ``pki``, a static token file, RBAC, service-account tokens signed
-    with ``pki``'s key; the local stack and compose run it with these."""
+    with ``pki``'s key; the local stack and compose run it with these.
+
+    The ServiceAccount admission plugin is off unless ``service_account_admission``: without
+    kube-controller-manager nobody makes a namespace's ``default`` ServiceAccount, which the plugin requires
+    of every pod. With the simulated cluster it is on, as in any cluster: it gives a pod that names no
+    ServiceAccount the ``default`` one, which a pod projecting a token needs (Trainer's TrainJobStatus volume;
+    the API server refuses such a pod without a ServiceAccount)."""
     return [
         f"--etcd-servers={etcd_url}",
         f"--bind-address={bind_address}",
@@ -203,7 +218,7 @@ def apiserver_flags(
         f"--tls-private-key-file={pki.serving_key}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--allow-privileged=true",
-        "--disable-admission-plugins=ServiceAccount",
+        *(() if service_account_admission else ("--disable-admission-plugins=ServiceAccount",)),
         "--authorization-mode=RBAC",
         f"--token-auth-file={tokens_file}",
         f"--service-account-issuer={issuer}",
