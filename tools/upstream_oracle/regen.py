@@ -214,6 +214,7 @@ VpYS0fNDxyA80XA=
 
 def webhook_cert_secret() -> list[dict[str, Any]]:
     """The webhook certificate's Secret, reduced to the key the plugin reads (ca.crt)."""
+
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
@@ -348,8 +349,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "trainjob-status-env",
-        "feature gate TrainJobStatus on; numNodes 2, initializers, and spec.trainer.env overriding "
-        "KUBEFLOW_TRAINER_SERVER_URL",
+        "feature gate TrainJobStatus on; numNodes 2 and spec.trainer.env overriding KUBEFLOW_TRAINER_SERVER_URL",
         lambda rt: {
             "trainer": {
                 "numNodes": 2,
@@ -357,10 +357,6 @@ VARIANTS: tuple[Variant, ...] = (
                     {"name": "EXAMPLE_FOO", "value": "bar"},
                     {"name": "KUBEFLOW_TRAINER_SERVER_URL", "value": "https://example.com/elsewhere"},
                 ],
-            },
-            "initializer": {
-                "dataset": {"storageUri": "hf://example/dataset"},
-                "model": {"storageUri": "hf://example/model"},
             },
         },
         feature_gates=(TRAINJOB_STATUS_GATE,),
