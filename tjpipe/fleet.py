@@ -221,7 +221,10 @@ def hub_config(
         f"http: {_q(server.monitor_listen)}\n"
         # Replies of a member's JetStream API come back under $JSC.R.<domain>., so each member's leaf user may
         # answer only in its own domain's reply space.
-        "feature_flags { js_api_reply_v2: true }\n"
+        # js_snapshot_sources: a replica that caught up from a snapshot keeps the sources' positions, so on
+        # becoming leader it does not copy again what the fleet stream already holds (every hub server runs
+        # the same 2.15 binary, which the flag requires).
+        "feature_flags { js_api_reply_v2: true, js_snapshot_sources: true }\n"
         f"jetstream {{\n  store_dir: {_q(server.store_dir)}\n  domain: {_q(domain)}\n}}\n"
         "cluster {\n"
         f"  name: {_q(cluster_name)}\n"

@@ -1,0 +1,110 @@
+"""The fleet's pure parts: cluster names, subjects at the hub, the leaf user's permissions, rendered configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contracts import fleet as fleet_contract
+from contracts import streams
+from tjpipe import fleet
+
+
+@pytest.mark.parametrize("name", ["c1", "prod-eu-1", "a", "x" * 63])
+def test_a_dns_label_is_a_cluster_name(name: str) -> None:
+    assert fleet_contract.check_cluster_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "prod.eu", "Prod", "-a", "a-", "a b", "a*", "a>", "x" * 64, "hub"])
+def test_a_name_that_cannot_be_a_domain_and_a_token_is_refused(name: str) -> None:
+    with pytest.raises(fleet_contract.FleetNameError):
+        fleet_contract.check_cluster_name(name)
+
+
+def test_every_record_stream_has_a_fleet_stream_and_nothing_else_does() -> None:
+    assert [spec.origin for spec in fleet_contract.FLEET_STREAMS] == [s.name for s in streams.RECORD_STREAMS]
+    assert streams.EVENTS.name not in fleet_contract.FLEET_OF and streams.APPLY.name not in fleet_contract.FLEET_OF
+    by_origin = {spec.origin: spec.origin_filter for spec in fleet_contract.FLEET_STREAMS}
+    assert by_origin[streams.EVENTS_HISTORY.name] == "tj.ev.>"
+    assert by_origin[streams.APPLY_HISTORY.name] == "tj.apply.>"
+    assert by_origin[streams.RESULTS.name] == "tj.result.>"
+
+
+def test_a_subject_at_the_hub_names_its_cluster_and_gives_back_the_original() -> None:
+    stored = fleet_contract.fleet_subject("c1", "tj.ev.3.team-a.job-0")
+    assert stored == "fleet.c1.tj.ev.3.team-a.job-0"
+    assert fleet_contract.cluster_of(stored) == ("c1", "tj.ev.3.team-a.job-0")
+    assert fleet_contract.cluster_of("tj.ev.3.team-a.job-0") == ("", "tj.ev.3.team-a.job-0")
+    assert fleet_contract.cluster_of("fleet.c1") == ("", "fleet.c1")
+
+
+def test_the_sources_config_puts_each_members_name_in_its_transform() -> None:
+    spec = fleet_contract.FLEET_STREAMS[0]
+    config = fleet.fleet_stream_config(spec, ["c1", "c2"]).as_dict()
+    assert config["subjects"] == [] and config["num_replicas"] == 3
+    assert [
+        (s["name"], s["external"]["api"], s["external"]["deliver"], s["subject_transforms"]) for s in config["sources"]
+    ] == [
+        (
+            spec.origin,
+            f"$JS.{c}.API",
+            f"fleet-deliver.{c}.{spec.origin}",
+            [{"src": "tj.ev.>", "dest": f"fleet.{c}.tj.ev.>"}],
+        )
+        for c in ("c1", "c2")
+    ]
+    assert config["max_bytes"] == 2 * spec.member_max_bytes
+
+
+def test_the_leaf_user_of_one_member_names_no_other() -> None:
+    rules = fleet.leaf_permissions("c1")
+    assert rules.publish == ("$JSC.R.c1.>", "fleet-deliver.c1.>")
+    assert all(s.startswith(("$JS.c1.API.CONSUMER.CREATE.", "$JS.FC.")) for s in rules.subscribe)
+    record_streams = {s.name for s in streams.RECORD_STREAMS}
+    assert {s.split(".")[5] for s in rules.subscribe if s.startswith("$JS.c1.")} == record_streams
+    assert {s.split(".")[2] for s in rules.subscribe if s.startswith("$JS.FC.")} == record_streams
+
+
+def test_the_hub_config_holds_public_keys_only(tmp_path: Path) -> None:
+    creds = fleet.generate_fleet_credentials(tmp_path / "creds", ["c1", "c2"])
+    authorization = fleet.hub_authorization(creds, ["c1", "c2"])
+    text = fleet.hub_config(
+        fleet.HubServer(
+            name="hub-0",
+            client_listen="127.0.0.1:4222",
+            monitor_listen="127.0.0.1:8222",
+            cluster_listen="127.0.0.1:6222",
+            leaf_listen="127.0.0.1:7422",
+            store_dir="/data",
+            routes=("127.0.0.1:6223",),
+        ),
+        tls=fleet.HubTls(cert_file="/tls/tls.crt", key_file="/tls/tls.key", ca_file="/tls/ca.crt"),
+        authorization=authorization,
+        route_password="pw",
+    )
+    seeds = [*(creds.hub_seed(i) for i in fleet.HUB_IDENTITIES), *(creds.leaf_seed(c) for c in ("c1", "c2"))]
+    assert not [seed for seed in seeds if seed.read_text().strip() in text]
+    assert text.count('allowed_connection_types: ["LEAFNODE"]') == 2
+    assert 'domain: "hub"' in text and "isolate_leafnode_interest: true" in text
+    for cluster in ("c1", "c2"):
+        assert creds.public_key(creds.leaf_seed(cluster)) in text
+    assert oct((tmp_path / "creds" / "members" / "c1.nk").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_member_config_has_its_domain_its_remote_and_its_own_wall() -> None:
+    text = fleet.member_config(
+        cluster="c1",
+        store_dir="/data",
+        hub_leaf_urls=["127.0.0.1:7422", "nats-leaf://hub-1:7422"],
+        leaf_seed="SUAEXAMPLE\n",
+        ca_file="/tls/ca.crt",
+    )
+    assert 'domain: "c1"' in text
+    assert 'urls: ["nats-leaf://127.0.0.1:7422", "nats-leaf://hub-1:7422"]' in text
+    assert 'deny_imports: ["tj.ev.>", "tj.apply.>", "$KV.>", "$JS.API.>"]' in text
+    assert "disabled" not in text
+    cut = fleet.member_config(
+        cluster="c1", store_dir="/d", hub_leaf_urls=["h:7422"], leaf_seed="S", ca_file="/c", enabled=False
+    )
+    assert "disabled: true" in cut
