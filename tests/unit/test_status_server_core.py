@@ -95,3 +95,13 @@ def test_the_coalescer_writes_the_first_at_once_then_the_newest_once_per_interva
     assert c.offer(key, _update(14.0))
     c.put_back(key, _update(13.0))
     assert c.take(key) == _update(14.0)
+
+
+def test_idle_trainjobs_leave_the_table() -> None:
+    c = core.Coalescer(interval=5.0)
+    c.offer(("ns", "done"), _update(1.0))
+    c.take(("ns", "done"))
+    c.written(("ns", "done"), 100.0)
+    c.offer(("ns", "busy"), _update(1.0))
+    assert c.prune(104.0) == 0  # still within its interval
+    assert c.prune(106.0) == 1 and list(c.jobs) == [("ns", "busy")]

@@ -301,3 +301,12 @@ class Coalescer:
 
     def forget(self, key: tuple[str, str]) -> None:
         self.jobs.pop(key, None)
+
+    def prune(self, now: float) -> int:
+        """Forget TrainJobs with nothing pending whose interval is over (they would be written at once anyway),
+        so the table holds the TrainJobs reporting now, not every TrainJob ever seen; how many went. What an
+        entry also remembered, the newest time seen, the writer reads again from the live TrainJob."""
+        idle = [k for k, job in self.jobs.items() if job.pending is None and job.last_write + self.interval < now]
+        for key in idle:
+            del self.jobs[key]
+        return len(idle)

@@ -56,6 +56,8 @@ WRITES = Counter(
     registry=REGISTRY,
 )
 
+PRUNE_EVERY = 1000
+"""Accepted updates between two prunes of the per-TrainJob tables (finished TrainJobs leave them)."""
 DEFAULT_COALESCE_SECONDS = 5.0
 """The SDK's own rate per process (one update per 5 s): one pod's updates are all written, many pods' share it."""
 
@@ -86,6 +88,7 @@ class StatusServer:
         self.coalescer = core.Coalescer(interval=coalesce_seconds)
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._uids: dict[tuple[str, str], str] = {}
+        self._offers = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=core.MAX_BODY)
@@ -156,6 +159,13 @@ class StatusServer:
     # ------------------------------------------------------------------------------------- the writer
 
     def _offer(self, key: tuple[str, str], caller: Caller, update: core.Update) -> None:
+        self._offers += 1
+        if self._offers % PRUNE_EVERY == 0:
+            self.coalescer.prune(time.monotonic())
+            for done in [k for k, task in self._writers.items() if task.done()]:
+                del self._writers[done]
+                if done not in self.coalescer.jobs:
+                    self._uids.pop(done, None)
         if self._uids.get(key) != caller.trainjob_uid:
             self.coalescer.forget(key)  # a new TrainJob of an old name starts afresh
             self._uids[key] = caller.trainjob_uid
