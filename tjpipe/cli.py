@@ -861,7 +861,10 @@ def _up(args: argparse.Namespace) -> int:
         stack.start_infrastructure(
             nats_url=backends.nats_url, kubeconfig=backends.cluster.kubeconfig if backends.cluster else None
         )
-        stack.start_status_server()  # before the planner, which tells the trainer pods where it is
+        if stack.local_kube is not None:
+            # Before the planner, which tells the trainer pods where it is: on loopback, which only a cluster
+            # whose pods do not run (the stack's own) can use. An adopted cluster keeps TrainJobStatus off.
+            stack.start_status_server()
         stack.start_services()
         stack.start_webhook()
         stack.start_history_server()
