@@ -120,6 +120,7 @@ def component_flags() -> dict[str, list[str]]:
             pki=pki,
             tokens_file=TOKENS_FILE,
             issuer=f"https://{APISERVER_HOST}:{APISERVER_PORT}/",
+            service_account_admission=True,  # kube-controller-manager makes default ServiceAccounts here
         ),
         "kube-controller-manager": cluster.controller_manager_flags(
             control_plane,
