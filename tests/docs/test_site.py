@@ -20,7 +20,7 @@ import pytest
 from .support import DOCS, REPO, gen_docs, list_problems
 
 MKDOCS = Path(sys.executable).parent / "mkdocs"
-pytestmark = pytest.mark.skipif(not MKDOCS.exists(), reason="mkdocs is not installed (the test extra has it)")
+needs_mkdocs = pytest.mark.skipif(not MKDOCS.exists(), reason="mkdocs is not installed (the test extra has it)")
 
 
 def _build(root: Path) -> subprocess.CompletedProcess[str]:
@@ -55,12 +55,14 @@ def test_check_names_a_stale_page(copy: Path, capsys: pytest.CaptureFixture[str]
     assert "TJPIPE_METRICS_PORT_OLD" in settings.read_text(), "--check writes nothing"
 
 
+@needs_mkdocs
 def test_the_site_builds_strict_with_no_warning(copy: Path) -> None:
     built = _build(copy)
     assert built.returncode == 0, built.stderr
     assert "WARNING" not in built.stderr, built.stderr
 
 
+@needs_mkdocs
 @pytest.mark.parametrize(
     ("fault", "warning"),
     [
