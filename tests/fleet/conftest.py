@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleet.support import Fleet, start_fleet
+from fleet.support import Fleet
+from tjpipe.local.fleet import start_fleet
 
 CLUSTERS = ("c1", "c2")
 
