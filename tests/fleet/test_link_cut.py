@@ -83,3 +83,34 @@ async def test_the_hub_down_loses_nothing_of_either_member(fleet_servers: Fleet)
     print(f"both members' records reached the hub {time.monotonic() - back:.1f}s after it was back")
     check_exact(records, total)
     check_exact(await until_hub_holds(fleet_servers, APPLY_FLEET, sum(total.values()), timeout=CATCH_UP_SECONDS), total)
+
+
+async def test_losing_the_fleet_streams_leader_loses_and_doubles_nothing(fleet_servers: Fleet) -> None:
+    """The hub is three servers: the one leading a fleet stream dies (SIGKILL) while members keep publishing;
+    another takes over its sources from where they were, and the dead one rejoins."""
+    c1, c2 = fleet_servers.members["c1"], fleet_servers.members["c2"]
+    before = per_cluster(await hub_records(fleet_servers, EVENTS_FLEET))
+    total = {cluster: before.get(cluster, 0) for cluster in ("c1", "c2")}
+    nc = await fleet_servers.hub_connect()
+    try:
+        leader = (await nc.jetstream().stream_info(EVENTS_FLEET)).cluster.leader  # type: ignore[union-attr]
+    finally:
+        await nc.close()
+    index = fleet_servers.hub.names.index(leader)
+
+    fleet_servers.hub.kill(index)
+    await asyncio.gather(
+        publish_records(c1, start=total["c1"], count=30), publish_records(c2, start=total["c2"], count=30)
+    )
+    total = {"c1": total["c1"] + 30, "c2": total["c2"] + 30}
+    records = await until_hub_holds(fleet_servers, EVENTS_FLEET, sum(total.values()), timeout=CATCH_UP_SECONDS)
+    check_exact(records, total)
+
+    fleet_servers.hub.restart(index)
+    await asyncio.gather(
+        publish_records(c1, start=total["c1"], count=10), publish_records(c2, start=total["c2"], count=10)
+    )
+    total = {"c1": total["c1"] + 10, "c2": total["c2"] + 10}
+    check_exact(
+        await until_hub_holds(fleet_servers, EVENTS_FLEET, sum(total.values()), timeout=CATCH_UP_SECONDS), total
+    )
