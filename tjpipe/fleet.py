@@ -59,7 +59,6 @@ HUB_IDENTITIES = (HUB_ADMIN, HUB_READER)
 LEAF_PREFIX = "leaf-"
 """A member's leaf identity is ``leaf-<cluster>``."""
 
-DEFAULT_LEAF_PORT = 7422
 DUPLICATE_WINDOW_SECONDS = 0.1
 """A fleet stream's window for ``Nats-Msg-Id`` duplicates: the shortest the server takes (100 ms).
 

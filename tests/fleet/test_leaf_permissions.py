@@ -22,7 +22,7 @@ import pytest
 
 from contracts import fleet as fleet_contract
 from contracts import streams, subjects
-from fleet.support import EVENTS_FLEET, Fleet, hub_records
+from fleet.support import EVENTS_FLEET, Fleet, hub_records, publish_records
 from tjpipe import fleet
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]
@@ -91,6 +91,15 @@ class RogueLeaf:
         pong = await self.wait_for("PONG")
         await asyncio.sleep(0.1)
         return not pong or self._pump.done()
+
+    async def subscribe(self, subject: str) -> None:
+        """Ask the hub for ``subject``'s messages (leaf interest, ``LS+``)."""
+        self.writer.write(f"LS+ {subject}\r\nPING\r\n".encode())
+        await self.writer.drain()
+        await self.wait_for("PONG")
+
+    def received(self) -> list[str]:
+        return [line for line in self.lines if line.startswith("LMSG ")]
 
     async def close(self) -> None:
         self._pump.cancel()
@@ -174,9 +183,12 @@ async def test_the_hub_cannot_send_a_member_its_work_subjects(fleet_servers: Fle
     try:
         await admin.publish(subjects.event_subject("team-a", "job-0"), b"{}")
         await admin.publish(subjects.apply_subject("team-a", "job-0", "jobset"), b"{}")
-        with pytest.raises(nats.errors.NoRespondersError):
+        # No answer: no responder where the hub has no interest from the member for it, or the request is
+        # dropped on the way (the member's wildcard interest in its domain's API is only loosely matched
+        # against the leaf user's permissions at subscription time; each message is checked).
+        with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):
             await admin.request(f"$JS.c1.API.STREAM.PURGE.{streams.EVENTS.name}", b"", timeout=2)
-        with pytest.raises(nats.errors.NoRespondersError):
+        with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):
             await admin.request(f"$JS.c1.API.CONSUMER.CREATE.{streams.EVENTS.name}", b"{}", timeout=2)
         await admin.flush()
     finally:
@@ -185,11 +197,12 @@ async def test_the_hub_cannot_send_a_member_its_work_subjects(fleet_servers: Fle
     assert await _stream_state(c1.server.url, c1.creds.seed_file("admin"), streams.EVENTS.name) == before
 
 
-async def _stream_state(url: str, seed: Path, stream: str) -> tuple[int, int]:
+async def _stream_state(url: str, seed: Path, stream: str) -> tuple[int, int, int]:
+    """Messages, last sequence and consumers of ``stream``: what a request that got through would change."""
     nc = await nats.connect(url, nkeys_seed=str(seed), allow_reconnect=False)
     try:
         info = await nc.jetstream().stream_info(stream)
-        return info.state.messages, info.state.last_seq
+        return info.state.messages, info.state.last_seq, info.state.consumer_count
     finally:
         await nc.close()
 
@@ -198,3 +211,24 @@ def test_leaf_permissions_name_only_the_members_own_subjects() -> None:
     rules = fleet.leaf_permissions("c1")
     assert all("c1" in subject or subject.startswith("$JS.FC.") for subject in rules.publish + rules.subscribe)
     assert not any(subject.startswith(("tj.", "$JS.API", "$KV")) for subject in rules.publish + rules.subscribe)
+
+
+async def test_a_members_leaf_seed_hears_nothing_of_another_member(fleet_servers: Fleet) -> None:
+    """Asking the hub for another member's copies, the fleet's subjects or everything gets nothing of them."""
+    c2 = fleet_servers.members["c2"]
+    seed, ca = fleet_servers.creds.leaf_seed("c1"), fleet_servers.tls["ca.crt"]
+    leaves = []
+    try:
+        for subject in (f"{fleet_contract.DELIVER_PREFIX}.c2.>", "$JSC.R.c2.>", f"{fleet_contract.PREFIX}.>", ">"):
+            leaf = await RogueLeaf.open(fleet_servers.leaf_ports[0], seed, ca)
+            await leaf.subscribe(subject)
+            leaves.append(leaf)
+        before = len(await hub_records(fleet_servers, EVENTS_FLEET))
+        await publish_records(c2, start=10_000, count=5)
+        while len(await hub_records(fleet_servers, EVENTS_FLEET)) < before + 5:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)
+        assert [leaf.received() for leaf in leaves] == [[] for _ in leaves]
+    finally:
+        for leaf in leaves:
+            await leaf.close()
