@@ -146,6 +146,62 @@ def generate_fleet_credentials(root: Path, members: Iterable[str] = ()) -> Fleet
     return creds
 
 
+def write_fleet_tls(
+    root: Path, hub_hosts: Iterable[str], members: Iterable[str], *, days: int = 825
+) -> dict[str, Path]:
+    """A private CA, the hub's leaf listener certificate for ``hub_hosts``, and a client certificate per member.
+
+    For where cert-manager is not used. Files: ``ca.crt``, ``hub.crt``/``hub.key``, and
+    ``members/<cluster>.crt``/``.key`` (common name ``leaf-<cluster>``); keys mode 0600. The CA's key is not
+    kept: a new member means new certificates all round (or a CA kept elsewhere).
+    """
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    from tjpipe.keys.pki import private_key_pem, self_signed_ca, serving_certificate
+
+    def names_of(hosts: Iterable[str]) -> list[x509.GeneralName]:
+        out: list[x509.GeneralName] = []
+        for host in hosts:
+            try:
+                out.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                out.append(x509.DNSName(host))
+        return out
+
+    now = dt.datetime.now(dt.UTC)
+    start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
+    ca_key, ca = self_signed_ca("trainjob-pipeline fleet CA", not_before=start, not_after=end)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths = {"ca.crt": root / "ca.crt", "hub.crt": root / "hub.crt", "hub.key": root / "hub.key"}
+    paths["ca.crt"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    key, cert = serving_certificate(
+        ca_key, ca, common_name="fleet-hub", names=names_of(hub_hosts), not_before=start, not_after=end
+    )
+    paths["hub.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_private_file(paths["hub.key"], private_key_pem(key))
+    (root / "members").mkdir(exist_ok=True, mode=0o700)
+    for cluster in members:
+        identity = leaf_identity(cluster)
+        key, cert = serving_certificate(
+            ca_key,
+            ca,
+            common_name=identity,
+            names=[x509.DNSName(identity)],
+            not_before=start,
+            not_after=end,
+            client_auth=True,
+        )
+        paths[f"{cluster}.crt"] = root / "members" / f"{cluster}.crt"
+        paths[f"{cluster}.key"] = root / "members" / f"{cluster}.key"
+        paths[f"{cluster}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_private_file(paths[f"{cluster}.key"], private_key_pem(key))
+    return paths
+
+
 # ---------------------------------------------------------------------------------------------- configs
 
 
@@ -196,11 +252,16 @@ class HubServer:
 
 @dataclass(frozen=True)
 class HubTls:
-    """The hub's leaf listener certificate (PEM files), and the CA the members check it with."""
+    """The hub's leaf listener certificate (PEM files), and the CA the members check it with.
+
+    With ``verify_clients`` the hub also asks every member for a client certificate signed by that CA
+    (mutual TLS): a stolen leaf seed alone then does not get a connection.
+    """
 
     cert_file: str
     key_file: str
     ca_file: str
+    verify_clients: bool = False
 
 
 def hub_config(
@@ -236,7 +297,9 @@ def hub_config(
         # One member's interest is not passed on to the others: a member hears nothing of another.
         "  isolate_leafnode_interest: true\n"
         f"  tls {{\n    cert_file: {_q(tls.cert_file)}\n    key_file: {_q(tls.key_file)}\n"
-        f"    ca_file: {_q(tls.ca_file)}\n    timeout: 5\n  }}\n"
+        f"    ca_file: {_q(tls.ca_file)}\n    timeout: 5\n"
+        + ("    verify: true\n" if tls.verify_clients else "")
+        + "  }\n"
         "}\n" + authorization
     )
 
@@ -250,12 +313,15 @@ def member_config(
     ca_file: str,
     enabled: bool = True,
     reconnect_seconds: float = 1.0,
+    client_cert: tuple[str, str] | None = None,
 ) -> str:
     """What a member's nats.conf adds for the fleet: its JetStream domain and its leaf remote to the hub.
 
     ``leaf_seed`` is the member's leaf nkey seed (``FleetCredentials.leaf_seed``), so the file holding this
-    must be as private as a seed (mode 0600, a Secret). ``enabled=False`` keeps the remote configured but
-    not connected: a reload with it cuts the link, and a reload without it heals it.
+    must be as private as a seed (mode 0600, a Secret). ``client_cert`` (certificate and key files) is the
+    member's certificate for a hub that verifies its members (``HubTls.verify_clients``). ``enabled=False``
+    keeps the remote configured but not connected: a reload with it cuts the link, and a reload without it
+    heals it.
     """
     fleet.check_cluster_name(cluster)
     urls = _list(url if "://" in url else f"nats-leaf://{url}" for url in hub_leaf_urls)
@@ -268,7 +334,9 @@ def member_config(
         "    {\n"
         f"      urls: {urls}\n"
         f"      nkey: {_q(leaf_seed.strip())}\n"
-        f"      tls {{\n        ca_file: {_q(ca_file)}\n        timeout: 5\n      }}\n"
+        f"      tls {{\n        ca_file: {_q(ca_file)}\n        timeout: 5\n"
+        + (f"        cert_file: {_q(client_cert[0])}\n        key_file: {_q(client_cert[1])}\n" if client_cert else "")
+        + "      }\n"
         # The member's own wall: nothing of its work subjects comes in from the hub, whatever the hub allows.
         f"      deny_imports: {_list(work)}\n" + ("" if enabled else "      disabled: true\n") + "    }\n  ]\n}\n"
     )

@@ -38,10 +38,14 @@ class RogueLeaf:
         self._pump = asyncio.create_task(self._read())
 
     @classmethod
-    async def open(cls, port: int, seed_file: Path, ca_file: Path) -> RogueLeaf:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def open(cls, servers: Fleet, cluster: str, *, with_certificate: bool = True) -> RogueLeaf:
+        """A leaf connection to the hub's first server with ``cluster``'s seed (and client certificate)."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", servers.leaf_ports[0])
         info = json.loads((await reader.readline()).decode().split(" ", 1)[1])
-        context = ssl.create_default_context(cafile=str(ca_file))
+        context = ssl.create_default_context(cafile=str(servers.tls["ca.crt"]))
+        if with_certificate:
+            context.load_cert_chain(servers.tls[f"{cluster}.crt"], servers.tls[f"{cluster}.key"])
+        seed_file = servers.creds.leaf_seed(cluster)
         await writer.start_tls(context, server_hostname="127.0.0.1")
         pair = nkeys.from_seed(bytearray(seed_file.read_bytes().strip()))
         try:
@@ -131,7 +135,6 @@ async def test_a_members_leaf_seed_cannot_reach_another_member_or_the_hubs_strea
 
     await admin.subscribe(">", cb=watch)
     await admin.flush()
-    seed, ca = fleet_servers.creds.leaf_seed("c1"), fleet_servers.tls["ca.crt"]
     try:
         forged = json.dumps({"cluster": "c2", "n": 999}).encode()
         refused = {
@@ -150,7 +153,7 @@ async def test_a_members_leaf_seed_cannot_reach_another_member_or_the_hubs_strea
             subjects.apply_subject("team-a", "job-0", "jobset"): forged,
         }
         for subject, payload in refused.items():
-            leaf = await RogueLeaf.open(fleet_servers.leaf_ports[0], seed, ca)
+            leaf = await RogueLeaf.open(fleet_servers, "c1")
             try:
                 assert await leaf.publish(subject, payload, reply="_INBOX_rogue.1"), f"the hub let {subject} through"
             finally:
@@ -159,7 +162,7 @@ async def test_a_members_leaf_seed_cannot_reach_another_member_or_the_hubs_strea
             logged = subject.replace(f"$JS.{fleet_contract.HUB_DOMAIN}.API.", "$JS.API.")
             assert f'Publish Violation on "{logged}"' in fleet_servers.hub.servers[0].process.log_path.read_text()
         # What the hub does let it send: its own delivery subject (no source of the hub listens on this one).
-        leaf = await RogueLeaf.open(fleet_servers.leaf_ports[0], seed, ca)
+        leaf = await RogueLeaf.open(fleet_servers, "c1")
         try:
             assert not await leaf.publish(f"{fleet_contract.DELIVER_PREFIX}.c1.nothing", b"{}")
         finally:
@@ -216,11 +219,10 @@ def test_leaf_permissions_name_only_the_members_own_subjects() -> None:
 async def test_a_members_leaf_seed_hears_nothing_of_another_member(fleet_servers: Fleet) -> None:
     """Asking the hub for another member's copies, the fleet's subjects or everything gets nothing of them."""
     c2 = fleet_servers.members["c2"]
-    seed, ca = fleet_servers.creds.leaf_seed("c1"), fleet_servers.tls["ca.crt"]
     leaves = []
     try:
         for subject in (f"{fleet_contract.DELIVER_PREFIX}.c2.>", "$JSC.R.c2.>", f"{fleet_contract.PREFIX}.>", ">"):
-            leaf = await RogueLeaf.open(fleet_servers.leaf_ports[0], seed, ca)
+            leaf = await RogueLeaf.open(fleet_servers, "c1")
             await leaf.subscribe(subject)
             leaves.append(leaf)
         before = len(await hub_records(fleet_servers, EVENTS_FLEET))
@@ -232,3 +234,16 @@ async def test_a_members_leaf_seed_hears_nothing_of_another_member(fleet_servers
     finally:
         for leaf in leaves:
             await leaf.close()
+
+
+async def test_a_leaf_seed_without_a_members_certificate_gets_no_connection(fleet_servers: Fleet) -> None:
+    """The hub verifies its members' client certificates: a stolen seed alone does not get a leaf connection."""
+    with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError, TimeoutError)):
+        leaf = await asyncio.wait_for(RogueLeaf.open(fleet_servers, "c1", with_certificate=False), timeout=10)
+        try:
+            # TLS 1.3 reports a refused client certificate on the first read after the handshake.
+            assert await leaf.publish(f"{fleet_contract.DELIVER_PREFIX}.c1.nothing", b"{}")
+            raise ConnectionError("refused after the handshake")
+        finally:
+            await leaf.close()
+    assert "client didn't provide a certificate" in fleet_servers.hub.servers[0].process.log_path.read_text()

@@ -1,5 +1,5 @@
 """A fleet on loopback, for tests and benchmarks: a hub of three nats-servers (one JetStream cluster, domain
-``hub``) and member servers joined to it as leaf nodes over TLS, each with its own JetStream domain, its own
+``hub``) and member servers joined to it as leaf nodes over mutual TLS, each with its own JetStream domain, its own
 pipeline identities and the bus a lone cluster has (``tjpipe.stack.setup_bus_as_admin``).
 
 Every config file is what ``tjpipe.fleet`` renders; the harness only picks ports and folders. A member's link
@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 from contracts import streams
 from plumbing import bus
 from tjpipe import fleet
-from tjpipe.credentials import Credentials, generate_credentials, server_authorization, write_self_signed_tls
+from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.local.natsd import GO_RUNTIME_ENV, LocalNats, LocalNatsCluster, _Member, _start_member, nats_server_binary
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 from tjpipe.nats_server import get_json, reload_config
@@ -55,6 +55,7 @@ class LocalMember:
     hub_leaf_urls: list[str]
     leaf_seed: str
     ca_file: str
+    client_cert: tuple[str, str]
     linked: bool = True
     process: ManagedProcess | None = None
 
@@ -81,6 +82,7 @@ class LocalMember:
                 leaf_seed=self.leaf_seed,
                 ca_file=self.ca_file,
                 enabled=self.linked,
+                client_cert=self.client_cert,
             )
             + server_authorization(self.creds)
         )
@@ -148,12 +150,14 @@ class LocalFleet:
 def start_fleet(root: Path, clusters: Sequence[str]) -> LocalFleet:
     """The hub, then each member with its bus set up, then the hub's fleet streams sourcing them all."""
     log_dir = root / "logs"
-    tls = write_self_signed_tls(root / "tls", ["127.0.0.1", "localhost"])
+    tls = fleet.write_fleet_tls(root / "tls", ["127.0.0.1", "localhost"], clusters)
     creds = fleet.generate_fleet_credentials(root / "fleet-creds", clusters)
     authorization = fleet.hub_authorization(creds, list(clusters))
     ports = _ports(4 * 3)
     route_password = secrets.token_urlsafe(24)
-    hub_tls = fleet.HubTls(cert_file=str(tls["tls.crt"]), key_file=str(tls["tls.key"]), ca_file=str(tls["ca.crt"]))
+    hub_tls = fleet.HubTls(
+        cert_file=str(tls["hub.crt"]), key_file=str(tls["hub.key"]), ca_file=str(tls["ca.crt"]), verify_clients=True
+    )
     members: list[_Member] = []
     for i in range(3):
         name = f"hub-{i}"
@@ -213,6 +217,7 @@ def start_member(fleet_: LocalFleet, cluster: str) -> LocalMember:
         hub_leaf_urls=fleet_.hub_leaf_urls,
         leaf_seed=fleet_.creds.leaf_seed(cluster).read_text(),
         ca_file=str(fleet_.tls["ca.crt"]),
+        client_cert=(str(fleet_.tls[f"{cluster}.crt"]), str(fleet_.tls[f"{cluster}.key"])),
     )
     member.store_dir.mkdir(parents=True, exist_ok=True)
     fleet.write_member_config(member.config_path, member.config())
