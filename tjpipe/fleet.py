@@ -47,7 +47,7 @@ from nats.js import api as js_api
 from nats.js.errors import BadRequestError
 
 from contracts import fleet, subjects
-from plumbing.bus import identity_inbox_prefix, until_done
+from plumbing.bus import identity_inbox_prefix, inbox_prefix, until_done
 from tjpipe.credentials import new_user_seed, public_key_of
 from tjpipe.private_files import write_private_file
 
@@ -216,12 +216,14 @@ def _list(values: Iterable[str]) -> str:
 
 def hub_authorization(creds: FleetCredentials, members: Sequence[str]) -> str:
     """The hub's ``authorization`` block: its admin and reader, and one leaf-only user per member."""
-    inbox = identity_inbox_prefix(HUB_READER)
+    reader_key = creds.public_key(creds.hub_seed(HUB_READER))
+    # The reader's replies come to its identity's inbox or its key's (plumbing.bus.connect), as a member's.
+    inboxes = [f"{identity_inbox_prefix(HUB_READER)}.>", f"{inbox_prefix(reader_key)}.>"]
     lines = ["authorization {", "  users = ["]
     lines.append(f"    {{nkey: {_q(creds.public_key(creds.hub_seed(HUB_ADMIN)))}}}  # {HUB_ADMIN}")
     lines.append(
-        f"    {{nkey: {_q(creds.public_key(creds.hub_seed(HUB_READER)))}, permissions: {{"
-        f"publish: {{allow: {_list(reader_permissions())}}}, subscribe: {{allow: {_list([f'{inbox}.>'])}}}}}}}"
+        f"    {{nkey: {_q(reader_key)}, permissions: {{"
+        f"publish: {{allow: {_list(reader_permissions())}}}, subscribe: {{allow: {_list(inboxes)}}}}}}}"
         f"  # {HUB_READER}"
     )
     for cluster in members:

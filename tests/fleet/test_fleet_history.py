@@ -15,6 +15,7 @@ import pytest
 
 from contracts import fleet as fleet_contract
 from fleet.support import EVENTS_FLEET, NAMESPACE, RESULTS_FLEET, Fleet, check_exact, publish_records, until_hub_holds
+from plumbing import bus
 from tjpipe import fleet
 from tjpipe.local.natsd import nats_server_binary
 from tjpipe.nats_server import get_json
@@ -67,3 +68,24 @@ def test_every_server_of_the_fleet_runs_the_nats_server_we_ship(fleet_servers: F
     monitors += [member.server.monitor_url for member in fleet_servers.members.values()]
     assert {"v" + str(get_json(f"{url}/varz").get("version")) for url in monitors} == {shipped}
     print(f"fleet tested on nats-server {shipped}")
+
+
+async def test_the_fleet_reader_reads_the_fleet_streams_and_changes_nothing(fleet_servers: Fleet) -> None:
+    reader = await bus.connect(
+        fleet_servers.hub.url, name="fleet-test-reader", creds=fleet_servers.creds.hub_seed(fleet.HUB_READER)
+    )
+    try:
+        js = reader.jetstream()
+        records = await bus.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.c1.>")
+        assert records and all(fleet_contract.cluster_of(r.subject)[0] == "c1" for r in records)
+        for subject in (f"$JS.API.STREAM.PURGE.{EVENTS_FLEET}", f"$JS.API.CONSUMER.CREATE.{EVENTS_FLEET}"):
+            await reader.publish(subject, b"{}", reply=reader.new_inbox())
+            await reader.flush()
+            for _ in range(40):
+                if any(subject.lower() in refusal.lower() for refusal in bus.refusals(reader)):
+                    break
+                await asyncio.sleep(0.025)
+            assert any(subject.lower() in refusal.lower() for refusal in bus.refusals(reader)), subject
+        assert len(await bus.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.>")) >= len(records)
+    finally:
+        await reader.close()
