@@ -42,12 +42,58 @@ if TYPE_CHECKING:
     from plumbing.bus import StoredMessage
 
 
-async def read_stream(js: JetStreamContext, stream: str, subject: str, **options: Any) -> list[StoredMessage]:
+async def read_stream(
+    js: JetStreamContext, stream: str, subject: str, *, where: Records | None = None, **options: Any
+) -> list[StoredMessage]:
     """``plumbing.bus.read_stream``, imported when first used: ``plan`` and a mistyped argument need no NATS
-    client library loaded."""
+    client library loaded.
+
+    ``where`` a fleet cluster's records: the hub's fleet stream is read under the cluster's name, and each
+    message comes back as the member stored it (its stream's and its subject's own names), so everything
+    below reads a cluster's records at the hub exactly as it reads them on the cluster's own bus."""
+    from dataclasses import replace
+
     from plumbing.bus import read_stream as read
 
-    return await read(js, stream, subject, **options)
+    if where is None or not where.cluster:
+        return await read(js, stream, subject, **options)
+    found = await read(js, where.stream(stream), where.subject(subject), **options)
+    return [replace(m, stream=stream, subject=subject_of(m.subject)) for m in found]
+
+
+@dataclass(frozen=True)
+class Records:
+    """Whose records a read is about: this bus's own (``cluster`` empty), or one member cluster's copies in
+    the hub's fleet streams.
+
+    The one place that maps a cluster to where the hub keeps its records, following ``contracts.fleet``:
+    a member's record stream ``TJ_X`` is the fleet stream ``FLEET_X``, and a record the member stored as
+    ``S`` is stored there as ``fleet.<cluster>.S``. The cluster's name is a literal token of every subject
+    read, never a wildcard, so a read about one cluster can only ever return that cluster's records.
+    """
+
+    cluster: str = ""
+
+    def stream(self, name: str) -> str:
+        from contracts import fleet
+
+        return fleet.FLEET_OF[name] if self.cluster else name
+
+    def subject(self, subject: str) -> str:
+        from contracts import fleet
+
+        return fleet.fleet_subject(self.cluster, subject) if self.cluster else subject
+
+
+LOCAL = Records()
+"""The records of the bus a command is connected to."""
+
+
+def subject_of(stored_subject: str) -> str:
+    """The subject a record had in its member cluster, from the one the hub stores it under."""
+    from contracts import fleet
+
+    return fleet.cluster_of(stored_subject)[1]
 
 
 Obj = dict[str, Any]
@@ -202,11 +248,13 @@ def _seconds(total: int) -> str:
     return f"{hours}h {rest // 60}m" if hours else f"{rest // 60}m {rest % 60}s"
 
 
-async def progress_series(js: JetStreamContext, key: ObjectKey, *, since: float | None = None) -> list[ProgressPoint]:
+async def progress_series(
+    js: JetStreamContext, key: ObjectKey, *, since: float | None = None, where: Records = LOCAL
+) -> list[ProgressPoint]:
     """Every progress update of one TrainJob the streams hold, in the order the status server accepted them.
 
     A record that does not decode (a newer writer's, or damaged) is left out; the rest are still shown."""
-    found = await _read_progress(js, key, since)
+    found = await _read_progress(js, key, since, where)
     points = []
     for stored in found:
         try:
@@ -221,13 +269,15 @@ async def _nothing() -> list[StoredMessage]:
     return []
 
 
-async def _read_progress(js: JetStreamContext, key: ObjectKey, since: float | None) -> list[StoredMessage]:
+async def _read_progress(
+    js: JetStreamContext, key: ObjectKey, since: float | None, where: Records = LOCAL
+) -> list[StoredMessage]:
     """The TrainJob's progress records; none on a bus set up before the progress stream existed."""
     import nats.js.errors
 
     subject = subjects.trainjob_progress_filter(key.namespace, key.name)
     try:
-        return await read_stream(js, streams.PROGRESS.name, subject, start_time=since)
+        return await read_stream(js, streams.PROGRESS.name, subject, where=where, start_time=since)
     except nats.js.errors.NotFoundError:
         return []
 
@@ -271,13 +321,23 @@ def progress_csv(points: Iterable[ProgressPoint]) -> str:
 
 
 async def history(
-    js: JetStreamContext, key: ObjectKey, *, since: float | None = None, progress: bool = True
+    js: JetStreamContext,
+    key: ObjectKey,
+    *,
+    since: float | None = None,
+    progress: bool = True,
+    where: Records = LOCAL,
 ) -> list[TimelineEntry]:
     """Every event, planned component, apply result, dead letter and (with ``progress``) training progress
     update of one TrainJob, in time order.
 
     ``since`` skips what the streams hold from before that time (a caller that knows when the TrainJob's
     first event arrived saves the server the scan of everything older).
+
+    Read at the hub (``where`` a cluster), two things the fleet's copies do not keep are taken from the
+    records themselves: when each happened (the hub stores a copy when it arrives, which after the member
+    was cut off can be much later, and in another order across streams), and an event's place in the
+    member's work stream, which its plans name (``fleet_event_numbers``).
     """
     ns, name = key.namespace, key.name
     entries: list[TimelineEntry] = []
@@ -286,21 +346,35 @@ async def history(
     # plans are named by their place in the work stream (what a plan's source_seq and a dead letter's
     # stream_seq refer to).
     events, plans, results, letters, updates = await asyncio.gather(
-        read_stream(js, streams.EVENTS_HISTORY.name, subjects.trainjob_events_filter(ns, name), start_time=since),
-        read_stream(js, streams.APPLY_HISTORY.name, subjects.trainjob_apply_filter(ns, name), start_time=since),
-        read_stream(js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), start_time=since),
-        read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", start_time=since),
-        _read_progress(js, key, since) if progress else _nothing(),
+        read_stream(
+            js, streams.EVENTS_HISTORY.name, subjects.trainjob_events_filter(ns, name), where=where, start_time=since
+        ),
+        read_stream(
+            js, streams.APPLY_HISTORY.name, subjects.trainjob_apply_filter(ns, name), where=where, start_time=since
+        ),
+        read_stream(
+            js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), where=where, start_time=since
+        ),
+        read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", where=where, start_time=since),
+        _read_progress(js, key, since, where) if progress else _nothing(),
     )
+    fleet = bool(where.cluster)
+    numbers = fleet_event_numbers(plans) if fleet else {}
+
+    def when(stored: StoredMessage, own: float) -> float:
+        return own if fleet and own > 0 else stored.time
+
     for stored, event in _decoded(events, decode_event, entries, "event", "undecodable event"):
         summary, detail = _event_summary(event, previous)
-        entries.append(TimelineEntry(stored.time, streams.EVENTS.name, stored.origin_seq, "event", summary, detail))
+        seq = numbers.get((event.trace_id, event.observed_at), stored.origin_seq)
+        at = when(stored, event.observed_at)
+        entries.append(TimelineEntry(at, streams.EVENTS.name, seq, "event", summary, detail))
         if isinstance(event, TrainJobObserved):
             previous = event
     for stored, message in _decoded(plans, decode_apply, entries, "plan", "undecodable apply message"):
         entries.append(
             TimelineEntry(
-                stored.time,
+                when(stored, message.observed_at),
                 streams.APPLY.name,
                 stored.origin_seq,
                 "plan",
@@ -314,12 +388,14 @@ async def history(
         if result.reason:
             text += f": {result.reason}"
         entries.append(
-            TimelineEntry(stored.time, stored.stream, stored.seq, "result", text, msgspec.to_builtins(result))
+            TimelineEntry(
+                when(stored, result.finished_at), stored.stream, stored.seq, "result", text, msgspec.to_builtins(result)
+            )
         )
     for stored, letter in _decoded(letters, decode_dead_letter, entries, "dead-letter", "undecodable dead letter"):
         entries.append(
             TimelineEntry(
-                stored.time,
+                when(stored, letter.dead_at),
                 stored.stream,
                 stored.seq,
                 "dead-letter",
@@ -335,14 +411,36 @@ async def history(
     return sorted(entries, key=lambda e: (e.time, e.stream, e.seq))
 
 
+def fleet_event_numbers(plans: Iterable[StoredMessage]) -> dict[tuple[str, float], int]:
+    """An event's sequence in its member's work stream, by the event's trace id and observation time.
+
+    A plan names the event it was made from by that sequence (``source_seq``). The member's history copy
+    keeps it (``origin_seq``), but the hub's copy of that copy names the member's history stream instead,
+    so at the hub an event is numbered by the plans made from it: they carry its trace id and the time it
+    was observed. An event nothing was planned from keeps the number the copy gives it."""
+    numbers: dict[tuple[str, float], int] = {}
+    for stored in plans:
+        try:
+            message = decode_apply(stored.data)
+        except msgspec.MsgspecError:
+            continue
+        numbers.setdefault((message.trace_id, message.observed_at), message.source_seq)
+    return numbers
+
+
 async def plans_of(
-    js: JetStreamContext, key: ObjectKey, source_seqs: Iterable[int], *, since: float | None = None
+    js: JetStreamContext,
+    key: ObjectKey,
+    source_seqs: Iterable[int],
+    *,
+    since: float | None = None,
+    where: Records = LOCAL,
 ) -> dict[int, list[ApplyMessage]]:
     """The recorded plans of one TrainJob made from each of the events ``source_seqs``, by event sequence."""
     wanted = set(source_seqs)
     found: dict[int, list[ApplyMessage]] = {seq: [] for seq in wanted}
     subject = subjects.trainjob_apply_filter(key.namespace, key.name)
-    for stored in await read_stream(js, streams.APPLY_HISTORY.name, subject, start_time=since):
+    for stored in await read_stream(js, streams.APPLY_HISTORY.name, subject, where=where, start_time=since):
         try:
             message = decode_apply(stored.data)
         except msgspec.MsgspecError:
@@ -449,21 +547,37 @@ async def replay(
     from_seq: int | None = None,
     framework: Framework | None = None,
     progress: Any = None,
+    where: Records = LOCAL,
 ) -> ReplayReport:
-    """Plan every recorded event again, offline, and compare with the plans recorded for it."""
+    """Plan every recorded event again, offline, and compare with the plans recorded for it.
+
+    ``where`` a fleet cluster: its records at the hub, each event numbered as its plans name it
+    (``fleet_event_numbers``)."""
     subject = subjects.trainjob_events_filter(key.namespace, key.name) if key else subjects.events_filter()
-    events = [
-        e
-        for e in await read_stream(js, streams.EVENTS_HISTORY.name, subject, start_time=since)
-        if from_seq is None or e.origin_seq >= from_seq
-    ]
     apply_subject = subjects.trainjob_apply_filter(key.namespace, key.name) if key else subjects.apply_filter()
+    read_events = await read_stream(js, streams.EVENTS_HISTORY.name, subject, where=where, start_time=since)
+    plans_read: list[StoredMessage] | None = None
+    numbers: dict[tuple[str, float], int] = {}
+    if where.cluster and read_events:
+        plans_read = await read_stream(js, streams.APPLY_HISTORY.name, apply_subject, where=where, start_time=since)
+        numbers = fleet_event_numbers(plans_read)
+    decoded: list[tuple[int, Event | None]] = []
+    for stored in read_events:
+        try:
+            event: Event | None = decode_event(stored.data)
+        except msgspec.MsgspecError:
+            event = None  # dead-lettered by the planner; nothing was planned from it
+        seq = numbers.get((event.trace_id, event.observed_at), stored.origin_seq) if event else stored.origin_seq
+        if from_seq is None or seq >= from_seq:
+            decoded.append((seq, event))
     # A plan belongs to the event it names and to the TrainJob it is for: a message that names another
     # TrainJob's event (a forged or mistaken one) is not that event's plan.
     recorded: dict[tuple[int, str, str], list[ApplyMessage]] = {}
-    first_seq = min((e.origin_seq for e in events), default=None)
+    first_seq = min((seq for seq, _ in decoded), default=None)
     if first_seq is not None:
-        for stored in await read_stream(js, streams.APPLY_HISTORY.name, apply_subject, start_time=since):
+        if plans_read is None:
+            plans_read = await read_stream(js, streams.APPLY_HISTORY.name, apply_subject, start_time=since)
+        for stored in plans_read:
             try:
                 message = decode_apply(stored.data)
             except msgspec.MsgspecError:
@@ -472,18 +586,32 @@ async def replay(
                 owner = (message.source_seq, message.trainjob.namespace, message.trainjob.name)
                 recorded.setdefault(owner, []).append(message)
     report = ReplayReport()
-    for stored in events:
+    for seq, event in decoded:
         if progress is not None:
             progress()
+        if event is None:
+            continue
+        result = plan(event, source_seq=seq, framework=framework or planner_core.FRAMEWORK)
+        owner = (seq, result.trainjob.namespace, result.trainjob.name)
+        changed = compare_plans(recorded.get(owner, []), result.applies)
+        report.events.append(ReplayedEvent(key=result.trainjob, seq=seq, changed=changed))
+    return report
+
+
+async def recorded_observation(js: JetStreamContext, key: ObjectKey, *, where: Records = LOCAL) -> TrainJobObserved:
+    """The newest observation of a TrainJob the history holds (the TrainJob with its runtime, as the watcher
+    saw them): what ``plan --from-history`` plans again. ``LookupError`` when there is none."""
+    found = await read_stream(
+        js, streams.EVENTS_HISTORY.name, subjects.trainjob_events_filter(key.namespace, key.name), where=where
+    )
+    for stored in reversed(found):
         try:
             event = decode_event(stored.data)
         except msgspec.MsgspecError:
-            continue  # dead-lettered by the planner; nothing was planned from it
-        result = plan(event, source_seq=stored.origin_seq, framework=framework or planner_core.FRAMEWORK)
-        owner = (stored.origin_seq, result.trainjob.namespace, result.trainjob.name)
-        changed = compare_plans(recorded.get(owner, []), result.applies)
-        report.events.append(ReplayedEvent(key=result.trainjob, seq=stored.origin_seq, changed=changed))
-    return report
+            continue
+        if isinstance(event, TrainJobObserved):
+            return event
+    raise LookupError(f"no recorded observation of TrainJob {key}")
 
 
 # --------------------------------------------------------------------------------------------- dead letters
