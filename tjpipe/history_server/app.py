@@ -9,6 +9,11 @@ name in the subject filter, never a wildcard, since both are checked against Kub
 A token is accepted in the ``Authorization`` header only, never in a query string, where proxies and access
 logs would keep it; the request log names the user, never the token. The UI's files go out with a Content
 Security Policy that lets the page load and call nothing but this server.
+
+At a fleet's hub (``--fleet-clusters``) the same handlers answer under ``/api/v1/clusters/{cluster}``: the
+cluster is the first thing a path names, its own API server authorizes the request
+(``tjpipe.history_server.fleet``), its own index lists, and its records are read from the hub's fleet
+streams under its name only. A single cluster's server keeps the paths without a cluster.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +35,13 @@ from contracts.messages import ObjectKey, component_of
 from tjpipe.history_server import story
 from tjpipe.history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
 from tjpipe.history_server.index import STATES, HistoryIndex, filtered
+from tjpipe.ops import LOCAL, Records
 
 if TYPE_CHECKING:
     import aiohttp
     from nats.js import JetStreamContext
 
+    from tjpipe.history_server.fleet import FleetIndex
     from tjpipe.ops import TimelineEntry
 
 log = logging.getLogger("tjpipe.history_server")
@@ -56,18 +63,37 @@ _STATIC = {
 }
 
 
+@dataclass(frozen=True)
+class Scope:
+    """One cluster as a request sees it: who decides (its API server), its index, where its records are."""
+
+    cluster: str
+    """``""`` on a single cluster's server."""
+    authorizer: Authorizer
+    index: HistoryIndex
+    records: Records = LOCAL
+
+
 @dataclass
 class Backend:
-    """What the handlers read: the bus, the index, the authorizer, and where to find refusal counts."""
+    """What the handlers read: the bus, the index, the authorizer, and where to find refusal counts.
+
+    At a fleet's hub, ``clusters`` holds each member's scope (its authorizer and its part of ``index``, a
+    ``FleetIndex``); ``authorizer`` is then not used."""
 
     js: JetStreamContext
-    index: HistoryIndex
+    index: HistoryIndex | FleetIndex
     authorizer: Authorizer
     session: aiohttp.ClientSession
     scrape: tuple[str, ...] = ()
     ready: bool = False
     stalled_after: float = 600.0
     """Seconds without a progress update after which a Running TrainJob is called stalled (0: never)."""
+    clusters: dict[str, Scope] = field(default_factory=dict)
+
+    @property
+    def fleet(self) -> bool:
+        return bool(self.clusters)
 
 
 BACKEND = web.AppKey("backend", Backend)
@@ -136,23 +162,45 @@ def _secure(response: web.StreamResponse, path: str) -> None:
         response.headers["Cache-Control"] = "no-store"
 
 
-async def _caller(request: web.Request) -> Caller:
+def _scope(request: web.Request) -> Scope:
+    """The cluster the request is about: the one its path names at a fleet's hub, else the server's own."""
+    backend = request.app[BACKEND]
+    if not backend.fleet:
+        assert isinstance(backend.index, HistoryIndex)
+        return Scope(cluster="", authorizer=backend.authorizer, index=backend.index)
+    cluster = request.match_info.get("cluster", "")
+    found = backend.clusters.get(cluster)
+    if found is None:
+        raise _error(404, f"no cluster {cluster!r} in this fleet")
+    return found
+
+
+def _bearer(request: web.Request) -> str:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _error(401, "a bearer token is required (Authorization: Bearer TOKEN)", **{"WWW-Authenticate": "Bearer"})
+    return token.strip()
+
+
+async def _caller(request: web.Request, scope: Scope | None = None) -> Caller:
+    token = _bearer(request)
+    scope = scope or _scope(request)
     try:
-        caller = await request.app[BACKEND].authorizer.authenticate(token.strip())
+        caller = await scope.authorizer.authenticate(token)
     except Unauthenticated:
-        raise _error(401, "the API server does not accept this token", **{"WWW-Authenticate": "Bearer"}) from None
+        whose = f"cluster {scope.cluster}'s API server" if scope.cluster else "the API server"
+        raise _error(401, f"{whose} does not accept this token", **{"WWW-Authenticate": "Bearer"}) from None
     except Unavailable as exc:
         raise _error(503, str(exc)) from None
     request["caller"] = caller
     return caller
 
 
-async def _allowed(request: web.Request, caller: Caller, verb: str, namespace: str, name: str = "") -> bool:
+async def _allowed(
+    request: web.Request, caller: Caller, verb: str, namespace: str, name: str = "", scope: Scope | None = None
+) -> bool:
     try:
-        return await request.app[BACKEND].authorizer.allowed(caller, verb, namespace, name)
+        return await (scope or _scope(request)).authorizer.allowed(caller, verb, namespace, name)
     except Unavailable as exc:
         raise _error(503, str(exc)) from None
 
@@ -203,13 +251,19 @@ def _limit(request: web.Request, default: int) -> int:
     return min(limit, default)
 
 
-def _listing(summaries: list[Any], request: web.Request) -> dict[str, Any]:
+def _item(summary: Any, now: float, after: float, cluster: str) -> dict[str, Any]:
+    """A TrainJob as the list and its page show it; at a fleet's hub, with its cluster first."""
+    shown: dict[str, Any] = summary.to_json(now, after)
+    return {"cluster": cluster, **shown} if cluster else shown
+
+
+def _listing(summaries: list[Any], request: web.Request, cluster: str = "") -> dict[str, Any]:
     state = _state(request)
     limit = _limit(request, LIST_LIMIT)
     chosen = filtered(summaries, state=state)
     now, after = time.time(), request.app[BACKEND].stalled_after
     return {
-        "items": [s.to_json(now, after) for s in chosen[:limit]],
+        "items": [_item(s, now, after, cluster) for s in chosen[:limit]],
         "total": len(chosen),
         "truncated": len(chosen) > limit,
     }
@@ -240,7 +294,7 @@ async def whoami(request: web.Request) -> web.Response:
 async def namespaces(request: web.Request) -> web.Response:
     """The namespaces the history knows of that the caller may list TrainJobs in."""
     caller = await _caller(request)
-    known = request.app[BACKEND].index.namespaces()
+    known = _scope(request).index.namespaces()
     if await _allowed(request, caller, "list", ""):
         return _json({"items": known, "clusterWide": True})
     decisions = await asyncio.gather(*(_allowed(request, caller, "list", ns) for ns in known))
@@ -253,13 +307,15 @@ async def all_trainjobs(request: web.Request) -> web.Response:
         raise _error(
             403, f"{caller.username} may not list TrainJobs in all namespaces (trainjobs.trainer.kubeflow.org)"
         )
-    return _json(_listing(list(request.app[BACKEND].index.everywhere()), request))
+    scope = _scope(request)
+    return _json(_listing(list(scope.index.everywhere()), request, scope.cluster))
 
 
 async def trainjobs(request: web.Request) -> web.Response:
     namespace = request.match_info["namespace"]
     await _require(request, "list", namespace)
-    return _json(_listing(request.app[BACKEND].index.in_namespace(namespace), request))
+    scope = _scope(request)
+    return _json(_listing(scope.index.in_namespace(namespace), request, scope.cluster))
 
 
 def _entry(e: TimelineEntry, text: str) -> dict[str, Any]:
@@ -281,17 +337,18 @@ async def history(request: web.Request) -> web.Response:
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     await _require(request, "get", namespace, name)
-    backend = request.app[BACKEND]
-    summary = backend.index.get(namespace, name)
-    since = summary.first_seen - 1.0 if summary is not None and summary.first_seen else None
-    entries = await ops.history(backend.js, ObjectKey(namespace=namespace, name=name), since=since, progress=False)
+    backend, scope = request.app[BACKEND], _scope(request)
+    summary = scope.index.get(namespace, name)
+    since = _since(summary, scope)
+    key = ObjectKey(namespace=namespace, name=name)
+    entries = await ops.history(backend.js, key, since=since, progress=False, where=scope.records)
     if not entries and summary is None:
         raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
     limit = _limit(request, TIMELINE_LIMIT)
     texts = story.texts(entries)  # of every entry: a state change before the newest ``limit`` still counts
     return _json(
         {
-            "trainjob": _about(summary, namespace, name, backend),
+            "trainjob": _about(summary, namespace, name, backend, scope.cluster),
             "states": [p.to_json() for p in story.phases(entries)],
             "counts": story.counts(entries),
             "entries": [_entry(e, t) for e, t in zip(entries[-limit:], texts[-limit:], strict=True)],
@@ -301,11 +358,24 @@ async def history(request: web.Request) -> web.Response:
     )
 
 
-def _about(summary: Any, namespace: str, name: str, backend: Backend) -> dict[str, Any]:
+def _about(summary: Any, namespace: str, name: str, backend: Backend, cluster: str = "") -> dict[str, Any]:
     if summary is None:
-        return {"namespace": namespace, "name": name}
-    result: dict[str, Any] = summary.to_json(time.time(), backend.stalled_after)
-    return result
+        return (
+            {"cluster": cluster, "namespace": namespace, "name": name}
+            if cluster
+            else {"namespace": namespace, "name": name}
+        )
+    return _item(summary, time.time(), backend.stalled_after, cluster)
+
+
+def _since(summary: Any, scope: Scope) -> float | None:
+    """Where a TrainJob's records start, to skip reading older ones: the time the index saw its first.
+
+    Not at a fleet's hub: there a record is stored when it arrives, and after a member was cut off its
+    streams catch up side by side, so a plan may arrive before the event it was made from."""
+    if scope.cluster or summary is None or not summary.first_seen:
+        return None
+    return float(summary.first_seen) - 1.0
 
 
 async def progress(request: web.Request) -> web.Response:
@@ -319,15 +389,17 @@ async def progress(request: web.Request) -> web.Response:
     if output not in ("json", "csv"):
         raise _error(400, f"unknown output {output!r}; one of json, csv")
     limit = _limit(request, PROGRESS_LIMIT)
-    backend = request.app[BACKEND]
-    summary = backend.index.get(namespace, name)
-    since = summary.first_seen - 1.0 if summary is not None and summary.first_seen else None
-    points = await ops.progress_series(backend.js, ObjectKey(namespace=namespace, name=name), since=since)
+    backend, scope = request.app[BACKEND], _scope(request)
+    summary = scope.index.get(namespace, name)
+    key = ObjectKey(namespace=namespace, name=name)
+    points = await ops.progress_series(backend.js, key, since=_since(summary, scope), where=scope.records)
     if not points and summary is None:
         raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
     shown = points[-limit:]
     if output == "csv":
-        filename = f"{namespace}_{name}_progress.csv"
+        filename = (
+            f"{scope.cluster}_{namespace}_{name}_progress.csv" if scope.cluster else f"{namespace}_{name}_progress.csv"
+        )
         return web.Response(
             text=ops.progress_csv(shown),
             content_type="text/csv",
@@ -336,7 +408,7 @@ async def progress(request: web.Request) -> web.Response:
         )
     return _json(
         {
-            "trainjob": _about(summary, namespace, name, backend),
+            "trainjob": _about(summary, namespace, name, backend, scope.cluster),
             "metrics": sorted({m for p in points for m in p.metrics}),
             "pods": sorted({p.pod for p in points}),
             "points": [p.to_json() for p in shown],
@@ -361,10 +433,11 @@ async def _plans(request: web.Request, seqs: list[int]) -> dict[int, list[Any]]:
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     await _require(request, "get", namespace, name)
-    backend = request.app[BACKEND]
-    summary = backend.index.get(namespace, name)
-    since = summary.first_seen - 1.0 if summary is not None and summary.first_seen else None
-    found = await ops.plans_of(backend.js, ObjectKey(namespace=namespace, name=name), seqs, since=since)
+    backend, scope = request.app[BACKEND], _scope(request)
+    since = _since(scope.index.get(namespace, name), scope)
+    found = await ops.plans_of(
+        backend.js, ObjectKey(namespace=namespace, name=name), seqs, since=since, where=scope.records
+    )
     for seq in seqs:
         if not found[seq]:
             raise _error(404, f"no plan of TrainJob {namespace}/{name} was made from event {seq}")
@@ -425,6 +498,125 @@ async def health(request: web.Request) -> web.Response:
     return _json(figures)
 
 
+# ---------------------------------------------------------------------------------------- the fleet's
+
+
+async def clusters(request: web.Request) -> web.Response:
+    """The fleet's cluster names, what the login page offers (no token goes anywhere for them)."""
+    return _json({"items": sorted(request.app[BACKEND].clusters)})
+
+
+def _named_clusters(request: web.Request) -> list[Scope]:
+    """The clusters a fleet-wide request names (``?cluster=a&cluster=b``), else every one: only they see
+    the token."""
+    backend = request.app[BACKEND]
+    names = request.query.getall("cluster", []) or sorted(backend.clusters)
+    unknown = [n for n in names if n not in backend.clusters]
+    if unknown:
+        raise _error(400, f"no cluster {unknown[0]!r} in this fleet")
+    return [backend.clusters[n] for n in dict.fromkeys(names)]
+
+
+async def _accepted(request: web.Request) -> list[tuple[Scope, Caller | None, str]]:
+    """Each named cluster with the user its API server says the token is (``None``: not accepted) and why
+    not; 401 when none accepts it."""
+    token = _bearer(request)
+    named = _named_clusters(request)
+
+    async def one(scope: Scope) -> tuple[Scope, Caller | None, str]:
+        try:
+            return scope, await scope.authorizer.authenticate(token), ""
+        except Unauthenticated:
+            return scope, None, "token not accepted"
+        except Unavailable:
+            return scope, None, "API server unavailable"
+
+    answers = list(await asyncio.gather(*(one(scope) for scope in named)))
+    accepted = [caller for _, caller, _ in answers if caller is not None]
+    if not accepted:
+        if any(why == "API server unavailable" for _, _, why in answers):
+            raise _error(503, "no cluster named could be asked about this token")
+        raise _error(401, "no cluster named accepts this token", **{"WWW-Authenticate": "Bearer"})
+    request["caller"] = accepted[0]
+    return answers
+
+
+async def fleet_whoami(request: web.Request) -> web.Response:
+    answers = await _accepted(request)
+    out = []
+    for scope, caller, why in answers:
+        if caller is None:
+            out.append({"cluster": scope.cluster, "accepted": False, "reason": why})
+            continue
+        wide = await _allowed(request, caller, "list", "", scope=scope)
+        out.append(
+            {
+                "cluster": scope.cluster,
+                "accepted": True,
+                "username": caller.username,
+                "groups": list(caller.groups),
+                "clusterWide": wide,
+            }
+        )
+    first = next(c for c in out if c["accepted"])
+    return _json({"fleet": True, "username": first["username"], "clusters": out})
+
+
+async def fleet_trainjobs(request: web.Request) -> web.Response:
+    """Every TrainJob of the named clusters the caller may list, each with its cluster; ``namespace`` and
+    ``state`` narrow it. A cluster that does not accept the token adds nothing."""
+    namespace = request.query.get("namespace", "")
+    if namespace and not _valid_namespace(namespace):
+        raise _error(400, f"invalid namespace {namespace!r}")
+    answers = await _accepted(request)
+    state, limit = _state(request), _limit(request, LIST_LIMIT)
+    now, after = time.time(), request.app[BACKEND].stalled_after
+    found: list[tuple[str, Any]] = []
+    shown = []
+    for scope, caller, why in answers:
+        if caller is None:
+            shown.append({"cluster": scope.cluster, "accepted": False, "reason": why})
+            continue
+        known = [namespace] if namespace else scope.index.namespaces()
+        if await _allowed(request, caller, "list", "", scope=scope):
+            readable = known
+        else:
+            decisions = await asyncio.gather(*(_allowed(request, caller, "list", ns, scope=scope) for ns in known))
+            readable = [ns for ns, ok in zip(known, decisions, strict=True) if ok]
+        for ns in readable:
+            found += [(scope.cluster, s) for s in filtered(scope.index.in_namespace(ns), state=state)]
+        shown.append({"cluster": scope.cluster, "accepted": True, "namespaces": readable})
+    found.sort(key=lambda cs: (-cs[1].last_seen, cs[0], cs[1].namespace, cs[1].name))
+    return _json(
+        {
+            "items": [_item(s, now, after, cluster) for cluster, s in found[:limit]],
+            "total": len(found),
+            "truncated": len(found) > limit,
+            "clusters": shown,
+        }
+    )
+
+
+async def fleet_health(request: web.Request) -> web.Response:
+    """How full the hub's fleet streams are and what the index holds per cluster (no namespace's records)."""
+    from contracts import fleet
+
+    await _accepted(request)
+    backend = request.app[BACKEND]
+    usage: list[dict[str, Any]] = []
+    for spec in fleet.FLEET_STREAMS:
+        try:
+            info = await backend.js.stream_info(spec.name)
+        except Exception as exc:
+            usage.append({"stream": spec.name, "error": type(exc).__name__})
+            continue
+        usage.append(
+            {"stream": spec.name, "messages": int(info.state.messages or 0), "bytes": int(info.state.bytes or 0)}
+        )
+    index = {name: {"trainjobs": len(s.index), "states": s.index.counts()} for name, s in backend.clusters.items()}
+    return _json({"fleet": True, "streams": usage, "index": index, "ready": backend.ready})
+
+
 # ---------------------------------------------------------------------------------------------- the UI
 
 
@@ -444,19 +636,29 @@ async def static(request: web.Request) -> web.Response:
 
 
 def make_app(backend: Backend) -> web.Application:
+    """The routes: a single cluster's under ``/api/v1``; at a fleet's hub, the same under
+    ``/api/v1/clusters/{cluster}``, with the fleet-wide whoami, list and health at ``/api/v1``."""
     app = web.Application(middlewares=[_guard])
     app[BACKEND] = backend
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get(f"{API}/whoami", whoami)
-    app.router.add_get(f"{API}/namespaces", namespaces)
-    app.router.add_get(f"{API}/trainjobs", all_trainjobs)
-    app.router.add_get(f"{API}/health", health)
-    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs", trainjobs)
-    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/history", history)
-    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/progress", progress)
-    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/diff", plan_diff)
-    app.router.add_get(f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/{{seq}}", plan)
+    base = f"{API}/clusters/{{cluster}}" if backend.fleet else API
+    if backend.fleet:
+        app.router.add_get(f"{API}/clusters", clusters)
+        app.router.add_get(f"{API}/whoami", fleet_whoami)
+        app.router.add_get(f"{API}/trainjobs", fleet_trainjobs)
+        app.router.add_get(f"{API}/health", fleet_health)
+        app.router.add_get(f"{base}/whoami", whoami)
+    else:
+        app.router.add_get(f"{API}/whoami", whoami)
+        app.router.add_get(f"{API}/health", health)
+    app.router.add_get(f"{base}/namespaces", namespaces)
+    app.router.add_get(f"{base}/trainjobs", all_trainjobs)
+    app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs", trainjobs)
+    app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/history", history)
+    app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/progress", progress)
+    app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/diff", plan_diff)
+    app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/{{seq}}", plan)
     app.router.add_get("/", page)
     app.router.add_get("/static/{file}", static)
     return app

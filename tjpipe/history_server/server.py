@@ -4,6 +4,10 @@ The index is caught up before the server calls itself ready, then again every ``
 failed catch-up (NATS away for a moment) is logged and tried again on the next tick, with what the index
 already holds still served. The server's own Kubernetes credentials are used for nothing but TokenReviews
 and SubjectAccessReviews, which is all its RBAC allows.
+
+At a fleet's hub (``--fleet-clusters FILE``) it connects to the hub's NATS as ``fleet-reader`` and reads
+the fleet streams; each member cluster in the file has its own API server and reviewer credential, and the
+server's own Kubernetes flags are not used (``tjpipe.history_server.fleet``).
 """
 
 from __future__ import annotations
@@ -59,6 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds without a training progress update after which a Running TrainJob is listed as stalled "
         "(default 600; 0: never)",
     )
+    env_flag(
+        parser,
+        "--fleet-clusters",
+        env="TJPIPE_HISTORY_FLEET_CLUSTERS",
+        default="",
+        help="serve a fleet's history at its hub: a YAML file naming each member cluster (name, its API "
+        "server and CA, and a credential there that may create TokenReviews and SubjectAccessReviews); "
+        "unset: this cluster's history",
+    )
     env_list_flag(
         parser,
         "--scrape",
@@ -90,9 +103,11 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 def run(args: argparse.Namespace) -> int:
     from plumbing.runner import configure_logging
+    from tjpipe.history_server.fleet import load_fleet_clusters
 
     listen = parse_listen(args.listen)
     tls = _tls(args)
+    args.fleet = load_fleet_clusters(args.fleet_clusters) if args.fleet_clusters else ()
     json_logs = {"json": True, "text": False}.get(args.log_format)
     configure_logging(args.log_level, json_logs=json_logs)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # our own request log names no token
@@ -118,17 +133,26 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    nc = await connect_nats(args, "history-server", identity="reader")
-    kube = KubeClient(KubeConfig.load(args.kubeconfig, context=args.context))
+    members = getattr(args, "fleet", ())
+    if members:
+        from tjpipe.fleet import HUB_READER
+
+        nc = await connect_nats(args, "history-server", identity=HUB_READER)
+        kubes = {m.name: KubeClient(m.credentials().load()) for m in members}
+    else:
+        nc = await connect_nats(args, "history-server", identity="reader")
+        kubes = {"": KubeClient(KubeConfig.load(args.kubeconfig, context=args.context))}
     session = aiohttp.ClientSession()
     backend = Backend(
         js=nc.jetstream(),
         index=HistoryIndex(),
-        authorizer=ClusterAuthorizer(KubePoster(kube), ttl=args.auth_cache_seconds),
+        authorizer=ClusterAuthorizer(KubePoster(kubes[next(iter(kubes))]), ttl=args.auth_cache_seconds),
         session=session,
         scrape=tuple(args.scrape or ()),
         stalled_after=max(0.0, args.stalled_after),
     )
+    if members:
+        fleet_scopes(backend, kubes, ttl=args.auth_cache_seconds)
     runner = web.AppRunner(make_app(backend), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, listen[0], listen[1], ssl_context=tls)
@@ -144,8 +168,30 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
             await refresher
         await runner.cleanup()
         await session.close()
-        await kube.close()
+        for kube in kubes.values():
+            await kube.close()
         await nc.close()
+
+
+def fleet_scopes(backend: Any, kubes: dict[str, Any], *, ttl: float) -> None:
+    """Each member cluster's scope: its own authorizer (its API server, its reviewer, its own cache) and its
+    part of one ``FleetIndex``; the backend then answers under ``/api/v1/clusters/{cluster}``."""
+    from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
+    from tjpipe.history_server.app import Scope
+    from tjpipe.history_server.fleet import FleetIndex
+    from tjpipe.ops import Records
+
+    index = FleetIndex(tuple(kubes))
+    backend.index = index
+    backend.clusters = {
+        name: Scope(
+            cluster=name,
+            authorizer=ClusterAuthorizer(KubePoster(kube), ttl=ttl),
+            index=index.clusters[name],
+            records=Records(cluster=name),
+        )
+        for name, kube in kubes.items()
+    }
 
 
 async def keep_current(backend: Any, stop: asyncio.Event, *, every: float) -> None:

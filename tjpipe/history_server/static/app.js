@@ -3,6 +3,7 @@
 "use strict";
 
 const TOKEN_KEY = "tjpipe-history-token";
+const CLUSTERS_KEY = "tjpipe-history-clusters";
 const SVG = "http://www.w3.org/2000/svg";
 const LANES = ["event", "plan", "result", "dead-letter"];
 const LANE_NAMES = { "event": "events", "plan": "plans", "result": "results", "dead-letter": "dead letters" };
@@ -10,8 +11,37 @@ const $ = (id) => document.getElementById(id);
 
 let me = null;
 let listCache = { key: "", items: [] };
+// At a fleet's hub: every cluster's name (null on a single cluster's server). The token goes to the clusters
+// chosen at log-in only (none chosen: every cluster), and a TrainJob's cluster is in every path asked for it.
+let fleet = null;
 
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+
+function chosenClusters() { return (sessionStorage.getItem(CLUSTERS_KEY) || "").split(",").filter(Boolean); }
+
+function clusterQuery(names) { return names.map((c) => "cluster=" + encodeURIComponent(c)).join("&"); }
+
+function jobPath(cluster, namespace, name) {
+  const ns = `/namespaces/${encodeURIComponent(namespace)}/trainjobs/${encodeURIComponent(name)}`;
+  return cluster ? `/api/v1/clusters/${encodeURIComponent(cluster)}${ns}` : `/api/v1${ns}`;
+}
+
+function jobLink(j) {
+  const tail = `${encodeURIComponent(j.namespace)}/${encodeURIComponent(j.name)}`;
+  return j.cluster ? `#/c/${encodeURIComponent(j.cluster)}/ns/${tail}` : `#/ns/${tail}`;
+}
+
+async function findFleet() {
+  const response = await fetch("/api/v1/clusters", { cache: "no-store" });
+  fleet = response.ok ? (await response.json()).items : null;
+  const select = $("login-cluster");
+  select.replaceChildren(el("option", { value: "", text: "every cluster (a token they all accept)" }),
+    ...(fleet || []).map((c) => el("option", { value: c, text: c })));
+  $("login-cluster-row").hidden = !fleet;
+  $("nav-health").hidden = !!fleet;
+  $("col-cluster").hidden = !fleet;
+  $("filter-cluster-row").hidden = !fleet;
+}
 
 class HttpError extends Error {
   constructor(status, message) { super(message); this.status = status; }
@@ -85,6 +115,7 @@ function hashParams() {
 async function renderList(params) {
   clearList();
   show("list-view");
+  if (fleet) return renderFleetList(params);
   const namespaces = await api("/api/v1/namespaces");
   const select = $("filter-namespace");
   const chosen = params.get("namespace") ?? (namespaces.clusterWide ? "" : (namespaces.items[0] || ""));
@@ -108,20 +139,47 @@ async function renderList(params) {
   drawRows(listing);
 }
 
+// The fleet's list: every cluster the token was given to (or the one chosen), each row naming its cluster.
+async function renderFleetList(params) {
+  const accepted = me.clusters.filter((c) => c.accepted).map((c) => c.cluster);
+  const cluster = params.get("cluster") || "";
+  const select = $("filter-cluster");
+  select.replaceChildren(el("option", { value: "", text: "all clusters" }), ...accepted.map((c) => el("option", { value: c, text: c })));
+  select.value = accepted.includes(cluster) ? cluster : "";
+  $("filter-state").value = params.get("state") || "";
+  $("filter-name").value = params.get("name") || "";
+  const state = $("filter-state").value;
+  const asked = select.value ? [select.value] : accepted;
+  const path = "/api/v1/trainjobs?" + clusterQuery(asked) + (state ? "&state=" + encodeURIComponent(state) : "");
+  const listing = await api(path);
+  const namespaces = [...new Set(listing.clusters.flatMap((c) => c.namespaces || []))].sort();
+  const nsSelect = $("filter-namespace");
+  nsSelect.replaceChildren(el("option", { value: "", text: "all namespaces" }), ...namespaces.map((ns) => el("option", { value: ns, text: ns })));
+  nsSelect.value = namespaces.includes(params.get("namespace")) ? params.get("namespace") : "";
+  listCache = { key: path, items: listing.items };
+  if (!namespaces.length) {
+    $("list-note").textContent = "No namespace of these clusters is readable with this token.";
+    return;
+  }
+  drawRows(listing);
+}
+
 function drawRows(listing) {
   const body = $("trainjobs").querySelector("tbody");
   const needle = $("filter-name").value.trim();
+  const namespace = fleet ? $("filter-namespace").value : "";
   const now = Date.now() / 1000;
-  const rows = listing.items.filter((j) => !needle || j.name.includes(needle));
+  const rows = listing.items.filter((j) => (!needle || j.name.includes(needle)) && (!namespace || j.namespace === namespace));
   body.replaceChildren(...rows.map((j) => {
     const created = j.creationTimestamp ? Date.parse(j.creationTimestamp) / 1000 : j.firstSeen;
-    const link = el("a", { href: `#/ns/${encodeURIComponent(j.namespace)}/${encodeURIComponent(j.name)}`, text: j.name });
+    const link = el("a", { href: jobLink(j), text: j.name });
     const stateCell = el("td", {}, el("span", { class: "state " + j.state, text: j.state }));
     if (j.stalled) {
       stateCell.append(" ", el("span", { class: "stalled", text: "stalled " + duration(j.stalledSeconds),
         title: `Running, and no progress reported for ${duration(j.stalledSeconds)}` }));
     }
-    const row = el("tr", { "data-name": j.name, "data-namespace": j.namespace },
+    const row = el("tr", { "data-name": j.name, "data-namespace": j.namespace, "data-cluster": j.cluster || "" },
+      ...(fleet ? [el("td", { class: "cluster", text: j.cluster })] : []),
       el("td", {}, link), el("td", { text: j.namespace }), stateCell, progressCell(j.progress),
       el("td", { text: j.runtime }), el("td", { text: age(now - created) }), el("td", { text: age(now - j.lastSeen) + " ago" }),
       el("td", { class: "num", text: String(j.events) }), el("td", { class: "num", text: String(j.deadLetters) }));
@@ -160,7 +218,9 @@ function progressCell(p) {
 
 function listFiltersChanged() {
   const params = new URLSearchParams();
-  for (const [key, id] of [["namespace", "filter-namespace"], ["state", "filter-state"], ["name", "filter-name"]]) {
+  const filters = [["namespace", "filter-namespace"], ["state", "filter-state"], ["name", "filter-name"]];
+  if (fleet) filters.unshift(["cluster", "filter-cluster"]);
+  for (const [key, id] of filters) {
     params.set(key, $(id).value);
   }
   history.replaceState(null, "", "#/?" + params.toString());
@@ -220,17 +280,18 @@ function clearList() {
   listCache = { key: "", items: [] };
 }
 
-async function renderTimeline(namespace, name) {
+async function renderTimeline(namespace, name, cluster = "") {
   clearTimeline();
   show("timeline-view");
-  $("timeline-title").textContent = `${namespace}/${name}`;
-  const base = `/api/v1/namespaces/${encodeURIComponent(namespace)}/trainjobs/${encodeURIComponent(name)}`;
+  $("timeline-title").textContent = cluster ? `${cluster}: ${namespace}/${name}` : `${namespace}/${name}`;
+  const base = jobPath(cluster, namespace, name);
   const [data, progress] = await Promise.all([api(base + "/history"), api(base + "/progress")]);
-  timeline = { base, data, progress, selected: -1 };
+  timeline = { base, data, progress, selected: -1, cluster };
   const job = data.trainjob;
   const states = data.states || [];
   const now = Date.now() / 1000;
   const facts = [];
+  if (cluster) facts.push("cluster " + cluster);
   const last = states[states.length - 1];
   if (last) facts.push(stateText(last) + (last.state !== "Deleted" && job.state === "Deleted" ? " (deleted)" : ""));
   else if (job.state) facts.push(job.state);
@@ -272,7 +333,7 @@ async function downloadCsv() {
   const text = await api(`${timeline.base}/progress?output=csv`, { text: true });
   const [, namespace, name] = timeline.base.match(/namespaces\/([^/]+)\/trainjobs\/([^/]+)$/);
   const link = el("a", { href: URL.createObjectURL(new Blob([text], { type: "text/csv" })),
-    download: `${decodeURIComponent(namespace)}_${decodeURIComponent(name)}_progress.csv` });
+    download: `${timeline.cluster ? timeline.cluster + "_" : ""}${decodeURIComponent(namespace)}_${decodeURIComponent(name)}_progress.csv` });
   document.body.append(link);
   link.click();
   link.remove();
@@ -555,13 +616,16 @@ async function route() {
   if (!token()) { showLogin(); return; }
   try {
     if (!me) {
-      me = await api("/api/v1/whoami");
-      $("who").textContent = me.username;
+      me = await api("/api/v1/whoami" + (fleet ? "?" + clusterQuery(chosenClusters()) : ""));
+      const on = fleet ? me.clusters.filter((c) => c.accepted).map((c) => c.cluster) : [];
+      $("who").textContent = me.username + (on.length ? " on " + on.join(", ") : "");
       $("nav").hidden = false;
     }
     const { path, params } = hashParams();
     const match = path.match(/^\/ns\/([^/]+)\/([^/]+)$/);
-    if (match) await renderTimeline(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
+    const inCluster = path.match(/^\/c\/([^/]+)\/ns\/([^/]+)\/([^/]+)$/);
+    if (inCluster && fleet) await renderTimeline(decodeURIComponent(inCluster[2]), decodeURIComponent(inCluster[3]), decodeURIComponent(inCluster[1]));
+    else if (match && !fleet) await renderTimeline(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
     else if (path === "/health") await renderHealth();
     else await renderList(params);
   } catch (error) {
@@ -577,14 +641,16 @@ document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", (e) => {
     e.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+    sessionStorage.setItem(CLUSTERS_KEY, fleet ? $("login-cluster").value : "");
     $("token").value = "";
     me = null;
     route();
   });
   $("logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); me = null; showLogin(); });
   $("filter-namespace").addEventListener("change", listFiltersChanged);
+  $("filter-cluster").addEventListener("change", listFiltersChanged);
   $("filter-state").addEventListener("change", listFiltersChanged);
   $("filter-name").addEventListener("input", () => drawRows({ items: listCache.items, total: listCache.items.length, truncated: false }));
   window.addEventListener("hashchange", route);
-  route();
+  findFleet().catch(fail).finally(route);
 });
