@@ -473,6 +473,15 @@ def _trainjob_argument(parser: argparse.ArgumentParser, *, optional: bool = Fals
     parser.add_argument("-n", "--namespace", help="the TrainJob's namespace, when NAME has none (default: default)")
 
 
+def _fleet_cluster(parser: argparse.ArgumentParser) -> None:
+    """``--cluster``: read one member cluster's records from the fleet streams at the hub."""
+    parser.add_argument(
+        "--cluster",
+        help="read this member cluster's records from the fleet's hub (connect to the hub's NATS as "
+        "fleet-reader) instead of this cluster's own streams",
+    )
+
+
 def _add_operator_commands(sub: Any) -> None:
     """The operator's commands: the stack's ``down``, the history tools, dead letters, signing keys, completion."""
     down = sub.add_parser("down", help="stop a stack started with 'tjpipe up --detach'")
@@ -490,6 +499,7 @@ def _add_operator_commands(sub: Any) -> None:
     _trainjob_argument(hist)
     _output_format(hist, "table", "json", "yaml")
     _nats_client(hist)
+    _fleet_cluster(hist)
 
     rep = sub.add_parser(
         "replay",
@@ -501,6 +511,7 @@ def _add_operator_commands(sub: Any) -> None:
     rep.add_argument("--from-seq", type=_positive_int, help="first event stream sequence to replay")
     _output_format(rep, "table", "json", "yaml")
     _nats_client(rep)
+    _fleet_cluster(rep)
     # Replayed as the planner plans: with TrainJobStatus when it ran with it (.tjpipe/env sets these).
     add_trainjob_status_flags(rep)
 
@@ -511,7 +522,13 @@ def _add_operator_commands(sub: Any) -> None:
         "--server-dry-run, apply them with dryRun=All and show how the cluster would change "
         "(exit code 1: it would).",
     )
-    pl.add_argument("-f", "--file", required=True, help="TrainJob YAML; it may also hold the runtime; - reads stdin")
+    what = pl.add_mutually_exclusive_group(required=True)
+    what.add_argument("-f", "--file", help="TrainJob YAML; it may also hold the runtime; - reads stdin")
+    what.add_argument(
+        "--from-history",
+        metavar="[NAMESPACE/]NAME",
+        help="plan the TrainJob as last recorded in the history (with the runtime recorded with it)",
+    )
     source = pl.add_mutually_exclusive_group()
     source.add_argument("--runtime", help="runtime YAML (TrainingRuntime or ClusterTrainingRuntime); - reads stdin")
     source.add_argument("--from-cluster", action="store_true", help="read the runtime from the cluster")
@@ -527,7 +544,9 @@ def _add_operator_commands(sub: Any) -> None:
         "table: the --server-dry-run diff for people (its default)",
     )
     _kube(pl)
-    _connect_timeout(pl, "the apiserver")
+    _connect_timeout(pl, "the apiserver or NATS")
+    add_nats_flags(pl)
+    _fleet_cluster(pl)
     add_trainjob_status_flags(pl)
 
     dlq = sub.add_parser("dlq", help="inspect dead letters and send them back into the pipeline")

@@ -56,6 +56,7 @@ def run(command: str, args: argparse.Namespace) -> int:
 def _check_arguments(command: str, args: argparse.Namespace) -> None:
     """Turn the NAME and ``--since`` arguments into a key and a time, or raise ``UsageError``."""
     args.key = None
+    args.where = records_of(getattr(args, "cluster", None))
     if command == "history":
         args.key = trainjob_key(args.trainjob, args.namespace)
     elif command == "replay":
@@ -81,6 +82,29 @@ def route_logs(*, debug: bool) -> None:
         logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
     else:
         logging.getLogger().addHandler(logging.NullHandler())
+
+
+def records_of(cluster: str | None) -> Any:
+    """``--cluster``: that member cluster's records at the fleet's hub (``tjpipe.ops.Records``), checked
+    as a cluster name, so it can only ever be one literal subject token; without it, the bus's own."""
+    from contracts.fleet import FleetNameError, check_cluster_name
+    from tjpipe.ops import LOCAL, Records
+
+    if cluster is None:
+        return LOCAL
+    try:
+        return Records(cluster=check_cluster_name(cluster))
+    except FleetNameError as exc:
+        raise UsageError(f"--cluster: {exc}") from None
+
+
+async def _connect(args: argparse.Namespace, command: str) -> Any:
+    """The bus, as ``fleet-reader`` when the records read are a fleet cluster's (its inbox is its own)."""
+    if getattr(args, "where", None) is not None and args.where.cluster:
+        from tjpipe.fleet import HUB_READER
+
+        return await connect_nats(args, command, identity=HUB_READER)
+    return await connect_nats(args, command)
 
 
 # ------------------------------------------------------------------------------------------ raw output
@@ -183,7 +207,7 @@ def _short(value: Any) -> str:
 async def _with_bus(command: str, args: argparse.Namespace) -> int:
     import nats.errors
 
-    nc = await connect_nats(args, command)
+    nc = await _connect(args, command)
     try:
         js = nc.jetstream()
         if command == "history":
@@ -209,9 +233,10 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
     from tjpipe import ops
 
     key: ObjectKey = args.key
-    entries = await ops.history(js, key)
+    entries = await ops.history(js, key, where=args.where)
+    where = f" in cluster {args.where.cluster}" if args.where.cluster else ""
     if not entries:
-        raise Failure(f"no history for TrainJob {key} (wrong name, or older than the streams keep)")
+        raise Failure(f"no history for TrainJob {key}{where} (wrong name, or older than the streams keep)")
     if args.output != "table":
         rows = [
             {
@@ -226,7 +251,7 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
         ]
         emit(rows, args.output)
         return ExitCode.OK
-    table = Table(title=f"history of TrainJob {key}")
+    table = Table(title=f"history of TrainJob {key}{where}")
     for column in ("time (UTC)", "stream", "seq", "kind", "what"):
         table.add_column(column)
     colour = {"event": "cyan", "plan": "white", "result": "green", "dead-letter": "red", "progress": "magenta"}
@@ -273,9 +298,12 @@ async def _replay(js: Any, args: argparse.Namespace) -> int:
                 from_seq=args.from_seq,
                 framework=framework,
                 progress=lambda: bar.advance(task),
+                where=args.where,
             )
     else:
-        report = await ops.replay(js, key=key, since=since, from_seq=args.from_seq, framework=framework)
+        report = await ops.replay(
+            js, key=key, since=since, from_seq=args.from_seq, framework=framework, where=args.where
+        )
     changed = [e for e in report.events if e.changed]
     if args.output != "table":
         emit(
@@ -347,9 +375,56 @@ def _load_yaml(path: str, flag: str) -> list[dict[str, Any]]:
 _RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 
 
+def _recorded_trainjob(args: argparse.Namespace) -> list[Any]:
+    """``plan --from-history``: what today's planner makes of the TrainJob's newest recorded observation."""
+    from planner.core import plan
+
+    if args.runtime or args.from_cluster:
+        raise UsageError("--from-history plans the runtime recorded with the TrainJob: no --runtime or --from-cluster")
+    key = trainjob_key(args.from_history, args.namespace)
+    args.where = records_of(args.cluster)
+    framework = _framework(args)
+
+    async def read() -> Any:
+        import nats.errors
+
+        from tjpipe import ops
+
+        nc = await _connect(args, "plan")
+        try:
+            return await ops.recorded_observation(nc.jetstream(), key, where=args.where)
+        except LookupError:
+            where = f" in cluster {args.cluster}" if args.cluster else ""
+            raise Failure(
+                f"no recorded observation of TrainJob {key}{where} (wrong name, or older than the streams keep)"
+            ) from None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise Failure(
+                f"NATS did not answer a read of the streams ({type(exc).__name__}): the identity in use may not "
+                "read them, or the bus is not set up (tjpipe bus-setup)"
+            ) from exc
+        finally:
+            await nc.close()
+
+    event = asyncio.run(read())
+    return list(plan(event, source_seq=0, framework=framework).applies)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from tjpipe import ops
 
+    if args.cluster and not args.from_history:
+        raise UsageError("--cluster names the member cluster whose history --from-history reads")
+    if args.from_history:
+        output = args.output or ("table" if args.server_dry_run else "yaml")
+        if output == "table" and not args.server_dry_run:
+            raise UsageError("-o table shows a --server-dry-run diff; plan prints objects as yaml or json")
+        recorded = _recorded_trainjob(args)
+        if not args.server_dry_run:
+            objects = [msgspec.to_builtins(m.object) for m in recorded if isinstance(m, ObjectApply)]
+            sys.stdout.write(to_json(objects) if output == "json" else to_yaml_all(objects))
+            return ExitCode.OK
+        return _ClusterReader.connect(args).dry_run_diff(recorded, output)
     if args.file == "-" and args.runtime == "-":
         raise UsageError("only one of -f and --runtime can read stdin")
     docs = _load_yaml(args.file, "-f")

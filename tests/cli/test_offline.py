@@ -134,7 +134,23 @@ def test_plan_runtime_from_its_own_file_and_stdin(tmp_path: Path, job_file: Path
             None,
             "error: --from-cluster and --server-dry-run need a kubeconfig: --kubeconfig or KUBECONFIG\n",
         ),
-        ([], None, "error: the following arguments are required: -f/--file (see: tjpipe plan --help)\n"),
+        ([], None, "error: one of the arguments -f/--file --from-history is required (see: tjpipe plan --help)\n"),
+        (
+            ["-f", "{job}", "--cluster", "a"],
+            None,
+            "error: --cluster names the member cluster whose history --from-history reads\n",
+        ),
+        (
+            ["--from-history", "team-a/x", "--runtime", "{tmp}/r.yaml"],
+            None,
+            "error: --from-history plans the runtime recorded with the TrainJob: no --runtime or --from-cluster\n",
+        ),
+        (
+            ["--from-history", "team-a/x", "--cluster", "a.>"],
+            None,
+            "error: --cluster: cluster name 'a.>' is not a DNS label (lowercase letters, digits and '-', at most 63): "
+            "it is the cluster's JetStream domain and one token of its subjects at the hub\n",
+        ),
     ],
 )
 def test_plan_usage_errors_are_one_line(
