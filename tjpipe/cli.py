@@ -356,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", action="append", required=True, help="a DNS name or IP address the certificate is for (repeatable)"
     )
 
+    from tjpipe.fleetcli import add_fleet_command
+
+    add_fleet_command(sub, _nats_client)
     _add_operator_commands(sub)
     _debug_flag_everywhere(parser)
     _name_docs_pages(parser)
@@ -377,6 +380,7 @@ DOCS_PAGES = {
     "nats-credentials": "docs/security.md#nats-identities",
     "nats-credentials rotate": "docs/security.md#rotating-nats-seeds",
     "nats-tls": "docs/security.md#nats-identities",
+    "fleet": "docs/fleet.md",
     "history": "docs/operating.md#history-replay-plan-dead-letters",
     "replay": "docs/operating.md#history-replay-plan-dead-letters",
     "plan": "docs/operating.md#history-replay-plan-dead-letters",
@@ -703,6 +707,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from tjpipe.history_server.server import run
 
         return run(args)
+    if command == "fleet":
+        from tjpipe.fleetcli import run_fleet
+
+        return run_fleet(args)
     if command == "nats-tls":
         from tjpipe.credentials import write_self_signed_tls
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,8 @@ class FleetCredentials:
 def generate_fleet_credentials(root: Path, members: Iterable[str] = ()) -> FleetCredentials:
     """Seeds for the hub's identities and for each of ``members`` that has none yet (mode 0600, folders 0700)."""
     creds = FleetCredentials(root)
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
     paths = [creds.hub_seed(identity) for identity in HUB_IDENTITIES]
     paths += [creds.leaf_seed(cluster) for cluster in members]
     for path in paths:

@@ -1,0 +1,210 @@
+"""``tjpipe fleet``: the files a fleet's servers run with, and its hub's fleet streams (``tjpipe.fleet``).
+
+Why files and not a running controller: a hub and each member are nats-servers configured by their operators
+(a Secret, a ConfigMap, a file on a host), so the command writes what goes there, once per hub server and
+per member, and sets up the streams at the hub with the hub's own admin identity, as ``bus-setup`` does for a
+cluster. Seeds and keys are written mode 0600 and never printed; the hub's authorization block holds public
+keys only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+AUTHORIZATION_FILE = "hub-authorization.conf"
+TLS_DIR = "tls"
+
+
+def add_fleet_command(sub: Any, nats_client: Callable[[argparse.ArgumentParser], None]) -> None:
+    """``tjpipe fleet credentials|hub-config|member-config|setup|status``; ``nats_client`` adds the NATS flags."""
+    fleet = sub.add_parser(
+        "fleet", help="a fleet: the hub's and members' NATS files, and the hub's streams of every member's history"
+    )
+    commands = fleet.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
+
+    creds = commands.add_parser(
+        "credentials",
+        help="seeds for the hub's identities and each member's leaf (kept if present), the hub's authorization "
+        "block, and with --hub-host the leaf link's CA and certificates",
+    )
+    _folder(creds)
+    _members(creds)
+    creds.add_argument(
+        "--hub-host",
+        action="append",
+        default=[],
+        help="a DNS name or IP address members dial the hub's leaf port at (repeatable); makes <dir>/tls once",
+    )
+
+    hub = commands.add_parser("hub-config", help="one hub server's whole nats.conf (JetStream domain hub, leaf TLS)")
+    _folder(hub)
+    _members(hub)
+    hub.add_argument("--name", required=True, help="this server's name (each of the three hub servers its own)")
+    hub.add_argument("--listen", default="0.0.0.0:4222", help="client address (default 0.0.0.0:4222)")
+    hub.add_argument("--monitor", default="0.0.0.0:8222", help="monitoring address (default 0.0.0.0:8222)")
+    hub.add_argument("--cluster-listen", default="0.0.0.0:6222", help="route address (default 0.0.0.0:6222)")
+    hub.add_argument("--leaf-listen", default="0.0.0.0:7422", help="leaf node address (default 0.0.0.0:7422)")
+    hub.add_argument("--route", action="append", required=True, help="another hub server's HOST:PORT (repeatable)")
+    hub.add_argument("--store-dir", required=True, help="this server's JetStream store")
+    hub.add_argument("--route-password-file", type=Path, required=True, help="file holding the routes' shared password")
+    _out(hub)
+
+    member = commands.add_parser(
+        "member-config", help="what a member's nats.conf adds: its JetStream domain and its leaf remote to the hub"
+    )
+    _folder(member)
+    member.add_argument("--cluster", required=True, help="the member's name (its JetStream domain)")
+    member.add_argument("--hub", action="append", required=True, help="a hub server's leaf HOST:PORT (repeatable)")
+    member.add_argument("--store-dir", required=True, help="the member's JetStream store")
+    _out(member)
+
+    setup = commands.add_parser(
+        "setup", help="create or update the hub's fleet streams, one source per member; needs the fleet-admin seed"
+    )
+    _members(setup)
+    nats_client(setup)
+
+    status = commands.add_parser("status", help="each fleet stream's copy of each member: lag, last contact, error")
+    nats_client(status)
+
+
+def _folder(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, required=True, help="the fleet's folder of seeds and certificates (0700)")
+
+
+def _members(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--member", action="append", required=True, help="a member cluster's name, a DNS label (repeatable)"
+    )
+
+
+def _out(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="write the configuration here (mode 0600)")
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    from contracts.fleet import FleetNameError
+    from tjpipe.exits import UsageError
+
+    try:
+        if args.fleet_command == "credentials":
+            return _credentials(args)
+        if args.fleet_command == "hub-config":
+            return _hub_config(args)
+        if args.fleet_command == "member-config":
+            return _member_config(args)
+        return asyncio.run(_on_hub(args))
+    except FleetNameError as exc:
+        raise UsageError(str(exc)) from exc
+    except FileNotFoundError as exc:
+        raise UsageError(f"{exc.filename}: not found; run 'tjpipe fleet credentials' first") from exc
+
+
+def _say(line: str) -> None:
+    console.print(line, markup=False, emoji=False)
+
+
+def _credentials(args: argparse.Namespace) -> int:
+    from tjpipe import fleet
+
+    creds = fleet.generate_fleet_credentials(args.dir, args.member)
+    authorization = args.dir / AUTHORIZATION_FILE
+    authorization.write_text(fleet.hub_authorization(creds, args.member))
+    _say(f"hub seeds in {args.dir / 'hub'}; leaf seeds in {args.dir / 'members'} (one per member, for it alone)")
+    for cluster in args.member:
+        _say(f"  {fleet.leaf_identity(cluster)}: {creds.public_key(creds.leaf_seed(cluster))}")
+    _say(f"hub authorization block (public keys only): {authorization}")
+    tls = args.dir / TLS_DIR
+    if args.hub_host and not (tls / "ca.crt").is_file():
+        fleet.write_fleet_tls(tls, args.hub_host, args.member)
+        _say(f"leaf link CA, hub and member certificates in {tls}")
+    elif args.hub_host:
+        _say(f"{tls} kept: its CA signs only the members it was made for (delete it to make a new one)")
+    return 0
+
+
+def _hub_config(args: argparse.Namespace) -> int:
+    from tjpipe import fleet
+
+    creds = fleet.FleetCredentials(args.dir)
+    tls = args.dir / TLS_DIR
+    text = fleet.hub_config(
+        fleet.HubServer(
+            name=args.name,
+            client_listen=args.listen,
+            monitor_listen=args.monitor,
+            cluster_listen=args.cluster_listen,
+            leaf_listen=args.leaf_listen,
+            store_dir=args.store_dir,
+            routes=tuple(args.route),
+        ),
+        tls=fleet.HubTls(
+            cert_file=str(_existing(tls / "hub.crt")),
+            key_file=str(_existing(tls / "hub.key")),
+            ca_file=str(_existing(tls / "ca.crt")),
+            verify_clients=True,
+        ),
+        authorization=fleet.hub_authorization(creds, args.member),
+        route_password=args.route_password_file.read_text().strip(),
+    )
+    fleet.write_member_config(args.out, text)
+    _say(f"hub server {args.name}: {args.out}")
+    return 0
+
+
+def _member_config(args: argparse.Namespace) -> int:
+    from tjpipe import fleet
+
+    creds = fleet.FleetCredentials(args.dir)
+    tls = args.dir / TLS_DIR
+    text = fleet.member_config(
+        cluster=args.cluster,
+        store_dir=args.store_dir,
+        hub_leaf_urls=args.hub,
+        leaf_seed=_existing(creds.leaf_seed(args.cluster)).read_text(),
+        ca_file=str(_existing(tls / "ca.crt")),
+        client_cert=(
+            str(_existing(tls / "members" / f"{args.cluster}.crt")),
+            str(_existing(tls / "members" / f"{args.cluster}.key")),
+        ),
+    )
+    fleet.write_member_config(args.out, text)
+    _say(f"member {args.cluster}: {args.out} (holds its leaf seed: keep it as private as a seed)")
+    return 0
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(2, "not found", str(path))
+    return path
+
+
+async def _on_hub(args: argparse.Namespace) -> int:
+    from contracts.fleet import check_cluster_name
+    from tjpipe import fleet
+    from tjpipe.nats_connection import connect_nats
+    from tjpipe.opscli import route_logs
+
+    route_logs(debug=args.debug)
+    members = [check_cluster_name(cluster) for cluster in getattr(args, "member", None) or []]
+    nc = await connect_nats(args, f"fleet-{args.fleet_command}")
+    try:
+        js = nc.jetstream()
+        if args.fleet_command == "setup":
+            await fleet.setup_fleet_streams(js, members)
+            _say(f"fleet streams set up, sourcing {', '.join(members)}")
+        for state in await fleet.source_states(js):
+            contact = "not connected" if state.active_seconds is None else f"{state.active_seconds:.1f}s ago"
+            error = f", error: {state.error}" if state.error else ""
+            print(f"{state.stream}\t{state.cluster}\tlag {state.lag}\tlast contact {contact}{error}", flush=True)
+    finally:
+        await nc.close()
+    return 0
