@@ -26,7 +26,7 @@ cluster is held for the grace, then overwritten).
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import re
 from typing import Literal
@@ -37,6 +37,7 @@ from nats.js.kv import KeyValue
 
 from applier import objects
 from contracts import resources
+from plumbing import retrying
 from plumbing.kube import KubeApiError, KubeClient
 from plumbing.observability import CLUSTER_REWINDS
 
@@ -122,15 +123,14 @@ class ClusterEpoch:
     async def start(self) -> None:
         """The first observation, tried until the API server answers; claims made before it carry no stamp
         (few: a TrainJob is read from the API server before anything is claimed for it)."""
-        delay = 0.5
-        while True:
-            try:
+        policy = dataclasses.replace(retrying.API_UNAVAILABLE, retry_on=(KubeApiError, OSError, TimeoutError))
+        async for attempt in policy.retrying(
+            on_retry=lambda exc, wait: log.warning(
+                "cannot read the cluster's identity and revision yet (%s); trying again in %.1fs", exc, wait
+            )
+        ):
+            with attempt:
                 await self.observe()
-                return
-            except (KubeApiError, OSError, TimeoutError) as exc:
-                log.warning("cannot read the cluster's identity and revision yet (%s); trying again", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     async def observe(self, *, revision: int | None = None, seen: int = 0) -> bool:
         """Read (or take) the cluster's revision, update the mark; whether a new epoch began."""

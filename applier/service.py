@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from applier import authorize, core
 from applier.claims import NewerClaims
@@ -52,7 +50,7 @@ from contracts.messages import (
     decode_apply,
     encode,
 )
-from plumbing import bus, intake, publishing, signing
+from plumbing import bus, intake, publishing, retrying, signing
 from plumbing.kube import KubeClient, KubeConfig
 from plumbing.observability import (
     APPLIES,
@@ -112,15 +110,13 @@ class ApplierStats:
         self.actions[action] = self.actions.get(action, 0) + 1
 
 
-def _wait(settings: ApplierSettings) -> Any:
-    def wait(state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        backoff: float = min(settings.max_backoff_seconds, 0.1 * 2.0 ** (state.attempt_number - 1))
-        backoff *= 0.5 + random.random()
-        retry_after = exc.retry_after if isinstance(exc, core.TransientError) else None
-        return max(backoff, retry_after or 0.0)
-
-    return wait
+def _retry_policy(settings: ApplierSettings) -> retrying.Policy:
+    """The transient-error policy with this applier's attempts and cap, honouring the server's Retry-After."""
+    return dataclasses.replace(
+        retrying.TRANSIENT_API_ERROR.with_limits(attempts=settings.attempts, maximum=settings.max_backoff_seconds),
+        retry_on=(core.TransientError,),
+        wait_at_least=lambda exc: exc.retry_after if isinstance(exc, core.TransientError) else None,
+    )
 
 
 class Applier:
@@ -211,13 +207,8 @@ class Applier:
         self, message: ApplyMessage, resource: resources.Resource, body: bytes, attempt: _Attempts
     ) -> tuple[core.Done, authorize.TrainJobFacts]:
         """The in-process retry tier: authorize, then one fenced write, again while it fails for now."""
-        async for retrying in AsyncRetrying(
-            retry=retry_if_exception_type(core.TransientError),
-            stop=stop_after_attempt(self.settings.attempts),
-            wait=_wait(self.settings),
-            reraise=True,
-        ):
-            with retrying:
+        async for retried in _retry_policy(self.settings).retrying():
+            with retried:
                 attempt.count += 1
                 if attempt.count > 1:
                     self.stats.retries += 1
@@ -268,7 +259,7 @@ class Applier:
 
     async def _hand_back(self, msg: Msg, message: ApplyMessage, exc: core.TransientError) -> None:
         """Give a message that failed for now back to JetStream, with a delay that grows per delivery."""
-        delay = min(60.0, 2.0 ** min(msg.metadata.num_delivered or 1, 6))
+        delay = retrying.TRANSIENT_REDELIVERY.delay(msg.metadata.num_delivered or 1)
         self.stats.naks += 1
         log.warning(
             "%s: %s; handing back to JetStream for %.0fs",

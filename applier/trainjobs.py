@@ -38,6 +38,7 @@ from applier.authorize import (
 )
 from contracts import conditions, resources
 from contracts.messages import ApplyMessage, DeleteComponent
+from plumbing import retrying
 from plumbing.informer import Cached, Informer, Key
 from plumbing.kube import KubeApiError, KubeClient
 from plumbing.observability import TRAINJOB_CHECKS
@@ -118,24 +119,27 @@ class WatchedTrainJobs:
         await asyncio.gather(*(informer.synced.wait() for informer in self.informers.values()))
 
     async def _may_watch(self, namespace: str | None) -> bool:
-        failures = 0
-        while True:
-            try:
-                response = await self.kube.request(
-                    "POST",
-                    "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-                    body=_may_watch_review(namespace),
-                    content_type="application/json",
-                )
+        policy = dataclasses.replace(retrying.API_UNAVAILABLE, retry_on=(KubeApiError, OSError, TimeoutError))
+        async for attempt in policy.retrying(
+            on_retry=lambda exc, wait: log.warning(
+                "could not ask whether TrainJobs may be watched (%s); asking again in %.0fs", exc, wait
+            )
+        ):
+            with attempt:
+                try:
+                    response = await self.kube.request(
+                        "POST",
+                        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                        body=_may_watch_review(namespace),
+                        content_type="application/json",
+                    )
+                except KubeApiError as exc:
+                    if exc.status in (401, 403):
+                        return False
+                    raise
                 allowed: bool = json.loads(response.body).get("status", {}).get("allowed", False)
                 return allowed
-            except (KubeApiError, OSError, TimeoutError) as exc:
-                if isinstance(exc, KubeApiError) and exc.status in (401, 403):
-                    return False
-                failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
-                log.warning("could not ask whether TrainJobs may be watched (%s); asking again in %.0fs", exc, delay)
-                await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the policy retries until it is answered")
 
     async def _on_change(self, kind: str, key: Key, cached: Cached[objects.KubeObject] | None) -> None:
         if kind == "DELETED" or cached is None:

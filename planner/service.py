@@ -32,7 +32,7 @@ from planner.core import FRAMEWORK, plan, plan_too_large
 from planner.framework import Framework
 from planner.plugins import registry
 from planner.plugins.trainjobstatus import StatusServer
-from plumbing import bus, intake, publishing, signing
+from plumbing import bus, intake, publishing, retrying, signing
 from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
 from plumbing.partitions import consume_partitioned, default_replica_id
 from plumbing.runner import ServiceSettings, started
@@ -226,7 +226,7 @@ class Planner:
                 delay = 1.0
                 if publishing.is_refused(exc):
                     self._synchronous_until = time.monotonic() + SYNCHRONOUS_AFTER_REFUSAL_SECONDS
-                    delay = min(30.0, 2.0 ** min(msg.metadata.num_delivered or 1, 5))
+                    delay = retrying.FULL_STREAM_REDELIVERY.delay(msg.metadata.num_delivered or 1)
                     publishing.note_refused(exc, stream=streams.APPLY.name, subject=msg.subject, delay=delay)
                 else:
                     log.warning("publishing the plan for %s failed (%s); it will be redelivered", msg.subject, exc)

@@ -22,6 +22,7 @@ when their settings changed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import ssl
@@ -45,7 +46,7 @@ from contracts import subjects
 from contracts.messages import DeadLetter, encode
 from contracts.streams import APPLIED_BUCKET, APPLIER, DLQ, PLANNER, ConsumerSpec, StreamSpec
 from contracts.subjects import PARTITIONS
-from plumbing import publishing
+from plumbing import publishing, retrying
 from plumbing.observability import PUBLISH_REFUSED
 
 log = logging.getLogger(__name__)
@@ -342,22 +343,13 @@ _SETUP_RETRYABLE = (
 async def until_done(step: Callable[[], Awaitable[T]], *, what: str, attempts: int = 30) -> T:
     """Run a bus set-up step again after a timeout or a transient refusal, with backoff, a bounded number
     of times: a cluster that is busy creating replicated streams must not make a service exit."""
-    delay = 0.5
-    for attempt in range(1, attempts + 1):
-        try:
+    policy = dataclasses.replace(retrying.BUS_SET_UP, retry_on=_SETUP_RETRYABLE, attempts=attempts)
+    async for attempt in policy.retrying(
+        on_retry=lambda exc, wait: log.warning("%s failed (%s); trying again in %.1fs", what, exc, wait)
+    ):
+        with attempt:
             return await step()
-        except (
-            TimeoutError,
-            nats.errors.TimeoutError,
-            nats.js.errors.ServiceUnavailableError,
-            nats.errors.NoRespondersError,
-        ) as exc:
-            if attempt == attempts:
-                raise
-            log.warning("%s failed (%s); trying again in %.1fs", what, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable: the policy raises the last failure when it stops")
 
 
 async def _ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) -> None:
@@ -500,28 +492,26 @@ async def until_set_up(step: Callable[[], Awaitable[T]], *, what: str, max_delay
     A service may not create streams, consumers or buckets itself, so it waits, saying what it waits for,
     and goes on once ``tjpipe bus-setup`` (or the deployment's set-up Job) has made them.
     """
-    delay = 0.5
     waited = 0.0
-    while True:
-        try:
+
+    def note(exc: BaseException, wait: float) -> None:
+        nonlocal waited
+        log.warning(
+            "%s is not there yet (%s); waiting for the bus set-up (tjpipe bus-setup, admin identity); "
+            "waited %.0fs so far",
+            what,
+            type(exc).__name__,
+            waited,
+        )
+        waited += wait
+
+    policy = dataclasses.replace(
+        retrying.BUS_SET_UP, retry_on=(nats.js.errors.NotFoundError, *_SETUP_RETRYABLE), maximum=max_delay
+    )
+    async for attempt in policy.retrying(on_retry=note):
+        with attempt:
             return await step()
-        except (
-            nats.js.errors.NotFoundError,
-            TimeoutError,
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            nats.js.errors.ServiceUnavailableError,
-        ) as exc:
-            log.warning(
-                "%s is not there yet (%s); waiting for the bus set-up (tjpipe bus-setup, admin identity); "
-                "waited %.0fs so far",
-                what,
-                type(exc).__name__,
-                waited,
-            )
-            await asyncio.sleep(delay)
-            waited += delay
-            delay = min(delay * 2, max_delay)
+    raise AssertionError("unreachable: the policy retries until the step succeeds")
 
 
 async def bind_stream(js: JetStreamContext, stream: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import sys
 import zlib
 from collections.abc import Awaitable, Callable
@@ -27,6 +26,7 @@ import msgspec
 
 from contracts.resources import Resource
 from plumbing.kube import LIST_PAGE_SIZE, KubeApiError, KubeClient
+from plumbing.retrying import WATCH_RELIST
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +203,8 @@ class Informer(Generic[T]):
 
     async def run(self) -> None:
         rv = ""
+        # Failures in a row, reset by every event the watch delivers: the loop outlives one call, so it asks
+        # the policy for each wait (WATCH_RELIST.delay) instead of handing the loop to tenacity.
         failures = 0
         while True:
             try:
@@ -240,7 +242,7 @@ class Informer(Generic[T]):
                     rv = ""
                     continue
                 failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (0.5 + random.random())
+                delay = WATCH_RELIST.delay(failures)
                 log.warning("%s watch failed (%s); retrying in %.1fs", self.resource.kind, exc, delay)
                 # Resume from the last version after a blip; relist after a hard error or many blips.
                 resumable = exc.status in (0, 429, 500, 503, 504) and failures < 5
@@ -251,7 +253,7 @@ class Informer(Generic[T]):
             except Exception as exc:  # anything else must not end the informer silently
                 self.current = False
                 failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (0.5 + random.random())
+                delay = WATCH_RELIST.delay(failures)
                 log.exception("%s informer failed (%s); listing again in %.1fs", self.resource.kind, exc, delay)
                 rv = ""
                 await asyncio.sleep(delay)

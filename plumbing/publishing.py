@@ -16,6 +16,7 @@ a later resync of the same observation, is not taken for a duplicate.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -25,12 +26,12 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 
 from plumbing.observability import PUBLISH_REFUSED
+from plumbing.retrying import FULL_STREAM
 
 log = logging.getLogger(__name__)
 
 STREAM_FULL_CODE = 10077
 """JetStream's error code for a publish refused at a stream's limit (bytes, messages, per subject)."""
-MAX_REFUSED_DELAY_SECONDS = 10.0
 
 
 def is_refused(exc: BaseException) -> bool:
@@ -70,15 +71,13 @@ async def publish_stored(
     timeout: float = 5.0,
 ) -> js_api.PubAck:
     """Publish and wait for the PubAck, waiting out a full stream with backoff; other errors propagate."""
-    delay = 0.2
-    while True:
-        try:
+    policy = dataclasses.replace(FULL_STREAM, retry_if=is_refused)
+    async for attempt in policy.retrying(
+        on_retry=lambda exc, wait: note_refused(exc, stream=stream, subject=subject, delay=wait),
+    ):
+        with attempt:
             return await js.publish(subject, payload, headers=headers, timeout=timeout)
-        except nats.js.errors.APIError as exc:
-            if not note_refused(exc, stream=stream, subject=subject, delay=delay):
-                raise
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, MAX_REFUSED_DELAY_SECONDS)
+    raise AssertionError("unreachable: the policy retries until the stream takes the message")
 
 
 async def await_acks(acks: Sequence[asyncio.Future[Any]], *, timeout: float) -> None:

@@ -24,6 +24,7 @@ changes into windows and one of scheduled deadline looks. Which component kinds 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -43,7 +44,7 @@ from contracts.kube import ConfigMap, ObjectMeta
 from contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
 from contracts.trainer import TrainingRuntime, TrainJob
 from contracts.values import meta, name_of, namespace_of
-from plumbing import bus, publishing, signing
+from plumbing import bus, publishing, retrying, signing
 from plumbing.informer import Cached, Handler, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
 from plumbing.observability import (
@@ -375,29 +376,32 @@ class Watcher:
         subject = subjects.event_subject(key[0], key[1])
         headers[signing.SIGNATURE_HEADER] = self.signer.sign(subject, payload)
         started = time.perf_counter()
-        delay = 0.2
-        while True:
-            try:
-                ack = await self.js.publish(subject, payload, headers=headers, timeout=5)
-                break
-            except nats.errors.MaxPayloadError as exc:
-                # Retrying cannot help and would stall every other TrainJob behind this one.
-                EVENTS.labels(cause=cause.split()[0], outcome="too-large").inc()
-                log.error(
-                    "%s/%s: the event is %d bytes, over the server's max payload (%s); not published",
-                    key[0],
-                    key[1],
-                    len(payload),
-                    exc,
-                    extra={"trainjob": f"{key[0]}/{key[1]}"},
-                )
-                return False
-            except Exception as exc:  # the bus is down or slow, or the stream is full: keep the event, try again
-                self.stats.publish_retries += 1
-                if not publishing.note_refused(exc, stream=streams.EVENTS.name, subject=subject, delay=delay):
-                    log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+
+        def retried(exc: BaseException, wait: float) -> None:
+            self.stats.publish_retries += 1
+            if not publishing.note_refused(exc, stream=streams.EVENTS.name, subject=subject, delay=wait):
+                log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, wait)
+
+        # The bus is down or slow, or the stream is full: keep the event, try again. Not a payload over the
+        # server's limit: retrying cannot help and would stall every other TrainJob behind this one.
+        policy = dataclasses.replace(
+            retrying.BUS_REQUEST, retry_if=lambda exc: not isinstance(exc, nats.errors.MaxPayloadError)
+        )
+        try:
+            async for attempt in policy.retrying(on_retry=retried):
+                with attempt:
+                    ack = await self.js.publish(subject, payload, headers=headers, timeout=5)
+        except nats.errors.MaxPayloadError as exc:
+            EVENTS.labels(cause=cause.split()[0], outcome="too-large").inc()
+            log.error(
+                "%s/%s: the event is %d bytes, over the server's max payload (%s); not published",
+                key[0],
+                key[1],
+                len(payload),
+                exc,
+                extra={"trainjob": f"{key[0]}/{key[1]}"},
+            )
+            return False
         EVENTS.labels(cause=cause.split()[0], outcome="duplicate" if ack.duplicate else "published").inc()
         STAGE_SECONDS.labels(stage="watcher").observe(time.perf_counter() - started)
         if ack.duplicate:
