@@ -338,9 +338,8 @@ class Applier:
         if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
             END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
         subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
-        await publishing.publish_stored(
-            self.js, subject, encode(result), stream=streams.RESULTS.name, headers={bus.TRACE_ID: message.trace_id}
-        )
+        outgoing = publishing.Outgoing(subject, encode(result), {bus.TRACE_ID: message.trace_id})
+        await publishing.publish(self.js, [outgoing], stream=streams.RESULTS.name)
         log.info(
             "%s %s (%d attempt%s, %.1f ms)%s",
             action,

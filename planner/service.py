@@ -107,8 +107,9 @@ class Planner:
         self.stats = PlannerStats()
         self.framework = framework_of(settings)
         self.max_payload = DEFAULT_MAX_PAYLOAD
-        self._synchronous_until = 0.0
         """The server's max payload (headers and body); ``run_planner`` sets it from the connection."""
+        self._synchronous_until = 0.0
+        """Until when (``time.monotonic()``) apply messages go one at a time, after a full stream refused one."""
 
     async def handle(self, msg: Msg) -> None:
         started = time.perf_counter()
@@ -177,37 +178,27 @@ class Planner:
         await msg.term()
 
     async def _publish(self, encoded: list[tuple[ApplyMessage, bytes]]) -> None:
-        futures = []
-        sent: list[tuple[str, bytes, dict[str, str]]] = []
+        outgoing = []
         for message, payload in encoded:
             subject = subjects.apply_subject(message.trainjob.namespace, message.trainjob.name, component_of(message))
-            headers = {
-                bus.MSG_ID: apply_message_id(message, payload),
-                bus.TRACE_ID: message.trace_id,
-                signing.SIGNATURE_HEADER: self.signer.sign(subject, payload),
-            }
+            headers = {bus.MSG_ID: apply_message_id(message, payload), bus.TRACE_ID: message.trace_id}
             PLANNED_MESSAGES.labels(component=str(type(message).__struct_config__.tag)).inc()
-            sent.append((subject, payload, headers))
-            if time.monotonic() < self._synchronous_until:
-                # The stream refused a message lately: publish one at a time, so a refusal shows at once.
-                await self.js.publish(subject, payload, headers=headers, timeout=PUBACK_TIMEOUT_SECONDS)
-            else:
-                futures.append(await self.js.publish_async(subject, payload, headers=headers))
-        if futures:
-            # Bounded: a PubAck lost with a stream leader never completes its future, and an unbounded wait
-            # would stall this partition for good while its lease is still renewed. On timeout the event is
-            # handed back (handle_batch naks it) and planned again; the message ids make repeats free.
-            try:
-                await publishing.await_acks(futures, timeout=PUBACK_TIMEOUT_SECONDS)
-            except TimeoutError:
-                # nats-py loses a PubAck that is an error (its reply handler raises instead of failing the
-                # future), so a full stream's refusal looks like a lost PubAck. Asking again, synchronously,
-                # tells them apart: a stored message answers as a duplicate, a refused one raises. Either
-                # way the event goes back to be planned again.
-                subject, payload, headers = sent[0]
-                await self.js.publish(subject, payload, headers=headers, timeout=PUBACK_TIMEOUT_SECONDS)
-                raise
-        self.stats.messages += len(sent)
+            outgoing.append(publishing.Outgoing(subject, payload, headers))
+        if outgoing:
+            # Tried once: a failure hands the event back (handle_batch naks it) to be planned again, and the
+            # message ids make the repeats free. Pipelined, each PubAck bounded: a PubAck lost with a stream
+            # leader never comes, and an unbounded wait would stall this partition for good while its lease
+            # is still renewed. After a refusal, one at a time for a while, so a refusal shows at once.
+            await publishing.publish(
+                self.js,
+                outgoing,
+                stream=streams.APPLY.name,
+                signer=self.signer,
+                timeout=PUBACK_TIMEOUT_SECONDS,
+                pipelined=time.monotonic() >= self._synchronous_until,
+                retry=None,
+            )
+        self.stats.messages += len(outgoing)
 
     async def _dead_letter(self, msg: Msg, error: str, *, reason: str) -> None:
         self.stats.dead_letters += 1

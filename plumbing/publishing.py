@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats.js.errors
@@ -26,7 +27,8 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 
 from plumbing.observability import PUBLISH_REFUSED
-from plumbing.retrying import FULL_STREAM
+from plumbing.retrying import FULL_STREAM, Policy
+from plumbing.signing import SIGNATURE_HEADER, Signer
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,90 @@ def note_refused(exc: BaseException, *, stream: str, subject: str, delay: float)
     return True
 
 
+WAIT_FOR_ROOM = dataclasses.replace(FULL_STREAM, retry_if=is_refused)
+"""The default: only a full stream's refusal is waited out; any other failure is the caller's."""
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One message to publish: its subject, its bytes and its headers (message id, trace id)."""
+
+    subject: str
+    payload: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def publish(
+    js: JetStreamContext,
+    messages: Sequence[Outgoing],
+    *,
+    stream: str,
+    signer: Signer | None = None,
+    timeout: float = 5.0,
+    pipelined: bool = False,
+    retry: Policy | None = WAIT_FOR_ROOM,
+    on_retry: Callable[[BaseException, float], object] | None = None,
+) -> list[js_api.PubAck]:
+    """Publish ``messages`` to ``stream`` and wait until it has stored each (its PubAck); their PubAcks.
+
+    Every stage publishes through here; what differs between them is an argument:
+
+    - ``signer`` signs each message for its subject (the watcher's events, the planner's apply messages);
+    - ``retry`` is what is tried again in the process and how long to wait: by default a full stream's
+      refusal, waited out until there is room (the applier's results); the watcher keeps an event through
+      any bus failure (``retrying.BUS_REQUEST``); ``None`` tries once, for a stage that hands its input back
+      to the stream instead (the planner naks its event). A refusal is counted and logged whichever it is,
+      and ``on_retry(error, wait)`` is told of every failure retried;
+    - ``pipelined`` sends every message before waiting for the first PubAck (the planner's plan of several
+      components), with ``await_acks``; it is never retried in the process. nats-py loses a PubAck that is
+      an error, so a full stream's refusal looks like a lost PubAck there: on a timeout the first message is
+      published once more, synchronously, which tells them apart (a stored message answers as a duplicate,
+      a refused one raises); either way the timeout, or the refusal, is raised.
+    """
+    outgoing = [_signed(message, signer) for message in messages]
+    if pipelined:
+        futures = [await js.publish_async(m.subject, m.payload, headers=m.headers) for m in outgoing]
+        try:
+            await await_acks(futures, timeout=timeout)
+        except TimeoutError:
+            first = outgoing[0]
+            await js.publish(first.subject, first.payload, headers=first.headers, timeout=timeout)
+            raise
+        return [future.result() for future in futures]
+    return [await _publish_one(js, m, stream=stream, timeout=timeout, retry=retry, on_retry=on_retry) for m in outgoing]
+
+
+def _signed(message: Outgoing, signer: Signer | None) -> Outgoing:
+    if signer is None:
+        return message
+    headers = {**message.headers, SIGNATURE_HEADER: signer.sign(message.subject, message.payload)}
+    return Outgoing(message.subject, message.payload, headers)
+
+
+async def _publish_one(
+    js: JetStreamContext,
+    message: Outgoing,
+    *,
+    stream: str,
+    timeout: float,
+    retry: Policy | None,
+    on_retry: Callable[[BaseException, float], object] | None,
+) -> js_api.PubAck:
+    headers = message.headers or None
+    if retry is None:
+        return await js.publish(message.subject, message.payload, headers=headers, timeout=timeout)
+
+    def retried(exc: BaseException, wait: float) -> None:
+        note_refused(exc, stream=stream, subject=message.subject, delay=wait)
+        if on_retry is not None:
+            on_retry(exc, wait)
+
+    async for attempt in retry.retrying(on_retry=retried):
+        with attempt:
+            return await js.publish(message.subject, message.payload, headers=headers, timeout=timeout)
+    raise AssertionError("unreachable: a policy raises the last failure when it stops")
+
+
 async def publish_stored(
     js: JetStreamContext,
     subject: str,
@@ -70,14 +156,9 @@ async def publish_stored(
     headers: dict[str, str] | None = None,
     timeout: float = 5.0,
 ) -> js_api.PubAck:
-    """Publish and wait for the PubAck, waiting out a full stream with backoff; other errors propagate."""
-    policy = dataclasses.replace(FULL_STREAM, retry_if=is_refused)
-    async for attempt in policy.retrying(
-        on_retry=lambda exc, wait: note_refused(exc, stream=stream, subject=subject, delay=wait),
-    ):
-        with attempt:
-            return await js.publish(subject, payload, headers=headers, timeout=timeout)
-    raise AssertionError("unreachable: the policy retries until the stream takes the message")
+    """One message through ``publish``, waiting out a full stream; other errors propagate."""
+    (ack,) = await publish(js, [Outgoing(subject, payload, dict(headers or {}))], stream=stream, timeout=timeout)
+    return ack
 
 
 async def await_acks(acks: Sequence[asyncio.Future[Any]], *, timeout: float) -> None:

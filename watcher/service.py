@@ -61,6 +61,12 @@ from watcher import core, trim
 
 log = logging.getLogger("watcher")
 
+KEEP_THE_EVENT = dataclasses.replace(
+    retrying.BUS_REQUEST, retry_if=lambda exc: not isinstance(exc, nats.errors.MaxPayloadError)
+)
+"""An event is kept through any failure of the bus (down, slow, the stream full) and published again; not
+through a payload over the server's limit: retrying cannot help and would stall every TrainJob behind it."""
+
 DEADLINE_CAUSE = "deadline reached"
 GATHER_SECONDS = 0.05
 """How long changes to a TrainJob's components are gathered before its observation is published."""
@@ -374,23 +380,22 @@ class Watcher:
         if trace_id:
             headers[bus.TRACE_ID] = trace_id
         subject = subjects.event_subject(key[0], key[1])
-        headers[signing.SIGNATURE_HEADER] = self.signer.sign(subject, payload)
         started = time.perf_counter()
 
         def retried(exc: BaseException, wait: float) -> None:
             self.stats.publish_retries += 1
-            if not publishing.note_refused(exc, stream=streams.EVENTS.name, subject=subject, delay=wait):
+            if not publishing.is_refused(exc):  # a refusal is logged by publishing itself
                 log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, wait)
 
-        # The bus is down or slow, or the stream is full: keep the event, try again. Not a payload over the
-        # server's limit: retrying cannot help and would stall every other TrainJob behind this one.
-        policy = dataclasses.replace(
-            retrying.BUS_REQUEST, retry_if=lambda exc: not isinstance(exc, nats.errors.MaxPayloadError)
-        )
         try:
-            async for attempt in policy.retrying(on_retry=retried):
-                with attempt:
-                    ack = await self.js.publish(subject, payload, headers=headers, timeout=5)
+            (ack,) = await publishing.publish(
+                self.js,
+                [publishing.Outgoing(subject, payload, headers)],
+                stream=streams.EVENTS.name,
+                signer=self.signer,
+                retry=KEEP_THE_EVENT,
+                on_retry=retried,
+            )
         except nats.errors.MaxPayloadError as exc:
             EVENTS.labels(cause=cause.split()[0], outcome="too-large").inc()
             log.error(
