@@ -112,8 +112,11 @@ function hashParams() {
 
 // ------------------------------------------------------------------------------------------- the list
 
-async function renderList(params) {
-  clearList();
+// `again` is the list's own refresh (below): the rows stay on screen until the new ones replace them, and a
+// name typed into the filter is kept.
+async function renderList(params, again = false) {
+  const typed = $("filter-name").value;
+  if (!again) clearList();
   show("list-view");
   if (fleet) return renderFleetList(params);
   const namespaces = await api("/api/v1/namespaces");
@@ -124,13 +127,15 @@ async function renderList(params) {
   for (const ns of namespaces.items) select.append(el("option", { value: ns, text: ns }));
   select.value = chosen;
   $("filter-state").value = params.get("state") || "";
-  $("filter-name").value = params.get("name") || "";
+  $("filter-name").value = again ? typed : params.get("name") || "";
   const body = $("trainjobs").querySelector("tbody");
-  body.replaceChildren();
+  if (!again) body.replaceChildren();
   if (!namespaces.items.length) {
+    body.replaceChildren();
     $("list-note").textContent = "No namespace in the history is readable with this token.";
     return;
   }
+  $("list-note").textContent = "";
   const state = $("filter-state").value;
   const query = state ? "?state=" + encodeURIComponent(state) : "";
   const path = chosen ? `/api/v1/namespaces/${encodeURIComponent(chosen)}/trainjobs${query}` : `/api/v1/trainjobs${query}`;
@@ -637,7 +642,28 @@ async function route() {
   }
 }
 
+// The list on screen is read again every few seconds, so a TrainJob that reaches the history after the page
+// opened (a demo's first one often does, a moment after log-in) appears without a reload. A refused or failed
+// refresh goes the way of any other request: route()'s handling, which leaves nothing of the page before.
+const LIST_REFRESH_MS = 5000;
+let listRefreshing = false;
+
+async function refreshList() {
+  if (listRefreshing || !me || fleet || $("list-view").hidden || document.hidden) return;
+  listRefreshing = true;
+  try {
+    await renderList(hashParams().params, true);
+  } catch (error) {
+    clearList();
+    show("");
+    fail(error);
+  } finally {
+    listRefreshing = false;
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  setInterval(refreshList, LIST_REFRESH_MS);
   $("login-form").addEventListener("submit", (e) => {
     e.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
