@@ -138,7 +138,7 @@ def test_the_list_shows_the_newest_values_and_a_running_job_that_went_quiet_as_s
     while not (delta := _listed(story, "delta"))["stalled"]:
         assert time.monotonic() < deadline, "a Running job quiet for longer than --stalled-after is not stalled"
         time.sleep(0.3)
-    assert delta["stalledSeconds"] > STALLED_AFTER
+    assert delta["stalledSeconds"] >= STALLED_AFTER  # the API rounds to a tenth: 4.04 s quiet reads 4.0
     assert _api(story, f"/namespaces/{story.namespace}/trainjobs/delta/progress", "viewer")[1]["trainjob"]["stalled"]
 
 
