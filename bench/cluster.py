@@ -546,13 +546,6 @@ async def delete_collections(
     return left
 
 
-async def count_objects(kube: KubeClient, resource: Resource, *, namespace: str) -> int:
-    total = 0
-    async for page in kube.list_pages(resource, namespace=namespace, metadata_only=True):
-        total += len(page.items)
-    return total
-
-
 class ComponentWatch:
     """Sees, from the benchmark's side, when each TrainJob's JobSet and runtime snapshot ConfigMap exist.
 

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from contracts.messages import ApplyPolicy, SecretGenerator
-from contracts.trainer import MLPolicy, PodGroupPolicy, TrainingRuntime, TrainJob
+from contracts.trainer import MLPolicy, PodGroupPolicy
 
 Obj = dict[str, Any]
 
@@ -118,11 +118,3 @@ class Deletion(msgspec.Struct, frozen=True):
     kind: str
     name: str
     reason: str
-
-
-class PlanInput(msgspec.Struct, frozen=True):
-    """Everything a plan depends on; there is nothing else to read."""
-
-    trainjob: TrainJob
-    runtime: TrainingRuntime
-    now: float

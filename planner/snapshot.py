@@ -26,11 +26,6 @@ def snapshot_name(job_name: str) -> str:
     return job_name + t.RUNTIME_SNAPSHOT_SUFFIX
 
 
-def runtime_yaml(runtime: TrainingRuntime) -> str:
-    # Every TrainJob on one runtime version records the same text: render it once per distinct runtime.
-    return _render(msgspec.json.encode(runtime))
-
-
 @functools.lru_cache(maxsize=256)
 def _render(encoded: bytes) -> str:
     obj: dict[str, Any] = msgspec.json.decode(encoded)

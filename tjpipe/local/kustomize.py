@@ -85,10 +85,6 @@ def ensure_go_tool(tool: GoTool, *, progress: Callable[[str], None] = print) -> 
     return binary
 
 
-def kustomize_path() -> Path:
-    return go_tool_path(KUSTOMIZE)
-
-
 def ensure_kustomize(*, progress: Callable[[str], None] = print) -> Path:
     """The cached kustomize binary, built from ``sigs.k8s.io/kustomize/kustomize/v5`` if missing."""
     return ensure_go_tool(KUSTOMIZE, progress=progress)
