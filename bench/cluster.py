@@ -29,7 +29,7 @@ from bench import stats
 from contracts import resources, streams
 from contracts.resources import Resource
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig, Response
-from tjpipe.stack import SERVICES, Stack
+from tjpipe.local.stack import SERVICES, Stack
 
 log = logging.getLogger("bench")
 

@@ -105,7 +105,7 @@ async def history_server(
     from tjpipe.local.kubeapi import start_kube
     from tjpipe.local.natsd import start_nats
     from tjpipe.local.procs import free_port, http_ok, spawn, wait_until
-    from tjpipe.stack import setup_bus_as_admin
+    from tjpipe.local.stack import setup_bus_as_admin
 
     root = Path(tempfile.mkdtemp(prefix="tjpipe-bench-history-"))
     creds = generate_credentials(root / "creds")

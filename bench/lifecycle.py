@@ -240,8 +240,8 @@ class _Settings:
 async def _side(side: str, out: dict[str, Any], settings: _Settings, *, progress: Progress) -> None:
     """Start a simulated cluster and ``side``'s controller on it, run the TrainJobs, stop it all (into ``out``)."""
     from plumbing.kube import KubeConfig
+    from tjpipe.local.stack import Stack, StatePaths
     from tjpipe.local.trainer_controller import TrainerController
-    from tjpipe.stack import Stack, StatePaths
 
     label = LABELS[side]
 

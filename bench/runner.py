@@ -390,7 +390,7 @@ async def run_with_stack(
     )
     from contracts import resources
     from plumbing.kube import KubeConfig
-    from tjpipe.stack import Stack, StatePaths
+    from tjpipe.local.stack import Stack, StatePaths
 
     state = Path(tempfile.mkdtemp(prefix="tjpipe-bench-"))
     stack = Stack(paths=StatePaths(state), progress=lambda line: progress(f"stack: {line}"))

@@ -42,7 +42,7 @@ from contracts.messages import ApplyResult, ObjectApply, TrainJobObserved, decod
 from planner.core import plan
 from plumbing import bus
 from plumbing.kube import KubeApiError
-from tjpipe.stack import SERVICES
+from tjpipe.local.stack import SERVICES
 
 Progress = Callable[[str], None]
 

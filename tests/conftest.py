@@ -26,7 +26,7 @@ from tjpipe.local.cluster import SimulatedCluster, start_simulated_cluster
 from tjpipe.local.crds import crd_manifests, install_crds
 from tjpipe.local.kubeapi import LocalKube, new_api_client, start_kube
 from tjpipe.local.natsd import start_nats
-from tjpipe.stack import nats_connect_options, setup_bus_as_admin
+from tjpipe.local.stack import nats_connect_options, setup_bus_as_admin
 
 TEST_USERS = {"alice": ("history-viewers",), "bob": ()}
 """Plain users of the session's own apiserver (``kube.local.user_tokens``), bound to nothing by default."""

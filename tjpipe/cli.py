@@ -4,7 +4,7 @@ Every setting is a flag with an environment variable behind it (NATS_URL, KUBECO
 TJPIPE_LOG_LEVEL), so the same names work on a command line, in docker-compose and in a Deployment.
 
 This module is the shell: it declares the commands and hands each to the module that does it (a service,
-``tjpipe.stack`` for ``up``, ``tjpipe.demo`` for what the demo prints, ``tjpipe.opscli`` for the operator
+``tjpipe.local.stack`` for ``up``, ``tjpipe.demo`` for what the demo prints, ``tjpipe.opscli`` for the operator
 commands, ``tjpipe.nats_connection`` for reaching NATS). Imports sit inside the functions on purpose, here
 and in ``opscli``: parsing, ``--help`` and shell completion load argparse, rich and the settings only, and a
 command loads the NATS or kubernetes client, or a service, when it runs.
@@ -861,8 +861,8 @@ def _nats_credentials(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from tjpipe.demo import follow_stack, results_position
     from tjpipe.exits import Failure, UsageError
+    from tjpipe.local.stack import Stack, StatePaths, choose_backends
     from tjpipe.local.toolchain import ToolchainMissing
-    from tjpipe.stack import Stack, StatePaths, choose_backends
 
     paths = StatePaths(args.state_dir.resolve())
     if any(paths.logs.glob("*.pid")):
@@ -925,7 +925,7 @@ def _up(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from tjpipe import demo
     from tjpipe.exits import Failure, UsageError
-    from tjpipe.stack import demo_trainjob, mpi_demo_trainjob
+    from tjpipe.local.stack import demo_trainjob, mpi_demo_trainjob
 
     if not args.kubeconfig:
         raise UsageError("name the cluster: --kubeconfig PATH or KUBECONFIG")
@@ -991,7 +991,7 @@ def _where(stack: Any) -> None:
 
 def _down(args: argparse.Namespace) -> int:
     from tjpipe.exits import UsageError
-    from tjpipe.stack import StatePaths, purge_state, stop_detached
+    from tjpipe.local.stack import StatePaths, purge_state, stop_detached
 
     paths = StatePaths(args.state_dir.resolve())
     if args.purge and paths.root.exists() and not paths.root.is_dir():

@@ -11,7 +11,7 @@ import pytest
 
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.local.natsd import start_nats
-from tjpipe.stack import setup_bus_as_admin
+from tjpipe.local.stack import setup_bus_as_admin
 
 
 @dataclass(frozen=True)

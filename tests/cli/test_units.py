@@ -107,7 +107,7 @@ def test_tjpipe_up_prints_paths_urls_and_cluster_text_without_markup(
 
     from tjpipe import cli
     from tjpipe.demo import DemoWatch
-    from tjpipe.stack import StatePaths
+    from tjpipe.local.stack import StatePaths
 
     root = tmp_path / "state [bold]x[/]"
     stack = SimpleNamespace(

@@ -24,8 +24,8 @@ import yaml
 from jsonschema import Draft202012Validator, FormatChecker
 
 from tjpipe.local.kustomize import GoTool, ensure_go_tool
+from tjpipe.local.stack import SERVICES
 from tjpipe.local.toolchain import go_module_dir
-from tjpipe.stack import SERVICES
 
 from . import (
     DOCKERFILE,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes import dynamic
 
-from tjpipe.stack import Stack
+from tjpipe.local.stack import Stack
 
 from .support import stack_on_session_servers
 

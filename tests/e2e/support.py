@@ -12,7 +12,7 @@ import pytest
 from faults.support import condition_of as condition_of  # shared with the fault tests
 from kubernetes import dynamic
 
-from tjpipe.stack import Stack, StatePaths
+from tjpipe.local.stack import Stack, StatePaths
 
 TRAINER = "trainer.kubeflow.org/v1alpha1"
 

@@ -14,7 +14,7 @@ from kubernetes import dynamic
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from contracts import streams
-from tjpipe.stack import Stack
+from tjpipe.local.stack import Stack
 
 from .support import TRAINER, condition_of, create, eventually, get
 

@@ -31,7 +31,7 @@ from contracts import subjects
 from contracts.kube import ConfigMap
 from contracts.messages import ApplyConfigMap, ObjectKey, Target, encode
 from deploy import monitoring
-from tjpipe.stack import Stack
+from tjpipe.local.stack import Stack
 
 from .support import TRAINER, condition_of, create, eventually, get, stack_on_session_servers
 

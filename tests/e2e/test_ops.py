@@ -25,7 +25,7 @@ from planner.plugins import REGISTRY
 from plumbing.bus import read_stream
 from tjpipe import opscli, settings
 from tjpipe.cli import build_parser
-from tjpipe.stack import Stack
+from tjpipe.local.stack import Stack
 
 from .support import TRAINER, create, eventually, get
 

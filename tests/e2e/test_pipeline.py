@@ -12,7 +12,7 @@ import pytest
 from kubernetes import dynamic
 
 from tjpipe.local import crds
-from tjpipe.stack import Stack
+from tjpipe.local.stack import Stack
 
 from .support import TRAINER, condition_of, create, eventually, get
 

@@ -41,7 +41,7 @@ from tjpipe.credentials import generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import LocalNats, LocalNatsCluster, start_nats, start_nats_cluster
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
-from tjpipe.stack import Stack, StatePaths
+from tjpipe.local.stack import Stack, StatePaths
 
 TRAINER = "trainer.kubeflow.org/v1alpha1"
 JOBSET = "jobset.x-k8s.io/v1alpha2"

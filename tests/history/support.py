@@ -22,7 +22,7 @@ from contracts.trainer import TrainingRuntime, TrainJob
 from planner.core import plan
 from tjpipe.local import crds
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
-from tjpipe.stack import demo_trainjob
+from tjpipe.local.stack import demo_trainjob
 
 T = TypeVar("T")
 

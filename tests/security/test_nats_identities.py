@@ -53,7 +53,7 @@ def creds(tmp_path_factory: pytest.TempPathFactory) -> Credentials:
 
 @pytest.fixture(scope="module")
 def server(creds: Credentials, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNats]:
-    from tjpipe.stack import setup_bus_as_admin
+    from tjpipe.local.stack import setup_bus_as_admin
 
     root = tmp_path_factory.mktemp("nats-auth")
     local = start_nats(store_dir=root / "store", log_dir=root / "logs", authorization=server_authorization(creds))

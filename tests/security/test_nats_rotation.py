@@ -65,7 +65,7 @@ STREAM_OF = {
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[LocalNats, Credentials]]:
-    from tjpipe.stack import setup_bus_as_admin
+    from tjpipe.local.stack import setup_bus_as_admin
 
     creds = generate_credentials(tmp_path / "creds")
     local = start_nats(

@@ -34,8 +34,8 @@ from tjpipe.keys.pki import write_serving_pki
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.identities import _cluster_of, _kubeconfig
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
+from tjpipe.local.stack import nats_connect_options
 from tjpipe.private_files import write_private_file
-from tjpipe.stack import nats_connect_options
 from tjpipe.status_server import core
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"

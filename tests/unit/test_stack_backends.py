@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tjpipe.local.procs import NOT_INHERITED, spawn
-from tjpipe.stack import AdoptedCluster, Backends, choose_backends, describe_kubeconfig
+from tjpipe.local.stack import AdoptedCluster, Backends, choose_backends, describe_kubeconfig
 
 
 def _kubeconfig(path: Path, *, server: str = "https://prod.example:6443", context: str = "prod-admin") -> Path:

@@ -21,7 +21,7 @@ from tjpipe.local import admission_webhook
 from tjpipe.local.crds import crd_manifests, install_crds
 from tjpipe.local.kubeapi import new_api_client, start_kube
 from tjpipe.local.procs import http_ok
-from tjpipe.stack import Stack, StatePaths
+from tjpipe.local.stack import Stack, StatePaths
 
 pytestmark = pytest.mark.cluster
 

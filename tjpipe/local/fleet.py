@@ -1,6 +1,6 @@
 """A fleet on loopback, for tests and benchmarks: a hub of three nats-servers (one JetStream cluster, domain
 ``hub``) and member servers joined to it as leaf nodes over mutual TLS, each with its own JetStream domain, its own
-pipeline identities and the bus a lone cluster has (``tjpipe.stack.setup_bus_as_admin``).
+pipeline identities and the bus a lone cluster has (``tjpipe.local.stack.setup_bus_as_admin``).
 
 Every config file is what ``tjpipe.fleet`` renders; the harness only picks ports and folders. A member's link
 is cut and healed the way an operator would: its remote is marked ``disabled`` in its config and the server
