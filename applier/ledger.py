@@ -26,7 +26,7 @@ from nats.js.kv import KeyValue
 
 from contracts.messages import AppliedRecord, Target
 from contracts.streams import APPLIED_BUCKET
-from plumbing.bus import until_set_up
+from plumbing.bus_setup import until_set_up
 
 _decoder = msgspec.json.Decoder(AppliedRecord)
 
@@ -50,7 +50,7 @@ class Ledger:
 
     @classmethod
     async def open(cls, js: JetStreamContext) -> Ledger:
-        """Bind to the ledger bucket the admin set-up made (``plumbing.bus.setup_bus``); wait until it exists."""
+        """Bind to the ledger bucket the admin set-up made (``plumbing.bus_setup.setup_bus``); wait until it exists."""
         kv = await until_set_up(lambda: js.key_value(APPLIED_BUCKET), what=f"KV bucket {APPLIED_BUCKET}")
         return cls(kv)
 

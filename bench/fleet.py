@@ -31,7 +31,7 @@ from typing import Any
 from bench import stats, workload
 from bench.history import _fill
 from contracts import fleet as fleet_contract
-from plumbing import bus
+from plumbing import bus_history
 
 Progress = Callable[[str], None]
 
@@ -66,14 +66,14 @@ async def fleet_figures(
             hub_bytes = member_bytes = 0
             hub_records = member_records = 0
             for spec in fleet_contract.FLEET_STREAMS:
-                stored = await bus.read_stream(hub.jetstream(), spec.name, f"{fleet_contract.PREFIX}.>")
+                stored = await bus_history.read_stream(hub.jetstream(), spec.name, f"{fleet_contract.PREFIX}.>")
                 hub_records += len(stored)
                 at_hub = {(fleet_contract.cluster_of(m.subject)[0], m.origin_seq): m.time for m in stored}
                 hub_bytes += (await hub.jetstream().stream_info(spec.name)).state.bytes
                 for cluster in clusters:
                     js = admins[cluster].jetstream()
                     member_bytes += (await js.stream_info(spec.origin)).state.bytes
-                    for record in await bus.read_stream(js, spec.origin, ">"):
+                    for record in await bus_history.read_stream(js, spec.origin, ">"):
                         member_records += 1
                         copied = at_hub.get((cluster, record.seq))
                         if copied is not None:

@@ -40,7 +40,7 @@ from bench.cluster import (
 from contracts import resources, streams
 from contracts.messages import ApplyResult, ObjectApply, TrainJobObserved, decode_event, decode_result
 from planner.core import plan
-from plumbing import bus
+from plumbing import bus, bus_history
 from plumbing.kube import KubeApiError
 from tjpipe.local.stack import SERVICES
 
@@ -360,7 +360,9 @@ async def e2e_run(
     cpu_used = cpu_delta(cpu_before, cpu_seconds(ctx.services.stack))
 
     # The authoritative record: TJ_RESULTS itself, read without touching any durable.
-    stored = await bus.read_stream(ctx.js, streams.RESULTS.name, f"tj.result.*.{namespace}.>", start_seq=start_seq)
+    stored = await bus_history.read_stream(
+        ctx.js, streams.RESULTS.name, f"tj.result.*.{namespace}.>", start_seq=start_seq
+    )
     first: dict[tuple[str, str], float] = {}
     jobset_results: dict[str, ApplyResult] = {}
     failed: Counter[str] = Counter()
@@ -442,13 +444,13 @@ async def stage_breakdown(
     * ``applier work``: the applier's own ``duration_ms`` (ledger, GET, apply, ledger).
     """
     events: dict[str, float] = {}
-    for message in await bus.read_stream(
+    for message in await bus_history.read_stream(
         ctx.js, streams.EVENTS_HISTORY.name, f"tj.ev.*.{namespace}.*", start_seq=event_seq
     ):
         events.setdefault(message.subject.split(".")[4], message.time)
     applies: dict[str, float] = {}
     subject = f"tj.apply.*.{namespace}.*.jobset"
-    for message in await bus.read_stream(ctx.js, streams.APPLY_HISTORY.name, subject, start_seq=apply_seq):
+    for message in await bus_history.read_stream(ctx.js, streams.APPLY_HISTORY.name, subject, start_seq=apply_seq):
         applies.setdefault(message.subject.split(".")[4], message.time)
     parts: dict[str, list[float]] = {"watcher": [], "planner": [], "applier wait": [], "applier work": []}
     for name, created_at in created.items():
@@ -567,9 +569,9 @@ async def replay_latest_events(ctx: Context) -> dict[str, Any]:
     """
 
     async def action() -> str:
-        latest: dict[str, bus.StoredMessage] = {}
+        latest: dict[str, bus_history.StoredMessage] = {}
         for namespace in ctx.namespaces:
-            for message in await bus.read_stream(
+            for message in await bus_history.read_stream(
                 ctx.js, streams.EVENTS_HISTORY.name, f"tj.ev.*.{namespace}.*", last_per_subject=True
             ):
                 latest[message.subject] = message

@@ -14,7 +14,7 @@ What a record holds: the TrainJob (key and uid), the pod whose token sent it, th
 types spell it (``TrainerStatus``: ``progressPercentage``, ``estimatedRemainingSeconds``, ``metrics``,
 ``lastUpdatedTime``), and when the server accepted it. Never the token, nor anything else of the request.
 
-Reading the series of one TrainJob: ``plumbing.bus.read_stream(js, streams.PROGRESS.name,
+Reading the series of one TrainJob: ``plumbing.bus_history.read_stream(js, streams.PROGRESS.name,
 subjects.trainjob_progress_filter(ns, name))``, then :func:`decode_progress` on each message's data; order
 by ``trainer_status.lastUpdatedTime`` (the training code's clock, what the status is fenced by) or by
 ``received_at`` (the server's). Several pods of one TrainJob may report, each its own series (``pod``).

@@ -1,7 +1,7 @@
 """Streams and durable consumers, as data every service agrees on.
 
 The definitions are plain msgspec Structs rather than nats-py config objects so that this package stays
-free of any client library. The admin set-up (``plumbing.bus.setup_bus``: ``tjpipe bus-setup``, ``tjpipe
+free of any client library. The admin set-up (``plumbing.bus_setup.setup_bus``: ``tjpipe bus-setup``, ``tjpipe
 up``, the deployment's set-up Job) translates them and creates or updates them idempotently; the services'
 own NATS identities may only bind to what it made.
 

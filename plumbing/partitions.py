@@ -31,7 +31,8 @@ from nats.js.kv import KeyValue
 
 from contracts.streams import ConsumerSpec
 from contracts.subjects import PARTITIONS
-from plumbing.bus import LEASE_BUCKET, bind_consumers, partition_consumer, read_stream, until_set_up
+from plumbing.bus_history import read_stream
+from plumbing.bus_setup import LEASE_BUCKET, bind_consumers, partition_consumer, until_set_up
 from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
 from plumbing.pull import StreamingPull
 from plumbing.tasks import cancel_and_wait
@@ -49,7 +50,7 @@ def default_replica_id() -> str:
 
 
 async def open_lease_bucket(js: JetStreamContext) -> KeyValue:
-    """Bind to the lease bucket the admin set-up made (``plumbing.bus.setup_bus``); wait until it exists."""
+    """Bind to the lease bucket the admin set-up made (``plumbing.bus_setup.setup_bus``); wait until it exists."""
     return await until_set_up(lambda: js.key_value(LEASE_BUCKET), what=f"KV bucket {LEASE_BUCKET}")
 
 

@@ -2,7 +2,7 @@
 
 On one server a work stream has interest retention: the server drops a message once the partition's
 durable and the history stream's source have both acknowledged it. Replicated work streams keep limits
-retention (``plumbing.bus.effective_retention`` says why), and a limits stream keeps what is done for its
+retention (``plumbing.bus_setup.effective_retention`` says why), and a limits stream keeps what is done for its
 whole age window, so at its byte limit it stayed full and publishers waited for room no consumer could
 make. Here the consuming stage removes what is done itself, with the same rule the server applies under
 interest retention: a message goes once its partition's durable has acknowledged it and the history
@@ -34,7 +34,8 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 
 from contracts.streams import HISTORY_OF, ConsumerSpec
-from plumbing.bus import SOURCE_HEADER, partition_consumer
+from plumbing.bus_history import SOURCE_HEADER
+from plumbing.bus_setup import partition_consumer
 from plumbing.observability import WORK_TRIMMED
 
 log = logging.getLogger(__name__)

@@ -799,7 +799,7 @@ def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...]
 
 
 async def _bus_setup(args: argparse.Namespace) -> int:
-    from plumbing import bus
+    from plumbing import bus_setup
     from tjpipe.nats_connection import connect_nats
     from tjpipe.opscli import route_logs
 
@@ -809,7 +809,7 @@ async def _bus_setup(args: argparse.Namespace) -> int:
     nc = await connect_nats(args, "bus-setup")
     try:
         specs, replicas = args.bus
-        await bus.setup_bus(nc.jetstream(), specs, replicas=replicas)
+        await bus_setup.setup_bus(nc.jetstream(), specs, replicas=replicas)
     finally:
         await nc.close()
     console.print("bus set up: streams, per-partition consumers, KV buckets")

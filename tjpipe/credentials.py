@@ -9,7 +9,7 @@ and there is no ``no_auth_user``, so a connection without a valid signature is r
 
 Why a permission per JetStream API subject: JetStream's API is NATS subjects (``$JS.API.<verb>.<stream>``),
 so publish permissions are what decide which streams, consumers and buckets an identity may touch. A
-service may only bind to what the ``admin`` identity created at set-up (``plumbing.bus.setup_bus``); none
+service may only bind to what the ``admin`` identity created at set-up (``plumbing.bus_setup.setup_bus``); none
 may create, change or delete a stream, a consumer or a bucket. That includes ephemeral consumers: the
 server accepts a consumer *name* in the body of an ephemeral create request and then updates the existing
 consumer of that name, so the right to create an ephemeral consumer is the right to re-point a service's
@@ -42,7 +42,8 @@ import nkeys
 
 from contracts import streams, subjects
 from contracts.subjects import PARTITIONS
-from plumbing.bus import LEASE_BUCKET, identity_inbox_prefix, inbox_prefix
+from plumbing.bus import identity_inbox_prefix, inbox_prefix
+from plumbing.bus_setup import LEASE_BUCKET
 from tjpipe.private_files import write_private_file
 
 ADMIN = "admin"

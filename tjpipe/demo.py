@@ -28,7 +28,7 @@ from rich.markup import escape
 
 from contracts import streams, subjects
 from contracts.messages import decode_result
-from plumbing import bus
+from plumbing import bus, bus_history
 from tjpipe.local.kubeapi import new_api_client, wait_for_api
 
 if TYPE_CHECKING:
@@ -340,7 +340,7 @@ async def follow_stack(
                     return
             # The results first, then the status: a TrainJob's lines come in the order they happened.
             try:
-                stored = await bus.read_stream(
+                stored = await bus_history.read_stream(
                     js, streams.RESULTS.name, f"{subjects.RESULTS_PREFIX}.>", start_seq=next_seq
                 )
             except Exception:

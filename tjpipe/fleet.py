@@ -48,7 +48,8 @@ from nats.js import api as js_api
 from nats.js.errors import BadRequestError
 
 from contracts import fleet, subjects
-from plumbing.bus import identity_inbox_prefix, inbox_prefix, until_done
+from plumbing.bus import identity_inbox_prefix, inbox_prefix
+from plumbing.bus_setup import until_done
 from tjpipe.credentials import new_user_seed, public_key_of
 from tjpipe.private_files import write_private_file
 

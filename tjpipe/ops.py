@@ -1,7 +1,7 @@
 """Operator tools over the event history: what happened to a TrainJob, would a new planner change it,
 what would a TrainJob produce, and what to do with dead letters.
 
-All of them read the streams through ephemeral consumers (``plumbing.bus.read_stream``) and run the same
+All of them read the streams through ephemeral consumers (``plumbing.bus_history.read_stream``) and run the same
 pure ``planner.core.plan`` the planner service runs, so what they show is what the pipeline does. None of
 them needs key material: Secrets with keys are planned without data, and the keys are made by the applier
 when it writes them, so the history can be read, copied and replayed freely.
@@ -39,13 +39,13 @@ from planner.framework import Framework
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-    from plumbing.bus import StoredMessage
+    from plumbing.bus_history import StoredMessage
 
 
 async def read_stream(
     js: JetStreamContext, stream: str, subject: str, *, where: Records | None = None, **options: Any
 ) -> list[StoredMessage]:
-    """``plumbing.bus.read_stream``, imported when first used: ``plan`` and a mistyped argument need no NATS
+    """``plumbing.bus_history.read_stream``, imported when first used: ``plan`` and a mistyped argument need no NATS
     client library loaded.
 
     ``where`` a fleet cluster's records: the hub's fleet stream is read under the cluster's name, and each
@@ -53,7 +53,7 @@ async def read_stream(
     below reads a cluster's records at the hub exactly as it reads them on the cluster's own bus."""
     from dataclasses import replace
 
-    from plumbing.bus import read_stream as read
+    from plumbing.bus_history import read_stream as read
 
     if where is None or not where.cluster:
         return await read(js, stream, subject, **options)

@@ -44,7 +44,7 @@ from contracts.kube import ConfigMap, ObjectMeta
 from contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
 from contracts.trainer import TrainingRuntime, TrainJob
 from contracts.values import meta, name_of, namespace_of
-from plumbing import bus, publishing, retrying, signing
+from plumbing import bus, bus_setup, publishing, retrying, signing
 from plumbing.informer import Cached, Handler, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
 from plumbing.observability import (
@@ -459,7 +459,7 @@ async def run_watcher(settings: WatcherSettings, stop: asyncio.Event) -> None:
         settings,
         kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig, context=settings.kube_context)),
     ) as service:
-        await bus.bind_stream(service.js, streams.EVENTS.name)
+        await bus_setup.bind_stream(service.js, streams.EVENTS.name)
         watcher = Watcher(settings, service.kube_client(), service.js, signer=signer)
         service.health.add_check("synced", lambda: all(inf.synced.is_set() for inf in watcher.trainjobs))
         await service.health.start()

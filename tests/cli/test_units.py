@@ -69,7 +69,7 @@ def test_replay_all_with_a_namespace_is_a_usage_error(capsys: pytest.CaptureFixt
 async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from contracts import streams
     from contracts.messages import DeadLetter, encode
-    from plumbing.bus import StoredMessage
+    from plumbing.bus_history import StoredMessage
     from tjpipe import ops
 
     letter = DeadLetter(stage="applier", reason="permanent", error="422", subject="s", payload=b"{}")

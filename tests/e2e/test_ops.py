@@ -22,7 +22,7 @@ from planner import core as planner_core
 from planner.framework import Framework
 from planner.info import RuntimeInfo
 from planner.plugins import REGISTRY
-from plumbing.bus import read_stream
+from plumbing.bus_history import read_stream
 from tjpipe import opscli, settings
 from tjpipe.cli import build_parser
 from tjpipe.local.stack import Stack

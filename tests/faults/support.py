@@ -36,7 +36,7 @@ from nats.js.errors import NotFoundError
 
 from contracts import streams, subjects
 from contracts.messages import AppliedRecord, DeadLetter, decode_dead_letter
-from plumbing.bus import SOURCE_HEADER
+from plumbing.bus_history import SOURCE_HEADER
 from tjpipe.credentials import generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import LocalNats, LocalNatsCluster, start_nats, start_nats_cluster

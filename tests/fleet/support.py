@@ -10,7 +10,7 @@ from nats.aio.client import Client as NATS
 
 from contracts import fleet as fleet_contract
 from contracts import streams, subjects
-from plumbing import bus
+from plumbing import bus, bus_history, bus_setup
 from tjpipe import fleet
 from tjpipe.local.fleet import LocalFleet as Fleet
 from tjpipe.local.fleet import LocalMember as Member
@@ -43,15 +43,17 @@ async def publish_records(member: Member, *, start: int, count: int, tag: str = 
         await applier.close()
 
 
-async def hub_records(servers: Fleet, stream: str) -> list[bus.StoredMessage]:
+async def hub_records(servers: Fleet, stream: str) -> list[bus_history.StoredMessage]:
     reader = await servers.hub_connect(fleet.HUB_READER)
     try:
-        return await bus.read_stream(reader.jetstream(), stream, f"{fleet_contract.PREFIX}.>")
+        return await bus_history.read_stream(reader.jetstream(), stream, f"{fleet_contract.PREFIX}.>")
     finally:
         await reader.close()
 
 
-async def until_hub_holds(servers: Fleet, stream: str, count: int, *, timeout: float) -> list[bus.StoredMessage]:
+async def until_hub_holds(
+    servers: Fleet, stream: str, count: int, *, timeout: float
+) -> list[bus_history.StoredMessage]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -61,9 +63,9 @@ async def until_hub_holds(servers: Fleet, stream: str, count: int, *, timeout: f
         await asyncio.sleep(0.25)
 
 
-def check_exact(records: list[bus.StoredMessage], expected: dict[str, int]) -> None:
+def check_exact(records: list[bus_history.StoredMessage], expected: dict[str, int]) -> None:
     """Each cluster's records: exactly ``expected[cluster]``, its own, origin sequences 1..N with no gap or double."""
-    by_cluster: dict[str, list[bus.StoredMessage]] = {}
+    by_cluster: dict[str, list[bus_history.StoredMessage]] = {}
     for record in records:
         cluster, original = fleet_contract.cluster_of(record.subject)
         assert original.startswith("tj."), record.subject
@@ -97,7 +99,7 @@ async def _take_all(nc: NATS, spec: streams.ConsumerSpec, *, forward: str | None
     js = nc.jetstream()
     taken = 0
     for partition in range(subjects.PARTITIONS):
-        durable = bus.partition_consumer(spec, partition).durable
+        durable = bus_setup.partition_consumer(spec, partition).durable
         info = await js.consumer_info(spec.stream, durable)
         if not info.num_pending and not info.num_ack_pending:
             continue

@@ -15,7 +15,7 @@ import pytest
 
 from contracts import fleet as fleet_contract
 from fleet.support import EVENTS_FLEET, NAMESPACE, RESULTS_FLEET, Fleet, check_exact, publish_records, until_hub_holds
-from plumbing import bus
+from plumbing import bus, bus_history
 from tjpipe import fleet
 from tjpipe.local.natsd import nats_server_binary
 from tjpipe.nats_server import get_json
@@ -76,7 +76,7 @@ async def test_the_fleet_reader_reads_the_fleet_streams_and_changes_nothing(flee
     )
     try:
         js = reader.jetstream()
-        records = await bus.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.c1.>")
+        records = await bus_history.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.c1.>")
         assert records and all(fleet_contract.cluster_of(r.subject)[0] == "c1" for r in records)
         for subject in (f"$JS.API.STREAM.PURGE.{EVENTS_FLEET}", f"$JS.API.CONSUMER.CREATE.{EVENTS_FLEET}"):
             await reader.publish(subject, b"{}", reply=reader.new_inbox())
@@ -86,6 +86,6 @@ async def test_the_fleet_reader_reads_the_fleet_streams_and_changes_nothing(flee
                     break
                 await asyncio.sleep(0.025)
             assert any(subject.lower() in refusal.lower() for refusal in bus.refusals(reader)), subject
-        assert len(await bus.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.>")) >= len(records)
+        assert len(await bus_history.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.>")) >= len(records)
     finally:
         await reader.close()

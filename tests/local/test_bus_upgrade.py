@@ -18,7 +18,7 @@ from nats.js import api as js_api
 
 from contracts import streams, subjects
 from contracts.subjects import PARTITIONS
-from plumbing import bus, publishing
+from plumbing import bus_history, bus_setup, publishing
 from tjpipe.local.natsd import start_nats
 
 pytestmark = pytest.mark.nats
@@ -43,13 +43,13 @@ async def old_bus(js: nats.js.JetStreamContext) -> None:
         )
     for spec in (streams.PLANNER, streams.APPLIER):
         for p in range(PARTITIONS):
-            await bus.ensure_consumer(js, bus.partition_consumer(spec, p))
+            await bus_setup.ensure_consumer(js, bus_setup.partition_consumer(spec, p))
 
 
 async def drain(js: nats.js.JetStreamContext, spec: streams.ConsumerSpec, partitions: range) -> int:
     done = 0
     for p in partitions:
-        durable = bus.partition_consumer(spec, p)
+        durable = bus_setup.partition_consumer(spec, p)
         sub = await js.pull_subscribe_bind(durable.durable, stream=spec.stream)
         while True:
             try:
@@ -84,7 +84,7 @@ async def test_bus_setup_upgrades_an_old_bus_without_losing_history_or_wedging(t
             await js.publish(subjects.apply_subject("ns", "late", "jobset"), b"p" * 300)
 
         environ = {"TJPIPE_APPLY_MAX_BYTES": str(LIMIT)}
-        await bus.setup_bus(js, streams.configured_streams(environ))
+        await bus_setup.setup_bus(js, streams.configured_streams(environ))
 
         events = await js.stream_info(streams.EVENTS.name)
         assert events.config.retention == js_api.RetentionPolicy.INTEREST
@@ -93,10 +93,10 @@ async def test_bus_setup_upgrades_an_old_bus_without_losing_history_or_wedging(t
         assert apply_info.config.retention == js_api.RetentionPolicy.INTEREST
         assert apply_info.state.messages == 0 and apply_info.config.max_bytes == LIMIT  # room, same limit
         # Every message of the old streams is in the history, with its subject and its old sequence.
-        recorded = await bus.read_stream(js, streams.EVENTS_HISTORY.name, subjects.events_filter())
+        recorded = await bus_history.read_stream(js, streams.EVENTS_HISTORY.name, subjects.events_filter())
         assert sorted(m.data for m in recorded) == sorted(b"event %d" % i for i in range(24))
         assert sorted(m.origin_seq for m in recorded) == list(range(1, 25))
-        recorded_applies = await bus.read_stream(js, streams.APPLY_HISTORY.name, subjects.apply_filter())
+        recorded_applies = await bus_history.read_stream(js, streams.APPLY_HISTORY.name, subjects.apply_filter())
         assert len(recorded_applies) == applies
         # The durables are where they were: the undone events come next, nothing is delivered again.
         assert await drain(js, streams.PLANNER, range(PARTITIONS)) == 24 - planned
@@ -107,10 +107,10 @@ async def test_bus_setup_upgrades_an_old_bus_without_losing_history_or_wedging(t
         assert await drain(js, streams.APPLIER, range(PARTITIONS)) == 1
 
         # Run again: nothing is copied twice, nothing changes.
-        await bus.setup_bus(js, streams.configured_streams(environ))
-        again = await bus.read_stream(js, streams.EVENTS_HISTORY.name, subjects.events_filter())
+        await bus_setup.setup_bus(js, streams.configured_streams(environ))
+        again = await bus_history.read_stream(js, streams.EVENTS_HISTORY.name, subjects.events_filter())
         assert len(again) == 24
-        late = await bus.read_stream(js, streams.APPLY_HISTORY.name, subjects.apply_filter())
+        late = await bus_history.read_stream(js, streams.APPLY_HISTORY.name, subjects.apply_filter())
         assert len(late) == applies + 1
         await nc.close()
     finally:

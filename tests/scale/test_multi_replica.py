@@ -56,7 +56,7 @@ from contracts.messages import TrainJobObserved, decode_dead_letter, encode
 from contracts.streams import APPLIED_BUCKET
 from contracts.subjects import PARTITIONS
 from contracts.trainer import RUNTIME_SNAPSHOT_SUFFIX, TrainingRuntime, TrainJob
-from plumbing import bus
+from plumbing import bus, bus_history, bus_setup
 from plumbing.partitions import LEASE_BUCKET, partition_consumer
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.keys.signing import KeyFolder
@@ -409,7 +409,7 @@ def dead_letters(url: str) -> collections.Counter[str]:
 
     async def read(js: Any) -> collections.Counter[str]:
         out: collections.Counter[str] = collections.Counter()
-        for stored in await bus.read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>"):
+        for stored in await bus_history.read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>"):
             letter = decode_dead_letter(stored.data)
             out[f"{letter.stage}/{letter.reason}: {letter.error[:80]}"] += 1
         return out
@@ -584,7 +584,7 @@ def test_multi_replica_crash_converges(scale_kube: LocalKube, tmp_path: Path) ->
             "TJPIPE_STREAM_REPLICAS": str(NATS_NODES),
             "PYTHONUNBUFFERED": "1",
         }
-        _run(lambda js: bus.setup_bus(js, streams.configured_streams(env), replicas=NATS_NODES), cluster.url)
+        _run(lambda js: bus_setup.setup_bus(js, streams.configured_streams(env), replicas=NATS_NODES), cluster.url)
         # The watcher and planners that survive talk to the nodes that survive, so events keep being published
         # and planned while the node leading the planners' output stream hangs; the appliers and the replicas
         # to be killed get the whole cluster.
@@ -913,7 +913,7 @@ def test_planner_survives_lost_puback(tmp_path: Path) -> None:
             info = await js.stream_info(f"KV_{LEASE_BUCKET}")
             assert info.cluster is not None and info.cluster.leader == keep_on, info.cluster
             # Everything else as the admin set-up makes it (it keeps the placed bucket as it is).
-            await bus.setup_bus(js, streams.configured_streams(env), replicas=NATS_NODES)
+            await bus_setup.setup_bus(js, streams.configured_streams(env), replicas=NATS_NODES)
 
         _run(setup, others)
         move_stream_leader_to(others, streams.APPLY.name, victim)

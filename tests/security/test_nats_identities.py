@@ -26,7 +26,7 @@ from nats.aio.client import Client as NATS
 from applier.ledger import Ledger
 from contracts import streams, subjects
 from contracts.messages import DeadLetter, encode
-from plumbing import bus
+from plumbing import bus, bus_history, bus_setup
 from plumbing.partitions import PartitionLeases, open_lease_bucket
 from plumbing.pull import StreamingPull
 from tjpipe import ops
@@ -132,7 +132,7 @@ async def bus_state(admin: NATS) -> dict[str, Any]:
         state[name] = (info.state.messages, info.config.subjects, info.config.max_bytes)
     for spec in (streams.PLANNER, streams.APPLIER):
         for partition in range(16):
-            durable = bus.partition_consumer(spec, partition).durable
+            durable = bus_setup.partition_consumer(spec, partition).durable
             info = await js.consumer_info(spec.stream, durable)
             state[durable] = (info.config.filter_subject, info.config.durable_name, info.config.ack_wait)
     return state
@@ -312,7 +312,7 @@ async def test_only_the_admin_may_set_the_bus_up(server: LocalNats, creds: Crede
         nc = await bus.connect(server.url, name=identity, creds=creds.seed_file(identity))
         try:
             with pytest.raises(bus.NotAuthorized, match="may not manage streams"):
-                await asyncio.wait_for(bus.setup_bus(nc.jetstream(), streams.configured_streams()), timeout=60)
+                await asyncio.wait_for(bus_setup.setup_bus(nc.jetstream(), streams.configured_streams()), timeout=60)
             assert any("$js.api.info" in refusal.lower() for refusal in bus.refusals(nc)), identity
         finally:
             await nc.close()
@@ -338,7 +338,7 @@ async def test_the_watcher_publishes_events(server: LocalNats, creds: Credential
     nc = await bus.connect(server.url, name="watcher", creds=creds.seed_file("watcher"))
     try:
         js = nc.jetstream()
-        await bus.bind_stream(js, EVENTS)
+        await bus_setup.bind_stream(js, EVENTS)
         ack = await js.publish(subjects.event_subject("sec", "w"), b"{}", headers={bus.MSG_ID: os.urandom(4).hex()})
         assert ack.stream == EVENTS
     finally:
@@ -360,8 +360,8 @@ async def test_a_stage_consumes_its_partitions_publishes_its_output_and_holds_it
     try:
         await admin.jetstream().publish(inbound("sec", name), b"work")
         js = nc.jetstream()
-        await bus.bind_consumers(js, spec)
-        durable = bus.partition_consumer(spec, partition)
+        await bus_setup.bind_consumers(js, spec)
+        durable = bus_setup.partition_consumer(spec, partition)
         pull = StreamingPull(nc, stream=spec.stream, durable=durable.durable, batch=8)
         await pull.start()
         try:
@@ -440,12 +440,14 @@ async def test_the_applier_uses_its_ledger_and_no_one_else_may(server: LocalNats
             await client.nc.close()
 
 
-async def until_recorded(js: Any, stream: str, subject: str, *, timeout: float = 10.0) -> list[bus.StoredMessage]:
+async def until_recorded(
+    js: Any, stream: str, subject: str, *, timeout: float = 10.0
+) -> list[bus_history.StoredMessage]:
     """What ``stream`` (a history stream, which copies its work stream's messages as they come) holds on ``subject``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        stored = await bus.read_stream(js, stream, subject)
+        stored = await bus_history.read_stream(js, stream, subject)
         if stored or loop.time() > deadline:
             return stored
         await asyncio.sleep(0.1)
@@ -469,7 +471,7 @@ async def test_the_reader_reads_every_stream_and_the_dlq_operator_retries(
         js = reader.jetstream()
         for spec in streams.RECORD_STREAMS:
             await js.stream_info(spec.name)
-            await bus.read_stream(js, spec.name, spec.subjects[0] if spec.subjects else ">")
+            await bus_history.read_stream(js, spec.name, spec.subjects[0] if spec.subjects else ">")
         assert any(d.seq == ack.seq for d in await ops.dead_letters(js))
         with pytest.raises(Exception):  # noqa: B017 - refused by the server; surfaces as a timeout
             await ops.retry_dead_letter(js, ack.seq)

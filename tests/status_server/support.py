@@ -28,7 +28,7 @@ from kubernetes.client import ApiClient
 
 from contracts import streams, subjects
 from contracts.progress import ProgressReported, decode_progress
-from plumbing import bus
+from plumbing import bus, bus_history
 from tjpipe.credentials import STATUS_SERVER, Credentials
 from tjpipe.keys.pki import write_serving_pki
 from tjpipe.local.crds import apply_objects
@@ -334,7 +334,7 @@ def records(nats_url: str, creds: Credentials | None, namespace: str, name: str)
     async def read() -> list[ProgressReported]:
         nc = await bus.connect(nats_url, name="test-reader", **nats_connect_options(creds, "reader"))
         try:
-            stored = await bus.read_stream(
+            stored = await bus_history.read_stream(
                 nc.jetstream(), streams.PROGRESS.name, subjects.trainjob_progress_filter(namespace, name)
             )
         finally:

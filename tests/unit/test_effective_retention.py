@@ -2,7 +2,7 @@ import msgspec
 from nats.js import api as js_api
 
 from contracts import streams
-from plumbing.bus import _stream_config, effective_retention
+from plumbing.bus_setup import _stream_config, effective_retention
 
 
 def test_work_streams_drop_what_is_done_only_on_a_single_server() -> None:

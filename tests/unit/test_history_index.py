@@ -10,7 +10,7 @@ import msgspec
 from contracts import subjects
 from contracts.messages import ObjectKey, TrainJobDeleted, TrainJobObserved, encode
 from contracts.trainer import TrainJob
-from plumbing.bus import StoredMessage
+from plumbing.bus_history import StoredMessage
 from tjpipe.history_server.access import Decisions
 from tjpipe.history_server.index import HistoryIndex
 

@@ -14,7 +14,7 @@ from contracts import subjects
 from contracts.messages import ObjectKey, TrainJobObserved, encode
 from contracts.progress import ProgressReported, encode_progress
 from contracts.trainer import Metric, TrainerStatus, TrainJob
-from plumbing.bus import StoredMessage
+from plumbing.bus_history import StoredMessage
 from tjpipe import ops
 from tjpipe.history_server import story
 from tjpipe.history_server.index import HistoryIndex

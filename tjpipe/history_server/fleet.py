@@ -39,7 +39,7 @@ from tjpipe.settings import SettingsError
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-    from plumbing.bus import StoredMessage
+    from plumbing.bus_history import StoredMessage
 
 FLEET_CLUSTERS_SETTING = "--fleet-clusters / TJPIPE_HISTORY_FLEET_CLUSTERS"
 
@@ -192,7 +192,7 @@ class FleetIndex:
         """Fold in everything that arrived at the hub since the last call; how many messages."""
         import nats.js.errors
 
-        from plumbing.bus import read_stream
+        from plumbing.bus_history import read_stream
 
         firsts: dict[str, int] = {}
         folds: list[tuple[str, str, str, str]] = []

@@ -32,7 +32,7 @@ from contracts import streams, subjects
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-    from plumbing.bus import StoredMessage
+    from plumbing.bus_history import StoredMessage
 
 STATES = ("Created", "Running", "Suspended", "Complete", "Failed", "Deleted")
 """What the list shows for a TrainJob, from the newest event the streams hold of it."""
@@ -331,7 +331,7 @@ class HistoryIndex:
         """Fold in everything that arrived since the last call, a page at a time; how many messages."""
         import nats.js.errors
 
-        from plumbing.bus import read_stream
+        from plumbing.bus_history import read_stream
 
         firsts: dict[str, int] = {}
         sources = [

@@ -21,7 +21,7 @@ import nats
 from nats.aio.client import Client as NATS
 
 from contracts import streams
-from plumbing import bus
+from plumbing import bus, bus_setup
 from tjpipe import fleet
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.local.natsd import GO_RUNTIME_ENV, LocalNats, LocalNatsCluster, _Member, _start_member, nats_server_binary
@@ -253,12 +253,12 @@ async def _setup_hub(fleet_: LocalFleet, clusters: list[str]) -> None:
 
 
 async def _setup_member_bus(member: LocalMember) -> None:
-    """The member's bus exactly as a lone cluster's set-up makes it (``plumbing.bus.setup_bus``, admin)."""
+    """The member's bus exactly as a lone cluster's set-up makes it (``plumbing.bus_setup.setup_bus``, admin)."""
     nc = await bus.connect(
         member.server.url, name=f"fleet-{member.cluster}-setup", creds=member.creds.seed_file("admin")
     )
     try:
-        await bus.setup_bus(nc.jetstream(), streams.configured_streams())
+        await bus_setup.setup_bus(nc.jetstream(), streams.configured_streams())
     finally:
         await nc.close()
 

@@ -749,10 +749,10 @@ def setup_bus_as_admin(
     environ: Mapping[str, str] | None = None,
     tls_from_env: bool = True,
 ) -> None:
-    """``plumbing.bus.setup_bus`` as the admin identity, from sync code (its own thread and event loop, so a
+    """``plumbing.bus_setup.setup_bus`` as the admin identity, from sync code (its own thread and event loop, so a
     caller already inside an event loop, such as an async fixture, can use it too)."""
     from contracts import streams
-    from plumbing import bus
+    from plumbing import bus, bus_setup
 
     env = os.environ if environ is None else environ
 
@@ -760,7 +760,9 @@ def setup_bus_as_admin(
         options = nats_connect_options(credentials, ADMIN, tls_from_env=tls_from_env)
         nc = await bus.connect(nats_url, name="tjpipe-bus-setup", **options)
         try:
-            await bus.setup_bus(nc.jetstream(), streams.configured_streams(env), replicas=streams.stream_replicas(env))
+            await bus_setup.setup_bus(
+                nc.jetstream(), streams.configured_streams(env), replicas=streams.stream_replicas(env)
+            )
         finally:
             await nc.close()
 
