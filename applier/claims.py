@@ -4,7 +4,7 @@ A plan older than its target's claim is skipped: a newer plan was claimed or app
 are not to be believed, though, since each would stall its target for good:
 
 * a claim of another history: made by another cluster sharing the bus, or in this cluster before etcd
-  went back (a restore), which its stamp says or its version proves (``applier.cluster``). It is set aside
+  went back (a restore), which its stamp says or its version proves (``applier.epoch``). It is set aside
   at once for this plan's claim;
 * a corrupt claim: one of this history that is newer than anything the cluster holds (a ledger written by
   something other than an applier). It is held for a grace a bit longer than the watcher's resync, with a
@@ -21,7 +21,7 @@ import time
 from typing import Literal
 
 from applier import core
-from applier.cluster import ClusterEpoch, standing
+from applier.epoch import ClusterEpoch, standing
 from applier.ledger import Ledger
 from applier.objects import resource_version
 from applier.trainjobs import TrainJobs
@@ -82,7 +82,7 @@ class NewerClaims:
         return "replaced" if await self._overwrite(message, lkey, record, revision) else "changed"
 
     async def _made_elsewhere(self, message: ApplyMessage, record: AppliedRecord) -> str:
-        """Why a claim newer than this plan belongs to another history (``applier.cluster``); ``""`` if not.
+        """Why a claim newer than this plan belongs to another history (``applier.epoch``); ``""`` if not.
 
         A claim of another cluster or an earlier epoch says so by its stamp. One of this cluster and epoch
         that is newer than the cluster's current revision proves that etcd went back since it was made,

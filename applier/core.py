@@ -511,7 +511,7 @@ def decide(
 
     ``record`` is the target's ledger record, ``live`` the live target as read (``None``: absent, or not read,
     see ``reads_live``), ``planned`` the encoded object without generated key material (what the digest is
-    of), and ``stamp`` the cluster epoch the claims are made in (``applier.cluster``).
+    of), and ``stamp`` the cluster epoch the claims are made in (``applier.epoch``).
     """
     digest = content_digest(planned)
     if type(message) in CREATE_ONLY:

@@ -34,7 +34,7 @@ from nats.js import JetStreamContext
 
 from applier import authorize, core
 from applier.claims import NewerClaims
-from applier.cluster import ClusterEpoch
+from applier.epoch import ClusterEpoch
 from applier.fence import Fence
 from applier.ledger import Ledger, seen_key
 from applier.trainjobs import TrainJobs, WatchedTrainJobs

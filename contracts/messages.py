@@ -322,7 +322,7 @@ class AppliedRecord(msgspec.Struct, frozen=True, kw_only=True):
     """For a kind the applier only creates and never reads (Secrets): the uid of the TrainJob it created the
     object for. The record is then what tells an existing object of that name apart (``applier.authorize.existing``)."""
     cluster: str = ""
-    """Where the claim was made, ``<cluster>/<epoch>`` (``applier.cluster``); empty in claims of older versions."""
+    """Where the claim was made, ``<cluster>/<epoch>`` (``applier.epoch``); empty in claims of older versions."""
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

@@ -45,7 +45,7 @@ from faults.support import (
 from kubernetes import client as kube_client
 from nats.js import api as js_api
 
-from applier.cluster import ClusterMark, mark_key
+from applier.epoch import ClusterMark, mark_key
 from applier.ledger import ledger_key
 from contracts import conditions, streams, subjects
 from contracts.messages import AppliedRecord, Target

@@ -1,8 +1,8 @@
-"""The cluster mark and claim stamps of ``applier.cluster``: pure functions, no servers."""
+"""The cluster mark and claim stamps of ``applier.epoch``: pure functions, no servers."""
 
 from __future__ import annotations
 
-from applier.cluster import ClusterMark, mark_key, next_mark, stamp_of, standing
+from applier.epoch import ClusterMark, mark_key, next_mark, stamp_of, standing
 from plumbing.stream_usage import is_full
 
 
