@@ -9,7 +9,7 @@ stream holds only unfinished work (``contracts.streams``), so room comes back as
 (history, results, dead letters) drop their oldest messages instead and never refuse for room.
 
 A refusal is safe to retry with the same ``Nats-Msg-Id``: the server registers an id only for a message it
-stored (checked on a real server in ``tests/security/test_stalls.py``), so the retried copy, or
+stored (checked on a real server in ``tests/progress_under_load/test_stalls.py``), so the retried copy, or
 a later resync of the same observation, is not taken for a duplicate.
 """
 

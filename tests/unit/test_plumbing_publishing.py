@@ -2,7 +2,7 @@
 (signed or not, waiting out a full stream or any bus failure or nothing, pipelined or one at a time).
 
 The bus is a stand-in that records what it is asked and fails as told; the same path against a real server
-with a full stream is checked in tests/security/test_stalls.py.
+with a full stream is checked in tests/progress_under_load/test_stalls.py.
 """
 
 from __future__ import annotations
