@@ -217,13 +217,17 @@ async def _with_bus(command: str, args: argparse.Namespace) -> int:
         if command == "dlq":
             return await _dlq(js, args)
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-        raise Failure(
-            f"NATS did not answer a read of the streams ({type(exc).__name__}): the identity in use may not "
-            "read them, or the bus is not set up (tjpipe bus-setup)"
-        ) from exc
+        raise _unanswered_read(exc) from exc
     finally:
         await nc.close()
     raise AssertionError(command)
+
+
+def _unanswered_read(exc: Exception) -> Failure:
+    return Failure(
+        f"NATS did not answer a read of the streams ({type(exc).__name__}): the identity in use may not "
+        "read them, or the bus is not set up (tjpipe bus-setup)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- history
@@ -399,10 +403,7 @@ def _recorded_trainjob(args: argparse.Namespace) -> list[Any]:
                 f"no recorded observation of TrainJob {key}{where} (wrong name, or older than the streams keep)"
             ) from None
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise Failure(
-                f"NATS did not answer a read of the streams ({type(exc).__name__}): the identity in use may not "
-                "read them, or the bus is not set up (tjpipe bus-setup)"
-            ) from exc
+            raise _unanswered_read(exc) from exc
         finally:
             await nc.close()
 
