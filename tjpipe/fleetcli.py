@@ -55,6 +55,7 @@ def add_fleet_command(sub: Any, nats_client: Callable[[argparse.ArgumentParser],
     hub.add_argument("--route", action="append", required=True, help="another hub server's HOST:PORT (repeatable)")
     hub.add_argument("--store-dir", required=True, help="this server's JetStream store")
     hub.add_argument("--route-password-file", type=Path, required=True, help="file holding the routes' shared password")
+    _mounted_tls(hub)
     _out(hub)
 
     member = commands.add_parser(
@@ -64,6 +65,7 @@ def add_fleet_command(sub: Any, nats_client: Callable[[argparse.ArgumentParser],
     member.add_argument("--cluster", required=True, help="the member's name (its JetStream domain)")
     member.add_argument("--hub", action="append", required=True, help="a hub server's leaf HOST:PORT (repeatable)")
     member.add_argument("--store-dir", required=True, help="the member's JetStream store")
+    _mounted_tls(member)
     _out(member)
 
     setup = commands.add_parser(
@@ -84,6 +86,24 @@ def _members(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--member", action="append", required=True, help="a member cluster's name, a DNS label (repeatable)"
     )
+
+
+def _mounted_tls(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mounted-tls",
+        metavar="DIR",
+        help="the server reads the leaf link's certificate, key and CA from DIR/tls.crt, DIR/tls.key, DIR/ca.crt "
+        "(a mounted Kubernetes TLS Secret, as cert-manager writes one) instead of from <dir>/tls",
+    )
+
+
+def _tls_paths(args: argparse.Namespace, cert: Path, key: Path, ca: Path) -> tuple[str, str, str]:
+    """Certificate, key and CA as the server names them: the local files (checked), or where they are mounted."""
+    local = tuple(str(_existing(path)) for path in (cert, key, ca))
+    if not args.mounted_tls:
+        return local[0], local[1], local[2]
+    folder = args.mounted_tls.rstrip("/")
+    return f"{folder}/tls.crt", f"{folder}/tls.key", f"{folder}/ca.crt"
 
 
 def _out(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +156,7 @@ def _hub_config(args: argparse.Namespace) -> int:
 
     creds = fleet.FleetCredentials(args.dir)
     tls = args.dir / TLS_DIR
+    cert, key, ca = _tls_paths(args, tls / "hub.crt", tls / "hub.key", tls / "ca.crt")
     text = fleet.hub_config(
         fleet.HubServer(
             name=args.name,
@@ -146,12 +167,7 @@ def _hub_config(args: argparse.Namespace) -> int:
             store_dir=args.store_dir,
             routes=tuple(args.route),
         ),
-        tls=fleet.HubTls(
-            cert_file=str(_existing(tls / "hub.crt")),
-            key_file=str(_existing(tls / "hub.key")),
-            ca_file=str(_existing(tls / "ca.crt")),
-            verify_clients=True,
-        ),
+        tls=fleet.HubTls(cert_file=cert, key_file=key, ca_file=ca, verify_clients=True),
         authorization=fleet.hub_authorization(creds, args.member),
         route_password=args.route_password_file.read_text().strip(),
     )
@@ -161,20 +177,21 @@ def _hub_config(args: argparse.Namespace) -> int:
 
 
 def _member_config(args: argparse.Namespace) -> int:
+    from contracts.fleet import check_cluster_name
     from tjpipe import fleet
 
     creds = fleet.FleetCredentials(args.dir)
     tls = args.dir / TLS_DIR
+    members = tls / "members"
+    check_cluster_name(args.cluster)
+    cert, key, ca = _tls_paths(args, members / f"{args.cluster}.crt", members / f"{args.cluster}.key", tls / "ca.crt")
     text = fleet.member_config(
         cluster=args.cluster,
         store_dir=args.store_dir,
         hub_leaf_urls=args.hub,
         leaf_seed=_existing(creds.leaf_seed(args.cluster)).read_text(),
-        ca_file=str(_existing(tls / "ca.crt")),
-        client_cert=(
-            str(_existing(tls / "members" / f"{args.cluster}.crt")),
-            str(_existing(tls / "members" / f"{args.cluster}.key")),
-        ),
+        ca_file=ca,
+        client_cert=(cert, key),
     )
     fleet.write_member_config(args.out, text)
     _say(f"member {args.cluster}: {args.out} (holds its leaf seed: keep it as private as a seed)")
