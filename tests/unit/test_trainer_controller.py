@@ -36,3 +36,20 @@ def test_leader_election_gets_a_namespace_outside_a_cluster() -> None:
     config = local_configuration(SHIPPED, health_port=1, metrics_port=2, webhook_port=3, leader_elect=True)
     assert config["leaderElection"]["leaderElect"] is True
     assert config["leaderElection"]["resourceNamespace"] == LEADER_ELECTION_NAMESPACE
+
+
+def test_feature_gates_and_the_status_server_port_are_set_only_when_asked() -> None:
+    plain = local_configuration(SHIPPED, health_port=1, metrics_port=2, webhook_port=3, leader_elect=False)
+    assert "featureGates" not in plain and "statusServer" not in plain
+    shipped = {**SHIPPED, "statusServer": {"port": 10443, "qps": 5, "burst": 10}}
+    config = local_configuration(
+        shipped,
+        health_port=1,
+        metrics_port=2,
+        webhook_port=3,
+        leader_elect=False,
+        feature_gates={"TrainJobStatus": True},
+        status_server_port=4,
+    )
+    assert config["featureGates"] == {"TrainJobStatus": True}
+    assert config["statusServer"] == {"port": 4, "qps": 5, "burst": 10}  # its client limits stay as shipped

@@ -37,7 +37,7 @@ import copy
 import re
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,13 +87,27 @@ def shipped_arguments() -> list[str]:
 
 
 def local_configuration(
-    shipped: dict[str, Any], *, health_port: int, metrics_port: int, webhook_port: int, leader_elect: bool
+    shipped: dict[str, Any],
+    *,
+    health_port: int,
+    metrics_port: int,
+    webhook_port: int,
+    leader_elect: bool,
+    feature_gates: Mapping[str, bool] | None = None,
+    status_server_port: int | None = None,
 ) -> dict[str, Any]:
     """``shipped`` with its listeners on loopback, certificate management off and leader election as asked.
 
-    Concurrency, client qps/burst and the status server stay as shipped.
+    Concurrency, client qps/burst and the status server's client limits stay as shipped. ``feature_gates``
+    go into the configuration's ``featureGates`` (``{"TrainJobStatus": True}`` starts its status server);
+    ``status_server_port`` moves that server off the shipped 10443. Trainer binds it on every interface
+    (``:PORT``, no host setting), so whoever turns it on keeps the process in a network namespace of its own.
     """
     config = copy.deepcopy(shipped)
+    if feature_gates:
+        config["featureGates"] = {**(config.get("featureGates") or {}), **feature_gates}
+    if status_server_port is not None:
+        config["statusServer"] = {**(config.get("statusServer") or {}), "port": status_server_port}
     config["health"] = {**(config.get("health") or {}), "healthProbeBindAddress": f"127.0.0.1:{health_port}"}
     config["metrics"] = {"bindAddress": f"127.0.0.1:{metrics_port}", "secureServing": False}
     config["webhook"] = {"port": webhook_port, "host": "127.0.0.1"}
@@ -131,6 +145,10 @@ class TrainerController:
     progress: Callable[[str], None] = lambda _: None
     leader_elect: bool = False
     register_webhooks: bool = True
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    """Trainer's feature gates to set in its configuration, e.g. ``{"TrainJobStatus": True}``."""
+    status_server_port: int | None = None
+    """Where its status server listens with ``TrainJobStatus`` on (all interfaces; default the shipped 10443)."""
     name: str = "trainer-controller"
     process: ManagedProcess | None = None
     metrics_url: str = ""
@@ -165,6 +183,8 @@ class TrainerController:
             metrics_port=metrics_port,
             webhook_port=webhook_port,
             leader_elect=self.leader_elect,
+            feature_gates=self.feature_gates,
+            status_server_port=self.status_server_port,
         )
         config_path = self.state_dir / "controller_manager_config.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
