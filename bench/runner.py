@@ -2,9 +2,11 @@
 
 The planner microbenchmark runs before any server starts; the apiserver floor and Trainer's controller run
 before the pipeline's services start, so nothing measured competes with anything else for the two cores,
-and Trainer's controller and the pipeline never run at the same time. The lifecycle scenario (``--lifecycle``)
-runs last, Trainer's side then the pipeline's, each on a simulated cluster of its own. Whatever fails,
-the stack is stopped and the report is written with what was measured.
+and Trainer's controller and the pipeline never run at the same time. The history server and the
+status-server flood (Trainer's status server, then the pipeline's) run after the shared stack stopped, on
+servers of their own. The lifecycle scenario (``--lifecycle``) runs last, Trainer's side then the pipeline's,
+each on a simulated cluster of its own. Whatever fails, the stack is stopped and the report is written with
+what was measured.
 """
 
 from __future__ import annotations
@@ -43,8 +45,12 @@ SCENARIOS = (
     "writes",
     "memory",
     "history",
+    "status-flood",
 )
 SERVER_SCENARIOS = ("floor", "trainer", "one-process", "e2e", "paced", "writes", "memory")
+FLOOD = (2, 10, 10)
+"""The status-server flood by default: 2 TrainJobs x 10 pods x 10 updates, 200 updates per side."""
+QUICK_FLOOD = (2, 5, 6)
 LIFECYCLE_JOBS, LIFECYCLE_NODES = 500, 20
 """The lifecycle's default run: a few minutes for both sides on two quiet cores."""
 QUICK_LIFECYCLE_JOBS = 50
@@ -78,6 +84,8 @@ class Settings:
     planner_seconds: float
     quiet_seconds: float
     resync_seconds: float
+    flood: tuple[int, int, int]
+    """The status-server flood: TrainJobs per side, pods per TrainJob, updates per pod."""
     keep_state: bool
     command: str
 
@@ -138,6 +146,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument("--create-concurrency", type=int, default=32, help="concurrent TrainJob creates")
     parser.add_argument("--paced-rate", type=float, default=20.0, help="TrainJobs/s of the paced run")
     parser.add_argument("--paced-seconds", type=float, help="length of the paced run (default 10; --quick 5)")
+    parser.add_argument(
+        "--flood",
+        help="the status-server flood, TRAINJOBSxPODSxUPDATES per side "
+        f"(default {'x'.join(map(str, FLOOD))}; --quick {'x'.join(map(str, QUICK_FLOOD))})",
+    )
     parser.add_argument("--keep-state", action="store_true", help="keep the temporary stack folder and its logs")
     args = parser.parse_args(argv)
 
@@ -162,6 +175,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     if not sizes or any(s <= 0 for s in sizes):
         parser.error("--sizes needs at least one positive size")
     memory_jobs = args.memory_jobs if args.memory_jobs is not None else (1000 if quick else 10_000)
+    flood = QUICK_FLOOD if quick else FLOOD
+    if args.flood:
+        try:
+            trainjobs, pods, updates = (int(n) for n in args.flood.lower().split("x"))
+        except ValueError:
+            parser.error(f"--flood takes TRAINJOBSxPODSxUPDATES, e.g. 2x10x10; got {args.flood!r}")
+        if min(trainjobs, pods, updates) <= 0:
+            parser.error(f"--flood needs three positive numbers, got {args.flood!r}")
+        flood = (trainjobs, pods, updates)
     return Settings(
         out=args.out,
         quick=quick,
@@ -183,6 +205,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         planner_seconds=0.5 if quick else 2.0,
         quiet_seconds=2.0 if quick else 3.0,
         resync_seconds=3.0 if quick else 5.0,
+        flood=flood,
         keep_state=args.keep_state,
         command=shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)]),
     )
@@ -254,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "planner_cpu_seconds_per_runtime": settings.planner_seconds,
                 "quiet_seconds": settings.quiet_seconds,
                 "resync_seconds": settings.resync_seconds,
+                "flood": list(settings.flood),
             },
         },
         "machine": machine(),
@@ -306,6 +330,9 @@ def finish(report: dict[str, Any]) -> None:
             report["notes"].append(f"{label}: TrainJob creates failed: {run['create_errors']}")
         if run.get("exited"):
             report["notes"].append(f"{label}: the controller had exited: {run['exited']}")
+    flood = scenarios.get("status_flood") or {}
+    if flood.get("error") or flood.get("skipped"):
+        report["notes"].append(f"status-server flood: {flood.get('error') or flood.get('skipped')}")
     cores = report["machine"].get("cores") or 1
     # Only the load at the start tells of other work: by the end the last minute's average is mostly the
     # benchmark's own servers (a lifecycle's simulated cluster keeps both cores busy by itself).
@@ -350,6 +377,17 @@ async def run(settings: Settings, report: dict[str, Any], clock: Clock) -> None:
             runtime=runtimes[workload.TORCH_RUNTIME],
             progress=progress,
             keep_state=settings.keep_state,
+        )
+    if "status-flood" not in settings.skip:
+        from bench.status_flood import status_flood
+
+        trainjobs, pods, updates = settings.flood
+        progress(
+            f"status-server flood: {trainjobs} TrainJobs x {pods} pods x {updates} updates, to Trainer's status "
+            "server then to the pipeline's, in namespaces of their own"
+        )
+        scenarios["status_flood"] = await status_flood(
+            trainjobs=trainjobs, pods=pods, updates=updates, progress=progress, keep_state=settings.keep_state
         )
     if settings.lifecycle_jobs:
         from bench.lifecycle import lifecycle

@@ -489,6 +489,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         out.extend(_render_lifecycle(sc["lifecycle"]))
     if "history" in sc:
         out.extend(_render_history(sc["history"]))
+    if "status_flood" in sc:
+        out.extend(_render_status_flood(sc["status_flood"]))
 
     notes = report.get("notes") or []
     if notes:
@@ -839,6 +841,73 @@ def _render_history(h: Mapping[str, Any]) -> list[str]:
     return out
 
 
+VS_STATUS_WRITES = Target("<=", 0.5, "x")
+"""Writes per update against Trainer's one: coalescing is the point of this project's status server."""
+
+
+def status_flood_rows(flood: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The status-server flood side by side (``side_row`` rows): Trainer's status server, then the pipeline's."""
+    t = flood.get("trainer") or {}
+    p = flood.get("pipeline") or {}
+    if not t and not p:
+        return []
+
+    def lat(run: Mapping[str, Any], q: str) -> float | None:
+        value: float | None = (run.get("latency_s") or {}).get(q)
+        return value
+
+    return [
+        side_row("updates accepted", "", t.get("accepted"), p.get("accepted")),
+        side_row("updates/s accepted", "", t.get("accepted_per_s"), p.get("accepted_per_s")),
+        side_row("p50 latency", "s", lat(t, "p50"), lat(p, "p50")),
+        side_row("p99 latency", "s", lat(t, "p99"), lat(p, "p99")),
+        side_row("API server writes of trainjobs/status", "", t.get("status_writes"), p.get("status_writes")),
+        side_row(
+            "API server writes per update",
+            "",
+            t.get("writes_per_update"),
+            p.get("writes_per_update"),
+            VS_STATUS_WRITES,
+            "ratio",
+        ),
+    ]
+
+
+def _render_status_flood(flood: Mapping[str, Any]) -> list[str]:
+    out = ["## Status-server flood, side by side with Trainer v2.3.0's status server", ""]
+    if flood.get("skipped") or flood.get("error"):
+        out.extend([f"Not measured: {flood.get('skipped') or flood.get('error')}.", ""])
+        return out
+    n = flood.get("trainjobs", 0) * flood.get("pods_per_trainjob", 0)
+    out.append(
+        f"{flood.get('trainjobs')} TrainJobs x {flood.get('pods_per_trainjob')} pods x "
+        f"{flood.get('updates_per_pod')} updates per side ({n * flood.get('updates_per_pod', 0)} updates), every pod "
+        "posting its updates one after the other with a real projected token bound to it, all pods at once, over "
+        "HTTPS, on one kube-apiserver: first to Trainer's own status server (its controller manager built from its "
+        "module, shipped configuration with `TrainJobStatus` on: client limit 5 requests/s, burst 10), then to "
+        "`tjpipe status-server` (coalescing interval "
+        f"{format_value(flood.get('coalesce_s'), 's')}), each on TrainJobs of its own. Writes: the API server's "
+        "`apiserver_request_total` for `trainjobs/status` (APPLY, PATCH, UPDATE) from the flood's start until its "
+        "writes are done (for this project, one interval after the last answer). Latency as the client sees it. "
+        "A 200 from Trainer means the TrainJob was written; from this project, that the update is stored in the "
+        "history (JetStream acknowledged it), the TrainJob being written from there, coalesced. "
+        "Ratios are this project ÷ Trainer, from one run of each side, one after the other.",
+    )
+    out.append("")
+    out.append(side_by_side_table(status_flood_rows(flood)))
+    out.append("")
+    for side in ("trainer", "pipeline"):
+        run = flood.get(side) or {}
+        if run:
+            answers = ", ".join(f"{code}: {count}" for code, count in (run.get("answers") or {}).items())
+            out.append(
+                f"- {run.get('label', side)}: answers {answers} over {format_value(run.get('flood_s'), 's')}; "
+                f"{run.get('newest_shown')} of {flood.get('trainjobs')} TrainJobs show the newest update after it."
+            )
+    out.append("")
+    return out
+
+
 def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every reported figure with its target (or as a reference), in report order."""
     out: list[dict[str, Any]] = []
@@ -881,6 +950,9 @@ def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
     for s in mem.get("services", []):
         target = SERVICE_RSS if s["service"] in PIPELINE_SERVICES else None
         out.append(check("memory", f"RSS: {s['service']}", s.get("rss_mb"), "MB", target))
+    for row in status_flood_rows(scenarios.get("status_flood") or {}):
+        if row["judge"] == "ratio":
+            out.append(check("status-server flood", row["figure"], row["ratio"], "x", row["target"]))
     history = scenarios.get("history") or {}
     for label, key in (("namespace list", "list_latency_s"), ("timeline", "timeline_latency_s")):
         if history.get(key):

@@ -845,3 +845,51 @@ def test_lifecycle_flags_choose_the_default_the_quick_and_the_large_run() -> Non
     assert (only.lifecycle_jobs, only.skip) == (10, frozenset(SCENARIOS))
     with pytest.raises(SystemExit):
         parse_args(["--lifecycle", "--lifecycle-jobs", "0"])
+
+
+def test_the_status_flood_is_a_scenario_with_its_size_from_flags() -> None:
+    from bench.runner import FLOOD, QUICK_FLOOD, parse_args
+
+    assert parse_args([]).flood == FLOOD
+    assert parse_args(["--quick"]).flood == QUICK_FLOOD
+    assert parse_args(["--flood", "3x4x5"]).flood == (3, 4, 5)
+    assert "status-flood" in parse_args(["--skip", "status-flood"]).skip
+    for bad in ("3x4", "0x1x1", "axbxc"):
+        with pytest.raises(SystemExit):
+            parse_args(["--flood", bad])
+
+
+def test_the_status_flood_is_shown_side_by_side_with_writes_per_update_judged_as_a_ratio() -> None:
+    def side(label: str, accepted: int, seconds: float, writes: float) -> dict[str, Any]:
+        return {
+            "label": label,
+            "accepted": accepted,
+            "answers": {"200": accepted},
+            "flood_s": seconds,
+            "accepted_per_s": accepted / seconds,
+            "latency_s": {"p50": seconds / 10, "p99": seconds / 5},
+            "status_writes": writes,
+            "writes_per_update": writes / accepted,
+            "newest_shown": 2,
+        }
+
+    flood = {
+        "trainjobs": 2,
+        "pods_per_trainjob": 5,
+        "updates_per_pod": 10,
+        "coalesce_s": 5.0,
+        "trainer": side("Trainer v2.3.0", 100, 20.0, 100),
+        "pipeline": side("this project", 100, 0.5, 4),
+    }
+    rows = {r["figure"]: r for r in stats.status_flood_rows(flood)}
+    assert rows["updates/s accepted"]["ratio"] == pytest.approx(40.0)
+    assert rows["API server writes per update"]["ratio"] == pytest.approx(0.04)
+    checks = stats.build_checks({"status_flood": flood})
+    (judged,) = [c for c in checks if c["section"] == "status-server flood"]
+    assert judged["figure"] == "API server writes per update" and judged["met"] is True
+    text = stats.render_markdown({"meta": {}, "machine": {}, "scenarios": {"status_flood": flood}, "checks": checks})
+    assert "## Status-server flood" in text and "2 of 2 TrainJobs show the newest update" in text
+    skipped = stats.render_markdown(
+        {"meta": {}, "machine": {}, "scenarios": {"status_flood": {"skipped": "needs root"}}, "checks": []}
+    )
+    assert "Not measured: needs root." in skipped
