@@ -36,6 +36,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -120,14 +121,29 @@ async def status_flood(
         out = await asyncio.wait_for(child.stdout.read(), timeout=CHILD_TIMEOUT_SECONDS)
         await asyncio.wait_for(child.wait(), timeout=60)
     except TimeoutError:
-        child.kill()  # its own session: the servers it started go with it when it exits
-        await child.wait()
+        await _stop(child)
         return {"error": f"the flood did not finish in {CHILD_TIMEOUT_SECONDS:.0f}s", "log": await relaying}
+    finally:
+        if child.returncode is None:  # interrupted: the child stops its servers before it goes
+            await _stop(child)
     tail = await relaying
     if child.returncode != 0 or not out.strip():
         return {"error": f"the flood's process exited {child.returncode}", "log": tail}
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
+
+
+async def _stop(child: asyncio.subprocess.Process) -> None:
+    """SIGTERM first: the child then stops the servers it started (each in a session of its own, so killing the
+    child alone would leave them running); SIGKILL if it has not gone after a minute."""
+    if child.returncode is not None:
+        return
+    child.terminate()
+    try:
+        await asyncio.wait_for(child.wait(), timeout=60)
+    except TimeoutError:
+        child.kill()
+        await child.wait()
 
 
 # ---------------------------------------------------------------------------------------------- the child
@@ -502,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-state", action="store_true", help="keep the state folder until exit (it is on a private tmpfs)"
     )
     args = parser.parse_args(argv)
+    # SIGTERM (the parent's timeout) unwinds like an error, so every server started is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     _enter_private_namespaces()
     result = run_child(trainjobs=args.trainjobs, pods=args.pods, updates=args.updates, keep_state=args.keep_state)
     print(json.dumps(result), flush=True)
