@@ -57,11 +57,8 @@ Progress = Callable[[str], None]
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 TRAINJOBS, PODS, UPDATES = 2, 10, 10
-"""The default flood: 2 TrainJobs x 10 pods x 10 updates = 200 updates per side."""
-QUICK_TRAINJOBS, QUICK_PODS, QUICK_UPDATES = 2, 5, 6
+"""The child's default flood (``python -m bench`` passes its own ``--flood``): 200 updates per side."""
 WORKLOAD_ACCOUNT = "trainer"
-SERVER_NAMESPACE = "trainjob-pipeline"
-SERVER_ACCOUNT = "tjpipe-status-server"
 COALESCE_SECONDS = 5.0
 """``tjpipe status-server``'s default interval, left as shipped."""
 CHILD_TIMEOUT_SECONDS = 900.0
@@ -69,16 +66,6 @@ REQUEST_TIMEOUT_SECONDS = 60.0
 SA_TOKEN_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 TRAINER_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 WRITE_VERBS = ("APPLY", "PATCH", "UPDATE")
-
-_SERVER_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},
-    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get"]},
-    {"apiGroups": [GROUP], "resources": ["trainjobs"], "verbs": ["get"]},
-    {"apiGroups": [GROUP], "resources": ["trainjobs/status"], "verbs": ["patch"]},
-]
-"""``tjpipe status-server``'s Kubernetes rights as deployed: review tokens, read the chain, write TrainJob status."""
 
 
 def audience(namespace: str, name: str) -> str:
@@ -376,14 +363,13 @@ def run_child(*, trainjobs: int, pods: int, updates: int, keep_state: bool) -> d
     from tjpipe.credentials import STATUS_SERVER, generate_credentials, server_authorization
     from tjpipe.keys.pki import write_serving_pki
     from tjpipe.local import toolchain
-    from tjpipe.local.crds import apply_objects, crd_manifests, install_crds
-    from tjpipe.local.identities import _cluster_of, _kubeconfig
+    from tjpipe.local.crds import crd_manifests, install_crds
+    from tjpipe.local.identities import install_identities
     from tjpipe.local.kubeapi import start_kube
     from tjpipe.local.natsd import start_nats
     from tjpipe.local.procs import free_port, http_ok, spawn, wait_until
     from tjpipe.local.stack import setup_bus_as_admin
     from tjpipe.local.trainer_controller import TrainerController
-    from tjpipe.private_files import write_private_file
 
     root = Path(tempfile.mkdtemp(prefix="tjpipe-bench-flood-"))
     toolchain.ensure_trainer_controller(progress=_say)
@@ -437,36 +423,18 @@ def run_child(*, trainjobs: int, pods: int, updates: int, keep_state: bool) -> d
         creds = generate_credentials(root / "creds")
         local = start_nats(store_dir=root / "nats", log_dir=root / "logs", authorization=server_authorization(creds))
         setup_bus_as_admin(local.url, creds, environ={}, tls_from_env=False)
-        with kube.api_client() as api:
-            apply_objects(
-                api,
-                [
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SERVER_NAMESPACE}},
-                    {"apiVersion": "v1", "kind": "ServiceAccount",
-                     "metadata": {"name": SERVER_ACCOUNT, "namespace": SERVER_NAMESPACE}},
-                    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                     "metadata": {"name": SERVER_ACCOUNT}, "rules": _SERVER_RULES},
-                    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                     "metadata": {"name": SERVER_ACCOUNT},
-                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                 "name": SERVER_ACCOUNT},
-                     "subjects": [{"kind": "ServiceAccount", "name": SERVER_ACCOUNT,
-                                   "namespace": SERVER_NAMESPACE}]},
-                ],
-                field_manager="tjpipe-bench",
-            )  # fmt: skip
-            token = _account_token(api, SERVER_ACCOUNT, SERVER_NAMESPACE)
-        write_private_file(root / "status-server.token", token)
-        write_private_file(
-            root / "status-server.kubeconfig",
-            _kubeconfig(_cluster_of(kube.kubeconfig), SERVER_ACCOUNT, "status-server.token"),
-        )
+        with kube.api_client() as api:  # deploy/'s identities: the status server as its own ServiceAccount
+            kubeconfig = install_identities(
+                api, admin_kubeconfig=kube.kubeconfig, folder=root / "identities"
+            ).for_service("status-server")
+        if kubeconfig is None:
+            raise RuntimeError("deploy/ gives the status server no ServiceAccount")
         cert_dir = root / "status-tls"
         write_serving_pki(cert_dir, ca_name="tjpipe-bench-status-ca", common_name="tjpipe-status-server")
         port, metrics_port = free_port(), free_port()
         env = {key: v for key, v in os.environ.items() if key not in ("KUBECONFIG", "NATS_CREDS", "NATS_URL")}
         env |= {
-            "KUBECONFIG": str(root / "status-server.kubeconfig"),
+            "KUBECONFIG": str(kubeconfig),
             "NATS_URL": local.url,
             "NATS_CREDS": str(creds.seed_file(STATUS_SERVER)),
         }
