@@ -10,7 +10,9 @@ kustomize, so both ways render the same objects.
 The Helm chart is that same render, packaged: charts/trainjob-pipeline holds only the chart's frame (values,
 the templates that emit the files); ``chart DIR`` writes the frame plus Trainer's CRDs (``crds/``, which Helm
 installs before anything else and never deletes) and the rendered objects (``files/``) into DIR. One source of
-truth, deploy/, for kustomize and Helm alike.
+truth, deploy/, for kustomize and Helm alike. The chart's ``fleet`` value picks among renders of deploy/ too:
+``member`` swaps the objects deploy/overlays/fleet-member changes in the base for its versions and adds its
+reviewer, ``hub`` adds deploy/overlays/fleet-hub's objects (the set-up Job's ``--member`` list from the value).
 
 Usage::
 
@@ -46,6 +48,20 @@ MONITORING = REPO / "deploy" / "components" / "monitoring"
 MONITORING_FILES = {"ServiceMonitor": "servicemonitor", "Service": "servicemonitor", "PrometheusRule": "prometheusrule"}
 MONITORING_DEFAULT_FILE = "dashboard"
 CHART = REPO / "charts" / "trainjob-pipeline"
+BASE = REPO / "deploy" / "base"
+FLEET_HUB = REPO / "deploy" / "overlays" / "fleet-hub"
+FLEET_MEMBER = REPO / "deploy" / "overlays" / "fleet-member"
+# Where the hub's set-up Job lists its members in files/fleet/hub.yaml; the chart puts fleet.members there.
+FLEET_MEMBERS_MARK = "FLEET-MEMBERS"
+# The Secrets the fleet's objects name, by the chart value (fleet.secrets.<key>) that may rename each.
+FLEET_SECRETS = {
+    "member": "nats-fleet-member",
+    "hubConfig": "fleet-hub-nats-config",
+    "hubLeafTls": "fleet-hub-leaf-tls",
+    "admin": "fleet-admin-nats-creds",
+    "reader": "fleet-reader-nats-creds",
+    "clusters": "fleet-history-clusters",
+}
 # The image deploy/base names (its `images:` entry); the chart's values replace it.
 PIPELINE_IMAGE = "trainjob-pipeline"
 
@@ -154,6 +170,7 @@ def assemble_chart(
         raise RuntimeError(f"{overlay} rendered {len(crds)} Trainer CRDs and {len(runtimes)} runtimes")
     repository, tag = _pipeline_image(pipeline)
     monitoring = _monitoring_objects(overlay, components, pipeline, progress=progress)
+    pipeline, fleet_files = _fleet_files(pipeline, (repository, tag), progress=progress)
     shutil.copytree(CHART, out, dirs_exist_ok=True)
     (out / "crds").mkdir()
     for crd in crds:
@@ -165,6 +182,9 @@ def assemble_chart(
     (files / "monitoring").mkdir()
     for name, objs in monitoring.items():
         (files / "monitoring" / f"{name}.yaml").write_text(_dump(objs))
+    (files / "fleet").mkdir()
+    for name, text in fleet_files.items():
+        (files / "fleet" / name).write_text(text)
     (files / "image.yaml").write_text(yaml.safe_dump({"repository": repository, "tag": tag}, default_style='"'))
     (files / "trainjob-status.yaml").write_text(
         yaml.safe_dump(_trainjob_status_lines(files / "pipeline.yaml"), default_style='"', width=1 << 16)
@@ -210,6 +230,62 @@ def _monitoring_objects(
             continue
         added.setdefault(MONITORING_FILES.get(obj["kind"], MONITORING_DEFAULT_FILE), []).append(obj)
     return added
+
+
+def _generated_key(obj: Obj) -> tuple[str, str, str]:
+    """As ``_object_key``, a generated ConfigMap by its name without kustomize's content hash."""
+    kind, namespace, name = _object_key(obj)
+    return kind, namespace, name.rsplit("-", 1)[0] if kind == "ConfigMap" else name
+
+
+def _fleet_files(
+    pipeline: Sequence[Obj], image: tuple[str, str], *, progress: Callable[[str], None]
+) -> tuple[list[Obj], dict[str, str]]:
+    """The pipeline without the objects the fleet member overlay changes, and the chart's ``files/fleet``:
+
+    - ``standalone.yaml``: those objects as the base has them (no fleet, or the hub);
+    - ``member.yaml``: deploy/overlays/fleet-member's versions of them and what it adds;
+    - ``hub.yaml``: deploy/overlays/fleet-hub's objects, the set-up Job's members replaced by a mark
+      (``members.yaml`` says which line, and how far indented, the chart's list goes in);
+    - ``secrets.yaml``: the Secret names they use, by value key.
+    """
+    base = {_generated_key(obj): obj for obj in kustomize_build(BASE, progress=progress)}
+    member = kustomize_build(FLEET_MEMBER, progress=progress)
+    member_keys = {_generated_key(obj) for obj in member}
+    if set(base) - member_keys:
+        raise RuntimeError(f"{FLEET_MEMBER} removes {sorted(set(base) - member_keys)}; it may change or add only")
+    fleet_objects = [obj for obj in member if base.get(_generated_key(obj)) != obj]
+    changed = {_generated_key(obj) for obj in fleet_objects} & set(base)
+    standalone = [obj for obj in pipeline if _generated_key(obj) in changed]
+    if len(standalone) != len(changed) or any(base[_generated_key(obj)] != obj for obj in standalone):
+        raise RuntimeError(f"the pipeline's {sorted(changed)} are not the base's, which {FLEET_MEMBER} changes")
+
+    hub = kustomize_build(FLEET_HUB, progress=progress)
+    if _pipeline_image(hub) != image:
+        raise RuntimeError(f"{FLEET_HUB} names the image {_pipeline_image(hub)}, the pipeline {image}")
+    setups = [obj for obj in hub if obj["kind"] == "Job"]
+    if len(setups) != 1:
+        raise RuntimeError(f"{FLEET_HUB}: expected one set-up Job, found {len(setups)}")
+    container = setups[0]["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    if args[:2] != ["fleet", "setup"] or args[2::2] != ["--member"] * len(args[2::2]):
+        raise RuntimeError(f"{FLEET_HUB}: the set-up Job's arguments are not 'fleet setup --member ...': {args}")
+    container["args"] = ["fleet", "setup", FLEET_MEMBERS_MARK]
+    hub_text = _dump(hub)
+    (line,) = [line for line in hub_text.splitlines() if line.strip() == f"- {FLEET_MEMBERS_MARK}"]
+
+    text = _dump(pipeline)
+    for name in FLEET_SECRETS.values():
+        if f"secretName: {name}\n" in text:
+            raise RuntimeError(f"the pipeline already names the Secret {name}")
+    rest = [obj for obj in pipeline if _generated_key(obj) not in changed]
+    return rest, {
+        "standalone.yaml": _dump(standalone),
+        "member.yaml": _dump(fleet_objects),
+        "hub.yaml": hub_text,
+        "members.yaml": yaml.safe_dump({"line": line, "indent": line[: line.index("-")]}, default_style='"'),
+        "secrets.yaml": yaml.safe_dump(FLEET_SECRETS),
+    }
 
 
 def _object_key(obj: Obj) -> tuple[str, str, str]:

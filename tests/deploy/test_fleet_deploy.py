@@ -22,6 +22,7 @@ import pytest
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from tjpipe.cli import main
+from tjpipe.local.helm import helm_template
 from tjpipe.local.kustomize import kustomize_build
 from tjpipe.local.natsd import nats_server_binary
 
@@ -326,3 +327,65 @@ def test_the_api_server_accepts_every_object(
     assert warnings == []
     with pytest.raises(NotFoundError):
         client.request("GET", _path(known, _of_kind(objects, "StatefulSet")[0]))
+
+
+# ------------------------------------------------------------------------------------------- the chart
+
+
+@pytest.fixture(scope="module")
+def chart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from .test_kubeflow_install import RELEASE, tool
+
+    return tool.assemble_chart(tmp_path_factory.mktemp("chart") / RELEASE, progress=_progress)  # type: ignore[no-any-return]
+
+
+def _chart(chart_dir: Path, *values: str) -> list[Obj]:
+    from .test_kubeflow_install import RELEASE, RELEASE_NAMESPACE
+
+    extra = [arg for value in values for arg in ("--set-json" if "=[" in value else "--set", value)]
+    return helm_template(chart_dir, release=RELEASE, namespace=RELEASE_NAMESPACE, extra_args=extra, progress=_progress)
+
+
+@pytest.fixture(scope="module")
+def kubeflow_overlay() -> list[Obj]:
+    from .test_kubeflow_install import tool
+
+    return tool.render_overlay(progress=_progress)  # type: ignore[no-any-return]
+
+
+def test_the_chart_without_a_fleet_is_the_overlay_and_a_member_is_the_overlay_with_fleet_members_objects(
+    chart_dir: Path, kubeflow_overlay: list[Obj], base: list[Obj], member: list[Obj]
+) -> None:
+    from .test_kubeflow_install import _by_key
+
+    assert _by_key(_chart(chart_dir)) == _by_key(kubeflow_overlay)
+    before = {_key(obj): obj for obj in base}
+    fleet_objects = [obj for obj in member if before.get(_key(obj)) != obj]
+    swapped = {_key(obj) for obj in fleet_objects}
+    expected = [obj for obj in kubeflow_overlay if _key(obj) not in swapped] + fleet_objects
+    rendered = _chart(chart_dir, "fleet.role=member", "fleet.clusterName=c1", "fleet.hubURL=hub.example:7422")
+    assert _by_key(rendered) == _by_key(expected)
+
+
+def test_the_chart_as_a_hub_adds_the_hub_overlays_objects_with_its_members(
+    chart_dir: Path, kubeflow_overlay: list[Obj], hub: list[Obj]
+) -> None:
+    from .test_kubeflow_install import _by_key
+
+    rendered = _chart(chart_dir, "fleet.role=hub", 'fleet.members=["c1","c2"]')
+    assert _by_key(rendered) == _by_key(kubeflow_overlay + hub)
+    three = _chart(chart_dir, "fleet.role=hub", 'fleet.members=["c1","c2","eu-3"]')
+    args = _container(_named(three, "Job", "fleet-setup"))["args"]
+    assert args == ["fleet", "setup", "--member", "c1", "--member", "c2", "--member", "eu-3"]
+
+
+def test_the_charts_fleet_secrets_may_be_renamed_and_a_wrong_role_or_no_members_is_refused(chart_dir: Path) -> None:
+    renamed = _chart(chart_dir, "fleet.role=member", "fleet.secrets.member=c1-leaf")
+    assert _secret_files(_named(renamed, "StatefulSet", "nats"), "fleet")[0] == "c1-leaf"
+    hub = _chart(chart_dir, "fleet.role=hub", 'fleet.members=["c1"]', "fleet.secrets.clusters=fleet-clusters-v2")
+    deployment = _named(hub, "Deployment", "tjpipe-fleet-history-server")
+    assert _secret_files(deployment, "fleet-clusters")[0] == "fleet-clusters-v2"
+    with pytest.raises(RuntimeError, match=r"fleet\.role is \"leader\""):
+        _chart(chart_dir, "fleet.role=leader")
+    with pytest.raises(RuntimeError, match=r"needs fleet\.members"):
+        _chart(chart_dir, "fleet.role=hub")
