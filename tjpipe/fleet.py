@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,6 +311,16 @@ def hub_config(
     )
 
 
+_STORE_SIZE = re.compile(r"[1-9][0-9]*([KMGT]B?)?", re.IGNORECASE)
+
+
+def check_store_size(value: str) -> str:
+    """A JetStream size as the server reads it (``8GB``, ``512M``, bytes), written bare: quoted, it is refused."""
+    if not _STORE_SIZE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a size: a whole number, optionally with K, M, G or T (8GB, 512M)")
+    return value
+
+
 def member_config(
     *,
     cluster: str,
@@ -320,6 +331,8 @@ def member_config(
     enabled: bool = True,
     reconnect_seconds: float = 1.0,
     client_cert: tuple[str, str] | None = None,
+    max_memory_store: str | None = None,
+    max_file_store: str | None = None,
 ) -> str:
     """What a member's nats.conf adds for the fleet: its JetStream domain and its leaf remote to the hub.
 
@@ -327,15 +340,22 @@ def member_config(
     must be as private as a seed (mode 0600, a Secret). ``client_cert`` (certificate and key files) is the
     member's certificate for a hub that verifies its members (``HubTls.verify_clients``). ``enabled=False``
     keeps the remote configured but not connected: a reload with it cuts the link, and a reload without it
-    heals it.
+    heals it. ``max_memory_store`` and ``max_file_store`` (sizes as the server reads them, ``8GB``) bound the
+    member's JetStream: this is its whole ``jetstream`` block, which a second one in the same file would
+    replace, not extend.
     """
     fleet.check_cluster_name(cluster)
     urls = _list(url if "://" in url else f"nats-leaf://{url}" for url in hub_leaf_urls)
     work = (f"{subjects.EVENTS_PREFIX}.>", f"{subjects.APPLY_PREFIX}.>", "$KV.>", "$JS.API.>")
+    limits = "".join(
+        f"  {key}: {check_store_size(value)}\n"
+        for key, value in (("max_memory_store", max_memory_store), ("max_file_store", max_file_store))
+        if value
+    )
     return (
-        f"jetstream {{\n  store_dir: {_q(store_dir)}\n  domain: {_q(cluster)}\n}}\n"
+        f"jetstream {{\n  store_dir: {_q(store_dir)}\n  domain: {_q(cluster)}\n{limits}}}\n"
         "leafnodes {\n"
-        f"  reconnect: {reconnect_seconds:g}\n"
+        f"  reconnect: {_q(f'{reconnect_seconds:g}s')}\n"
         "  remotes: [\n"
         "    {\n"
         f"      urls: {urls}\n"

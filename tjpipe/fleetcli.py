@@ -65,6 +65,10 @@ def add_fleet_command(sub: Any, nats_client: Callable[[argparse.ArgumentParser],
     member.add_argument("--cluster", required=True, help="the member's name (its JetStream domain)")
     member.add_argument("--hub", action="append", required=True, help="a hub server's leaf HOST:PORT (repeatable)")
     member.add_argument("--store-dir", required=True, help="the member's JetStream store")
+    member.add_argument("--max-memory-store", type=_size, help="the member's JetStream memory limit, e.g. 256MB")
+    member.add_argument(
+        "--max-file-store", type=_size, help="the member's JetStream disk limit, e.g. 8GB (below its volume's size)"
+    )
     _mounted_tls(member)
     _out(member)
 
@@ -86,6 +90,15 @@ def _members(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--member", action="append", required=True, help="a member cluster's name, a DNS label (repeatable)"
     )
+
+
+def _size(value: str) -> str:
+    from tjpipe.fleet import check_store_size
+
+    try:
+        return check_store_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _mounted_tls(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +205,8 @@ def _member_config(args: argparse.Namespace) -> int:
         leaf_seed=_existing(creds.leaf_seed(args.cluster)).read_text(),
         ca_file=ca,
         client_cert=(cert, key),
+        max_memory_store=args.max_memory_store,
+        max_file_store=args.max_file_store,
     )
     fleet.write_member_config(args.out, text)
     _say(f"member {args.cluster}: {args.out} (holds its leaf seed: keep it as private as a seed)")
