@@ -101,6 +101,7 @@ def test_up_demo_prints_the_history_url_and_token_and_its_timeline_shows_the_dem
             log_in(driver, url.group(1), token.group(1))
             wait = WebDriverWait(driver, 60)
             wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '#trainjobs tr[data-name="mnist"]')))
+            assert not driver.find_element(By.ID, "filter-cluster-row").is_displayed()  # one cluster: no picker
             screenshot(driver, "history-list", tmp_path)
             driver.find_element(By.LINK_TEXT, "mnist").click()
             wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#timeline-svg .mark.result")))
