@@ -279,13 +279,24 @@ def hub_config(
     route_password: str,
     cluster_name: str = "fleet-hub",
     domain: str = fleet.HUB_DOMAIN,
+    client_tls: HubTls | None = None,
 ) -> str:
-    """One hub server's whole nats.conf: JetStream in the hub's domain, routes, the leaf listener over TLS."""
+    """One hub server's whole nats.conf: JetStream in the hub's domain, routes, the leaf listener over TLS.
+
+    ``client_tls`` serves the client port (the fleet's set-up and history reader) over TLS too; they log in
+    with their nkeys either way, so it asks them for no certificate.
+    """
     routes = "\n".join(f"    {_q(f'nats-route://route:{route_password}@{host}')}" for host in server.routes)
+    clients = (
+        f"tls {{\n  cert_file: {_q(client_tls.cert_file)}\n  key_file: {_q(client_tls.key_file)}\n"
+        f"  ca_file: {_q(client_tls.ca_file)}\n  timeout: 5\n}}\n"
+        if client_tls
+        else ""
+    )
     return (
         f"server_name: {_q(server.name)}\n"
         f"listen: {_q(server.client_listen)}\n"
-        f"http: {_q(server.monitor_listen)}\n"
+        f"http: {_q(server.monitor_listen)}\n" + clients +
         # Replies of a member's JetStream API come back under $JSC.R.<domain>., so each member's leaf user may
         # answer only in its own domain's reply space.
         # js_snapshot_sources: a replica that caught up from a snapshot keeps the sources' positions, so on

@@ -13,9 +13,12 @@ import argparse
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from tjpipe.fleet import HubTls
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -55,6 +58,12 @@ def add_fleet_command(sub: Any, nats_client: Callable[[argparse.ArgumentParser],
     hub.add_argument("--route", action="append", required=True, help="another hub server's HOST:PORT (repeatable)")
     hub.add_argument("--store-dir", required=True, help="this server's JetStream store")
     hub.add_argument("--route-password-file", type=Path, required=True, help="file holding the routes' shared password")
+    hub.add_argument(
+        "--client-tls",
+        metavar="DIR",
+        help="serve the client port over TLS too, with DIR/tls.crt, DIR/tls.key and DIR/ca.crt as the server "
+        "reads them (a mounted Secret; `tjpipe nats-tls` makes one)",
+    )
     _mounted_tls(hub)
     _out(hub)
 
@@ -117,6 +126,15 @@ def _tls_paths(args: argparse.Namespace, cert: Path, key: Path, ca: Path) -> tup
         return local[0], local[1], local[2]
     folder = args.mounted_tls.rstrip("/")
     return f"{folder}/tls.crt", f"{folder}/tls.key", f"{folder}/ca.crt"
+
+
+def _client_tls(folder: str | None) -> HubTls | None:
+    from tjpipe import fleet
+
+    if not folder:
+        return None
+    folder = folder.rstrip("/")
+    return fleet.HubTls(cert_file=f"{folder}/tls.crt", key_file=f"{folder}/tls.key", ca_file=f"{folder}/ca.crt")
 
 
 def _out(parser: argparse.ArgumentParser) -> None:
@@ -183,6 +201,7 @@ def _hub_config(args: argparse.Namespace) -> int:
         tls=fleet.HubTls(cert_file=cert, key_file=key, ca_file=ca, verify_clients=True),
         authorization=fleet.hub_authorization(creds, args.member),
         route_password=args.route_password_file.read_text().strip(),
+        client_tls=_client_tls(args.client_tls),
     )
     fleet.write_member_config(args.out, text)
     _say(f"hub server {args.name}: {args.out}")

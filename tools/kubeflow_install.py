@@ -58,6 +58,7 @@ FLEET_SECRETS = {
     "member": "nats-fleet-member",
     "hubConfig": "fleet-hub-nats-config",
     "hubLeafTls": "fleet-hub-leaf-tls",
+    "hubClientTls": "fleet-hub-client-tls",
     "admin": "fleet-admin-nats-creds",
     "reader": "fleet-reader-nats-creds",
     "clusters": "fleet-history-clusters",

@@ -89,7 +89,7 @@ def _check_config(conf: Path) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def _hub_configs(fleet_dir: Path, out: Path, mounted_tls: str) -> list[Path]:
+def _hub_configs(fleet_dir: Path, out: Path, mounted_tls: str, client_tls: str) -> list[Path]:
     """``tjpipe fleet hub-config`` for each of the three servers, as the hub overlay's comment runs it."""
     (out / "route-password").write_text("a-route-password\n")
     routes = [arg for i in range(3) for arg in ("--route", f"fleet-hub-{i}.fleet-hub-headless:6222")]
@@ -99,7 +99,7 @@ def _hub_configs(fleet_dir: Path, out: Path, mounted_tls: str) -> list[Path]:
         conf = out / f"fleet-hub-{i}.conf"
         args = ["fleet", "hub-config", "--dir", str(fleet_dir), *members, "--name", f"fleet-hub-{i}", *routes]
         args += ["--store-dir", "/data", "--route-password-file", str(out / "route-password")]
-        args += ["--mounted-tls", mounted_tls, "--out", str(conf)]
+        args += ["--mounted-tls", mounted_tls, "--client-tls", client_tls, "--out", str(conf)]
         assert main(args) == 0
         written.append(conf)
     return written
@@ -134,7 +134,9 @@ def test_the_hubs_files_are_domain_hub_with_a_mutual_tls_leaf_listener_where_the
     statefulset = _named(hub, "StatefulSet", "fleet-hub")
     tls_secret, tls_dir, tls_files = _secret_files(statefulset, "leaf-tls")
     assert tls_secret == "fleet-hub-leaf-tls" and tls_files == {"ca.crt", "tls.crt", "tls.key"}
-    confs = _hub_configs(fleet_dir, tmp_path, tls_dir)
+    client_secret, client_dir, client_files = _secret_files(statefulset, "client-tls")
+    assert client_secret == "fleet-hub-client-tls" and client_files == {"ca.crt", "tls.crt", "tls.key"}
+    confs = _hub_configs(fleet_dir, tmp_path, tls_dir, client_dir)
     for i, conf in enumerate(confs):
         text = conf.read_text()
         assert f'server_name: "fleet-hub-{i}"' in text
@@ -142,15 +144,30 @@ def test_the_hubs_files_are_domain_hub_with_a_mutual_tls_leaf_listener_where_the
         leafnodes = text[text.index("leafnodes {") :]
         assert 'listen: "0.0.0.0:7422"' in leafnodes and "verify: true" in leafnodes
         assert {f"{tls_dir}/{name}" for name in tls_files} == set(re.findall(r'_file: "([^"]+)"', leafnodes))
-    # What nats-server makes of it, with the TLS Secret's files where the overlay mounts them.
-    mounted = tmp_path / "mounted"
-    mounted.mkdir()
-    shutil.copy(fleet_dir / "tls" / "ca.crt", mounted / "ca.crt")
-    shutil.copy(fleet_dir / "tls" / "hub.crt", mounted / "tls.crt")
-    shutil.copy(fleet_dir / "tls" / "hub.key", mounted / "tls.key")
+        # The client port (4222) over TLS too, with the client Secret's files.
+        clients = text[text.index("\ntls {") : text.index("}", text.index("\ntls {"))]
+        assert {f"{client_dir}/{name}" for name in client_files} == set(re.findall(r'_file: "([^"]+)"', clients))
+    # What nats-server makes of it, with the TLS Secrets' files where the overlay mounts them.
+    text = confs[0].read_text().replace('"/data"', f'"{tmp_path}/d"')
+    for mount in (tls_dir, client_dir):
+        mounted = tmp_path / Path(mount).name
+        mounted.mkdir()
+        shutil.copy(fleet_dir / "tls" / "ca.crt", mounted / "ca.crt")
+        shutil.copy(fleet_dir / "tls" / "hub.crt", mounted / "tls.crt")
+        shutil.copy(fleet_dir / "tls" / "hub.key", mounted / "tls.key")
+        text = text.replace(mount, str(mounted))
     relocated = tmp_path / "relocated.conf"
-    relocated.write_text(confs[0].read_text().replace(tls_dir, str(mounted)).replace('"/data"', f'"{tmp_path}/d"'))
+    relocated.write_text(text)
     _check_config(relocated)
+
+
+@pytest.mark.parametrize(("kind", "name"), [("Job", "fleet-setup"), ("Deployment", "tjpipe-fleet-history-server")])
+def test_the_hubs_clients_check_its_client_port_with_the_ca_of_its_secret(hub: list[Obj], kind: str, name: str) -> None:
+    workload = _named(hub, kind, name)
+    env = {item["name"]: item["value"] for item in _container(workload)["env"]}
+    secret, folder, files = _secret_files(workload, "nats-ca")
+    # The CA only: not the server's key.
+    assert (secret, files, env["NATS_TLS_CA"]) == ("fleet-hub-client-tls", {"ca.crt"}, f"{folder}/ca.crt")
 
 
 def test_the_fleet_streams_job_runs_setup_as_fleet_admin_with_every_member(hub: list[Obj]) -> None:
