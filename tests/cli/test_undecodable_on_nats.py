@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from contracts import subjects
+from contracts import streams, subjects
 from contracts.messages import DeadLetter, encode
 from plumbing import bus as plumbing_bus
 
@@ -31,12 +31,24 @@ def test_history_shows_each_undecodable_record_as_its_own_line(own_bus: Bus) -> 
         nc = await plumbing_bus.connect(own_bus.url, name="test-record", creds=own_bus.credentials.seed_file("admin"))
         try:
             js = nc.jetstream()
-            # One at a time, so their stored times give the order the history sorts by.
-            await js.publish(subjects.event_subject(namespace, name), b"{not json")
-            await js.publish(subjects.apply_subject(namespace, name, "jobset"), b"{not json")
-            await js.publish(subjects.result_subject(namespace, name, "jobset"), b"{not json")
-            await js.publish(subjects.dlq_subject("applier", namespace, name), b"[]")
-            await js.publish(subjects.dlq_subject("applier", namespace, name), encode(letter))
+
+            async def stored(subject: str, payload: bytes) -> None:
+                # One at a time, so their stored times give the order the history sorts by. An event or a plan
+                # is read from its history stream, which the server copies from the work stream on its own
+                # time: the next record waits until the copy is stored, or the copy could be stamped after it.
+                ack = await js.publish(subject, payload)
+                history = streams.HISTORY_OF.get(ack.stream)
+                for _ in range(500):
+                    if history is None or (await js.stream_info(history)).state.last_seq >= ack.seq:
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError(f"{history} never copied message {ack.seq} of {ack.stream}")
+
+            await stored(subjects.event_subject(namespace, name), b"{not json")
+            await stored(subjects.apply_subject(namespace, name, "jobset"), b"{not json")
+            await stored(subjects.result_subject(namespace, name, "jobset"), b"{not json")
+            await stored(subjects.dlq_subject("applier", namespace, name), b"[]")
+            await stored(subjects.dlq_subject("applier", namespace, name), encode(letter))
         finally:
             await nc.close()
 
