@@ -43,6 +43,8 @@ OVERLAY = REPO / "deploy" / "overlays" / "kubeflow"
 ONE_PROCESS = REPO / "deploy" / "components" / "one-process"
 HISTORY_SERVER = REPO / "deploy" / "components" / "history-server"
 MONITORING = REPO / "deploy" / "components" / "monitoring"
+# What the chart's trainJobStatus.enabled adds: the status server's Deployment, Service and identity.
+STATUS_SERVER = REPO / "deploy" / "components" / "status-server"
 # The monitoring component's objects by the chart value that turns them on (all off by default): the metrics
 # Services only serve the ServiceMonitor, so they go with it.
 MONITORING_FILES = {"ServiceMonitor": "servicemonitor", "Service": "servicemonitor", "PrometheusRule": "prometheusrule"}
@@ -171,6 +173,7 @@ def assemble_chart(
         raise RuntimeError(f"{overlay} rendered {len(crds)} Trainer CRDs and {len(runtimes)} runtimes")
     repository, tag = _pipeline_image(pipeline)
     monitoring = _monitoring_objects(overlay, components, pipeline, progress=progress)
+    status_server = _added_objects(overlay, components, STATUS_SERVER, pipeline, progress=progress)
     pipeline, fleet_files = _fleet_files(pipeline, (repository, tag), progress=progress)
     shutil.copytree(CHART, out, dirs_exist_ok=True)
     (out / "crds").mkdir()
@@ -186,6 +189,7 @@ def assemble_chart(
     (files / "fleet").mkdir()
     for name, text in fleet_files.items():
         (files / "fleet" / name).write_text(text)
+    (files / "status-server.yaml").write_text(_dump(status_server))
     (files / "image.yaml").write_text(yaml.safe_dump({"repository": repository, "tag": tag}, default_style='"'))
     (files / "trainjob-status.yaml").write_text(
         yaml.safe_dump(_trainjob_status_lines(files / "pipeline.yaml"), default_style='"', width=1 << 16)
@@ -230,6 +234,30 @@ def _monitoring_objects(
                 raise RuntimeError(f"{MONITORING} changes {key}; it may only add objects")
             continue
         added.setdefault(MONITORING_FILES.get(obj["kind"], MONITORING_DEFAULT_FILE), []).append(obj)
+    return added
+
+
+def _added_objects(
+    overlay: Path,
+    components: Sequence[Path],
+    component: Path,
+    without: Sequence[Obj],
+    *,
+    progress: Callable[[str], None],
+) -> list[Obj]:
+    """What ``component`` adds to the render (rendered once more with it), which may only add objects: the chart
+    emits them behind a value (deploy/components/status-server behind ``trainJobStatus.enabled``)."""
+    rendered = render_overlay(overlay, components=(*components, component), progress=progress)
+    before = {_object_key(obj): obj for obj in without}
+    added: list[Obj] = []
+    for obj in rendered:
+        if _is_trainer_crd(obj) or obj["kind"] == "ClusterTrainingRuntime":
+            continue
+        key = _object_key(obj)
+        if key not in before:
+            added.append(obj)
+        elif before[key] != obj:
+            raise RuntimeError(f"{component} changes {key}; it may only add objects")
     return added
 
 

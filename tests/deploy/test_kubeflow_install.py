@@ -242,8 +242,9 @@ def test_trainjob_status_is_off_by_default_and_a_value_turns_it_on(chart_dir: Pa
         progress=_progress,
     )
     assert _pipeline_config(elsewhere)["TJPIPE_STATUS_SERVER_URL"] == "https://status.example:8443"
-    # Only the setting changed: every other object renders as with the defaults.
-    assert {k: v for k, v in _by_key(on).items() if k[1] != "ConfigMap"} == {
+    # Only the setting changed and the status server came (tests/deploy/test_status_server_deploy.py): every
+    # other object renders as with the defaults.
+    assert {k: v for k, v in _by_key(on).items() if k[1] != "ConfigMap" and k[3] != "tjpipe-status-server"} == {
         k: v for k, v in _by_key(chart).items() if k[1] != "ConfigMap"
     }
     planner = _named(chart, "Deployment", "tjpipe-planner")["spec"]["template"]["spec"]
