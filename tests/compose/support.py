@@ -124,6 +124,8 @@ class Project:
     history_port: int = field(default_factory=free_port)
     overrides: list[Path] = field(default_factory=list)
     """Compose files read after the main one (``-f``), e.g. other images for some services."""
+    settings: dict[str, str] = field(default_factory=dict)
+    """Variables the compose file reads (``${TJPIPE_…}``) set for this project alone."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -135,6 +137,7 @@ class Project:
             TJPIPE_COMPOSE_HISTORY_PORT=str(self.history_port),
             TJPIPE_POD_RUN_SECONDS="3",
         )
+        env.update(self.settings)
         return env
 
     def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
