@@ -22,7 +22,7 @@ import pytest
 
 from contracts import streams, subjects
 from contracts.messages import TrainJobObserved, decode_dead_letter, encode
-from plumbing import bus as plumbing_bus
+from plumbing import bus_setup
 from plumbing.signing import Keyring
 
 from .support import (
@@ -174,7 +174,7 @@ async def test_planner_publish_timeout_is_retried_not_dead_lettered(pipeline: Pi
     nc = await p.connect()
     try:
         js = nc.jetstream()
-        await plumbing_bus.ensure_streams(js, streams.ALL_STREAMS)
+        await bus_setup.ensure_streams(js, streams.ALL_STREAMS)
         job = trainjob("x-timeout", num_nodes=2)
         job["metadata"].update(namespace=p.namespace, uid=str(uuid.uuid4()), resourceVersion="42")
         event = msgspec.convert(
