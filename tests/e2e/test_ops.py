@@ -18,7 +18,7 @@ from kubernetes import dynamic
 
 from contracts import streams, subjects
 from contracts.messages import ApplyJobSet, decode_apply
-from planner import core as planner_core
+from planner import service as planner_service
 from planner.framework import Framework
 from planner.info import RuntimeInfo
 from planner.plugins import REGISTRY
@@ -114,7 +114,9 @@ def test_a_changed_planner_makes_replay_report_the_fields_and_fail(
     pipeline: Stack, recorded: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     namespace, name = recorded
-    monkeypatch.setattr(planner_core, "FRAMEWORK", Framework([*REGISTRY, ("extra-label", _ExtraLabel)]))
+    # The framework a planner with the default settings runs (planner.service.framework_of / framework_with),
+    # which replay builds from the same settings.
+    monkeypatch.setattr(planner_service, "FRAMEWORK", Framework([*REGISTRY, ("extra-label", _ExtraLabel)]))
     argv = ["replay", f"{namespace}/{name}", "-o", "json", "--nats-url", pipeline.nats_url]
     if pipeline.credentials:
         argv += ["--nats-creds", str(pipeline.credentials.seed_file("reader"))]
