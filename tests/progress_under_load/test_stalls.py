@@ -217,8 +217,10 @@ async def test_a_plan_too_large_for_the_bus_is_a_dead_letter_and_a_condition_not
         await asyncio.sleep(5)
         assert len([dl for dl in await dead_letters(js, ns) if dl.reason == "plan-too-large"]) == len(dead)
         # Its creation and its own status change; the condition names a size that does not change from one
-        # plan to the next, so the status change plans to the same status and nothing follows.
-        assert len(dead) <= 2, [dl.error for dl in dead]
+        # plan to the next, so the status change plans to the same status and nothing follows. A third comes
+        # when the watcher's two watches see the TrainJob before its runtime: the runtime's arrival is fanned
+        # out to the TrainJobs that use it, one more observation. Nothing after those (the wait above).
+        assert len(dead) <= 3, [dl.error for dl in dead]
         planned = metric(ports["planner"], "tjpipe_plans_total")
         assert planned.get('{outcome="too-large"}', 0) == len(dead)
         assert "will be redelivered" not in p.log_text("planner")

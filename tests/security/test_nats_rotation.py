@@ -59,6 +59,7 @@ STREAM_OF = {
     "applier": streams.APPLY.name,
     "reader": streams.RESULTS.name,
     "dlq-operator": streams.DLQ.name,
+    "status-server": streams.PROGRESS.name,
 }
 """A stream each identity may ask about: an API request answered in its inbox."""
 
