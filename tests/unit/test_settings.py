@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import ast
+import datetime
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from applier.service import ApplierSettings
 from planner.service import PlannerSettings
 from plumbing.bus import TlsFiles
 from tjpipe import cli, settings
+from tjpipe.keys.pki import private_key_pem, self_signed_ca
 from watcher.service import WatcherSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,7 +171,14 @@ def test_nothing_below_the_cli_reads_the_environment() -> None:
     assert found == {}
 
 
-CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+def _ca() -> tuple[str, str]:
+    """A CA certificate and its private key, both PEM, made here for the run (nothing of them is tracked)."""
+    now = datetime.datetime.now(datetime.UTC)
+    key, cert = self_signed_ca("settings-test", not_before=now, not_after=now + datetime.timedelta(hours=1))
+    return cert.public_bytes(serialization.Encoding.PEM).decode(), private_key_pem(key).decode()
+
+
+CA_PEM, CA_KEY_PEM = _ca()
 ON_WITH_URL = {"TJPIPE_TRAINJOB_STATUS": "true", "TJPIPE_STATUS_SERVER_URL": "https://x"}
 
 
@@ -217,9 +227,7 @@ def test_trainjob_status_settings_that_cannot_work_are_one_clear_error(environ: 
         settings.planner(parse(["planner"], environ))
 
 
-@pytest.mark.parametrize(
-    ("content", "message"), [("not a pem", "holds no PEM"), (CA_PEM + "-----BEGIN PRIVATE KEY-----", "private key")]
-)
+@pytest.mark.parametrize(("content", "message"), [("not a pem", "holds no PEM"), (CA_PEM + CA_KEY_PEM, "private key")])
 def test_the_ca_file_must_be_a_certificate_and_never_a_key(tmp_path: Path, content: str, message: str) -> None:
     ca = tmp_path / "ca.crt"
     ca.write_text(content)
