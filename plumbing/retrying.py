@@ -34,7 +34,8 @@ from tenacity.stop import stop_base
 
 
 class wait_jittered_exponential(wait_exponential):  # named as tenacity names its waits
-    """``initial * 2 ** (attempt - 1)`` capped at ``maximum``, then spread over half to one and a half of it."""
+    """tenacity's exponential wait (doubling from ``initial`` up to ``maximum``), spread over half to one and a
+    half of it."""
 
     def __init__(self, initial: float, maximum: float) -> None:
         super().__init__(multiplier=initial, max=maximum)
