@@ -10,10 +10,7 @@ configuration's ``failurePolicy`` (``Fail``): nothing is admitted unchecked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import ssl
 from dataclasses import dataclass
 
 import msgspec
@@ -26,6 +23,7 @@ from planner.core import FRAMEWORK
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import REGISTRY
 from plumbing.runner import ProcessSettings, started
+from plumbing.tls_serving import TlsServing
 
 log = logging.getLogger(__name__)
 
@@ -139,63 +137,19 @@ class Webhook:
         return web.Response(body=admission.response_body(review.uid, verdict), content_type="application/json")
 
 
-def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert, key)
-    return context
-
-
-class CertReloader:
-    """Loads a renewed serving certificate into the live TLS context (new handshakes use it, open connections
-    keep theirs), so that cert-manager's renewal needs no restart. A pair caught half-written fails to load
-    and is simply tried again at the next check."""
-
-    def __init__(self, context: ssl.SSLContext, cert: str, key: str) -> None:
-        self.context, self.cert, self.key = context, cert, key
-        self._seen = self._stamp()
-
-    def _stamp(self) -> tuple[float, float]:
-        try:
-            return (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
-        except OSError:
-            return (0.0, 0.0)
-
-    def check(self) -> bool:
-        """Reload if either file changed since the last load; whether it reloaded."""
-        stamp = self._stamp()
-        if stamp == self._seen:
-            return False
-        try:
-            self.context.load_cert_chain(self.cert, self.key)
-        except (OSError, ssl.SSLError) as exc:
-            log.warning("serving certificate changed but does not load yet: %s", exc)
-            return False
-        self._seen = stamp
-        log.info("serving certificate reloaded from %s", self.cert)
-        return True
-
-    async def run(self, stop: asyncio.Event, interval: float) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-            self.check()
-
-
 async def run_webhook(settings: WebhookSettings, stop: asyncio.Event) -> None:
-    context = server_ssl_context(settings.tls_cert, settings.tls_key)
-    reloader = CertReloader(context, settings.tls_cert, settings.tls_key)
+    tls = TlsServing(settings.tls_cert, settings.tls_key)
     async with started(
         "tjpipe-webhook",
         settings,
         kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig, context=settings.kube_context)),
     ) as service:
-        runner = web.AppRunner(Webhook(service.kube_client()).app(), access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, settings.host, settings.port, ssl_context=context).start()
-            await service.health.start()
-            log.info("serving admission reviews over TLS on %s:%d", settings.host, settings.port)
-            await reloader.run(stop, settings.cert_check_seconds)
-        finally:
-            await runner.cleanup()
+        await tls.serve(
+            Webhook(service.kube_client()).app(),
+            host=settings.host,
+            port=settings.port,
+            health=service.health,
+            stop=stop,
+            cert_check_seconds=settings.cert_check_seconds,
+            serving="serving admission reviews",
+        )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from planner.webhook import CertReloader, server_ssl_context
+from plumbing.tls_serving import CertReloader, server_ssl_context
 from tjpipe.keys.pki import write_serving_pki
 
 

@@ -33,11 +33,11 @@ from contracts import streams, subjects
 from contracts.messages import ObjectKey
 from contracts.progress import STATUS_FIELD_MANAGER, ProgressReported, encode_progress
 from contracts.resources import TRAINJOB
-from planner.webhook import CertReloader, server_ssl_context
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import REGISTRY
 from plumbing.publishing import publish_stored
 from plumbing.runner import ServiceSettings, started
+from plumbing.tls_serving import TlsServing
 from tjpipe.status_server import core
 from tjpipe.status_server.auth import Authorizer, Caller, Gone, Refused
 
@@ -246,27 +246,26 @@ def _failure(code: int, reason: str, message: str) -> web.Response:
 
 
 async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event) -> None:
-    context = server_ssl_context(settings.tls_cert, settings.tls_key)
-    reloader = CertReloader(context, settings.tls_cert, settings.tls_key)
+    tls = TlsServing(settings.tls_cert, settings.tls_key)
     async with started(
         "tjpipe-status-server",
         settings,
         kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig, context=settings.kube_context)),
     ) as service:
         server = StatusServer(service.kube_client(), service.js, coalesce_seconds=settings.coalesce_seconds)
-        runner = web.AppRunner(server.app(), access_log=None)
-        await runner.setup()
         try:
-            await web.TCPSite(runner, settings.host, settings.port, ssl_context=context).start()
-            await service.health.start()
-            log.info(
-                "serving TrainJob status updates over TLS on %s:%d, written at most every %.1fs per TrainJob",
-                settings.host,
-                settings.port,
-                settings.coalesce_seconds,
+            await tls.serve(
+                server.app(),
+                host=settings.host,
+                port=settings.port,
+                health=service.health,
+                stop=stop,
+                cert_check_seconds=settings.cert_check_seconds,
+                serving=(
+                    "serving TrainJob status updates, written at most every "
+                    f"{settings.coalesce_seconds:.1f}s per TrainJob,"
+                ),
             )
-            await reloader.run(stop, settings.cert_check_seconds)
         finally:
-            await runner.cleanup()
             with contextlib.suppress(Exception):
                 await server.drain(timeout=settings.coalesce_seconds + 2)
