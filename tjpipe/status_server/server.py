@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
@@ -27,12 +28,12 @@ import nats.js.errors
 from aiohttp import web
 from nats.js import JetStreamContext
 from prometheus_client import Counter
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from contracts import streams, subjects
 from contracts.messages import ObjectKey
 from contracts.progress import STATUS_FIELD_MANAGER, ProgressReported, encode_progress
 from contracts.resources import TRAINJOB
+from plumbing import retrying
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import REGISTRY
 from plumbing.publishing import publish_stored
@@ -78,6 +79,13 @@ def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, KubeApiError):
         return exc.status in (0, 409, 429) or exc.status >= 500
     return False
+
+
+_WRITE_RETRY = dataclasses.replace(retrying.TRANSIENT_API_ERROR, retry_if=_retryable).with_limits(
+    attempts=6, maximum=5.0
+)
+"""A status write that failed for now (a conflict with another writer, a 429 or 5xx): read again and write
+again, a few times; then the update is put back and written at the TrainJob's next interval."""
 
 
 class StatusServer:
@@ -195,12 +203,7 @@ class StatusServer:
 
     async def _write(self, key: tuple[str, str], update: core.Update) -> None:
         namespace, name = key
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(_retryable),
-            wait=wait_exponential(multiplier=0.2, max=5),
-            stop=stop_after_attempt(6),
-            reraise=True,
-        ):
+        async for attempt in _WRITE_RETRY.retrying():
             with attempt:
                 raw = await self.kube.get(TRAINJOB, namespace=namespace, name=name)
                 if raw is None:
