@@ -410,12 +410,17 @@ def applier(args: argparse.Namespace) -> ApplierSettings:
     )
 
 
+def _serving_pair(args: argparse.Namespace, named: str) -> None:
+    """A serving certificate and key are checked at start: a missing one is a settings error, not a traceback."""
+    for path in (args.tls_cert, args.tls_key):
+        if not Path(path).is_file():
+            raise SettingsError(f"no such file: {path} ({named})")
+
+
 def webhook(args: argparse.Namespace) -> WebhookSettings:
     from planner.webhook import WebhookSettings
 
-    for path in (args.tls_cert, args.tls_key):
-        if not Path(path).is_file():
-            raise SettingsError(f"no such file: {path} (--tls-cert/--tls-key)")
+    _serving_pair(args, "--tls-cert/--tls-key")
     return WebhookSettings(
         **_process(args),
         tls_cert=args.tls_cert,
@@ -430,9 +435,7 @@ def webhook(args: argparse.Namespace) -> WebhookSettings:
 def status_server(args: argparse.Namespace) -> StatusServerSettings:
     from tjpipe.status_server.server import StatusServerSettings
 
-    for path in (args.tls_cert, args.tls_key):
-        if not Path(path).is_file():
-            raise SettingsError(f"no such file: {path} (--tls-cert/--tls-key, TJPIPE_STATUS_SERVER_TLS_*)")
+    _serving_pair(args, "--tls-cert/--tls-key, TJPIPE_STATUS_SERVER_TLS_*")
     if not args.coalesce_seconds > 0:
         raise SettingsError(
             f"--coalesce-seconds / TJPIPE_STATUS_COALESCE_SECONDS: must be above 0, got {args.coalesce_seconds}"
