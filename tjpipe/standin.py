@@ -122,27 +122,17 @@ class TrainingStandIn:
         if container is None:
             return  # not a trainer pod, or TrainJobStatus is off: nothing to report
         url = next(e.value for e in container.env if e.name == URL_ENV)
-        audience, seconds = _projected_token(pod)
+        audience, seconds = projected_token(pod)
         if audience is None:
             return
         folder = self.folder / pod.metadata.name
         folder.mkdir(parents=True, exist_ok=True)
         tls = core.read_namespaced_config_map(f"{self.name}-tls-config", self.namespace)
         (folder / "ca.crt").write_text((tls.data or {}).get("ca.crt", ""))
-        spec = kube_client.V1TokenRequestSpec(
-            audiences=[audience],
-            expiration_seconds=seconds,
-            bound_object_ref=kube_client.V1BoundObjectReference(
-                api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
-            ),
-        )
-        account = pod.spec.service_account_name or "default"
-        token = core.create_namespaced_service_account_token(
-            account, self.namespace, kube_client.AuthenticationV1TokenRequest(spec=spec)
-        )
-        if token.status is None or not token.status.token:
+        token = pod_token(core, pod, audience, seconds=seconds)
+        if token is None:
             return
-        write_private_file(folder / "token", str(token.status.token))
+        write_private_file(folder / "token", token)
         run_time = go_duration_seconds((pod.metadata.annotations or {}).get(RUN_TIME_ANNOTATION, "")) or 0
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEFLOW_TRAINER_")}
         env |= {URL_ENV: url, CA_ENV: str(folder / "ca.crt"), TOKEN_ENV: str(folder / "token")}
@@ -180,7 +170,27 @@ def _running_for(pod: Any) -> float:
     return max(0.0, elapsed)
 
 
-def _projected_token(pod: Any) -> tuple[str | None, int]:
+def pod_token(core: kube_client.CoreV1Api, pod: Any, audience: str, *, seconds: int = 3600) -> str | None:
+    """The token the kubelet would project into ``pod``: from the TokenRequest API, for the pod's ServiceAccount,
+    with ``audience``, valid ``seconds``, and bound to the pod object (name and uid), so the API server honours it
+    only while that very pod exists. None when the API server hands back no token. Never logged."""
+    spec = kube_client.V1TokenRequestSpec(
+        audiences=[audience],
+        expiration_seconds=seconds,
+        bound_object_ref=kube_client.V1BoundObjectReference(
+            api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+        ),
+    )
+    account = pod.spec.service_account_name or "default"
+    answer = core.create_namespaced_service_account_token(
+        account, pod.metadata.namespace, kube_client.AuthenticationV1TokenRequest(spec=spec)
+    )
+    if answer.status is None or not answer.status.token:
+        return None
+    return str(answer.status.token)
+
+
+def projected_token(pod: Any) -> tuple[str | None, int]:
     """The audience and lifetime of the pod's projected ServiceAccount token (Trainer's plugin's volume)."""
     for volume in pod.spec.volumes or []:
         projected = volume.projected
