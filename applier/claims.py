@@ -11,20 +11,22 @@ are not to be believed, though, since each would stall its target for good:
   condition on the TrainJob, and then overwritten.
 
 This is the rare path (reordering, replays, a poisoned ledger): only here does the applier read the
-cluster's current revision, and only for this may its role list TrainJobs.
+cluster's current revision, and only for this may its role list TrainJobs. What is to be told on the
+TrainJob (the condition while a corrupt claim is held, and its removal) comes back with the answer, as
+data: this module decides, and ``applier.fence``, which asked, writes it (``TrainJobs.tell``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Literal
 
 from applier import core
 from applier.epoch import ClusterEpoch, standing
 from applier.ledger import Ledger
 from applier.objects import resource_version
-from applier.trainjobs import TrainJobs
 from contracts import conditions, resources
 from contracts.messages import AppliedRecord, ApplyMessage
 from plumbing.kube import KubeApiError, KubeClient
@@ -32,9 +34,21 @@ from plumbing.observability import FOREIGN_CLAIMS, STALE_CLAIMS
 
 log = logging.getLogger("applier")
 
-NewerClaim = Literal["stale", "replaced", "changed"]
+NewerClaim = Literal["stale", "replaced", "changed", "held"]
 """What became of a newer claim (``NewerClaims.settle``): it stands and the plan is ``stale``; it was
-``replaced`` by this plan's claim; or the key ``changed`` while it was being replaced (read it again)."""
+``replaced`` by this plan's claim; the key ``changed`` while it was being replaced (read it again); or it
+is held to be corrupt and still within its grace, and the plan is ``held`` (``core.Held``)."""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What ``NewerClaims.settle`` decided, for its caller to carry out."""
+
+    claim: NewerClaim
+    tell: tuple[core.ConditionChange, ...] = ()
+    """The changes of the applier's condition on the TrainJob to write, in this order."""
+    hold: float = 0.0
+    """With ``held``: how long the message waits before it is delivered again."""
 
 
 class NewerClaims:
@@ -42,14 +56,12 @@ class NewerClaims:
         self,
         kube: KubeClient,
         ledger: Ledger,
-        trainjobs: TrainJobs,
         *,
         epoch: ClusterEpoch | None,
         grace_seconds: float,
     ) -> None:
         self.kube = kube
         self.ledger = ledger
-        self.trainjobs = trainjobs
         self.epoch = epoch
         self.grace_seconds = grace_seconds
         self._corrupt: dict[str, tuple[int, float]] = {}
@@ -69,17 +81,15 @@ class NewerClaims:
             cluster=self.stamp(),
         )
 
-    async def settle(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> NewerClaim:
-        """Judge a claim newer than ``message`` (``core.is_stale``), and replace it if it cannot stand.
-
-        Raises ``core.Held`` while a corrupt claim is within its grace.
-        """
+    async def settle(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> Settled:
+        """Judge a claim newer than ``message`` (``core.is_stale``), and replace it if it cannot stand."""
         elsewhere = await self._made_elsewhere(message, record)
         if elsewhere:
-            return "replaced" if await self._set_aside(message, lkey, record, revision, elsewhere) else "changed"
-        if not await self._is_corrupt(message, lkey, record):
-            return "stale"
-        return "replaced" if await self._overwrite(message, lkey, record, revision) else "changed"
+            return await self._set_aside(message, lkey, record, revision, elsewhere)
+        judged = await self._corruption(message, lkey, record)
+        if judged.claim != "replaced":
+            return judged
+        return await self._overwrite(message, lkey, record, revision, tell=judged.tell)
 
     async def _made_elsewhere(self, message: ApplyMessage, record: AppliedRecord) -> str:
         """Why a claim newer than this plan belongs to another history (``applier.epoch``); ``""`` if not.
@@ -107,10 +117,10 @@ class NewerClaims:
 
     async def _set_aside(
         self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int, why: str
-    ) -> bool:
-        """Replace a claim of another history with this plan's (compare-and-set); ``False`` if the key changed."""
+    ) -> Settled:
+        """Replace a claim of another history with this plan's (compare-and-set); ``changed`` if the key changed."""
         if await self.ledger.write(lkey, self.fresh_claim(message), revision=revision) is None:
-            return False
+            return Settled("changed")
         FOREIGN_CLAIMS.labels(why=why).inc()
         held = self._corrupt.pop(lkey, None)
         log.warning(
@@ -123,48 +133,36 @@ class NewerClaims:
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
         )
         if held is not None:  # it had been held as corrupt before the rewind was known: the condition goes
-            await self.trainjobs.clear_condition(message)
-        return True
+            return Settled("replaced", tell=(core.ClearCondition(),))
+        return Settled("replaced")
 
-    async def _overwrite(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> bool:
-        """Overwrite a corrupt claim with this message's (compare-and-set); ``False`` if the key changed first."""
-        if await self.ledger.write(lkey, self.fresh_claim(message), revision=revision) is None:
-            return False
-        STALE_CLAIMS.labels(action="overwritten").inc()
-        log.warning(
-            "%s: overwrote a ledger claim for source version %d that nothing in the cluster accounts for",
-            message.target,
-            record.source_version,
-            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
-        )
-        await self.trainjobs.clear_condition(message)
-        return True
-
-    async def _is_corrupt(self, message: ApplyMessage, lkey: str, record: AppliedRecord) -> bool:
+    async def _corruption(self, message: ApplyMessage, lkey: str, record: AppliedRecord) -> Settled:
         """Whether a claim newer than this plan is corrupt: newer than the cluster, for longer than the grace.
 
         A claim newer than both the live target and the TrainJob that lasts longer than the grace is not
-        explained by anything the cluster holds. While it lasts the message is held (``core.Held``) and
-        the TrainJob carries a condition.
+        explained by anything the cluster holds. Not corrupt: ``stale``. While it lasts the message is
+        ``held``, and the TrainJob is told so when the claim is first seen. Past the grace: ``replaced``, which
+        ``settle`` then makes true by overwriting it.
         """
         cluster_revision = await self._cluster_revision(message.trainjob.namespace)
         if not core.claim_beyond_cluster(record, cluster_revision=cluster_revision):
             self._corrupt.pop(lkey, None)
-            return False
+            return Settled("stale")
         now = time.monotonic()
         seen = self._corrupt.get(lkey)
+        tell: tuple[core.ConditionChange, ...] = ()
         if seen is None or seen[0] != record.source_version:
             seen = (record.source_version, now)
             self._corrupt[lkey] = seen
-            await self._report(message, record, cluster_revision)
+            tell = (self._report(message, record, cluster_revision),)
         grace = self.grace_seconds
         if core.stale_claim_action(seen[1], now, grace_seconds=grace) == "hold":
             STALE_CLAIMS.labels(action="held").inc()
-            raise core.Held(min(30.0, max(0.5, seen[1] + grace - now + 0.1)))
+            return Settled("held", tell=tell, hold=min(30.0, max(0.5, seen[1] + grace - now + 0.1)))
         self._corrupt.pop(lkey, None)
-        return True
+        return Settled("replaced", tell=tell)
 
-    async def _report(self, message: ApplyMessage, record: AppliedRecord, cluster_revision: str) -> None:
+    def _report(self, message: ApplyMessage, record: AppliedRecord, cluster_revision: str) -> core.SetCondition:
         log.warning(
             "%s: the ledger claims source version %d, newer than the cluster's current revision %s",
             message.target,
@@ -172,14 +170,35 @@ class NewerClaims:
             cluster_revision,
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
         )
-        await self.trainjobs.set_condition(
-            message,
+        return core.SetCondition(
             reason=conditions.REASON_STALE_LEDGER_CLAIM,
             text=(
                 f"a ledger claim for source version {record.source_version} is newer than anything the cluster"
                 f" holds; it is re-checked and overwritten after {self.grace_seconds:.0f}s"
             ),
         )
+
+    async def _overwrite(
+        self,
+        message: ApplyMessage,
+        lkey: str,
+        record: AppliedRecord,
+        revision: int,
+        *,
+        tell: tuple[core.ConditionChange, ...],
+    ) -> Settled:
+        """Overwrite a corrupt claim with this message's (compare-and-set); ``changed`` if the key changed
+        first. ``tell`` is what judging it already asks to be told."""
+        if await self.ledger.write(lkey, self.fresh_claim(message), revision=revision) is None:
+            return Settled("changed", tell=tell)
+        STALE_CLAIMS.labels(action="overwritten").inc()
+        log.warning(
+            "%s: overwrote a ledger claim for source version %d that nothing in the cluster accounts for",
+            message.target,
+            record.source_version,
+            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
+        )
+        return Settled("replaced", tell=(*tell, core.ClearCondition()))
 
     async def _cluster_revision(self, namespace: str) -> str:
         """The cluster's current etcd revision: the resourceVersion of a one-item list of TrainJobs."""

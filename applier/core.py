@@ -1,11 +1,16 @@
-"""The applier's decisions, separate from its I/O: which errors are worth retrying, what one claim round
-does with a plan (``decide``), and what to call the outcome.
+"""The applier's decisions, separate from its I/O: how an attempt ends when it does not finish, what one
+claim round does with a plan (``decide``), and what to call the outcome.
 
-``decide`` is the whole of the fenced apply's judgement: given the message, the target's ledger record and
-the live object, it answers with one ``Step`` out of a closed set, which ``applier.fence`` performs. The
-small functions it is made of (``still_applied``, ``policy_allows``, ``held_state``, ``status_outdated``)
-stay here beside it, each with the reason it exists; what a message may write at all is
-``applier.authorize``'s.
+Read top to bottom, this is the order a message meets them. First the error types, which every module
+above raises and ``applier.service`` finishes each its own way. Then one claim round, as ``applier.fence``
+walks it: whether the plan is stale (``is_stale``), whether the live target is read (``reads_live``), and
+``decide``, which answers with one ``Step`` out of a closed set that the fence performs; the small
+functions ``decide`` is made of follow it in the order it calls them (``authorize_live``,
+``still_applied``, ``policy_allows``, ``held_state``, ``status_outdated``), each with the reason it exists.
+After the round: what the fence makes of the API server's answer (``outcome``, ``refused_write``,
+``existing``), the applier's own condition on the TrainJob, and the judgement of a ledger claim newer than
+the cluster (``applier.claims``). What the message itself may ask for is ``applier.authorize``'s, and the
+check of the TrainJob it names is ``applier.trainjobs``', where the TrainJob is read.
 
 Errors are types, as in kopf (TemporaryError / PermanentError) and controller-runtime (TerminalError):
 a transient failure is retried in process and then handed back to JetStream with a delay; a permanent one
@@ -23,15 +28,18 @@ from typing import Literal
 import msgspec
 
 from applier import objects
-from applier.authorize import CREATE_ONLY, authorize_live
 from contracts import conditions, labels
 from contracts import trainer as t
 from contracts.messages import (
     AppliedRecord,
     ApplyAction,
     ApplyMessage,
+    ApplySecret,
+    ApplyTrainJobStatus,
     ObjectApply,
 )
+
+# -------------------------------------------------------------------- how an attempt ends without a Done
 
 
 class TransientError(Exception):
@@ -69,6 +77,26 @@ class Held(Exception):
         self.delay = delay
 
 
+class Unauthorized(Exception):
+    """The message asks for a write no real TrainJob justifies: dead-lettered, and nothing is written."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class TrainJobGone(Exception):
+    """The TrainJob a plan is for no longer exists (deleted, or replaced by one of the same name).
+
+    Its plans in flight are finished, not failed: nothing is written, the result says ``skipped`` and why,
+    and no dead letter is kept, since there is nothing for an operator to do.
+    """
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 SETTLING_DELIVERIES = 8
 """With the applier's growing nak delay (2 s doubling, at most 60 s) about three minutes."""
 SETTLING_REFUSALS = ("retentionPolicy must be retain when PVC exists",)
@@ -96,51 +124,20 @@ def classify(status: int, reason: str, message: str, *, retry_after: float | Non
 
 
 @dataclass(frozen=True)
-class LiveState:
-    """What the applier needs to know about the live target to honour a policy."""
+class Verdict:
+    """A check's answer: allowed, or refused and why. A refusal is raised as ``Unauthorized`` (or, when the
+    TrainJob is gone, ``TrainJobGone``) by whoever made the check."""
 
-    exists: bool
-    suspended: bool = False
-    resource_version: str = ""
-
-
-def live_state(raw: bytes | None) -> LiveState:
-    if raw is None:
-        return LiveState(exists=False)
-    live = objects.read(raw)
-    suspended = live.spec.suspend is True
-    return LiveState(exists=True, suspended=suspended, resource_version=live.metadata.resourceVersion)
+    allowed: bool
+    why: str = ""
+    gone: bool = False
+    """Refused because the TrainJob the message names no longer exists: noise, not a forgery."""
 
 
-def policy_allows(message: ApplyMessage, live: LiveState) -> tuple[bool, str]:
-    """Whether the message may be applied to this live state, and why not when it may not."""
-    if message.policy == "always" or not live.exists:
-        return True, ""
-    if message.policy == "if-absent":
-        return False, "exists already; created once and never changed"
-    if live.suspended or message.trainjob_suspended:
-        return True, ""
-    return False, "running and not suspended; left as it is"
+ALLOWED = Verdict(True)
 
 
-def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | None:
-    """A merge patch adding this pipeline's label to an existing, unlabelled object, or None.
-
-    An ``if-absent`` object is never changed once it exists, but one made before the label existed (by
-    Trainer, or an older version of this pipeline) would stay invisible to the watcher, which selects
-    ConfigMaps by that label. So the label alone is added, once; nothing the object holds is touched.
-    Secrets never get here: they are create-only (``CREATE_ONLY``), never read or patched.
-    """
-    kind = message.target.kind
-    if live_raw is None or message.policy != "if-absent" or kind not in labels.LABELLED_KINDS:
-        return None
-    if objects.read(live_raw).metadata.labels.get(labels.MANAGED_BY_LABEL) == labels.MANAGED_BY:
-        return None
-    return OWNED_LABEL_PATCH
-
-
-OWNED_LABEL_PATCH = msgspec.json.encode({"metadata": {"labels": {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}}})
-"""The JSON merge patch that adds this pipeline's label and nothing else."""
+# ---------------------------------------------------------------------------------- what one attempt did
 
 
 class Done(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,161 +150,12 @@ class Done(msgspec.Struct, frozen=True, kw_only=True):
 
 STALE_PLAN = "stale plan: a newer plan for this target was claimed or applied"
 ALREADY_APPLIED = "already applied; the live object still holds it"
-
-
-def still_applied(record: AppliedRecord, live_raw: bytes | None, message: ObjectApply, *, digest: str) -> bool:
-    """The ledger's applied record is this very plan, and the live object still holds what it applied.
-
-    Then nothing needs writing: the record only advances to this message's source version.
-    """
-    return (
-        live_raw is not None
-        and record.state == "applied"
-        and record.digest == digest
-        and managed_digest(live_raw, manager=message.field_manager, subresource=message.target.subresource)
-        == record.managed
-    )
-
-
 ALREADY_HELD = "the live object already holds the plan; applying it would change nothing"
-HeldState = Literal["held", "held-unlabelled", "differs"]
-
-
-def held_state(planned: bytes, live_raw: bytes, *, manager: str) -> HeldState:
-    """Whether applying ``planned`` as ``manager`` would leave the live object as it is.
-
-    Asked before any write the ledger does not already rule out: a controller this pipeline takes over
-    from (Trainer, which applies with the same field manager) built the target, the ledger lost its
-    record, or a new plan of an existing JobSet repeats what the live object holds (a suspended JobSet
-    is re-planned from the live one, server defaults included). ``held`` needs two
-    things: every value the plan sets is the live value (lists item by item, in order), and every field
-    ``manager`` already owns by Apply is still in the plan, since an apply would remove a field its
-    manager stops sending. The only thing skipping the write leaves undone is co-owning fields that
-    already hold the planned values. Anything this cannot tell (a list of another length, a list key
-    it cannot find) is ``differs``: the write is then made, as it would have been without the check.
-
-    ``held-unlabelled``: all that differs is this pipeline's label (an object Trainer made), which the
-    label merge patch adds under a field manager of its own, so Trainer's next apply of the object as
-    ``trainer`` after a rollback does not take it off again.
-    """
-    want = msgspec.json.decode(planned)
-    have = msgspec.json.decode(live_raw)
-    for entry in (have.get("metadata") or {}).get("managedFields") or []:
-        if entry.get("manager") == manager and entry.get("operation") == "Apply" and not entry.get("subresource"):
-            if not _owned_fields_in(entry.get("fieldsV1") or {}, want):
-                return "differs"
-            break
-    want_meta = want.get("metadata") or {}
-    ours = (want_meta.get("labels") or {}).pop(labels.MANAGED_BY_LABEL, None)
-    if ours is not None and not want_meta["labels"]:
-        del want_meta["labels"]
-    if not _holds(want, have):
-        return "differs"
-    have_labels = (have.get("metadata") or {}).get("labels") or {}
-    if ours is not None and have_labels.get(labels.MANAGED_BY_LABEL) != ours:
-        return "held-unlabelled"
-    return "held"
-
-
-def _holds(want: object, have: object) -> bool:
-    if isinstance(want, dict):
-        return isinstance(have, dict) and all(v is None or (k in have and _holds(v, have[k])) for k, v in want.items())
-    if isinstance(want, list):
-        return isinstance(have, list) and len(want) == len(have) and all(map(_holds, want, have))
-    return want == have
-
-
-LIST_KEY_DEFAULTS: dict[str, object] = {"protocol": "TCP"}
-"""List-map key fields the API server fills in when an apply leaves them out.
-
-A port list is keyed by containerPort and protocol, and protocol defaults to TCP (for built-in types and
-in the pod templates of the CRDs this pipeline writes alike), so a manager that applied a port without a
-protocol owns the item keyed ``{"containerPort": N, "protocol": "TCP"}``. A plan that leaves protocol out
-names that same item again; one that owned a UDP port and now sends none does not.
-"""
-
-
-def _keyed_by(item: dict[str, object], key: dict[str, object]) -> bool:
-    return all(item.get(field, LIST_KEY_DEFAULTS.get(field)) == value for field, value in key.items())
-
-
-def _owned_fields_in(fields: dict[str, object], obj: object) -> bool:
-    """Every field of a managedFields ``fieldsV1`` set is present in ``obj``."""
-    for key, sub in fields.items():
-        if key == ".":
-            continue
-        kind, _, rest = key.partition(":")
-        child: object
-        if kind == "f" and isinstance(obj, dict) and rest in obj:
-            child = obj[rest]
-        elif kind == "k" and isinstance(obj, list):
-            item_key = msgspec.json.decode(rest)
-            match = [i for i in obj if isinstance(i, dict) and _keyed_by(i, item_key)]
-            if not match:
-                return False
-            child = match[0]
-        elif kind == "v" and isinstance(obj, list):
-            if msgspec.json.decode(rest) not in obj:
-                return False
-            continue
-        else:
-            return False
-        if isinstance(sub, dict) and sub and not _owned_fields_in(sub, child):
-            return False
-    return True
-
-
-def status_outdated(message: ObjectApply, *, live_version: str | None) -> bool:
-    """A status planned from another TrainJob version than the live one: a newer plan carries the newer status.
-
-    ``live_version`` is the live TrainJob's resourceVersion, ``None`` if it was not read.
-    """
-    planned_from = planned_resource_version(message)
-    return bool(
-        message.target.subresource and live_version is not None and planned_from and planned_from != live_version
-    )
-
-
-def outcome(http_status: int, *, before: str, after: str) -> ApplyAction:
-    if http_status == 201:
-        return "created"
-    if before and before == after:
-        return "unchanged"
-    return "configured"
-
-
 STALE_STATUS = "stale status: the TrainJob changed since this status was planned"
 CREATED_CONCURRENTLY = "created concurrently"
 
-RefusedWrite = Literal["stale-status", "look-again", "skip-if-created-concurrently", "fail"]
-"""What the applier does when the API server refuses its apply (``refused_write``):
 
-* ``stale-status``: skip it. A status is written on the TrainJob version it was planned from; 409 says the
-  TrainJob has changed since, and a newer plan carries the newer status.
-* ``look-again``: start the next claim round. The object changed between the read and the conditional write.
-* ``skip-if-created-concurrently``: read the target; skip if it now exists, otherwise ``fail``. Another
-  writer created an ``if-absent`` target between the read and the write (an immutable Secret then
-  refuses the second key with 422), and existing is all ``if-absent`` asks for.
-* ``fail``: raise what ``classify`` makes of the error, for the retry tiers.
-"""
-
-
-def refused_write(http_status: int, message: ObjectApply, *, precondition: str) -> RefusedWrite:
-    """The decision for an apply the API server refused; ``precondition`` is the resourceVersion the write sent."""
-    if http_status == 409 and message.target.subresource:
-        return "stale-status"
-    if http_status == 409 and precondition:
-        return "look-again"
-    if message.policy == "if-absent" and http_status in (409, 422):
-        return "skip-if-created-concurrently"
-    return "fail"
-
-
-def planned_resource_version(message: ApplyMessage) -> str:
-    """The resourceVersion a message's object carries as its precondition, if any."""
-    meta = getattr(getattr(message, "object", None), "metadata", msgspec.UNSET)
-    value = getattr(meta, "resource_version", msgspec.UNSET) if meta is not msgspec.UNSET else msgspec.UNSET
-    return value if isinstance(value, str) else ""
+# --------------------------------------------------------------------------------------- one claim round
 
 
 def is_stale(record: AppliedRecord | None, message: ApplyMessage) -> bool:
@@ -317,114 +165,27 @@ def is_stale(record: AppliedRecord | None, message: ApplyMessage) -> bool:
     return record.source_version > message.source_version
 
 
-def content_digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()[:32]
+CREATE_ONLY: frozenset[type] = frozenset({ApplySecret})
+"""Kinds the applier writes by create alone and never reads: it has no get, list, watch or patch on Secrets.
+
+Kubernetes RBAC has no metadata-only read, and an apply or patch answers with the whole object, so any of
+these verbs would let a stolen applier token read other Secrets' data. Every Secret a plan holds is
+``if-absent`` (made once, with fresh key material), so a create, answered 409 when the name is taken, is all
+the write needs; the ledger's ``created_for`` says whether the existing one is this pipeline's
+(``existing``)."""
 
 
-def managed_digest(raw: bytes, *, manager: str, subresource: str | None) -> str:
-    """Digest of the fields ``manager`` owns by Apply on this object (or its subresource).
+def reads_live(message: ObjectApply, record: AppliedRecord | None) -> bool:
+    """Whether a claim round reads the live target before ``decide``.
 
-    It changes when anyone else takes over or removes a field we set, and not when others touch only
-    their own fields (a controller writing status, say); it is empty when we own nothing there.
+    A component is always read: whether it exists, and whose it is, decides everything, and not even a
+    plan that saw the target absent moments ago is taken at its word (the API server has no create-only
+    apply, so only a read tells an object of that name apart). A status is read only when the ledger has a
+    record it might still hold; a create-only target never is.
     """
-    for entry in objects.read(raw).metadata.managedFields:
-        if entry.manager == manager and entry.operation == "Apply" and entry.subresource == (subresource or ""):
-            return hashlib.sha256(bytes(entry.fieldsV1)).hexdigest()[:32]
-    return ""
-
-
-# ------------------------------------------------------------------------------- the applier's condition
-
-
-def component_label(message: ApplyMessage) -> str:
-    """How the applier's condition names a component: ``<Kind> <name>``."""
-    return f"{message.target.kind} {message.target.name}"
-
-
-def condition_message(message: ApplyMessage, text: str) -> str:
-    full = f"{component_label(message)}: {text}"
-    limit = conditions.CONDITION_MESSAGE_LIMIT
-    return full if len(full) <= limit else full[: limit - 3] + "..."
-
-
-_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-FALLBACK_REASON = "ApplyRejected"
-
-
-def condition_reason(api_reason: str) -> str:
-    """The API server's status reason when it is a valid condition reason (``Invalid``), else a fixed one."""
-    return api_reason if len(api_reason) <= 1024 and _REASON.match(api_reason) else FALLBACK_REASON
-
-
-def applier_condition(message: ApplyMessage, *, reason: str, text: str, now: str) -> bytes:
-    """The status apply that sets the applier's condition, under the applier's own field manager.
-
-    ``metadata.uid`` makes it a precondition: a TrainJob of the same name but another uid refuses it.
-    """
-    condition = {
-        "type": conditions.CONDITION_COMPONENTS_APPLIED,
-        "status": "False",
-        "reason": condition_reason(reason),
-        "message": condition_message(message, text),
-        "lastTransitionTime": now,
-    }
-    return _trainjob_status(message, {"conditions": [condition]})
-
-
-def applier_condition_cleared(message: ApplyMessage) -> bytes:
-    """The status apply that lists nothing: SSA then removes the condition only this manager owned."""
-    return _trainjob_status(message, None)
-
-
-def _trainjob_status(message: ApplyMessage, status: dict[str, object] | None) -> bytes:
-    job = message.trainjob
-    body: dict[str, object] = {
-        "apiVersion": t.API_VERSION,
-        "kind": t.TRAINJOB_KIND,
-        "metadata": {"name": job.name, "namespace": job.namespace, "uid": message.trainjob_uid},
-    }
-    if status is not None:
-        body["status"] = status
-    return msgspec.json.encode(body)
-
-
-def condition_names(message: ApplyMessage, condition: str) -> bool:
-    """Whether the applier's condition on the TrainJob is about this message's component."""
-    return bool(condition) and condition.startswith(component_label(message) + ": ")
-
-
-# ----------------------------------------------------------------------------------- poisoned ledger claims
-
-
-def _version(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        return 0
-
-
-def claim_beyond_cluster(record: AppliedRecord, *, cluster_revision: str) -> bool:
-    """A claim newer than the cluster itself: no observation could have produced it.
-
-    A record's source_version is the newest resourceVersion among the objects a plan was made from, and one
-    etcd revision counter numbers every object, so a genuine claim is never above the cluster's current
-    revision (a list's resourceVersion). Comparing with the live target and the TrainJob alone is not
-    enough: the snapshot ConfigMap, the runtime or a JobSet status change can make a genuine claim newer
-    than both, and a replayed older plan then looked like poisoning. An unknown revision proves nothing.
-    """
-    revision = _version(cluster_revision)
-    return revision > 0 and record.source_version > revision
-
-
-StaleClaimAction = Literal["overwrite", "hold"]
-
-
-def stale_claim_action(first_seen: float, now: float, *, grace_seconds: float) -> StaleClaimAction:
-    """A claim beyond the cluster is held to be corrupt, and overwritten, once it outlasted the grace."""
-    return "overwrite" if now - first_seen >= grace_seconds else "hold"
-
-
-# ------------------------------------------------------------------------------- one claim round's decision
+    if type(message) in CREATE_ONLY:
+        return False
+    return record is not None or not message.target.subresource
 
 
 class Refuse(msgspec.Struct, frozen=True, kw_only=True):
@@ -462,7 +223,7 @@ class Create(msgspec.Struct, frozen=True, kw_only=True):
     """A create-only target (``CREATE_ONLY``): ``claim`` it, then create it; it is never read or patched.
 
     ``known`` is the record as this cluster made it (``None`` if none, or another history's): whom it says
-    the object was created for judges a create answered 409 (``authorize.existing``).
+    the object was created for judges a create answered 409 (``existing``).
     """
 
     claim: AppliedRecord
@@ -489,19 +250,6 @@ class Write(msgspec.Struct, frozen=True, kw_only=True):
 Step = Refuse | Advance | Leave | Adopt | Create | SkipStatus | Write
 """What one claim round does; ``applier.fence`` performs each, and any compare-and-set it loses starts the
 next round."""
-
-
-def reads_live(message: ObjectApply, record: AppliedRecord | None) -> bool:
-    """Whether a claim round reads the live target before ``decide``.
-
-    A component is always read: whether it exists, and whose it is, decides everything, and not even a
-    plan that saw the target absent moments ago is taken at its word (the API server has no create-only
-    apply, so only a read tells an object of that name apart). A status is read only when the ledger has a
-    record it might still hold; a create-only target never is.
-    """
-    if type(message) in CREATE_ONLY:
-        return False
-    return record is not None or not message.target.subresource
 
 
 def decide(
@@ -555,6 +303,10 @@ def decide(
     return Write(claim=claim, precondition=precondition, before=state.resource_version)
 
 
+def content_digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
 def _claim(message: ApplyMessage, digest: str, stamp: str, *, created_for: str = "") -> AppliedRecord:
     return AppliedRecord(
         source_version=message.source_version,
@@ -564,3 +316,361 @@ def _claim(message: ApplyMessage, digest: str, stamp: str, *, created_for: str =
         created_for=created_for,
         cluster=stamp,
     )
+
+
+def authorize_live(message: ApplyMessage, live: bytes | None) -> Verdict:
+    """An existing target is written (or deleted) only when this TrainJob controls it: nothing is taken over."""
+    if live is None or isinstance(message, ApplyTrainJobStatus):
+        return ALLOWED
+    refs = [r for r in objects.read(live).metadata.ownerReferences if r.controller is True]
+    if any(r.uid == message.trainjob_uid for r in refs):
+        return ALLOWED
+    owner = f"{refs[0].kind} {refs[0].name}" if refs else "nobody"
+    return Verdict(False, f"existing {message.target} is controlled by {owner}, not by TrainJob {message.trainjob}")
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What the applier needs to know about the live target to honour a policy."""
+
+    exists: bool
+    suspended: bool = False
+    resource_version: str = ""
+
+
+def live_state(raw: bytes | None) -> LiveState:
+    if raw is None:
+        return LiveState(exists=False)
+    live = objects.read(raw)
+    suspended = live.spec.suspend is True
+    return LiveState(exists=True, suspended=suspended, resource_version=live.metadata.resourceVersion)
+
+
+def still_applied(record: AppliedRecord, live_raw: bytes | None, message: ObjectApply, *, digest: str) -> bool:
+    """The ledger's applied record is this very plan, and the live object still holds what it applied.
+
+    Then nothing needs writing: the record only advances to this message's source version.
+    """
+    return (
+        live_raw is not None
+        and record.state == "applied"
+        and record.digest == digest
+        and managed_digest(live_raw, manager=message.field_manager, subresource=message.target.subresource)
+        == record.managed
+    )
+
+
+def managed_digest(raw: bytes, *, manager: str, subresource: str | None) -> str:
+    """Digest of the fields ``manager`` owns by Apply on this object (or its subresource).
+
+    It changes when anyone else takes over or removes a field we set, and not when others touch only
+    their own fields (a controller writing status, say); it is empty when we own nothing there.
+    """
+    for entry in objects.read(raw).metadata.managedFields:
+        if entry.manager == manager and entry.operation == "Apply" and entry.subresource == (subresource or ""):
+            return hashlib.sha256(bytes(entry.fieldsV1)).hexdigest()[:32]
+    return ""
+
+
+def policy_allows(message: ApplyMessage, live: LiveState) -> tuple[bool, str]:
+    """Whether the message may be applied to this live state, and why not when it may not."""
+    if message.policy == "always" or not live.exists:
+        return True, ""
+    if message.policy == "if-absent":
+        return False, "exists already; created once and never changed"
+    if live.suspended or message.trainjob_suspended:
+        return True, ""
+    return False, "running and not suspended; left as it is"
+
+
+def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | None:
+    """A merge patch adding this pipeline's label to an existing, unlabelled object, or None.
+
+    An ``if-absent`` object is never changed once it exists, but one made before the label existed (by
+    Trainer, or an older version of this pipeline) would stay invisible to the watcher, which selects
+    ConfigMaps by that label. So the label alone is added, once; nothing the object holds is touched.
+    Secrets never get here: they are create-only (``CREATE_ONLY``), never read or patched.
+    """
+    kind = message.target.kind
+    if live_raw is None or message.policy != "if-absent" or kind not in labels.LABELLED_KINDS:
+        return None
+    if objects.read(live_raw).metadata.labels.get(labels.MANAGED_BY_LABEL) == labels.MANAGED_BY:
+        return None
+    return OWNED_LABEL_PATCH
+
+
+OWNED_LABEL_PATCH = msgspec.json.encode({"metadata": {"labels": {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}}})
+"""The JSON merge patch that adds this pipeline's label and nothing else."""
+
+
+HeldState = Literal["held", "held-unlabelled", "differs"]
+
+
+def held_state(planned: bytes, live_raw: bytes, *, manager: str) -> HeldState:
+    """Whether applying ``planned`` as ``manager`` would leave the live object as it is.
+
+    Asked before any write the ledger does not already rule out: a controller this pipeline takes over
+    from (Trainer, which applies with the same field manager) built the target, the ledger lost its
+    record, or a new plan of an existing JobSet repeats what the live object holds (a suspended JobSet
+    is re-planned from the live one, server defaults included). ``held`` needs two
+    things: every value the plan sets is the live value (lists item by item, in order), and every field
+    ``manager`` already owns by Apply is still in the plan, since an apply would remove a field its
+    manager stops sending. The only thing skipping the write leaves undone is co-owning fields that
+    already hold the planned values. Anything this cannot tell (a list of another length, a list key
+    it cannot find) is ``differs``: the write is then made, as it would have been without the check.
+
+    ``held-unlabelled``: all that differs is this pipeline's label (an object Trainer made), which the
+    label merge patch adds under a field manager of its own, so Trainer's next apply of the object as
+    ``trainer`` after a rollback does not take it off again.
+    """
+    want = msgspec.json.decode(planned)
+    have = msgspec.json.decode(live_raw)
+    for entry in (have.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply" and not entry.get("subresource"):
+            if not _owned_fields_in(entry.get("fieldsV1") or {}, want):
+                return "differs"
+            break
+    want_meta = want.get("metadata") or {}
+    ours = (want_meta.get("labels") or {}).pop(labels.MANAGED_BY_LABEL, None)
+    if ours is not None and not want_meta["labels"]:
+        del want_meta["labels"]
+    if not _holds(want, have):
+        return "differs"
+    have_labels = (have.get("metadata") or {}).get("labels") or {}
+    if ours is not None and have_labels.get(labels.MANAGED_BY_LABEL) != ours:
+        return "held-unlabelled"
+    return "held"
+
+
+def _owned_fields_in(fields: dict[str, object], obj: object) -> bool:
+    """Every field of a managedFields ``fieldsV1`` set is present in ``obj``."""
+    for key, sub in fields.items():
+        if key == ".":
+            continue
+        kind, _, rest = key.partition(":")
+        child: object
+        if kind == "f" and isinstance(obj, dict) and rest in obj:
+            child = obj[rest]
+        elif kind == "k" and isinstance(obj, list):
+            item_key = msgspec.json.decode(rest)
+            match = [i for i in obj if isinstance(i, dict) and _keyed_by(i, item_key)]
+            if not match:
+                return False
+            child = match[0]
+        elif kind == "v" and isinstance(obj, list):
+            if msgspec.json.decode(rest) not in obj:
+                return False
+            continue
+        else:
+            return False
+        if isinstance(sub, dict) and sub and not _owned_fields_in(sub, child):
+            return False
+    return True
+
+
+def _keyed_by(item: dict[str, object], key: dict[str, object]) -> bool:
+    return all(item.get(field, LIST_KEY_DEFAULTS.get(field)) == value for field, value in key.items())
+
+
+LIST_KEY_DEFAULTS: dict[str, object] = {"protocol": "TCP"}
+"""List-map key fields the API server fills in when an apply leaves them out.
+
+A port list is keyed by containerPort and protocol, and protocol defaults to TCP (for built-in types and
+in the pod templates of the CRDs this pipeline writes alike), so a manager that applied a port without a
+protocol owns the item keyed ``{"containerPort": N, "protocol": "TCP"}``. A plan that leaves protocol out
+names that same item again; one that owned a UDP port and now sends none does not.
+"""
+
+
+def _holds(want: object, have: object) -> bool:
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(v is None or (k in have and _holds(v, have[k])) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(_holds, want, have))
+    return want == have
+
+
+def status_outdated(message: ObjectApply, *, live_version: str | None) -> bool:
+    """A status planned from another TrainJob version than the live one: a newer plan carries the newer status.
+
+    ``live_version`` is the live TrainJob's resourceVersion, ``None`` if it was not read.
+    """
+    planned_from = planned_resource_version(message)
+    return bool(
+        message.target.subresource and live_version is not None and planned_from and planned_from != live_version
+    )
+
+
+def planned_resource_version(message: ApplyMessage) -> str:
+    """The resourceVersion a message's object carries as its precondition, if any."""
+    meta = getattr(getattr(message, "object", None), "metadata", msgspec.UNSET)
+    value = getattr(meta, "resource_version", msgspec.UNSET) if meta is not msgspec.UNSET else msgspec.UNSET
+    return value if isinstance(value, str) else ""
+
+
+# ------------------------------------------------------- what the API server's answer makes of the round
+
+
+def outcome(http_status: int, *, before: str, after: str) -> ApplyAction:
+    if http_status == 201:
+        return "created"
+    if before and before == after:
+        return "unchanged"
+    return "configured"
+
+
+RefusedWrite = Literal["stale-status", "look-again", "skip-if-created-concurrently", "fail"]
+"""What the applier does when the API server refuses its apply (``refused_write``):
+
+* ``stale-status``: skip it. A status is written on the TrainJob version it was planned from; 409 says the
+  TrainJob has changed since, and a newer plan carries the newer status.
+* ``look-again``: start the next claim round. The object changed between the read and the conditional write.
+* ``skip-if-created-concurrently``: read the target; skip if it now exists, otherwise ``fail``. Another
+  writer created an ``if-absent`` target between the read and the write (an immutable Secret then
+  refuses the second key with 422), and existing is all ``if-absent`` asks for.
+* ``fail``: raise what ``classify`` makes of the error, for the retry tiers.
+"""
+
+
+def refused_write(http_status: int, message: ObjectApply, *, precondition: str) -> RefusedWrite:
+    """The decision for an apply the API server refused; ``precondition`` is the resourceVersion the write sent."""
+    if http_status == 409 and message.target.subresource:
+        return "stale-status"
+    if http_status == 409 and precondition:
+        return "look-again"
+    if message.policy == "if-absent" and http_status in (409, 422):
+        return "skip-if-created-concurrently"
+    return "fail"
+
+
+ExistingCreateOnly = Literal["ours", "another-trainjob", "unrecorded"]
+
+ALREADY_CREATED = "exists already; created once and never changed"
+
+UNRECORDED = (
+    "exists already, and this pipeline has no record of creating it (Trainer's, or made by someone in the"
+    " namespace); left as it is, unread"
+)
+
+
+def existing(message: ApplyMessage, record: AppliedRecord | None) -> ExistingCreateOnly:
+    """Whose a create-only target is, when its create is answered 409 AlreadyExists, from the ledger alone.
+
+    ``record`` is the ledger record as it was before this attempt claimed the target. Created for this
+    TrainJob: ``ours``, nothing more to do. Created for another TrainJob (an earlier one of the same name,
+    whose Secret the garbage collector removes): ``another-trainjob``, refused as ``authorize_live`` refuses
+    a live object another TrainJob controls. No record of a creation (Trainer made it before this pipeline
+    took over, the ledger was lost, or someone in the namespace made it): ``unrecorded``, left as it is, as
+    Trainer leaves a Secret that exists.
+    """
+    created_for = record.created_for if record is not None else ""
+    if created_for == message.trainjob_uid:
+        return "ours"
+    return "another-trainjob" if created_for else "unrecorded"
+
+
+# ------------------------------------------------------------------------------- the applier's condition
+
+
+class SetCondition(msgspec.Struct, frozen=True, kw_only=True):
+    """Set the applier's condition on the message's TrainJob: ``reason``, and ``text`` about its component."""
+
+    reason: str
+    text: str
+
+
+class ClearCondition(msgspec.Struct, frozen=True, kw_only=True):
+    """Take the applier's condition off the message's TrainJob."""
+
+
+ConditionChange = SetCondition | ClearCondition
+"""What a decision asks to be told on the TrainJob; ``applier.trainjobs`` writes it (``TrainJobs.tell``)."""
+
+
+def component_label(message: ApplyMessage) -> str:
+    """How the applier's condition names a component: ``<Kind> <name>``."""
+    return f"{message.target.kind} {message.target.name}"
+
+
+def condition_message(message: ApplyMessage, text: str) -> str:
+    full = f"{component_label(message)}: {text}"
+    limit = conditions.CONDITION_MESSAGE_LIMIT
+    return full if len(full) <= limit else full[: limit - 3] + "..."
+
+
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+FALLBACK_REASON = "ApplyRejected"
+
+
+def condition_reason(api_reason: str) -> str:
+    """The API server's status reason when it is a valid condition reason (``Invalid``), else a fixed one."""
+    return api_reason if len(api_reason) <= 1024 and _REASON.match(api_reason) else FALLBACK_REASON
+
+
+def applier_condition(message: ApplyMessage, *, reason: str, text: str, now: str) -> bytes:
+    """The status apply that sets the applier's condition, under the applier's own field manager.
+
+    ``metadata.uid`` makes it a precondition: a TrainJob of the same name but another uid refuses it.
+    """
+    condition = {
+        "type": conditions.CONDITION_COMPONENTS_APPLIED,
+        "status": "False",
+        "reason": condition_reason(reason),
+        "message": condition_message(message, text),
+        "lastTransitionTime": now,
+    }
+    return _trainjob_status(message, {"conditions": [condition]})
+
+
+def applier_condition_cleared(message: ApplyMessage) -> bytes:
+    """The status apply that lists nothing: SSA then removes the condition only this manager owned."""
+    return _trainjob_status(message, None)
+
+
+def _trainjob_status(message: ApplyMessage, status: dict[str, object] | None) -> bytes:
+    job = message.trainjob
+    body: dict[str, object] = {
+        "apiVersion": t.API_VERSION,
+        "kind": t.TRAINJOB_KIND,
+        "metadata": {"name": job.name, "namespace": job.namespace, "uid": message.trainjob_uid},
+    }
+    if status is not None:
+        body["status"] = status
+    return msgspec.json.encode(body)
+
+
+def condition_names(message: ApplyMessage, condition: str) -> bool:
+    """Whether the applier's condition on the TrainJob is about this message's component."""
+    return bool(condition) and condition.startswith(component_label(message) + ": ")
+
+
+# -------------------------------------------------------------------------------- poisoned ledger claims
+
+
+def _version(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def claim_beyond_cluster(record: AppliedRecord, *, cluster_revision: str) -> bool:
+    """A claim newer than the cluster itself: no observation could have produced it.
+
+    A record's source_version is the newest resourceVersion among the objects a plan was made from, and one
+    etcd revision counter numbers every object, so a genuine claim is never above the cluster's current
+    revision (a list's resourceVersion). Comparing with the live target and the TrainJob alone is not
+    enough: the snapshot ConfigMap, the runtime or a JobSet status change can make a genuine claim newer
+    than both, and a replayed older plan then looked like poisoning. An unknown revision proves nothing.
+    """
+    revision = _version(cluster_revision)
+    return revision > 0 and record.source_version > revision
+
+
+StaleClaimAction = Literal["overwrite", "hold"]
+
+
+def stale_claim_action(first_seen: float, now: float, *, grace_seconds: float) -> StaleClaimAction:
+    """A claim beyond the cluster is held to be corrupt, and overwritten, once it outlasted the grace."""
+    return "overwrite" if now - first_seen >= grace_seconds else "hold"

@@ -1,15 +1,18 @@
 """The fenced write: claim the target in the ledger, write it on condition, then record what was written.
 
 Each attempt runs up to a few claim rounds. A round reads the target's ledger record (a claim newer than
-the plan goes to ``applier.claims``), reads the live target when ``core.reads_live`` says so, and asks
-``core.decide`` what to do; this module only performs the ``Step`` it answers. Every ledger write is a
-compare-and-set on the revision the round read, and a conditional apply carries the resourceVersion it
-read: whoever loses either race starts the next round with a fresh read, so of two appliers holding
-different plans for one target, the one with the older plan always stands down. Create-only targets
-(Secrets) go the same way, but are never read: the ledger alone says whose an existing one is.
+the plan goes to ``applier.claims``, whose answer, with what to tell on the TrainJob, is carried out here),
+reads the live target when ``core.reads_live`` says so, and asks ``core.decide`` what to do; this module
+only performs the ``Step`` it answers. Every ledger write is a compare-and-set on the revision the round
+read, and a conditional apply carries the resourceVersion it read: whoever loses either race starts the
+next round with a fresh read, so of two appliers holding different plans for one target, the one with the
+older plan always stands down. Create-only targets (Secrets) go the same way, but are never read: the ledger
+alone says whose an existing one is.
 
-Raises ``core.TransientError`` or ``core.PermanentError`` for the retry tiers around it, and
-``authorize.Unauthorized`` for a target this TrainJob does not control.
+Read top to bottom, this file follows one apply: ``Fence.apply``, then each step as ``_perform`` meets it,
+then the refused write; the delete, which runs no claim rounds, comes last. Raises ``core.TransientError``
+or ``core.PermanentError`` for the retry tiers around it, ``core.Unauthorized`` for a target this TrainJob
+does not control, and ``core.Held`` while a corrupt claim is within its grace.
 """
 
 from __future__ import annotations
@@ -20,19 +23,12 @@ from typing import Any, assert_never
 import msgspec
 
 from applier import core, secrets
-from applier.authorize import (
-    ALREADY_CREATED,
-    CREATE_ONLY,
-    UNRECORDED,
-    Unauthorized,
-    authorize_live,
-    existing,
-)
-from applier.claims import NewerClaims
+from applier.claims import NewerClaim, NewerClaims
 from applier.ledger import Ledger, ledger_key
 from applier.objects import resource_version
+from applier.trainjobs import TrainJobs
 from contracts import resources
-from contracts.messages import AppliedRecord, ApplySecret, DeleteComponent, ObjectApply, Target
+from contracts.messages import AppliedRecord, ApplyMessage, ApplySecret, DeleteComponent, ObjectApply, Target
 from contracts.values import or_default
 from plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient
 
@@ -43,32 +39,12 @@ LABEL_FIELD_MANAGER = "trainjob-pipeline-label"
 """The field manager that adds this pipeline's label to objects made before it (``Fence._label``)."""
 
 
-def apply_body(message: ObjectApply, *, resource_version: str = "") -> bytes:
-    """The apply body: generated key material is made here, now; never stored, published or logged.
-
-    With ``resource_version`` the apply is conditional: the API server refuses it (409) if the object
-    changed since that version was read.
-    """
-    obj: Any = message.object
-    if isinstance(message, ApplySecret) and message.generate is not None:
-        data = dict(or_default(message.object.data, {}))
-        data.update(secrets.generated_data(message.generate, trainjob_name=message.trainjob.name))
-        obj = msgspec.structs.replace(message.object, data=data)
-    if resource_version:
-        meta = msgspec.structs.replace(obj.metadata, resource_version=resource_version)
-        obj = msgspec.structs.replace(obj, metadata=meta)
-    return msgspec.json.encode(obj)
-
-
-def _api_error(exc: KubeApiError) -> Exception:
-    return core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after)
-
-
 class Fence:
-    def __init__(self, kube: KubeClient, ledger: Ledger, claims: NewerClaims) -> None:
+    def __init__(self, kube: KubeClient, ledger: Ledger, claims: NewerClaims, trainjobs: TrainJobs) -> None:
         self.kube = kube
         self.ledger = ledger
         self.claims = claims
+        self.trainjobs = trainjobs
 
     async def apply(self, message: ObjectApply, resource: resources.Resource, planned: bytes) -> core.Done:
         """One fenced apply (or create) of ``message``; ``planned`` is its encoded object, without generated
@@ -86,7 +62,7 @@ class Fence:
             done = await self._perform(step, message, resource, lkey, revision)
             if done is not None:
                 return done
-        if type(message) in CREATE_ONLY:
+        if type(message) in core.CREATE_ONLY:
             raise core.TransientError("the ledger record kept changing under concurrent writers")
         raise core.TransientError("the target kept changing under concurrent writers")
 
@@ -102,16 +78,32 @@ class Fence:
             record, revision = await self.ledger.read_fresh(lkey)
         if record is None or not core.is_stale(record, message):
             return record, revision
-        if await self.claims.settle(message, lkey, record, revision) == "stale":
+        if await self._settle(message, lkey, record, revision) == "stale":
             return core.Done(action="skipped", reason=core.STALE_PLAN)
         return None
+
+    async def _settle(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> NewerClaim:
+        """Settle a claim newer than the plan (``applier.claims``): tell on the TrainJob what its answer asks,
+        and hold the message (``core.Held``) while a corrupt claim is within its grace."""
+        settled = await self.claims.settle(message, lkey, record, revision)
+        for change in settled.tell:
+            await self.trainjobs.tell(message, change)
+        if settled.claim == "held":
+            raise core.Held(settled.hold)
+        return settled.claim
+
+    async def _get(self, resource: resources.Resource, target: Target) -> bytes | None:
+        try:
+            return await self.kube.get(resource, namespace=target.namespace, name=target.name)
+        except KubeApiError as exc:
+            raise _api_error(exc) from exc
 
     async def _perform(
         self, step: core.Step, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
     ) -> core.Done | None:
         """Carry out one round's step; ``None``: a compare-and-set or a conditional write lost, look again."""
         if isinstance(step, core.Refuse):
-            raise Unauthorized(step.why)
+            raise core.Unauthorized(step.why)
         if isinstance(step, core.Leave):
             if step.label is None:
                 return core.Done(action="skipped", resource_version=step.resource_version, reason=step.reason)
@@ -135,6 +127,27 @@ class Fence:
             return await self._write(step, message, resource, lkey, claimed)
         assert_never(step)
 
+    async def _label(self, message: ObjectApply, resource: resources.Resource, patch: bytes) -> str:
+        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``), or one Trainer made that
+        otherwise holds the plan (``core.held_state``); its new resourceVersion.
+
+        A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
+        ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
+        """
+        target = message.target
+        try:
+            resp = await self.kube.request(
+                "PATCH",
+                resource.path(namespace=target.namespace, name=target.name),
+                params={"fieldManager": LABEL_FIELD_MANAGER},
+                body=patch,
+                content_type=MERGE_PATCH,
+            )
+        except KubeApiError as exc:
+            raise _api_error(exc) from exc
+        log.info("%s: labelled an existing object, which is kept as it is otherwise", target)
+        return resource_version(resp.body)
+
     async def _adopt(
         self, step: core.Adopt, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
     ) -> core.Done | None:
@@ -146,6 +159,35 @@ class Fence:
         if await self.ledger.write(lkey, record, revision=revision) is None:
             return None
         return core.Done(action="unchanged", resource_version=record.resource_version, reason=core.ALREADY_HELD)
+
+    async def _create(
+        self, step: core.Create, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
+    ) -> core.Done:
+        """Create a create-only target as claimed. Only a 201 makes it this TrainJob's: a create answered 409
+        is judged by the record as it was before the claim (``core.existing``)."""
+        target = message.target
+        try:
+            resp = await self.kube.create(
+                resource, namespace=target.namespace, body=apply_body(message), field_manager=message.field_manager
+            )
+        except KubeApiError as exc:
+            if exc.status != 409 or exc.reason != "AlreadyExists":
+                raise _api_error(exc) from exc
+            whose = core.existing(message, step.known)
+            if whose == "another-trainjob":
+                raise core.Unauthorized(
+                    f"existing {target} was created for another TrainJob (uid {step.claim.created_for}),"
+                    f" not for {message.trainjob}"
+                ) from exc
+            await self.ledger.write(lkey, msgspec.structs.replace(step.claim, state="applied"), revision=claimed)
+            reason = core.ALREADY_CREATED if whose == "ours" else core.UNRECORDED
+            return core.Done(action="skipped", reason=reason)
+        after = resource_version(resp.body)
+        done = msgspec.structs.replace(
+            step.claim, state="applied", resource_version=after, created_for=message.trainjob_uid
+        )
+        await self.ledger.write(lkey, done, revision=claimed)
+        return core.Done(action="created", resource_version=after)
 
     async def _write(
         self, step: core.Write, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
@@ -190,42 +232,13 @@ class Fence:
                 return core.Done(action="skipped", resource_version=rv, reason=core.CREATED_CONCURRENTLY)
         raise _api_error(exc) from exc
 
-    async def _create(
-        self, step: core.Create, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
-    ) -> core.Done:
-        """Create a create-only target as claimed. Only a 201 makes it this TrainJob's: a create answered 409
-        is judged by the record as it was before the claim (``authorize.existing``)."""
-        target = message.target
-        try:
-            resp = await self.kube.create(
-                resource, namespace=target.namespace, body=apply_body(message), field_manager=message.field_manager
-            )
-        except KubeApiError as exc:
-            if exc.status != 409 or exc.reason != "AlreadyExists":
-                raise _api_error(exc) from exc
-            whose = existing(message, step.known)
-            if whose == "another-trainjob":
-                raise Unauthorized(
-                    f"existing {target} was created for another TrainJob (uid {step.claim.created_for}),"
-                    f" not for {message.trainjob}"
-                ) from exc
-            await self.ledger.write(lkey, msgspec.structs.replace(step.claim, state="applied"), revision=claimed)
-            reason = ALREADY_CREATED if whose == "ours" else UNRECORDED
-            return core.Done(action="skipped", reason=reason)
-        after = resource_version(resp.body)
-        done = msgspec.structs.replace(
-            step.claim, state="applied", resource_version=after, created_for=message.trainjob_uid
-        )
-        await self.ledger.write(lkey, done, revision=claimed)
-        return core.Done(action="created", resource_version=after)
-
     async def delete(self, message: DeleteComponent, resource: resources.Resource) -> core.Done:
         """Delete a component the plan no longer has, if this TrainJob controls it; fenced like an apply."""
         target = message.target
         lkey = ledger_key(target)
         record, revision = await self.ledger.read_fresh(lkey)
         if record is not None and core.is_stale(record, message):
-            settled = await self.claims.settle(message, lkey, record, revision)
+            settled = await self._settle(message, lkey, record, revision)
             if settled == "stale":
                 return core.Done(action="skipped", reason=core.STALE_PLAN)
             if settled == "changed":
@@ -234,37 +247,31 @@ class Fence:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
             if raw is None:
                 return core.Done(action="skipped", reason="already gone")
-            verdict = authorize_live(message, raw)
+            verdict = core.authorize_live(message, raw)
             if not verdict.allowed:
-                raise Unauthorized(verdict.why)
+                raise core.Unauthorized(verdict.why)
             await self.kube.delete(resource, namespace=target.namespace, name=target.name)
         except KubeApiError as exc:
             raise _api_error(exc) from exc
         return core.Done(action="deleted", reason=message.reason)
 
-    async def _label(self, message: ObjectApply, resource: resources.Resource, patch: bytes) -> str:
-        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``), or one Trainer made that
-        otherwise holds the plan (``core.held_state``); its new resourceVersion.
 
-        A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
-        ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
-        """
-        target = message.target
-        try:
-            resp = await self.kube.request(
-                "PATCH",
-                resource.path(namespace=target.namespace, name=target.name),
-                params={"fieldManager": LABEL_FIELD_MANAGER},
-                body=patch,
-                content_type=MERGE_PATCH,
-            )
-        except KubeApiError as exc:
-            raise _api_error(exc) from exc
-        log.info("%s: labelled an existing object, which is kept as it is otherwise", target)
-        return resource_version(resp.body)
+def apply_body(message: ObjectApply, *, resource_version: str = "") -> bytes:
+    """The apply body: generated key material is made here, now; never stored, published or logged.
 
-    async def _get(self, resource: resources.Resource, target: Target) -> bytes | None:
-        try:
-            return await self.kube.get(resource, namespace=target.namespace, name=target.name)
-        except KubeApiError as exc:
-            raise _api_error(exc) from exc
+    With ``resource_version`` the apply is conditional: the API server refuses it (409) if the object
+    changed since that version was read.
+    """
+    obj: Any = message.object
+    if isinstance(message, ApplySecret) and message.generate is not None:
+        data = dict(or_default(message.object.data, {}))
+        data.update(secrets.generated_data(message.generate, trainjob_name=message.trainjob.name))
+        obj = msgspec.structs.replace(message.object, data=data)
+    if resource_version:
+        meta = msgspec.structs.replace(obj.metadata, resource_version=resource_version)
+        obj = msgspec.structs.replace(obj, metadata=meta)
+    return msgspec.json.encode(obj)
+
+
+def _api_error(exc: KubeApiError) -> Exception:
+    return core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after)

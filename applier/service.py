@@ -12,8 +12,8 @@ parallel up to a bound, sharing one connection pool to the API server.
 
 This module is the shell around three parts, each in a file of its own and read in this order: intake
 (``plumbing.intake``: the planner's signature verified, the message decoded, or a dead letter), then
-authorization (``applier.authorize``'s checks of the message, and of the TrainJob it names as
-``applier.trainjobs`` reads it), then the fenced write (``applier.fence``, doing what ``core.decide``
+authorization (``applier.authorize``'s check of the message, then ``applier.trainjobs``' of the TrainJob
+it names, as it reads it), then the fenced write (``applier.fence``, doing what ``core.decide``
 answers; claims newer than the plan in ``applier.claims``). What stays here is what every message needs
 whatever its outcome: the retry tiers, the result, the metrics, the ack.
 """
@@ -37,7 +37,7 @@ from applier.claims import NewerClaims
 from applier.epoch import ClusterEpoch
 from applier.fence import Fence
 from applier.ledger import Ledger, seen_key
-from applier.trainjobs import TrainJobs, WatchedTrainJobs
+from applier.trainjobs import TrainJobFacts, TrainJobs, WatchedTrainJobs
 from contracts import resources, streams, subjects
 from contracts.messages import (
     ApplyAction,
@@ -139,10 +139,8 @@ class Applier:
             WatchedTrainJobs(kube, namespaces=settings.namespaces) if settings.trainjob_source == "watch" else None
         )
         self.trainjobs = TrainJobs(kube, cache_seconds=settings.trainjob_cache_seconds, watched=watched)
-        claims = NewerClaims(
-            kube, ledger, self.trainjobs, epoch=epoch, grace_seconds=settings.stale_claim_grace_seconds
-        )
-        self.fence = Fence(kube, ledger, claims)
+        claims = NewerClaims(kube, ledger, epoch=epoch, grace_seconds=settings.stale_claim_grace_seconds)
+        self.fence = Fence(kube, ledger, claims, self.trainjobs)
         self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(settings.concurrency)
 
@@ -205,7 +203,7 @@ class Applier:
 
     async def _attempt(
         self, message: ApplyMessage, resource: resources.Resource, body: bytes, attempt: _Attempts
-    ) -> tuple[core.Done, authorize.TrainJobFacts]:
+    ) -> tuple[core.Done, TrainJobFacts]:
         """The in-process retry tier: authorize, then one fenced write, again while it fails for now."""
         async for retried in _retry_policy(self.settings).retrying():
             with retried:
@@ -222,9 +220,9 @@ class Applier:
 
     async def _not_done(self, msg: Msg, message: ApplyMessage, exc: Exception, attempts: int, started: float) -> None:
         """Finish a message whose attempts ended in an error, by the error's kind."""
-        if isinstance(exc, authorize.TrainJobGone):
+        if isinstance(exc, core.TrainJobGone):
             await self._finish(msg, message, "skipped", attempts, started, reason=f"{exc.why}: nothing to do")
-        elif isinstance(exc, authorize.Unauthorized):
+        elif isinstance(exc, core.Unauthorized):
             await self._refuse(msg, message, exc.why, attempts, started)
         elif isinstance(exc, core.Held):
             self.stats.naks += 1
@@ -241,7 +239,7 @@ class Applier:
         else:  # pragma: no cover - _handle_decoded catches only the kinds above
             raise exc
 
-    async def _count_lifecycle(self, message: ApplyMessage, facts: authorize.TrainJobFacts, done: core.Done) -> None:
+    async def _count_lifecycle(self, message: ApplyMessage, facts: TrainJobFacts, done: core.Done) -> None:
         """The ``kubeflow_trainer_*`` counts this message accounts for, each made by exactly one applier.
 
         Created: the first applier to record the TrainJob's uid in the ledger (compare-and-set) counts it.
@@ -379,7 +377,7 @@ class Applier:
             log.exception("unexpected failure handling %s", msg.subject)
 
 
-_NOT_DONE = (authorize.TrainJobGone, authorize.Unauthorized, core.Held, core.TransientError, core.PermanentError)
+_NOT_DONE = (core.TrainJobGone, core.Unauthorized, core.Held, core.TransientError, core.PermanentError)
 """How an attempt ends without a ``Done``: each is finished its own way (``Applier._not_done``)."""
 
 

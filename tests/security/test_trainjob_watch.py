@@ -21,7 +21,7 @@ import pytest
 from faults.support import trainjob
 from kubernetes import client as kube_client
 
-from applier.authorize import TrainJobGone
+from applier.core import TrainJobGone
 from applier.trainjobs import TrainJobs, WatchedTrainJobs
 from contracts import resources
 from contracts.kube import ConfigMap

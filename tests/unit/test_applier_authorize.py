@@ -1,5 +1,6 @@
-"""What a message may write (``applier.authorize``: the target checks, the TrainJob checks, the live-object
-check), and ``applier.core``'s applier condition and poisoned ledger claims.
+"""What a message may write: the message's own check (``applier.authorize``), the TrainJob check
+(``applier.trainjobs``), the live-object and create-only checks (``applier.core``); and ``applier.core``'s
+applier condition and poisoned ledger claims.
 
 Every message the real planner makes for every golden case must pass; each way of aiming a message at
 something no TrainJob justifies must be refused.
@@ -13,7 +14,7 @@ import msgspec
 import pytest
 import yaml
 
-from applier import authorize, core
+from applier import authorize, core, trainjobs
 from contracts import conditions
 from contracts import messages as m
 from contracts.kube import ObjectMeta, OwnerReference, Secret
@@ -51,7 +52,7 @@ def body(message: ApplyMessage) -> bytes:
     return b"{}" if isinstance(message, m.DeleteComponent) else msgspec.json.encode(message.object)
 
 
-def verdict(message: ApplyMessage) -> authorize.Verdict:
+def verdict(message: ApplyMessage) -> core.Verdict:
     return authorize.authorize_message(message, body(message))
 
 
@@ -156,15 +157,15 @@ def test_a_foreign_field_manager_is_refused() -> None:
 
 def test_trainjob_checks() -> None:
     msg = of_type(m.ApplyJobSet)
-    ok = authorize.TrainJobFacts(uid=msg.trainjob_uid)
-    assert authorize.authorize_trainjob(msg, ok).allowed
-    assert authorize.authorize_trainjob(
-        msg, authorize.TrainJobFacts(uid=msg.trainjob_uid, managed_by=MANAGED_BY_TRAINJOB_CONTROLLER)
+    ok = trainjobs.TrainJobFacts(uid=msg.trainjob_uid)
+    assert trainjobs.authorize_trainjob(msg, ok).allowed
+    assert trainjobs.authorize_trainjob(
+        msg, trainjobs.TrainJobFacts(uid=msg.trainjob_uid, managed_by=MANAGED_BY_TRAINJOB_CONTROLLER)
     ).allowed
-    assert not authorize.authorize_trainjob(msg, None).allowed
-    assert not authorize.authorize_trainjob(msg, authorize.TrainJobFacts(uid="other")).allowed
-    foreign = authorize.TrainJobFacts(uid=msg.trainjob_uid, managed_by="kueue.x-k8s.io/multikueue")
-    assert "kueue" in authorize.authorize_trainjob(msg, foreign).why
+    assert not trainjobs.authorize_trainjob(msg, None).allowed
+    assert not trainjobs.authorize_trainjob(msg, trainjobs.TrainJobFacts(uid="other")).allowed
+    foreign = trainjobs.TrainJobFacts(uid=msg.trainjob_uid, managed_by="kueue.x-k8s.io/multikueue")
+    assert "kueue" in trainjobs.authorize_trainjob(msg, foreign).why
 
 
 def test_trainjob_facts_from_the_live_object() -> None:
@@ -175,10 +176,10 @@ def test_trainjob_facts_from_the_live_object() -> None:
             "status": {"conditions": [{"type": conditions.CONDITION_COMPONENTS_APPLIED, "message": "JobSet j: no"}]},
         }
     )
-    assert authorize.trainjob_facts(raw) == authorize.TrainJobFacts(
+    assert trainjobs.trainjob_facts(raw) == trainjobs.TrainJobFacts(
         uid="u1", managed_by="x", resource_version="42", applier_condition="JobSet j: no"
     )
-    assert authorize.trainjob_facts(None) is None
+    assert trainjobs.trainjob_facts(None) is None
 
 
 @pytest.mark.parametrize(
@@ -193,8 +194,8 @@ def test_trainjob_facts_from_the_live_object() -> None:
 def test_an_existing_object_is_written_only_when_controlled(owners: list[dict[str, object]], allowed: bool) -> None:
     msg = msgspec.structs.replace(of_type(m.ApplyJobSet), trainjob_uid="uid-1")
     live = msgspec.json.encode({"metadata": {"ownerReferences": owners}})
-    assert authorize.authorize_live(msg, live).allowed is allowed
-    assert authorize.authorize_live(msg, None).allowed
+    assert core.authorize_live(msg, live).allowed is allowed
+    assert core.authorize_live(msg, None).allowed
 
 
 def test_condition_bodies() -> None:
@@ -246,11 +247,11 @@ def _record(created_for: str) -> m.AppliedRecord:
 def test_whose_an_existing_secret_is_comes_from_the_ledger_alone() -> None:
     """The applier may not read Secrets: a create answered 409 is judged by what the ledger says it created."""
     secret = of_type(m.ApplySecret)
-    assert type(secret) in authorize.CREATE_ONLY
-    assert authorize.existing(secret, _record(secret.trainjob_uid)) == "ours"
-    assert authorize.existing(secret, _record("an-earlier-trainjob")) == "another-trainjob"
-    assert authorize.existing(secret, _record("")) == "unrecorded"  # e.g. a record from before created_for existed
-    assert authorize.existing(secret, None) == "unrecorded"
+    assert type(secret) in core.CREATE_ONLY
+    assert core.existing(secret, _record(secret.trainjob_uid)) == "ours"
+    assert core.existing(secret, _record("an-earlier-trainjob")) == "another-trainjob"
+    assert core.existing(secret, _record("")) == "unrecorded"  # e.g. a record from before created_for existed
+    assert core.existing(secret, None) == "unrecorded"
 
 
 def test_a_secret_is_not_deletable() -> None:
