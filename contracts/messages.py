@@ -32,7 +32,7 @@ upgrade or a rollback, and in the history streams for as long as they keep them)
   its own terms (``planner.core``: an unversioned event whose JobSet carries none of the spec fields
   JobSet keeps as created came from a watcher that did not keep them, and the JobSet is not re-applied).
 
-``tests/unit/test_wire_compat.py`` decodes what older commits' own encoders wrote with today's types.
+``tests/unit/test_contracts_wire_compat.py`` decodes what older commits' own encoders wrote with today's types.
 """
 
 from __future__ import annotations

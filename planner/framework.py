@@ -9,7 +9,7 @@ A plugin joins a phase by having its method (``isinstance`` against the runtime-
 each plugin module also declares the points it implements, ``_implements_<point>: <Protocol> = Plugin()``,
 as Trainer writes ``var _ framework.EnforceMLPolicyPlugin = (*Torch)(nil)``: mypy then reports a
 misspelled or mistyped method instead of the plugin silently missing from a phase, and
-tests/unit/test_plugin_phases.py ties the declarations to the phases.
+tests/unit/test_planner_plugin_phases.py ties the declarations to the phases.
 
 Trainer collects plugins by ranging over a Go map, so the order inside a phase changes from process to
 process. Here the registry is an ordered tuple, which makes plans reproducible byte for byte — a

@@ -76,7 +76,8 @@ class CoScheduling:
 
 
 # The extension points CoScheduling implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*CoScheduling)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*CoScheduling)(nil)``;
+# tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_pod_group_policy: EnforcePodGroupPolicy = CoScheduling()
 _implements_builder: ComponentBuilder = CoScheduling()
 _implements_gate: RuntimeGated = CoScheduling()

@@ -555,7 +555,7 @@ class Flux:
 
 
 # The extension points Flux implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*Flux)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*Flux)(nil)``; tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_validation: CustomValidation = Flux()
 _implements_ml_policy: EnforceMLPolicy = Flux()
 _implements_builder: ComponentBuilder = Flux()

@@ -55,6 +55,6 @@ class JAX:
 
 
 # The extension points JAX implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*JAX)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*JAX)(nil)``; tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_ml_policy: EnforceMLPolicy = JAX()
 _implements_gate: RuntimeGated = JAX()

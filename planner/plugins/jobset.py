@@ -214,6 +214,7 @@ class JobSetPlugin:
 
 
 # The extension points JobSetPlugin implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*JobSetPlugin)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*JobSetPlugin)(nil)``;
+# tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_pod_network: PodNetwork = JobSetPlugin()
 _implements_builder: ComponentBuilder = JobSetPlugin()

@@ -249,7 +249,7 @@ class MPI:
 
 
 # The extension points MPI implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*MPI)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*MPI)(nil)``; tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_validation: CustomValidation = MPI()
 _implements_ml_policy: EnforceMLPolicy = MPI()
 _implements_builder: ComponentBuilder = MPI()

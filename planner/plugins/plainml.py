@@ -45,6 +45,6 @@ class PlainML:
 
 
 # The extension points PlainML implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*PlainML)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*PlainML)(nil)``; tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_ml_policy: EnforceMLPolicy = PlainML(superseded_by=lambda policy: False)
 _implements_gate: RuntimeGated = PlainML(superseded_by=lambda policy: False)

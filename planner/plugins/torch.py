@@ -329,7 +329,7 @@ class Torch:
 
 
 # The extension points Torch implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*Torch)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*Torch)(nil)``; tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_validation: CustomValidation = Torch()
 _implements_ml_policy: EnforceMLPolicy = Torch()
 _implements_gate: RuntimeGated = Torch()

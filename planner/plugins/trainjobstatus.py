@@ -117,6 +117,6 @@ class TrainJobStatus:
 _SAMPLE = StatusServer(url="https://status.example", ca_cert="-----BEGIN CERTIFICATE-----")
 
 # The extension points TrainJobStatus implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*Status)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*Status)(nil)``; tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_ml_policy: EnforceMLPolicy = TrainJobStatus(_SAMPLE)
 _implements_builder: ComponentBuilder = TrainJobStatus(_SAMPLE)

@@ -135,7 +135,7 @@ class Volcano:
 
 
 # The extension points Volcano implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*Volcano)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*Volcano)(nil)``; tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_validation: CustomValidation = Volcano()
 _implements_pod_group_policy: EnforcePodGroupPolicy = Volcano()
 _implements_builder: ComponentBuilder = Volcano()

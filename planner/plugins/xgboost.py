@@ -75,7 +75,7 @@ class XGBoost:
 
 
 # The extension points XGBoost implements, checked by mypy as the Go compiler checks Trainer's
-# ``var _ framework.<Point>Plugin = (*XGBoost)(nil)``; tests/unit/test_plugin_phases.py ties them to the phases.
+# ``var _ framework.<Point>Plugin = (*XGBoost)(nil)``; tests/unit/test_planner_plugin_phases.py ties them to the phases.
 _implements_validation: CustomValidation = XGBoost()
 _implements_ml_policy: EnforceMLPolicy = XGBoost()
 _implements_gate: RuntimeGated = XGBoost()

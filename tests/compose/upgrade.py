@@ -1,6 +1,6 @@
 """The release a rolling upgrade starts from, and that release's code and image, made from git here.
 
-Why one place: the wire-compatibility unit test (tests/unit/test_wire_compat.py) and the rolling upgrade on
+Why one place: the wire-compatibility unit test (tests/unit/test_contracts_wire_compat.py) and the rolling upgrade on
 the compose stack (test_rolling_upgrade.py) must start from the same release, or one would prove
 compatibility with a version the other never ran. There are no release tags; the previous release is
 the last commit of the session before the one that added ``wire_version`` to the messages.

@@ -50,7 +50,7 @@ def cli_env_names() -> dict[str, set[str]]:
     """Subcommand (``watcher``, ``planner``, ...) -> the environment variables its flags read.
 
     Every flag with a variable behind it names it in its help (``env: NAME``, ``tjpipe.settings.env_flag``);
-    ``tests/unit/test_settings.py`` checks that no flag reads one without saying so.
+    ``tests/unit/test_tjpipe_settings.py`` checks that no flag reads one without saying so.
     """
     from tjpipe import cli
 
