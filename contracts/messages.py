@@ -106,6 +106,10 @@ class TrainJobObserved(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.
     cause: str = ""
     """What made the watcher publish, e.g. ``TrainJob MODIFIED`` or ``JobSet MODIFIED`` or ``resync``."""
     trace_id: str = ""
+    echo: bool = False
+    """All that changed is the pipeline's own status write, and nothing the planner decides from can have
+    changed since the plan that made it (``watcher.core.EchoGuard``): only the status is planned again, from
+    the JobSet the observation carries. An older planner, which does not know the field, plans it whole."""
 
 
 class TrainJobDeleted(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.deleted"):
@@ -204,6 +208,9 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
 class ApplyTrainJobStatus(_Apply, frozen=True, kw_only=True, tag="trainjob-status"):
     object: TrainJob
     transitions: tuple[Transition, ...] = ()
+    paced: bool = False
+    """Only the Jobs' counts change, no condition: the applier may hold the write so that a running TrainJob's
+    status is written at most once per interval (``applier.pacing``). An older applier writes it at once."""
 
 
 class ApplyConfigMap(_Apply, frozen=True, kw_only=True, tag="configmap"):

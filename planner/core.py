@@ -69,6 +69,8 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
             source_seq=source_seq,
             warnings=(f"managed by {managed_by}; left alone",),
         )
+    if event.echo:
+        return _plan_echo(event, source_seq)
 
     decision = _decide(event, framework)
     common = _Common.of(event, source_seq)
@@ -85,6 +87,23 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
         source_seq=source_seq,
         applies=tuple(applies),
         warnings=tuple(decision.warnings),
+    )
+
+
+def _plan_echo(event: TrainJobObserved, source_seq: int) -> Plan:
+    """Only our own status write changed the TrainJob and nothing the decision reads has changed since the
+    plan that made it (``watcher.core.EchoGuard``): the components stand as planned, so only the status is
+    planned again, from the JobSet this observation carries. It differs only when a newer JobSet status was
+    planned from the older TrainJob version and that status write was refused as stale."""
+    job = event.trainjob
+    common = _Common.of(event, source_seq)
+    desired = status_rules.desired_status(job, event.jobset, now=event.observed_at)
+    changed = bool(desired) and status_rules.status_changed(job, desired)
+    return Plan(
+        trainjob=common.trainjob,
+        trainjob_uid=common.trainjob_uid,
+        source_seq=source_seq,
+        applies=(_status_message(job, desired, common),) if changed else (),
     )
 
 
@@ -447,4 +466,5 @@ def _status_message(job: TrainJob, desired: dict[str, Any], common: _Common) -> 
         ),
         object=obj,
         transitions=status_rules.lifecycle_changes(job, desired),
+        paced=status_rules.only_counts_changed(job, desired),
     )

@@ -184,6 +184,17 @@ def status_changed(job: TrainJob, desired: Obj) -> bool:
     return any(current.get(key) != value for key, value in desired.items())
 
 
+def only_counts_changed(job: TrainJob, desired: Obj) -> bool:
+    """Whether ``desired`` differs from the TrainJob's status only in its Jobs' counts (``jobsStatus``).
+
+    Such a status tells of pods starting, becoming ready or finishing while the conditions stay as they
+    are; the applier may hold it back to write a running TrainJob's status at most once per interval
+    (``applier.pacing``). A change of any condition is what a user or a controller waits on: never held.
+    """
+    current = current_status(job)
+    return {key for key, value in desired.items() if current.get(key) != value} == {"jobsStatus"}
+
+
 _LIFECYCLE: tuple[tuple[str, LifecycleChange], ...] = (
     (t.CONDITION_COMPLETE, "completed"),
     (t.CONDITION_FAILED, "failed"),

@@ -72,13 +72,15 @@ def _decoder_for(kind: type[T]) -> msgspec.json.Decoder[T]:
 class Cached(Generic[T]):
     """One cached object, compressed; ``obj`` decodes a fresh copy on every read."""
 
-    __slots__ = ("_blob", "_decoder", "resource_version", "uid")
+    __slots__ = ("_blob", "_decoder", "own_write", "resource_version", "uid")
 
-    def __init__(self, obj: T, resource_version: str, uid: str) -> None:
+    def __init__(self, obj: T, resource_version: str, uid: str, *, own_write: bool = False) -> None:
         self._blob = zlib.compress(_encoder.encode(obj))
         self._decoder = _decoder_for(type(obj))
         self.resource_version = resource_version
         self.uid = uid
+        self.own_write = own_write
+        """The change to this version was only the consumer's own write (the informer's ``own_writes``)."""
 
     @property
     def obj(self) -> T:
@@ -111,6 +113,11 @@ class Informer(Generic[T]):
     ``PartialObjectMetadata`` (decode those as a type with only ``metadata``). With a selector, an object
     whose label is removed is reported as deleted: the server's watch says so, as client-go's informers do.
 
+    ``own_writes(previous, new)`` judges a modification before ``managedFields`` are dropped: given the cached
+    object and the new one as the server sent it, whether the change is only the consumer's own write. Its
+    answer is the new entry's ``own_write``, for the handler to act on; the informer reports the change
+    either way, so the cache and whatever the handler keeps beside it stay in step.
+
     ``current`` says whether the cache follows the server: true from a list on, while the watch after it
     runs (a watch that ends and resumes from its version misses nothing), false from a failure until the
     next list or the next event of a resumed watch. A consumer that answers questions from the cache
@@ -131,6 +138,7 @@ class Informer(Generic[T]):
         trim: Callable[[T], T] | None = None,
         label_selector: str | None = None,
         metadata_only: bool = False,
+        own_writes: Callable[[T, T], bool] | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -147,6 +155,7 @@ class Informer(Generic[T]):
         self._trim = trim
         self._label_selector = label_selector
         self._metadata_only = metadata_only
+        self._own_writes = own_writes
 
     def _decode(self, raw: bytes | msgspec.Raw) -> tuple[Key, Cached[T]] | None:
         head = _head_decoder.decode(raw).metadata
@@ -157,12 +166,15 @@ class Informer(Generic[T]):
             return None
         if self._keep is not None and not self._keep(obj):
             return None
+        # Interned: the same namespace (and often the same name) keys entries in several caches.
+        key = (sys.intern(head.namespace), sys.intern(head.name))
+        own_write = False
+        if self._own_writes is not None and (previous := self.cache.get(key)) is not None:
+            own_write = previous.uid == head.uid and self._own_writes(previous.obj, obj)
         obj = _without_managed_fields(obj)
         if self._trim is not None:
             obj = self._trim(obj)
-        # Interned: the same namespace (and often the same name) keys entries in several caches.
-        key = (sys.intern(head.namespace), sys.intern(head.name))
-        return key, Cached(obj, head.resourceVersion, head.uid)
+        return key, Cached(obj, head.resourceVersion, head.uid, own_write=own_write)
 
     async def _list(self) -> str:
         """Replace the cache by a fresh list, in pages of one consistent snapshot; returns its version.

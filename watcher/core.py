@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 import yaml
@@ -17,8 +19,10 @@ import yaml
 from contracts import lifecycle, trainer
 from contracts.jobset import JobSet
 from contracts.kube import ConfigMap, OwnerReference
+from contracts.messages import FIELD_MANAGER
 from contracts.trainer import RuntimeRef, TrainingRuntime, TrainJob, TrainJobSpec
 from contracts.values import is_set, meta, name_of, namespace_of, or_default, resource_version_of, uid_of
+from watcher import trim
 
 RuntimeKey = tuple[str, str, str]
 """(kind, namespace, name); namespace is empty for a ClusterTrainingRuntime."""
@@ -210,3 +214,131 @@ def active_label(job: TrainJob) -> tuple[str, str] | None:
 
 def active_counts(labels: Iterable[tuple[str, str] | None]) -> dict[tuple[str, str], int]:
     return dict(collections.Counter(label for label in labels if label is not None))
+
+
+# ------------------------------------------------------------------------------------ the pipeline's echoes
+
+
+def own_status_write(before: TrainJob, after: TrainJob, *, manager: str = FIELD_MANAGER) -> bool:
+    """Whether all that changed from ``before`` to ``after`` is status that ``manager`` itself wrote.
+
+    ``before`` is the watcher's cached copy; ``after`` is the object as the API server sent it, with its
+    ``managedFields``. Two things must hold. Nothing but the status (and the bookkeeping of
+    ``resourceVersion`` and ``managedFields``) differs: a change of spec, labels or annotations is someone
+    else's. And every status field that differs is one ``manager`` owns by its Apply on the status
+    subresource in ``after``: another writer that changed such a field would own it now (an update takes the
+    fields it changes, a forced apply too), so a field it changed cannot pass as ours. A field that went
+    away, or a list entry the fields set does not name, cannot be told apart and counts as someone else's:
+    the observation then goes on to the planner as before, which costs only what it always did.
+    """
+    if _apart_from_status(before) != _apart_from_status(after):
+        return False
+    owned = _owned_status(after, manager)
+    if owned is None:
+        return False
+    return _covered(_status_of(before), _status_of(after), owned)
+
+
+def _apart_from_status(job: TrainJob) -> TrainJob:
+    trimmed = trim.trainjob(job)  # the cached copy is trimmed: compare like with like
+    stripped = msgspec.structs.replace(meta(trimmed), resource_version=msgspec.UNSET, managed_fields=msgspec.UNSET)
+    return msgspec.structs.replace(trimmed, metadata=stripped, status=msgspec.UNSET)
+
+
+def _status_of(job: TrainJob) -> dict[str, Any]:
+    return msgspec.to_builtins(job.status) if is_set(job.status) else {}
+
+
+def _owned_status(job: TrainJob, manager: str) -> dict[str, Any] | None:
+    for entry in or_default(meta(job).managed_fields, []):
+        if entry.manager == manager and entry.subresource == "status" and entry.operation == "Apply":
+            fields = entry.fields_v1 if isinstance(entry.fields_v1, dict) else {}
+            owned = fields.get("f:status")
+            return owned if isinstance(owned, dict) else None
+    return None
+
+
+def _covered(before: Any, after: Any, owned: dict[str, Any] | None) -> bool:
+    """Every difference between ``before`` and ``after`` lies in fields the ``owned`` set (fieldsV1) names."""
+    if before == after:
+        return True
+    if owned is None or after is None:
+        return False
+    if before is None and isinstance(after, dict):
+        before = {}  # a field or list entry new in ``after``: each of its own fields must be owned
+    if isinstance(before, dict) and isinstance(after, dict):
+        return all(_covered(before.get(k), after.get(k), owned.get("f:" + k)) for k in before.keys() | after.keys())
+    keyed = {k: v for k, v in owned.items() if k.startswith("k:")}
+    if isinstance(after, list) and keyed:
+        old, new = _by_key(before if isinstance(before, list) else [], keyed), _by_key(after, keyed)
+        if old is None or new is None:
+            return False
+        return all(_covered(old.get(k), new.get(k), keyed[k]) for k in old.keys() | new.keys())
+    return not owned  # a leaf (an empty set in fieldsV1) is owned whole, whatever its value
+
+
+def _by_key(items: list[Any], keyed: dict[str, Any]) -> dict[str, Any] | None:
+    """A list-map's entries by the ``k:`` key of the fields set that names each; ``None`` if one is unnamed."""
+    keys = [(k, json.loads(k[2:])) for k in keyed]
+    found: dict[str, Any] = {}
+    for item in items:
+        name = next(
+            (k for k, key in keys if isinstance(item, dict) and all(item.get(f) == v for f, v in key.items())),
+            None,
+        )
+        if name is None:
+            return None
+        found[name] = item
+    return found
+
+
+DECIDING_KINDS = (trainer.CLUSTER_TRAINING_RUNTIME_KIND, trainer.TRAINING_RUNTIME_KIND)
+"""Kinds whose change can change what the planner decides for a TrainJob, beyond the JobSet's status."""
+
+
+def changes_the_decision(cause: str) -> bool:
+    """Whether an observation with this cause may be planned to other conditions than the TrainJob's last.
+
+    An echo is planned from its status alone (``planner.core``): what a JobSet's status says is read again
+    there, so a JobSet's or a component's change needs nothing more. A runtime's change, a runtime snapshot
+    that changed or went away, a deadline or a resync may change the conditions the planner decides.
+    """
+    for part in cause.split(" + "):
+        kind, _, what = part.partition(" ")
+        if kind in DECIDING_KINDS or part == "deadline reached" or what == "RESYNC":
+            return True
+        if kind == "ConfigMap" and what != "ADDED":
+            return True
+    return False
+
+
+class EchoGuard:
+    """When an observation caused only by the pipeline's own status write may be planned from its status alone.
+
+    The pipeline's status write is conditional on the TrainJob version it was planned from. Several
+    observations may go out at one version (the TrainJob changed, then its components were made, then its
+    JobSet's status moved): each plan from them carries a status, the first one applied changes the
+    version, and the later ones are refused as stale (409) and dropped. What they knew comes back with the
+    echo of the write that was made: the planner plans the echo's status again from the JobSet it carries,
+    which is the newest. That covers everything but a change of the planner's own decision (a runtime that
+    changed or appeared, a deadline): if such an observation went out at the version the echo replaces, after
+    the first one, the echo is planned whole, as any other. Kept per TrainJob, for its latest version only.
+    """
+
+    def __init__(self) -> None:
+        self._deciding: dict[TrainJobKey, tuple[str, bool]] = {}
+
+    def published(self, key: TrainJobKey, resource_version: str, cause: str) -> None:
+        """An observation of the TrainJob at ``resource_version`` is going out (a duplicate counts too)."""
+        version, deciding = self._deciding.get(key, ("", False))
+        if version != resource_version:
+            self._deciding[key] = (resource_version, False)  # the first at a version starts from the TrainJob
+        elif not deciding and changes_the_decision(cause):
+            self._deciding[key] = (version, True)
+
+    def may_skip(self, key: TrainJobKey) -> bool:
+        """Whether the TrainJob's echo may be planned from its status alone."""
+        return not self._deciding.get(key, ("", False))[1]
+
+    def forget(self, key: TrainJobKey) -> None:
+        self._deciding.pop(key, None)

@@ -43,7 +43,7 @@ from contracts.jobset import JobSet
 from contracts.kube import ConfigMap, ObjectMeta
 from contracts.messages import ObjectKey, RuntimeSource, TrainJobDeleted, TrainJobObserved, encode
 from contracts.trainer import TrainingRuntime, TrainJob
-from contracts.values import meta, name_of, namespace_of
+from contracts.values import meta, name_of, namespace_of, resource_version_of
 from plumbing import bus, bus_setup, publishing, retrying, signing
 from plumbing.informer import Cached, Handler, Informer, Key
 from plumbing.kube import KubeClient, KubeConfig
@@ -127,7 +127,15 @@ class Watcher:
         TRAINJOBS_ACTIVE.track(self._active_counts)
         namespaces: tuple[str | None, ...] = settings.namespaces or (None,)
         self.trainjobs = [
-            Informer(kube, resources.TRAINJOB, TrainJob, self._on_trainjob, namespace=ns, trim=trim.trainjob)
+            Informer(
+                kube,
+                resources.TRAINJOB,
+                TrainJob,
+                self._on_trainjob,
+                namespace=ns,
+                trim=trim.trainjob,
+                own_writes=core.own_status_write,
+            )
             for ns in namespaces
         ]
         self.runtimes = [
@@ -149,6 +157,8 @@ class Watcher:
         self.priority_classes = Informer(kube, resources.PRIORITY_CLASS, _Named, self._ignore, trim=_named_identity)
         self._background: set[asyncio.Task[None]] = set()
         self._by_runtime = core.TrainJobsByRuntime()
+        self._echoes = core.EchoGuard()
+        """Which versions of each TrainJob observations went out at, to tell a safe echo (``core.EchoGuard``)."""
         self._gathered: AsyncDelayingQueue[Key, str] = AsyncDelayingQueue(window=GATHER_SECONDS)
         """TrainJobs whose components changed, with the changes, gathered to be observed once."""
         self._deadlines: AsyncDelayingQueue[Key, float] = AsyncDelayingQueue()
@@ -227,6 +237,7 @@ class Watcher:
             self._active.pop(key, None)
             self._by_runtime.discard(key)
             self._deadlines.forget(key)
+            self._echoes.forget(key)
             event = TrainJobDeleted(
                 key=ObjectKey(namespace=key[0], name=key[1]),
                 uid=cached.uid,
@@ -242,7 +253,10 @@ class Watcher:
             return
         self._active[key] = core.active_label(job)
         self._by_runtime.put(key, core.runtime_key_of(job))
-        await self.publish_observation(job, cause=f"TrainJob {kind}")
+        # Our own status write: recorded in the history like any change (the job's states are read from
+        # there), and planned from its status alone unless the planner's decision may have moved meanwhile.
+        echo = kind == "MODIFIED" and cached.own_write and self._echoes.may_skip(key)
+        await self.publish_observation(job, cause=f"TrainJob {kind}", echo=echo)
 
     def _active_counts(self) -> ActiveCounts | None:
         """Active TrainJobs by namespace and runtime; ``None`` until every TrainJob informer has listed."""
@@ -326,8 +340,9 @@ class Watcher:
 
     # ---------------------------------------------------------------------------------------- publishing
 
-    async def publish_observation(self, job: TrainJob, *, cause: str) -> None:
+    async def publish_observation(self, job: TrainJob, *, cause: str, echo: bool = False) -> None:
         key = (namespace_of(job), name_of(job))
+        self._echoes.published(key, resource_version_of(job), cause)
         runtime, runtime_kind = self._runtime(job)
         snapshot = self._snapshot(job)
         source: RuntimeSource = "live" if runtime is not None else "none"
@@ -347,6 +362,7 @@ class Watcher:
             observed_at=time.time(),
             cause=cause,
             trace_id=trace_id,
+            echo=echo,
         )
         msg_id = core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind, snapshot=snapshot)
         if cause == DEADLINE_CAUSE:
