@@ -37,6 +37,7 @@ from applier.claims import NewerClaims
 from applier.epoch import ClusterEpoch
 from applier.fence import Fence
 from applier.ledger import Ledger, seen_key
+from applier.pacing import DEFAULT_INTERVAL_SECONDS, StatusPacing
 from applier.trainjobs import TrainJobFacts, TrainJobs, WatchedTrainJobs
 from contracts import resources, streams, subjects
 from contracts.messages import (
@@ -97,6 +98,9 @@ class ApplierSettings(ServiceSettings):
     as any genuine claim."""
     trusted_plan_keys: str | None = None
     """The planner public keys an apply message must be signed with: a file, or a directory of ``*.pub``."""
+    status_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
+    """At most one write of a running TrainJob's Jobs' counts per this many seconds (``applier.pacing``);
+    0 writes every status at once."""
 
 
 @dataclass
@@ -105,6 +109,8 @@ class ApplierStats:
     retries: int = 0
     dead_letters: int = 0
     naks: int = 0
+    held: int = 0
+    """Paced statuses handed back to wait for their turn (``applier.pacing``)."""
 
     def count(self, action: str) -> None:
         self.actions[action] = self.actions.get(action, 0) + 1
@@ -141,6 +147,7 @@ class Applier:
         self.trainjobs = TrainJobs(kube, cache_seconds=settings.trainjob_cache_seconds, watched=watched)
         claims = NewerClaims(kube, ledger, epoch=epoch, grace_seconds=settings.stale_claim_grace_seconds)
         self.fence = Fence(kube, ledger, claims, self.trainjobs)
+        self.pacing = StatusPacing(settings.status_interval_seconds)
         self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(settings.concurrency)
 
@@ -171,6 +178,13 @@ class Applier:
         if not verdict.allowed:
             await self._refuse(msg, message, verdict.why, 0, started)
             return
+        if self.pacing.superseded(message):
+            await self._finish(msg, message, "skipped", 0, started, reason=core.STALE_PLAN)
+            return
+        if (wait := self.pacing.wait_for(message)) > 0:
+            self.stats.held += 1
+            await msg.nak(delay=wait)  # its turn comes with the interval (applier.pacing)
+            return
         try:
             resource = resources.resource_for(message.target.api_version, message.target.kind)
         except LookupError as exc:
@@ -184,6 +198,8 @@ class Applier:
         except _NOT_DONE as exc:
             await self._not_done(msg, message, exc, attempt.count, started)
             return
+        if done.action in ("created", "configured"):
+            self.pacing.wrote(message)
         if done.action in ("created", "configured", "unchanged") and core.condition_names(
             message, facts.applier_condition
         ):

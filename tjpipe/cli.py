@@ -133,6 +133,15 @@ def _applier_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds a TrainJob verified by a read is trusted without reading it again",
     )
+    env_flag(
+        parser,
+        "--status-interval",
+        env="TJPIPE_STATUS_INTERVAL_SECONDS",
+        default=5.0,
+        type=float,
+        help="at most one write of a running TrainJob's Jobs' counts per this many seconds; conditions are"
+        " written at once (0: every status at once)",
+    )
 
 
 def _signing_key(parser: argparse.ArgumentParser) -> None:

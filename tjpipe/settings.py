@@ -395,6 +395,11 @@ def planner(args: argparse.Namespace) -> PlannerSettings:
 def applier(args: argparse.Namespace) -> ApplierSettings:
     from applier.service import ApplierSettings
 
+    if args.status_interval < 0:
+        raise SettingsError(
+            f"--status-interval / TJPIPE_STATUS_INTERVAL_SECONDS: not a number of seconds: {args.status_interval}"
+        )
+
     return ApplierSettings(
         **_on_bus(args),
         **_replica(args),
@@ -407,6 +412,7 @@ def applier(args: argparse.Namespace) -> ApplierSettings:
         trainjob_source=args.trainjob_source,
         trainjob_cache_seconds=args.trainjob_cache_seconds,
         trusted_plan_keys=args.trusted_plan_keys,
+        status_interval_seconds=args.status_interval,
     )
 
 
