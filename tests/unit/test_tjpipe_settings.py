@@ -238,3 +238,10 @@ def test_the_ca_file_must_be_a_certificate_and_never_a_key(tmp_path: Path, conte
     }
     with pytest.raises(settings.SettingsError, match=message):
         settings.planner(parse(["planner"], environ))
+
+
+def test_the_applier_paces_running_statuses_at_five_seconds_unless_told() -> None:
+    assert settings.applier(parse(["applier"])).status_interval_seconds == 5.0
+    assert settings.applier(parse(["applier"], {"TJPIPE_STATUS_INTERVAL_SECONDS": "0"})).status_interval_seconds == 0
+    with pytest.raises(settings.SettingsError, match="--status-interval / TJPIPE_STATUS_INTERVAL_SECONDS"):
+        settings.applier(parse(["applier", "--status-interval", "-1"]))
