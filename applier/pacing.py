@@ -12,7 +12,8 @@ The waiting is JetStream's, not this process's: the message goes back with a del
 costs no memory here but the time of the TrainJob's last write, and a restart forgets only that (the next
 status is then written at once). When the held message comes back, a newer status may have been written in
 the meantime from a newer plan: the held one is conditional on the TrainJob version it was planned from, so
-the API server refuses it as stale and it is dropped, and the newer one stands. So the newest status wins,
+the API server refuses it as stale and it is dropped, and the newer one stands; and of several held at once,
+the older ones are skipped when they come back, and only the newest is written. So the newest status wins,
 with at most one write per TrainJob per interval for counts alone.
 
 Five seconds by default: the Kubeflow SDK's progress reports are limited to one per five seconds per process
@@ -39,26 +40,30 @@ class StatusPacing:
         self._clock = clock
         self._written: dict[ObjectKey, tuple[float, int]] = {}
         """Each TrainJob's last status write: when, and the version of the observation it was planned from."""
+        self._waiting: dict[ObjectKey, int] = {}
+        """The newest observation version of each TrainJob's statuses handed back to wait for their turn."""
 
     def superseded(self, message: ApplyMessage) -> bool:
-        """Whether the message is a status planned from an older observation than one this applier wrote.
+        """Whether the message is a status planned from an older observation than one this applier wrote or
+        holds: the newest status wins, so when held ones come back together only the newest is written.
 
-        Such a status is stale for sure (this process made the newer write), so it is skipped here, without
-        the ledger's claim round, whose judging of a newer claim reads the cluster's revision: that path is
-        for the rare claim nobody here accounts for, and a held status overtaken by a newer one is common."""
+        An older one than a write of this process is stale for sure, so it is skipped here, without the
+        ledger's claim round, whose judging of a newer claim reads the cluster's revision: that path is for
+        the rare claim nobody here accounts for, and a held status overtaken by a newer one is common."""
         if not isinstance(message, ApplyTrainJobStatus) or message.source_version == 0:
             return False
-        last = self._written.get(message.trainjob)
-        return last is not None and message.source_version < last[1]
+        written = self._written.get(message.trainjob, (0.0, 0))[1]
+        return message.source_version < max(written, self._waiting.get(message.trainjob, 0))
 
     def wait_for(self, message: ApplyMessage) -> float:
-        """Seconds the message should wait before it is written; 0 for a message to go on now."""
+        """Seconds the message should wait before it is written (it is then counted as waiting); 0 to go on."""
         if not isinstance(message, ApplyTrainJobStatus) or not message.paced:
             return 0.0
         last = self._written.get(message.trainjob)
-        if last is None:
-            return 0.0
-        return max(0.0, last[0] + self.interval - self._clock())
+        wait = 0.0 if last is None else max(0.0, last[0] + self.interval - self._clock())
+        if wait > 0:
+            self._waiting[message.trainjob] = max(self._waiting.get(message.trainjob, 0), message.source_version)
+        return wait
 
     def wrote(self, message: ApplyMessage) -> None:
         """The message's write changed the TrainJob's status (created or configured)."""
@@ -67,4 +72,7 @@ class StatusPacing:
         now = self._clock()
         if len(self._written) >= 4096:  # forget TrainJobs whose turn has long come: they wait for nothing
             self._written = {k: w for k, w in self._written.items() if now - w[0] < self.interval}
+            self._waiting = {k: v for k, v in self._waiting.items() if k in self._written}
         self._written[message.trainjob] = (now, message.source_version)
+        if self._waiting.get(message.trainjob, 0) <= message.source_version:
+            self._waiting.pop(message.trainjob, None)

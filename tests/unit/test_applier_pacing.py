@@ -80,3 +80,19 @@ def test_what_it_remembers_stays_bounded() -> None:
         clock.now += 0.01
     assert len(pacing._written) <= 4096 + 500  # only the last interval's writers are kept past the bound
     assert pacing.wait_for(paced(status(), on="tj-9999")) > 0
+
+
+def test_of_statuses_held_together_only_the_newest_is_written_when_they_come_back() -> None:
+    clock = Clock()
+    pacing = StatusPacing(5.0, clock=clock)
+    pacing.wrote(paced(status(), version=10))
+    clock.now += 0.5
+    pods_running, pods_ready = paced(status(), version=11), paced(status(), version=12)
+    assert pacing.wait_for(pods_running) == 4.5
+    clock.now += 1.0
+    assert pacing.wait_for(pods_ready) == 3.5
+    clock.now += 3.5  # both come back at their turn, the older first
+    assert pacing.superseded(pods_running)
+    assert not pacing.superseded(pods_ready) and pacing.wait_for(pods_ready) == 0.0
+    pacing.wrote(pods_ready)
+    assert not pacing.superseded(paced(status(), version=13))
