@@ -122,6 +122,8 @@ class Project:
     kube_port: int = field(default_factory=free_port)
     nats_port: int = field(default_factory=free_port)
     history_port: int = field(default_factory=free_port)
+    status_port: int = field(default_factory=free_port)
+    """The status server's host port, which is also the URL the planner gives trainer pods."""
     overrides: list[Path] = field(default_factory=list)
     """Compose files read after the main one (``-f``), e.g. other images for some services."""
     settings: dict[str, str] = field(default_factory=dict)
@@ -135,6 +137,7 @@ class Project:
             TJPIPE_COMPOSE_KUBE_PORT=str(self.kube_port),
             TJPIPE_COMPOSE_NATS_PORT=str(self.nats_port),
             TJPIPE_COMPOSE_HISTORY_PORT=str(self.history_port),
+            TJPIPE_COMPOSE_STATUS_PORT=str(self.status_port),
             TJPIPE_POD_RUN_SECONDS="3",
         )
         env.update(self.settings)

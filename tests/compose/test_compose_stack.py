@@ -1,7 +1,7 @@
 """compose/docker-compose.yml on a real Docker engine: the stack comes up, runs the demo and 50 more
 TrainJobs to Complete on the simulated cluster with each service as its own ServiceAccount, serves the
-history over HTTP to the host's login token, survives an applier restart without writing, and leaves
-nothing behind.
+history over HTTP to the host's login token, survives an applier restart without writing, takes a trainer
+pod's progress through the published status server, and leaves nothing behind.
 
 The images are built first with the project's own offline builder (scripts/compose-images.sh; cached, so
 a warm run is seconds). The stack runs under Debian's docker-compose 1.29 where it is installed, else under
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -22,11 +23,18 @@ from typing import Any
 
 import pytest
 from faults.support import read_write_counts
-from kubernetes.client import CustomObjectsApi, VersionApi
+from kubernetes.client import CoreV1Api, CustomObjectsApi, VersionApi
 from needs import unavailable
+from status_server.support import trainer_status
 
+from contracts import streams, subjects
+from contracts.progress import decode_progress
+from plumbing import bus_history
+from tjpipe import standin
 from tjpipe.local import compose, crds
+from tjpipe.local.cluster import RUN_TIME_ANNOTATION
 from tjpipe.local.kubeapi import new_api_client
+from tjpipe.status_server import core as status_core
 
 from .support import (
     WRITTEN,
@@ -233,6 +241,174 @@ def test_applier_restart_writes_nothing(project: Project) -> None:
     after = read_write_counts(kube)
     delta = after - before
     assert pipeline_writes(delta) == 0, {k: v for k, v in delta.all_writes().items() if v}
+
+
+PROGRESS_NAMESPACE = "compose-progress"
+PROGRESS_TRAINJOB = "progress"
+PROGRESS_TIMEOUT = 120.0
+
+
+def test_a_trainer_pod_reports_progress_through_the_published_status_server(project: Project) -> None:
+    """Issue #40 in this layout: a running trainer pod's update, sent from the host as the planner told the pod
+    (URL, CA, projected token's audience, read from the live JobSet) with a real token bound to that pod, is
+    answered 200 with its echo, lands in TJ_PROGRESS and the history server's series, and shows on the TrainJob
+    under manager ``trainer-status``; a token of the same pod for another audience is refused and writes nothing."""
+    for service in ("watcher", "planner", "applier", "status-server", "history-server"):
+        project.wait_healthy(service, timeout=120)
+    with new_api_client(project.state / "kubeconfig") as api:
+        crds.apply_objects(api, _progress_objects(), field_manager="compose-test")
+        pod = _running_trainer_pod(api)
+        env, audience = _injected(api)
+        path = status_core.status_path(PROGRESS_NAMESPACE, PROGRESS_TRAINJOB)
+        assert env[standin.URL_ENV] == f"https://127.0.0.1:{project.status_port}{path}", env
+        assert audience == status_core.audience(PROGRESS_NAMESPACE, PROGRESS_TRAINJOB)
+        pod_env = {e.name: e.value for c in pod.spec.containers for e in c.env or [] if e.name in env}
+        assert pod_env == env and standin.projected_token(pod)[0] == audience
+        kube_core = CoreV1Api(api)
+        tls = kube_core.read_namespaced_config_map(f"{PROGRESS_TRAINJOB}-tls-config", PROGRESS_NAMESPACE)
+        ca_file = project.state / "progress-ca.crt"  # what the pod reads at env[CA_ENV], from the same ConfigMap
+        ca_file.write_text((tls.data or {})["ca.crt"])
+        token = standin.pod_token(kube_core, pod, audience)
+        elsewhere = standin.pod_token(kube_core, pod, status_core.audience(PROGRESS_NAMESPACE, "someone-else"))
+        assert token is not None and elsewhere is not None  # (never shown: a failing assert prints its operands)
+
+        started = int(time.time())
+        sent = [_progress_update(20, "0.9", at=started), _progress_update(60, "0.4", at=started + 1)]
+        for body in sent:
+            answer = _post_progress(env[standin.URL_ENV], ca_file, token, body)
+            assert answer == (200, body)
+        refused = _progress_update(99, "0.01", at=started + 2)
+        answer = _post_progress(env[standin.URL_ENV], ca_file, elsewhere, refused)
+        assert answer[0] == 403, answer
+
+        deadline = time.monotonic() + 30  # the second update waits for the coalescing interval (5 s)
+        status, managers = trainer_status(api, PROGRESS_NAMESPACE, PROGRESS_TRAINJOB)
+        while (status or {}).get("progressPercentage") != 60 and time.monotonic() < deadline:
+            time.sleep(1)
+            status, managers = trainer_status(api, PROGRESS_NAMESPACE, PROGRESS_TRAINJOB)
+        assert status == sent[1]["trainerStatus"] and managers == ["trainer-status"], (status, managers)
+
+    recorded = asyncio.run(_progress_records(project))
+    assert [r.trainer_status.progress_percentage for r in recorded] == [20, 60]  # the refused one is not there
+    senders = {(r.pod, r.pod_uid, r.service_account) for r in recorded}
+    assert senders == {(pod.metadata.name, pod.metadata.uid, "default")}, senders
+    series = _history_progress(project, "")
+    assert [(p["progressPercentage"], p["metrics"]["loss"]) for p in series["points"]] == [(20, "0.9"), (60, "0.4")]
+    assert series["pods"] == [pod.metadata.name]
+    csv_rows = _history_progress(project, "?output=csv").splitlines()
+    assert len(csv_rows) == 3 and "loss" in csv_rows[0], csv_rows[0]
+    _say(f"progress from pod {pod.metadata.name} through 127.0.0.1:{project.status_port}: 2 accepted, 1 refused")
+
+
+def _progress_objects() -> list[dict[str, Any]]:
+    """The namespace and a TrainJob on torch-distributed whose pod keeps Running (run-time 10m) while it reports."""
+    long_run = {"metadata": {"annotations": {RUN_TIME_ANNOTATION: "10m"}}}
+    patch = {
+        "manager": "example.com/compose-test",
+        "trainingRuntimeSpec": {
+            "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": long_run}}}]}}
+        },
+    }
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROGRESS_NAMESPACE}},
+        {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": PROGRESS_TRAINJOB, "namespace": PROGRESS_NAMESPACE},
+            "spec": {
+                "runtimeRef": {"name": "torch-distributed"},
+                "trainer": {"numNodes": 1},
+                "runtimePatches": [patch],
+            },
+        },
+    ]
+
+
+def _running_trainer_pod(api: Any) -> Any:
+    selector = f"jobset.sigs.k8s.io/jobset-name={PROGRESS_TRAINJOB}"
+    deadline = time.monotonic() + PROGRESS_TIMEOUT
+    while time.monotonic() < deadline:
+        pods = CoreV1Api(api).list_namespaced_pod(PROGRESS_NAMESPACE, label_selector=selector).items
+        running = [p for p in pods if p.status.phase == "Running"]
+        if running:
+            return running[0]
+        time.sleep(1)
+    raise AssertionError(f"no Running pod of TrainJob {PROGRESS_NAMESPACE}/{PROGRESS_TRAINJOB} in time")
+
+
+def _injected(api: Any) -> tuple[dict[str, str], str]:
+    """What the planner gave the trainer container of the live JobSet: the three variables, and the audience of
+    the projected token."""
+    jobset = CustomObjectsApi(api).get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", PROGRESS_NAMESPACE, "jobsets", PROGRESS_TRAINJOB
+    )
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        pod_spec = rjob["template"]["spec"]["template"]["spec"]
+        for container in pod_spec["containers"]:
+            env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
+            if standin.URL_ENV in env:
+                audiences = [
+                    source["serviceAccountToken"]["audience"]
+                    for volume in pod_spec.get("volumes") or []
+                    for source in (volume.get("projected") or {}).get("sources") or []
+                    if "serviceAccountToken" in source
+                ]
+                assert len(audiences) == 1, audiences
+                names = (standin.URL_ENV, standin.CA_ENV, standin.TOKEN_ENV)
+                return {name: env[name] for name in names}, audiences[0]
+    raise AssertionError("no container of the JobSet has the status server's URL (TrainJobStatus off?)")
+
+
+def _progress_update(percent: int, loss: str, *, at: int) -> dict[str, Any]:
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))  # metav1.Time's form, which the echo keeps
+    metrics = [{"name": "loss", "value": loss}]
+    return {
+        "trainerStatus": {
+            "progressPercentage": percent,
+            "estimatedRemainingSeconds": 100 - percent,
+            "metrics": metrics,
+            "lastUpdatedTime": when,
+        }
+    }
+
+
+def _post_progress(url: str, ca_file: Path, token: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST over TLS, trusting only the CA the pod is given; the status code and the decoded answer."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=str(ca_file))
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=context) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+async def _progress_records(project: Project) -> list[Any]:
+    nc = await project.reader()
+    try:
+        stored = await bus_history.read_stream(
+            nc.jetstream(),
+            streams.PROGRESS.name,
+            subjects.trainjob_progress_filter(PROGRESS_NAMESPACE, PROGRESS_TRAINJOB),
+        )
+    finally:
+        await nc.close()
+    return sorted((decode_progress(m.data) for m in stored), key=lambda r: r.updated_at)
+
+
+def _history_progress(project: Project, query: str) -> Any:
+    """The TrainJob's series from the history server, as the host's login token reads it (JSON, or CSV text)."""
+    token = (project.state / "login-token").read_text().strip()
+    url = (
+        f"http://127.0.0.1:{project.history_port}/api/v1/namespaces/{PROGRESS_NAMESPACE}"
+        f"/trainjobs/{PROGRESS_TRAINJOB}/progress{query}"
+    )
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    return text if query else json.loads(text)
 
 
 @pytest.mark.parametrize("tool", ["docker-compose", "docker compose"])
