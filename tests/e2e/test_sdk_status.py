@@ -3,8 +3,9 @@
 
 Each "pod" is a process of its own (the SDK throttles and caches its token per process, as in a real pod) with
 the three variables Trainer's plugin injects: the URL of the status endpoint, the CA file and the token file,
-a real projected token from the TokenRequest API bound to the pod object (the pod never runs). Run in the SDK's
-own environment (.venv-sdk), as tests/e2e/test_sdk.py.
+a real projected token from the TokenRequest API bound to the pod object (the pod never runs). The series the SDK
+reported is then read back from ``tjpipe history-server`` (the JSON the TrainJob's progress chart draws, and the
+CSV download). Run in the SDK's own environment (.venv-sdk), as tests/e2e/test_sdk.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from history.support import Server, get, start_server
 from status_server.support import (
     StatusServer,
     TrainJobWithPods,
@@ -73,6 +75,21 @@ def server(
         started.stop()
 
 
+@pytest.fixture(scope="module")
+def history(nats_url: str, nats_credentials: Credentials | None, kube: Any, server: StatusServer) -> Iterator[Server]:
+    assert nats_credentials is not None  # the server fixture skipped otherwise
+    started = start_server(
+        nats_url=nats_url,
+        reader_creds=nats_credentials.seed_file("reader"),
+        kubeconfig=Path(kube.kubeconfig),
+        log_dir=server.log_dir.parent / "history-server",
+    )
+    try:
+        yield started
+    finally:
+        started.process.stop()
+
+
 def _as_pod(server: StatusServer, api: Any, job: TrainJobWithPods, folder: Path, pod: int = 0) -> dict[str, str]:
     """The environment Trainer's plugin gives the pod's containers, with its projected token in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -100,8 +117,8 @@ def _report(env: dict[str, str], *calls: dict[str, Any]) -> list[bool]:
     return result
 
 
-def test_the_sdk_reports_progress_and_the_trainjob_shows_it(
-    server: StatusServer, kube: Any, namespace: str, tmp_path: Path
+def test_the_sdk_reports_progress_and_the_trainjob_and_the_history_show_it(
+    server: StatusServer, history: Server, kube: Any, namespace: str, tmp_path: Path
 ) -> None:
     with kube.api_client() as api:
         job = make_trainjob(api, namespace, "sdk-progress", pods=2)
@@ -127,6 +144,21 @@ def test_the_sdk_reports_progress_and_the_trainjob_shows_it(
     recorded = records(server.env["NATS_URL"], server_creds(server), namespace, job.name)
     assert [r.trainer_status.progress_percentage for r in sorted(recorded, key=lambda r: r.updated_at)] == [10, 55, 50]
     assert {r.pod for r in recorded} == {job.pods[0].name, job.pods[1].name}
+
+    # The history server's series, as the admin reads it: every update, in the order the status server took them.
+    series = f"{history.url}/api/v1/namespaces/{namespace}/trainjobs/{job.name}/progress"
+    code, body, _ = get(series, kube.local.token)
+    assert code == 200, body[:300]
+    points = json.loads(body)["points"]
+    assert [(p["progressPercentage"], p["metrics"].get("loss")) for p in points] == [
+        (10, "0.9"),
+        (55, "0.4"),
+        (50, "0.45"),
+    ]
+    code, body, headers = get(series + "?output=csv", kube.local.token)
+    rows = body.decode().splitlines()
+    assert code == 200 and headers["Content-Type"].startswith("text/csv"), code
+    assert len(rows) == 4 and {"loss", "epoch"} <= set(rows[0].split(",")), rows[0]
 
 
 def test_with_the_server_down_the_sdk_returns_false_and_the_next_update_lands(
