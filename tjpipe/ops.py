@@ -516,9 +516,10 @@ class ReplayReport:
 
 def _comparable(message: ApplyMessage) -> Obj:
     """What a plan decided, without what only says when, why and in which format it was made (a plan
-    recorded before messages carried ``wire_version`` decided what today's does)."""
+    recorded before messages carried ``wire_version`` decided what today's does), nor how soon the applier
+    may write it (``paced``: a status recorded before the applier paced statuses decided the same status)."""
     body: Obj = msgspec.to_builtins(message)
-    for volatile in ("trace_id", "source_seq", "wire_version"):
+    for volatile in ("trace_id", "source_seq", "wire_version", "paced"):
         body.pop(volatile, None)
     return body
 
