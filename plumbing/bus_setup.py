@@ -74,11 +74,21 @@ async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) ->
     await until_done(lambda: _ensure_streams(js, specs), what="setting up the streams")
 
 
+class NotPlacedYet(Exception):
+    """A JetStream cluster cannot place a replicated stream yet (a peer not up or not known yet): set-up waits."""
+
+
+STREAM_NAME_IN_USE = 10058
+"""JetStream's error code for a stream that exists with another configuration (the stream is then updated)."""
+NO_PEERS_FOR_PLACEMENT = 10005
+"""JetStream's error code for "no suitable peers for placement": a cluster still forming or missing a peer."""
+
 _SETUP_RETRYABLE = (
     TimeoutError,
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
     nats.js.errors.ServiceUnavailableError,
+    NotPlacedYet,
 )
 
 
@@ -112,22 +122,31 @@ async def _ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) -
         current = await _current_retention(js, spec.name) or "limits"
         if current != effective_retention(spec):
             switching.add(spec.name)
-        await _put_stream(js, _stream_config(spec, retention=current))
+        await put_stream(js, _stream_config(spec, retention=current))
     for spec in recorded:
-        await _put_stream(js, _stream_config(spec))
+        await put_stream(js, _stream_config(spec))
     for spec in recorded:
         if switching & set(spec.sources):
             await _until_sourcing(js, spec.name)
     for spec in specs:
         if spec.name in switching:
             log.info("stream %s now has %s retention", spec.name, effective_retention(spec))
-            await _put_stream(js, _stream_config(spec))
+            await put_stream(js, _stream_config(spec))
 
 
-async def _put_stream(js: JetStreamContext, config: js_api.StreamConfig) -> None:
+async def put_stream(js: JetStreamContext, config: js_api.StreamConfig) -> None:
+    """Create the stream, or update it where it exists with another configuration.
+
+    Only that refusal means "it exists": a cluster still forming refuses a replicated stream with "no suitable
+    peers for placement" (also a 400), and reading that as "exists" made the update that followed fail with
+    "stream not found" instead of waiting for the peers (``NotPlacedYet``, retried by ``until_done``)."""
     try:
         await js.add_stream(config)
-    except BadRequestError:
+    except BadRequestError as exc:
+        if exc.err_code == NO_PEERS_FOR_PLACEMENT:
+            raise NotPlacedYet(exc.description or "no suitable peers for placement") from exc
+        if exc.err_code != STREAM_NAME_IN_USE:
+            raise
         await js.update_stream(config)
 
 

@@ -37,6 +37,7 @@ TLS (a leaf may land on any of them), and every member lists them all.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -46,11 +47,10 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BadRequestError
 
 from contracts import fleet, subjects
 from plumbing.bus import identity_inbox_prefix, inbox_prefix
-from plumbing.bus_setup import until_done
+from plumbing.bus_setup import put_stream, until_done
 from tjpipe.credentials import new_user_seed, public_key_of
 from tjpipe.private_files import write_private_file
 
@@ -424,13 +424,7 @@ async def setup_fleet_streams(js: JetStreamContext, members: Sequence[str], *, r
     for spec in fleet.FLEET_STREAMS:
         config = fleet_stream_config(spec, members, replicas=replicas)
 
-        async def put(config: js_api.StreamConfig = config) -> None:
-            try:
-                await js.add_stream(config)
-            except BadRequestError:
-                await js.update_stream(config)
-
-        await until_done(put, what=f"setting up fleet stream {spec.name}")
+        await until_done(functools.partial(put_stream, js, config), what=f"setting up fleet stream {spec.name}")
 
 
 @dataclass(frozen=True)
