@@ -95,15 +95,27 @@ def _plan_echo(event: TrainJobObserved, source_seq: int) -> Plan:
     plan that made it (``watcher.core.EchoGuard``): the components stand as planned, so only the status is
     planned again, from the JobSet this observation carries. It differs only when a newer JobSet status was
     planned from the older TrainJob version and that status write was refused as stale."""
+    return _status_only(event, source_seq)
+
+
+def _status_only(
+    event: TrainJobObserved,
+    source_seq: int,
+    *,
+    updates: list[status_rules.ConditionUpdate] | None = None,
+    warnings: tuple[str, ...] = (),
+) -> Plan:
+    """A plan of the TrainJob's status alone, with ``updates`` to its conditions: one message if it changes."""
     job = event.trainjob
     common = _Common.of(event, source_seq)
-    desired = status_rules.desired_status(job, event.jobset, now=event.observed_at)
+    desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=updates)
     changed = bool(desired) and status_rules.status_changed(job, desired)
     return Plan(
         trainjob=common.trainjob,
         trainjob_uid=common.trainjob_uid,
         source_seq=source_seq,
         applies=(_status_message(job, desired, common),) if changed else (),
+        warnings=warnings,
     )
 
 
@@ -116,21 +128,10 @@ def plan_too_large(event: TrainJobObserved, *, source_seq: int, sizes: dict[str,
     the service dead-letters the event; the condition ``ResourcesCreated=False``, reason
     ``PlanTooLarge``, tells the TrainJob's owner why nothing was built. It turns True once a plan fits.
     """
-    job = event.trainjob
-    key = ObjectKey(namespace=namespace_of(job), name=name_of(job))
     listed = ", ".join(f"{component} is {size} bytes" for component, size in sorted(sizes.items()))
     text = f"{listed}; the bus carries at most {max_payload} bytes per message"
     update = status_rules.condition(t_ext.CONDITION_RESOURCES_CREATED, False, t_ext.REASON_PLAN_TOO_LARGE, text)
-    desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=[update])
-    common = _Common.of(event, source_seq)
-    changed = status_rules.status_changed(job, desired)
-    return Plan(
-        trainjob=key,
-        trainjob_uid=common.trainjob_uid,
-        source_seq=source_seq,
-        applies=(_status_message(job, desired, common),) if changed else (),
-        warnings=(text,),
-    )
+    return _status_only(event, source_seq, updates=[update], warnings=(text,))
 
 
 def _seen_absent(event: TrainJobObserved) -> frozenset[tuple[str, str]]:

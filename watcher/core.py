@@ -231,10 +231,8 @@ def own_status_write(before: TrainJob, after: TrainJob, *, manager: str = FIELD_
     away, or a list entry the fields set does not name, cannot be told apart and counts as someone else's:
     the observation then goes on to the planner as before, which costs only what it always did.
     """
-    if _apart_from_status(before) != _apart_from_status(after):
-        return False
-    owned = _owned_status(after, manager)
-    if owned is None:
+    owned = _owned_status(after, manager)  # the cheap test first: a TrainJob we never wrote status to
+    if owned is None or _apart_from_status(before) != _apart_from_status(after):
         return False
     return _covered(_status_of(before), _status_of(after), owned)
 
@@ -292,6 +290,9 @@ def _by_key(items: list[Any], keyed: dict[str, Any]) -> dict[str, Any] | None:
     return found
 
 
+DEADLINE_CAUSE = "deadline reached"
+"""The cause of the observation the watcher makes when a TrainJob's active deadline passes."""
+
 DECIDING_KINDS = (trainer.CLUSTER_TRAINING_RUNTIME_KIND, trainer.TRAINING_RUNTIME_KIND)
 """Kinds whose change can change what the planner decides for a TrainJob, beyond the JobSet's status."""
 
@@ -305,7 +306,7 @@ def changes_the_decision(cause: str) -> bool:
     """
     for part in cause.split(" + "):
         kind, _, what = part.partition(" ")
-        if kind in DECIDING_KINDS or part == "deadline reached" or what == "RESYNC":
+        if kind in DECIDING_KINDS or part == DEADLINE_CAUSE or what == "RESYNC":
             return True
         if kind == "ConfigMap" and what != "ADDED":
             return True

@@ -67,7 +67,6 @@ KEEP_THE_EVENT = dataclasses.replace(
 """An event is kept through any failure of the bus (down, slow, the stream full) and published again; not
 through a payload over the server's limit: retrying cannot help and would stall every TrainJob behind it."""
 
-DEADLINE_CAUSE = "deadline reached"
 GATHER_SECONDS = 0.05
 """How long changes to a TrainJob's components are gathered before its observation is published."""
 HALF_BUILT_HOLD_SECONDS = 2.0
@@ -365,7 +364,7 @@ class Watcher:
             echo=echo,
         )
         msg_id = core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind, snapshot=snapshot)
-        if cause == DEADLINE_CAUSE:
+        if cause == core.DEADLINE_CAUSE:
             # Nothing about the objects changed, only the clock: without this the stream drops it as a repeat.
             msg_id += f";deadline={deadline_of(job)}"
         await self._publish(key, encode(event), msg_id, cause, trace_id=trace_id)
@@ -386,7 +385,7 @@ class Watcher:
                 self._deadlines.done(item.key)
                 current = self._trainjob(item.key)
                 if current is not None:
-                    task = asyncio.create_task(self.publish_observation(current.obj, cause=DEADLINE_CAUSE))
+                    task = asyncio.create_task(self.publish_observation(current.obj, cause=core.DEADLINE_CAUSE))
                     self._background.add(task)
                     task.add_done_callback(self._background.discard)
 
