@@ -137,6 +137,7 @@ class Applier:
         epoch: ClusterEpoch | None = None,
     ) -> None:
         self.settings = settings
+        self.retry_policy = _retry_policy(settings)
         self.trusted_plans = trusted_plans
         self.js = js
         self.ledger = ledger
@@ -221,18 +222,18 @@ class Applier:
         self, message: ApplyMessage, resource: resources.Resource, body: bytes, attempt: _Attempts
     ) -> tuple[core.Done, TrainJobFacts]:
         """The in-process retry tier: authorize, then one fenced write, again while it fails for now."""
-        async for retried in _retry_policy(self.settings).retrying():
-            with retried:
-                attempt.count += 1
-                if attempt.count > 1:
-                    self.stats.retries += 1
-                    RETRIES.labels(tjpipe_service="applier").inc()
-                facts = await self.trainjobs.verify(message)
-                if isinstance(message, DeleteComponent):
-                    done = await self.fence.delete(message, resource)
-                else:
-                    done = await self.fence.apply(message, resource, body)
-        return done, facts
+
+        async def once() -> tuple[core.Done, TrainJobFacts]:
+            attempt.count += 1
+            if attempt.count > 1:
+                self.stats.retries += 1
+                RETRIES.labels(tjpipe_service="applier").inc()
+            facts = await self.trainjobs.verify(message)
+            if isinstance(message, DeleteComponent):
+                return await self.fence.delete(message, resource), facts
+            return await self.fence.apply(message, resource, body), facts
+
+        return await self.retry_policy.call(once)
 
     async def _not_done(self, msg: Msg, message: ApplyMessage, exc: Exception, attempts: int, started: float) -> None:
         """Finish a message whose attempts ended in an error, by the error's kind."""

@@ -141,10 +141,9 @@ async def _publish_one(
         if on_retry is not None:
             on_retry(exc, wait)
 
-    async for attempt in retry.retrying(on_retry=retried):
-        with attempt:
-            return await js.publish(message.subject, message.payload, headers=headers, timeout=timeout)
-    raise AssertionError("unreachable: a policy raises the last failure when it stops")
+    return await retry.call(
+        lambda: js.publish(message.subject, message.payload, headers=headers, timeout=timeout), on_retry=retried
+    )
 
 
 async def publish_stored(

@@ -113,3 +113,82 @@ def test_a_wait_the_failure_asks_for_is_taken_when_longer() -> None:
     )
     _, told = _run(policy, [Slow(), Slow()])
     assert [wait for _, wait in told] == [0.05, 0.05]
+
+
+def test_call_returns_a_first_success_without_a_retry() -> None:
+    told: list[tuple[BaseException, float]] = []
+
+    async def attempt() -> str:
+        return "done"
+
+    assert asyncio.run(_fast(retrying.BUS_REQUEST).call(attempt, on_retry=lambda e, w: told.append((e, w)))) == "done"
+    assert told == []
+
+
+@pytest.mark.parametrize("failures", [4, 5])
+def test_call_retries_as_the_loop_would_and_tells_of_every_retried_failure(failures: int) -> None:
+    """Five attempts in all: four failures are retried (each told, with waits along the policy's curve) and the
+    fifth try succeeds; with a fifth failure, that failure is raised as itself."""
+    policy = dataclasses.replace(
+        retrying.TRANSIENT_API_ERROR, initial=0.001, maximum=0.004, attempts=5, retry_on=(ValueError,)
+    )
+    calls = 0
+    told: list[float] = []
+
+    async def attempt() -> str:
+        nonlocal calls
+        calls += 1
+        if calls <= failures:
+            raise ValueError(f"failure {calls}")
+        return "done"
+
+    if failures == 5:
+        with pytest.raises(ValueError, match="failure 5"):
+            asyncio.run(policy.call(attempt, on_retry=lambda e, w: told.append(w)))
+    else:
+        assert asyncio.run(policy.call(attempt, on_retry=lambda e, w: told.append(w))) == "done"
+    assert calls == 5
+    assert len(told) == 4
+    # 1, 2, 4, 4 ms before jitter (the cap is 4): the loop goes on from the curve's second step.
+    for wait, expected in zip(told, (0.001, 0.002, 0.004, 0.004), strict=True):
+        assert 0.5 * expected <= wait <= 1.5 * expected
+
+
+def test_call_raises_what_the_policy_does_not_retry_and_honours_a_longer_asked_wait() -> None:
+    policy = _fast(retrying.TRANSIENT_API_ERROR, retry_on=(ValueError,), wait_at_least=lambda e: 0.02)
+    calls = 0
+
+    async def refused() -> None:
+        nonlocal calls
+        calls += 1
+        raise KeyError("not retried")
+
+    with pytest.raises(KeyError):
+        asyncio.run(policy.call(refused))
+    assert calls == 1
+
+    told: list[float] = []
+
+    async def once_then_fine() -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise ValueError("for now")
+        return calls
+
+    assert asyncio.run(policy.call(once_then_fine, on_retry=lambda e, w: told.append(w))) == 3
+    assert told == [0.02]  # the asked wait, longer than the policy's first
+
+
+def test_call_with_one_attempt_tries_once() -> None:
+    policy = _fast(retrying.TRANSIENT_API_ERROR, attempts=1, retry_on=(ValueError,))
+    calls = 0
+
+    async def failing() -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("once")
+
+    with pytest.raises(ValueError):
+        asyncio.run(policy.call(failing))
+    assert calls == 1
