@@ -960,6 +960,33 @@ def build_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
             out.append(check("history server", f"{label} p99", history[key].get("p99"), "s", HISTORY_P99))
     if history:
         out.append(check("history server", "RSS with the index", history.get("server_rss_mb"), "MB", None))
+    out.extend(pass_checks(scenarios))
+    return out
+
+
+PASS_SECTION = "this pass (issue #39)"
+PASS_THROUGHPUT = Target(">=", 1.5, "x")
+PASS_CPU = Target("<=", 2.0, "x")
+PASS_LIFECYCLE_CPU = Target("<=", 2.5, "x")
+PASS_REACTION = Target("<=", 1.0, "s")
+"""Issue #39's targets for this pass, judged beside the long-term ones above, which stay as they are: creation
+throughput and controller CPU against Trainer's, the lifecycle's controller CPU, and the median time from a
+JobSet's finish to its TrainJob's (the reaction the pipeline must keep under a second)."""
+
+
+def pass_checks(scenarios: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The figures issue #39 bounds more loosely than the long-term targets, each with this pass's bound."""
+    out: list[dict[str, Any]] = []
+    for row in reference_rows(scenarios):
+        if row["figure"].startswith("throughput, torch"):
+            out.append(check(PASS_SECTION, row["figure"], row["ratio"], "x", PASS_THROUGHPUT))
+        elif row["figure"] == "CPU per TrainJob, controller side":
+            out.append(check(PASS_SECTION, row["figure"], row["ratio"], "x", PASS_CPU))
+    for row in lifecycle_rows(scenarios.get("lifecycle") or {}):
+        if row["figure"] == "CPU per TrainJob, controller side":
+            out.append(check(PASS_SECTION, f"lifecycle: {row['figure']}", row["ratio"], "x", PASS_LIFECYCLE_CPU))
+        elif row["figure"] == "JobSet finished to TrainJob finished p50":
+            out.append(check(PASS_SECTION, f"lifecycle: {row['figure']}", row["pipeline"], "s", PASS_REACTION))
     return out
 
 
