@@ -37,7 +37,7 @@ from nats.js.errors import NotFoundError
 from contracts import streams, subjects
 from contracts.messages import AppliedRecord, DeadLetter, decode_dead_letter
 from plumbing.bus_history import SOURCE_HEADER
-from tjpipe.credentials import generate_credentials, server_authorization
+from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.local.kubeapi import LocalKube, new_api_client
 from tjpipe.local.natsd import LocalNats, LocalNatsCluster, start_nats, start_nats_cluster
 from tjpipe.local.procs import ManagedProcess, free_port, spawn, wait_until
@@ -413,16 +413,22 @@ def open_pipeline(
     runtimes: Iterable[str] = ("torch-distributed",),
     own_identities: bool = False,
     nats_servers: int = 1,
+    bus: tuple[LocalNats, Credentials] | None = None,
+    namespace: str | None = None,
 ) -> Pipeline:
     """NATS and a Stack on ``kube``; with ``own_identities`` the services run as the pipeline's ServiceAccounts.
 
     ``nats_servers`` above 1 makes a JetStream cluster of that many on loopback, every stream and bucket with
-    as many replicas (``TJPIPE_STREAM_REPLICAS``), as ``deploy/`` runs it.
+    as many replicas (``TJPIPE_STREAM_REPLICAS``), as ``deploy/`` runs it. ``bus`` is a server started
+    elsewhere and the identities it trusts (a fleet member's, ``tjpipe.local.fleet``), used instead of one of
+    the pipeline's own. ``namespace`` names the namespace to create and watch (else a fresh random one).
     """
     root.mkdir(parents=True, exist_ok=True)
-    credentials = generate_credentials(root / "creds")
     nats: LocalNats | LocalNatsCluster
-    if nats_servers > 1:
+    if bus is not None:
+        nats, credentials = bus
+    elif nats_servers > 1:
+        credentials = generate_credentials(root / "creds")
         nats = start_nats_cluster(
             size=nats_servers,
             base_dir=root / "nats",
@@ -430,6 +436,7 @@ def open_pipeline(
             authorization=server_authorization(credentials),
         )
     else:
+        credentials = generate_credentials(root / "creds")
         nats = start_nats(
             store_dir=root / "nats-store",
             log_dir=root / "logs",
@@ -453,7 +460,12 @@ def open_pipeline(
     for name in runtimes:
         stack.install_runtime(name)
     api = new_api_client(kube.kubeconfig)
-    namespace = new_namespace(api)
+    if namespace is None:
+        namespace = new_namespace(api)
+    else:
+        kube_client.CoreV1Api(api).create_namespace(
+            kube_client.V1Namespace(metadata=kube_client.V1ObjectMeta(name=namespace))
+        )
     pipeline = Pipeline(
         kube=kube,
         root=root,
