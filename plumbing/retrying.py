@@ -135,8 +135,7 @@ class Policy:
         except Exception as error:
             if self.attempts == 1 or not self.retries(error):
                 raise
-            asked = self.wait_at_least(error) if self.wait_at_least is not None else None
-            wait = max(self.delay(1), asked or 0.0)
+            wait = self.wait(self._state(1, error))
             if on_retry is not None:
                 on_retry(error, wait)
         await asyncio.sleep(wait)
@@ -148,9 +147,15 @@ class Policy:
 
     def delay(self, attempt: int) -> float:
         """The wait after failed attempt number ``attempt`` (1 is the first), as ``retrying()`` would take it."""
+        return wait_jittered_exponential(self.initial, self.maximum)(self._state(attempt))
+
+    def _state(self, attempt: int, error: BaseException | None = None) -> RetryCallState:
+        """tenacity's state after failed attempt number ``attempt``, ``error`` its failure if known."""
         state = RetryCallState(self.retrying(), fn=None, args=(), kwargs={})
         state.attempt_number = max(1, attempt)
-        return wait_jittered_exponential(self.initial, self.maximum)(state)
+        if error is not None:
+            state.set_exception((type(error), error, error.__traceback__))
+        return state
 
 
 TRANSIENT_API_ERROR = Policy("transient API error", initial=0.1, maximum=8.0, attempts=5)
