@@ -126,6 +126,10 @@ class Project:
     """The status server's host port, which is also the URL the planner gives trainer pods."""
     overrides: list[Path] = field(default_factory=list)
     """Compose files read after the main one (``-f``), e.g. other images for some services."""
+    main_file: Path = COMPOSE_FILE
+    """The first compose file (the fleet's hub is a file of its own)."""
+    options: list[str] = field(default_factory=list)
+    """Options before the command, e.g. ``--profile fleet``."""
     settings: dict[str, str] = field(default_factory=dict)
     """Variables the compose file reads (``${TJPIPE_…}``) set for this project alone."""
 
@@ -145,7 +149,7 @@ class Project:
 
     def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
         completed = subprocess.run(
-            [*self.tool, "-p", self.name, "-f", str(COMPOSE_FILE), *self._override_args(), *args],
+            [*self.tool, "-p", self.name, "-f", str(self.main_file), *self._override_args(), *self.options, *args],
             env=self.env,
             capture_output=True,
             text=True,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -27,7 +26,7 @@ from plumbing import bus_history
 from tjpipe import fleet
 from tjpipe.history_server.fleet import FleetIndex
 
-from .support import CLUSTERS, NAMESPACE, World
+from .support import CLUSTERS, NAMESPACE, RECORD_STREAMS, World, copy_problems, origin_seqs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
@@ -43,7 +42,6 @@ HUB_WITHIN = 240.0
 to about two minutes between attempts (docs/fleet.md)."""
 LINK_WITHIN = 60.0
 """How long the member's server may take to show its leaf link down or up again after a reload."""
-RECORD_STREAMS = tuple(spec.origin for spec in fleet_contract.FLEET_STREAMS)
 EVENTS_FLEET = fleet_contract.FLEET_OF[streams.EVENTS_HISTORY.name]
 
 
@@ -129,41 +127,19 @@ async def member_records(world: World, cluster: str, stream: str) -> tuple[int, 
         await reader.close()
 
 
-def origin_seqs(records: list[bus_history.StoredMessage]) -> dict[str, list[int]]:
-    by_cluster: dict[str, list[int]] = {}
-    for record in records:
-        cluster, original = fleet_contract.cluster_of(record.subject)
-        assert original.startswith("tj."), record.subject
-        by_cluster.setdefault(cluster, []).append(record.origin_seq)
-    return by_cluster
-
-
 async def hub_holds_everything(world: World) -> dict[str, dict[str, int]]:
-    """Every record of every member's record streams at the hub once: per stream and cluster, the member's
-    sequences 1..N with N the member's last, none twice. Raises with what differs; else the counts."""
+    """Every record of every member's record streams at the hub once (``copy_problems``). Raises with what
+    differs; else the counts per stream and cluster."""
     counts: dict[str, dict[str, int]] = {}
     problems = []
     for origin in RECORD_STREAMS:
         at_hub = origin_seqs(await hub_records(world, fleet_contract.FLEET_OF[origin]))
+        held = {}
         for cluster in CLUSTERS:
             first, mine = await member_records(world, cluster, origin)
-            last = mine[-1].seq if mine else 0
-            if mine and first != 1:
-                problems.append(f"{cluster} {origin}: its stream dropped records below {first}")
-            got = at_hub.get(cluster, [])
-            doubles = sorted(seq for seq, n in Counter(got).items() if n > 1)
-            missing = sorted(set(range(1, last + 1)) - set(got))
-            extra = sorted(set(got) - set(range(1, last + 1)))
-            if doubles or missing or extra:
-                problems.append(
-                    f"{cluster} {origin}: member holds 1..{last}, hub {len(got)}: "
-                    f"missing {missing[:5]}{'…' if len(missing) > 5 else ''} ({len(missing)}), "
-                    f"twice {doubles[:5]} ({len(doubles)}), beyond the member {extra[:5]}"
-                )
-            counts.setdefault(origin, {})[cluster] = len(got)
-        unknown = set(at_hub) - set(CLUSTERS)
-        if unknown:
-            problems.append(f"{origin}: records under clusters that are not members: {sorted(unknown)}")
+            held[cluster] = (first, mine[-1].seq if mine else 0)
+            counts.setdefault(origin, {})[cluster] = len(at_hub.get(cluster, []))
+        problems += copy_problems(origin, at_hub, held)
     if problems:
         raise AssertionError("; ".join(problems))
     return counts
