@@ -13,6 +13,11 @@ replica; the hub keeps three) per TrainJob, next to the member's record streams'
 
 Figures are printed, never asserted: ``python -m bench.fleet --trainjobs 200``. On 2 shared cores the fleet's
 five servers compete with the publishers for CPU, which is part of what the lag shows.
+
+``--pipeline N`` is the lag under the benchmark's own load instead: ``python -m bench``'s end-to-end creation
+runs (torch and mix, N TrainJobs each, the pipeline's three processes on a private kube-apiserver) with a
+fleet member's nats-server as the bus, the hub of three copying it meanwhile; and, in the same sitting, the same
+runs on a lone bus, so what joining a fleet costs the member is a ratio of two runs side by side.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,22 +69,7 @@ async def fleet_figures(
             progress(f"fleet: {sum(counts)} records published in {fill_s:.1f}s; waiting for the hub")
             await fleet.wait_caught_up(hub.jetstream(), timeout=300)
             caught_up_s = time.monotonic() - started
-            lags: list[float] = []
-            hub_bytes = member_bytes = 0
-            hub_records = member_records = 0
-            for spec in fleet_contract.FLEET_STREAMS:
-                stored = await bus_history.read_stream(hub.jetstream(), spec.name, f"{fleet_contract.PREFIX}.>")
-                hub_records += len(stored)
-                at_hub = {(fleet_contract.cluster_of(m.subject)[0], m.origin_seq): m.time for m in stored}
-                hub_bytes += (await hub.jetstream().stream_info(spec.name)).state.bytes
-                for cluster in clusters:
-                    js = admins[cluster].jetstream()
-                    member_bytes += (await js.stream_info(spec.origin)).state.bytes
-                    for record in await bus_history.read_stream(js, spec.origin, ">"):
-                        member_records += 1
-                        copied = at_hub.get((cluster, record.seq))
-                        if copied is not None:
-                            lags.append(copied - record.time)
+            copied = await _copied(hub, admins)
         finally:
             for nc in (*admins.values(), hub):
                 await nc.close()
@@ -85,21 +77,127 @@ async def fleet_figures(
         running.stop()
         if root is None:
             shutil.rmtree(work, ignore_errors=True)
-    jobs = trainjobs * members
-    lag = stats.summarize(lags)
     return {
         "trainjobs_per_member": trainjobs,
         "members": members,
-        "records": {"member": member_records, "hub": hub_records, "published": sum(counts)},
+        "published": sum(counts),
         "fill_seconds": round(fill_s, 2),
         "hub_caught_up_seconds": round(caught_up_s, 2),
-        "lag_seconds": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in lag.items()},
-        "bytes_per_trainjob": {
-            "hub_one_replica": round(hub_bytes / jobs),
-            "hub_three_replicas": round(3 * hub_bytes / jobs),
-            "member": round(member_bytes / jobs),
-            "hub_over_member": stats.ratio(hub_bytes, member_bytes),
-        },
+        **copied.figures(trainjobs * members),
+    }
+
+
+class _Copied:
+    """Every record of the members' record streams against the hub's copy: lag per record, and bytes."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.hub_bytes = self.member_bytes = self.hub_records = self.member_records = 0
+
+    def figures(self, trainjobs: int) -> dict[str, Any]:
+        lag = stats.summarize(self.lags)
+        return {
+            "records": {"member": self.member_records, "hub": self.hub_records},
+            "lag_seconds": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in lag.items()},
+            "bytes_per_trainjob": {
+                "hub_one_replica": round(self.hub_bytes / trainjobs),
+                "hub_three_replicas": round(3 * self.hub_bytes / trainjobs),
+                "member": round(self.member_bytes / trainjobs),
+                "hub_over_member": stats.ratio(self.hub_bytes, self.member_bytes),
+            },
+        }
+
+
+async def _copied(hub: Any, members: dict[str, Any]) -> _Copied:
+    """The hub's copy of each member's record streams (``members``: cluster → a connection to its bus)."""
+    out = _Copied()
+    for spec in fleet_contract.FLEET_STREAMS:
+        stored = await bus_history.read_stream(hub.jetstream(), spec.name, f"{fleet_contract.PREFIX}.>")
+        out.hub_records += len(stored)
+        at_hub = {(fleet_contract.cluster_of(m.subject)[0], m.origin_seq): m.time for m in stored}
+        out.hub_bytes += (await hub.jetstream().stream_info(spec.name)).state.bytes
+        for cluster, nc in members.items():
+            js = nc.jetstream()
+            out.member_bytes += (await js.stream_info(spec.origin)).state.bytes
+            for record in await bus_history.read_stream(js, spec.origin, ">"):
+                out.member_records += 1
+                copied = at_hub.get((cluster, record.seq))
+                if copied is not None:
+                    out.lags.append(copied - record.time)
+    return out
+
+
+PIPELINE_ONLY = "planner,floor,trainer,one-process,paced,writes,memory,history,status-flood"
+"""``python -m bench --skip``: everything but the end-to-end creation runs."""
+
+
+def _bench_e2e(trainjobs: int, out: Path, bus: dict[str, str], progress: Progress) -> dict[str, Any]:
+    """``python -m bench``'s end-to-end runs of ``trainjobs`` TrainJobs, on the bus ``bus`` names (NATS_URL and
+    the folder of identities it trusts) or a private one; its report's runs. No CPU figure: an adopted
+    nats-server is not the benchmark's process, so the two runs' CPU would not count the same things."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "TJPIPE_")) and k != "KUBECONFIG"}
+    env.update(bus)
+    command = [sys.executable, "-m", "bench", "--skip", PIPELINE_ONLY, "--sizes", str(trainjobs), "--out", str(out)]
+    progress(f"fleet: {' '.join(command[1:])} on {'the member' if bus else 'a lone bus'}")
+    subprocess.run(command, env=env, check=True, timeout=1800)
+    report = json.loads((out / "report.json").read_text())
+    runs: list[dict[str, Any]] = report["scenarios"]["e2e"]["runs"]
+    return {
+        run["label"]: {
+            "trainjobs_per_s": run.get("trainjobs_per_s"),
+            "latency_p50_s": run["latency"].get("p50"),
+            "latency_p99_s": run["latency"].get("p99"),
+            "verified": run.get("verified"),
+        }
+        for run in runs
+    }
+
+
+async def member_under_load(*, trainjobs: int, progress: Progress, root: Path | None = None) -> dict[str, Any]:
+    """The benchmark's creation runs on a lone bus, then on member c1 of a loopback fleet with the hub copying;
+    the hub's lag behind the member over every record the second made, and both runs' figures."""
+    from tjpipe import fleet
+    from tjpipe.local.fleet import start_fleet
+
+    work = root or Path(tempfile.mkdtemp(prefix="tjpipe-bench-fleet-load-"))
+    try:
+        alone = await asyncio.to_thread(_bench_e2e, trainjobs, work / "alone", {}, progress)
+        progress("fleet: starting a hub of 3 servers and member c1")
+        running = start_fleet(work / "fleet", ["c1"])
+        try:
+            member = running.members["c1"]
+            bus = {"NATS_URL": member.server.url, "TJPIPE_NATS_CREDS_DIR": str(member.creds.root)}
+            as_member = await asyncio.to_thread(_bench_e2e, trainjobs, work / "member", bus, progress)
+            admin = await member.connect("admin")
+            hub = await running.hub_connect()
+            try:
+                started = time.monotonic()
+                await fleet.wait_caught_up(hub.jetstream(), timeout=300)
+                caught_up_s = time.monotonic() - started
+                copied = await _copied(hub, {"c1": admin})
+            finally:
+                for nc in (admin, hub):
+                    await nc.close()
+        finally:
+            running.stop()
+    finally:
+        if root is None:
+            shutil.rmtree(work, ignore_errors=True)
+    runs = {
+        label: {
+            "alone": alone[label],
+            "member": as_member.get(label),
+            "throughput_member_over_alone": stats.ratio(
+                (as_member.get(label) or {}).get("trainjobs_per_s"), alone[label]["trainjobs_per_s"]
+            ),
+        }
+        for label in alone
+    }
+    return {
+        "trainjobs_per_run": trainjobs,
+        "runs": runs,
+        "hub_caught_up_after_run_seconds": round(caught_up_s, 2),
+        **copied.figures(2 * trainjobs),
     }
 
 
@@ -107,8 +205,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.splitlines()[0])
     parser.add_argument("--trainjobs", type=int, default=200, help="TrainJobs' records per member (default 200)")
     parser.add_argument("--members", type=int, default=2, help="member clusters (default 2)")
+    parser.add_argument(
+        "--pipeline",
+        type=int,
+        metavar="N",
+        help="instead: python -m bench's creation runs of N TrainJobs (torch, mix) on a lone bus, then on a member",
+    )
     args = parser.parse_args(argv)
     from tjpipe.local import crds
+
+    if args.pipeline:
+        loaded = asyncio.run(
+            member_under_load(trainjobs=args.pipeline, progress=lambda line: print(line, file=sys.stderr))
+        )
+        print(json.dumps(loaded, indent=2))
+        lag = loaded["lag_seconds"]
+        for label, run in loaded["runs"].items():
+            alone = run["alone"]["trainjobs_per_s"] or 0
+            member = (run["member"] or {}).get("trainjobs_per_s") or 0
+            ratio = run["throughput_member_over_alone"] or 0
+            print(f"{label}: {alone:.1f} TJ/s alone, {member:.1f} as a member ({ratio:.2f}x)")
+        print(
+            f"hub lag behind the member under the benchmark's load: p50 {lag['p50']}s, p99 {lag['p99']}s, "
+            f"max {lag['max']}s ({lag['count']} records); the hub caught up "
+            f"{loaded['hub_caught_up_after_run_seconds']}s after the runs"
+        )
+        return 0
 
     runtime = crds.shipped_runtimes()[workload.TORCH_RUNTIME]
     figures = asyncio.run(
