@@ -301,8 +301,10 @@ def changes_the_decision(cause: str) -> bool:
     """Whether an observation with this cause may be planned to other conditions than the TrainJob's last.
 
     An echo is planned from its status alone (``planner.core``): what a JobSet's status says is read again
-    there, so a JobSet's or a component's change needs nothing more. A runtime's change, a runtime snapshot
-    that changed or went away, a deadline or a resync may change the conditions the planner decides.
+    there, so a JobSet's or a component's change needs nothing more; a component that went away is planned
+    whole by its own observation, which an echo never shadows (``EchoGuard.message_id``). A runtime's
+    change, a runtime snapshot that changed or went away, a deadline or a resync may change the conditions
+    the planner decides.
     """
     for part in cause.split(" + "):
         kind, _, what = part.partition(" ")
@@ -328,6 +330,23 @@ class EchoGuard:
 
     def __init__(self) -> None:
         self._deciding: dict[TrainJobKey, tuple[str, bool]] = {}
+        self._whole: dict[TrainJobKey, str] = {}
+
+    def message_id(self, key: TrainJobKey, whole_id: str, *, echo: bool) -> str:
+        """The id an observation goes out with, ``whole_id`` being ``message_id`` of what it carries.
+
+        A whole observation goes out under ``whole_id``, which is remembered. An echo of the same objects as
+        the last whole one goes out under the same id, and the stream drops it: nothing in it is new. Any
+        other echo gets an id of its own (``;echo``), because it is planned from its status alone and so is
+        not the same as a whole observation of the same objects: a JobSet deleted just after the pipeline's
+        status write is seen first by the echo (no JobSet, status only), then by its own observation at the
+        same versions (no JobSet, planned whole, the JobSet made again), which must not be dropped as the
+        echo's duplicate.
+        """
+        if not echo:
+            self._whole[key] = whole_id
+            return whole_id
+        return whole_id if self._whole.get(key) == whole_id else f"{whole_id};echo"
 
     def published(self, key: TrainJobKey, resource_version: str, cause: str) -> None:
         """An observation of the TrainJob at ``resource_version`` is going out (a duplicate counts too)."""
@@ -343,3 +362,4 @@ class EchoGuard:
 
     def forget(self, key: TrainJobKey) -> None:
         self._deciding.pop(key, None)
+        self._whole.pop(key, None)

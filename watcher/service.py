@@ -363,7 +363,11 @@ class Watcher:
             trace_id=trace_id,
             echo=echo,
         )
-        msg_id = core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind, snapshot=snapshot)
+        msg_id = self._echoes.message_id(
+            key,
+            core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind, snapshot=snapshot),
+            echo=echo,
+        )
         if cause == core.DEADLINE_CAUSE:
             # Nothing about the objects changed, only the clock: without this the stream drops it as a repeat.
             msg_id += f";deadline={deadline_of(job)}"

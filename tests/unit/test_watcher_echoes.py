@@ -173,3 +173,26 @@ def test_the_first_observation_at_a_version_starts_over() -> None:
     guard.published(key, "8", "deadline reached")
     guard.forget(key)
     assert guard.may_skip(key)
+
+
+def test_a_whole_observation_after_an_echo_of_the_same_objects_is_not_its_duplicate() -> None:
+    """The differential's jobset-deleted case: the echo of the pipeline's status write already saw the JobSet
+    gone and was planned from its status alone; the JobSet's own DELETED observation, of the same objects,
+    must still go out to be planned whole, or the JobSet is never made again."""
+    guard = core.EchoGuard()
+    key = ("ns", "tj")
+    assert guard.message_id(key, "u/7;js=3", echo=False) == "u/7;js=3"
+    echo = guard.message_id(key, "u/8", echo=True)
+    deleted = guard.message_id(key, "u/8", echo=False)
+    assert echo != deleted and deleted == "u/8"
+
+
+def test_an_echo_of_what_already_went_out_whole_keeps_its_id_so_the_stream_drops_it() -> None:
+    """A JobSet's change observed at the TrainJob version of the pipeline's own write, then that write's echo:
+    the echo carries nothing new, and costs no plan (tests/budgets counts it)."""
+    guard = core.EchoGuard()
+    key = ("ns", "tj")
+    assert guard.message_id(key, "u/8;js=4", echo=False) == "u/8;js=4"
+    assert guard.message_id(key, "u/8;js=4", echo=True) == "u/8;js=4"
+    guard.forget(key)
+    assert guard.message_id(key, "u/8;js=4", echo=True) == "u/8;js=4;echo"
