@@ -67,6 +67,7 @@ from plumbing.partitions import consume_partitioned, default_replica_id
 from plumbing.runner import ServiceSettings, started
 from plumbing.stream_usage import StreamUsage
 from plumbing.tasks import cancel_and_wait
+from plumbing.work_trim import SWEEP_SECONDS
 
 log = logging.getLogger("applier")
 
@@ -82,6 +83,8 @@ class ApplierSettings(ServiceSettings):
     max_backoff_seconds: float = 8.0
     replica: str = field(default_factory=default_replica_id)
     lease_ttl: float = 6.0
+    work_sweep_seconds: float = SWEEP_SECONDS
+    """How often the work stream is looked at for finished work the server kept (``plumbing.work_trim``)."""
     namespaces: tuple[str, ...] = ()
     """Namespaces whose TrainJobs the checks' watch follows (the watcher's ``TJPIPE_NAMESPACES``); empty: all.
     A TrainJob elsewhere is read for each check, as far as RBAC lets the applier read it."""
@@ -442,6 +445,7 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
                 replica=settings.replica,
                 batch=settings.batch,
                 lease_ttl=settings.lease_ttl,
+                work_sweep_seconds=settings.work_sweep_seconds,
                 stop=stop,
             )
         finally:

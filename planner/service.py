@@ -36,6 +36,7 @@ from plumbing import bus, intake, publishing, retrying, signing
 from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
 from plumbing.partitions import consume_partitioned, default_replica_id
 from plumbing.runner import ServiceSettings, started
+from plumbing.work_trim import SWEEP_SECONDS
 
 log = logging.getLogger("planner")
 
@@ -51,6 +52,8 @@ class PlannerSettings(ServiceSettings):
     batch: int = 64
     replica: str = field(default_factory=default_replica_id)
     lease_ttl: float = 6.0
+    work_sweep_seconds: float = SWEEP_SECONDS
+    """How often the work stream is looked at for finished work the server kept (``plumbing.work_trim``)."""
     signing_key: str | None = None
     """The planner's ed25519 private key (PEM); every apply message is signed with it."""
     signing_key_setting: str = "--signing-key / TJPIPE_SIGNING_KEY"
@@ -262,5 +265,6 @@ async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
             replica=settings.replica,
             batch=settings.batch,
             lease_ttl=settings.lease_ttl,
+            work_sweep_seconds=settings.work_sweep_seconds,
             stop=stop,
         )

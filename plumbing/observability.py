@@ -103,7 +103,8 @@ PUBLISH_REFUSED = Counter(
 )
 WORK_TRIMMED = Counter(
     "tjpipe_work_trimmed_total",
-    "Messages removed from a limits-retention work stream once acknowledged and recorded (plumbing.work_trim)",
+    "Messages a work stream's consumers removed once acknowledged and recorded: every round under limits "
+    "retention, and what the server kept under interest retention (plumbing.work_trim)",
     ["stream"],
     registry=REGISTRY,
 )

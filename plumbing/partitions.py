@@ -36,7 +36,7 @@ from plumbing.bus_setup import LEASE_BUCKET, bind_consumers, partition_consumer,
 from plumbing.observability import CONSUMER_LAG, PARTITIONS_OWNED
 from plumbing.pull import StreamingPull
 from plumbing.tasks import cancel_and_wait
-from plumbing.work_trim import WorkTrim
+from plumbing.work_trim import SWEEP_SECONDS, WorkTrim
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class PartitionedConsumer:
         await pull.start()
         self._tasks[partition] = asyncio.create_task(self._loop(pull, spec.durable, partition))
         if self.trim is not None:
-            self.trim.touched(partition)  # what an earlier holder finished may still be there
+            self.trim.acquired(partition)
         PARTITIONS_OWNED.labels(role=self.spec.durable).set(len(self._tasks))
 
     async def release(self, partition: int) -> None:
@@ -220,10 +220,11 @@ async def consume_partitioned(
     replica: str,
     batch: int,
     lease_ttl: float,
+    work_sweep_seconds: float = SWEEP_SECONDS,
     stop: asyncio.Event,
 ) -> None:
     """Hold a fair share of the partitions of ``spec`` until ``stop``, feeding each one's batches in order."""
-    trim = WorkTrim(nc, js, spec)
+    trim = WorkTrim(nc, js, spec, sweep_interval=work_sweep_seconds)
     consumer = PartitionedConsumer(nc, js, spec, handle_batch, batch=batch, trim=trim)
     await bind_consumers(js, spec)
     bucket = await open_lease_bucket(js)

@@ -81,6 +81,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _work_sweep(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--work-sweep-seconds",
+        env="TJPIPE_WORK_SWEEP_SECONDS",
+        default=15.0,
+        type=float,
+        help="how often to look in the work stream for finished work the server kept (plumbing.work_trim)",
+    )
+
+
 def _kube(parser: argparse.ArgumentParser) -> None:
     env_flag(parser, "--kubeconfig", env="KUBECONFIG", help="unset: ~/.kube/config, else in-cluster credentials")
     parser.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
@@ -182,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     planner = sub.add_parser("planner", help="turn events into per-component apply configurations")
     _common(planner)
+    _work_sweep(planner)
     add_nats_flags(planner)
     _signing_key(planner)
     _trusted_keys(planner, "event", "watcher")
@@ -189,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     applier = sub.add_parser("applier", help="server-side apply each planned component")
     _common(applier)
+    _work_sweep(applier)
     add_nats_flags(applier)
     _kube(applier)
     _namespaces(applier)
@@ -201,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(about half the memory; for a small cluster)",
     )
     _common(controller)
+    _work_sweep(controller)
     add_nats_flags(controller, creds=False)
     for stage in STAGES:
         env_flag(

@@ -92,10 +92,10 @@ def _consume_durables(spec: streams.ConsumerSpec) -> list[str]:
 
 
 def _trim_work(spec: streams.ConsumerSpec) -> list[str]:
-    """Remove what is finished and recorded from the stage's own input stream (``plumbing.work_trim``, needed where
-    a work stream has limits retention: a JetStream cluster): purge it, and read the newest message of its
-    history to learn how far that is recorded. Messages the stage already received are all it can read
-    there."""
+    """Remove what is finished and recorded from the stage's own input stream (``plumbing.work_trim``: every round
+    where a work stream has limits retention, a JetStream cluster; what a lone server kept, under interest
+    retention): purge it, and read the newest message of its history to learn how far that is recorded.
+    Messages the stage already received are all it can read there."""
     return [f"{_API}.STREAM.PURGE.{spec.stream}", f"{_API}.DIRECT.GET.{streams.HISTORY_OF[spec.stream]}"]
 
 

@@ -350,9 +350,16 @@ def _on_bus(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _replica(args: argparse.Namespace) -> dict[str, Any]:
-    """The lease holder's name, where one was given (else each service's default, host-pid)."""
-    return {"replica": args.replica_id} if args.replica_id else {}
+def _partitioned(args: argparse.Namespace) -> dict[str, Any]:
+    """A partitioned consumer's settings: the lease holder's name, where one was given (else each service's
+    default, host-pid), and how often it sweeps its work stream."""
+    if args.work_sweep_seconds <= 0:
+        raise SettingsError(
+            f"--work-sweep-seconds / TJPIPE_WORK_SWEEP_SECONDS: not a positive number of seconds: "
+            f"{args.work_sweep_seconds}"
+        )
+    replica = {"replica": args.replica_id} if args.replica_id else {}
+    return {**replica, "work_sweep_seconds": args.work_sweep_seconds}
 
 
 def _signing_key_setting(args: argparse.Namespace) -> dict[str, Any]:
@@ -384,7 +391,7 @@ def planner(args: argparse.Namespace) -> PlannerSettings:
 
     return PlannerSettings(
         **_on_bus(args),
-        **_replica(args),
+        **_partitioned(args),
         **_signing_key_setting(args),
         signing_key=args.signing_key,
         trusted_event_keys=args.trusted_event_keys,
@@ -402,7 +409,7 @@ def applier(args: argparse.Namespace) -> ApplierSettings:
 
     return ApplierSettings(
         **_on_bus(args),
-        **_replica(args),
+        **_partitioned(args),
         kubeconfig=args.kubeconfig,
         kube_context=args.context,
         namespaces=tuple(dict.fromkeys(args.namespace)),

@@ -140,6 +140,42 @@ async def test_a_full_work_stream_holds_work_only_until_its_consumer_is_back(
         await nc.close()
 
 
+async def test_finished_work_the_server_keeps_is_swept_out(module_kube: LocalKube, tmp_path: Path) -> None:
+    """A lone nats-server has kept, under load, an event that the planner had acknowledged and the history
+    had copied; at a small byte limit that one event refused every later publish, for good. A durable
+    that never acknowledges stands in for that lapse here, on every event: to the pipeline each is finished
+    (acknowledged by its partition's durable, recorded), and the stream keeps it all the same. The planner's
+    sweep (plumbing.work_trim) removes them, so every TrainJob is built, and the history misses none."""
+    p = open_pipeline(module_kube, tmp_path / "pipe", runtimes=("torch-distributed",))
+    nc = await p.connect()
+    try:
+        ports = start_with_metrics(p, planner=["--work-sweep-seconds", "1"])
+        js = nc.jetstream()
+        await services_ready(js)
+        await js.add_consumer(
+            streams.EVENTS.name, js_api.ConsumerConfig(durable_name="holdout", ack_policy=js_api.AckPolicy.EXPLICIT)
+        )
+        await limit_stream(js, streams.EVENTS.name, 8_000)
+        names = [f"kept-{i}" for i in range(6)]
+        for name in names:
+            p.create(trainjob(name, num_nodes=1))
+
+        await until(lambda: converged(p, names), timeout=120, what="every TrainJob, with finished events kept")
+        refused = metric(ports["watcher"], "tjpipe_publish_refused_total").get(f'{{stream="{streams.EVENTS.name}"}}')
+        assert refused, "the stream never filled: the sweep was not needed"
+        swept = metric(ports["planner"], "tjpipe_work_trimmed_total").get(f'{{stream="{streams.EVENTS.name}"}}')
+        assert swept, "the planner swept nothing"
+        assert f"{streams.EVENTS.name} kept" in p.log_text("planner")
+        await quiet(p, js)
+        events = await js.stream_info(streams.EVENTS.name)
+        history = await js.stream_info(streams.EVENTS_HISTORY.name)
+        assert history.state.messages == events.state.last_seq, "an event swept out before the history had it"
+        assert events.state.messages <= events.state.last_seq - swept  # what was swept is gone
+    finally:
+        await nc.close()
+        print(close_pipeline(p))
+
+
 # ---------------------------------------------------------------------------------------- record streams
 
 

@@ -29,3 +29,10 @@ def test_nothing_new_done_means_no_purge() -> None:
     assert purge_below(ack_floor=50, recorded=80, trimmed=50) is None
     assert purge_below(ack_floor=0, recorded=80, trimmed=0) is None  # nothing acknowledged yet
     assert purge_below(ack_floor=40, recorded=80, trimmed=50) is None  # a second holder saw an older floor
+
+
+def test_a_sweep_purges_only_what_the_server_kept() -> None:
+    # Under interest retention everything below the stream's first message is gone already (trimmed = first - 1).
+    assert purge_below(ack_floor=18, recorded=18, trimmed=17) == 19  # the first message, 18, is finished: it goes
+    assert purge_below(ack_floor=12, recorded=18, trimmed=17) is None  # this partition's finished work is all gone
+    assert purge_below(ack_floor=30, recorded=20, trimmed=17) == 21  # what is not recorded yet stays
