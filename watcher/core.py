@@ -106,12 +106,15 @@ def message_id(
     jobset: JobSet | None,
     runtime_kind: str = "",
     snapshot: ConfigMap | None = None,
+    drift: Iterable[str] = (),
 ) -> str:
     """``uid/resourceVersion`` of the TrainJob, extended by the versions of what the event also carries.
 
     Two observations with the same id carry the same content, so the stream may drop the second one; an
     event caused by a JobSet status change differs from the previous one only in the JobSet's version, so
-    that version must be part of the id or the change would be dropped as a duplicate.
+    that version must be part of the id or the change would be dropped as a duplicate. A component the
+    event does not carry (a PodGroup, the MPI hostfile) changed or deleted by someone else differs in
+    nothing the event holds: its ``drift_mark`` goes into the id, or the repair would be dropped the same way.
     """
     parts = [f"{uid_of(job)}/{resource_version_of(job)}"]
     if jobset is not None:
@@ -120,7 +123,22 @@ def message_id(
         parts.append(f"rt={runtime_kind}:{resource_version_of(runtime)}")
     if snapshot is not None:
         parts.append(f"snap={resource_version_of(snapshot)}")
+    if marks := sorted(set(drift)):
+        parts.append(f"drift={','.join(marks)}")
     return ";".join(parts)
+
+
+DRIFT_CHANGES = frozenset({"MODIFIED", "DELETED"})
+"""The changes to a component that may be drift to repair; an ADDED one is the plan's own object appearing."""
+
+
+def drift_mark(kind: str, change: str, name: str, resource_version: str) -> str | None:
+    """What names one change of a component the event does not carry, for ``message_id``; None for a change
+    that is no drift (``DRIFT_CHANGES``) or a kind the id already follows (the JobSet). The change is part
+    of it: a deletion may arrive with the version of the last edit."""
+    if change not in DRIFT_CHANGES or kind == "JobSet":
+        return None
+    return f"{kind}/{name}@{resource_version}:{change}"
 
 
 def is_suspended(job: TrainJob) -> bool:

@@ -160,6 +160,9 @@ class Watcher:
         """Which versions of each TrainJob observations went out at, to tell a safe echo (``core.EchoGuard``)."""
         self._gathered: AsyncDelayingQueue[Key, str] = AsyncDelayingQueue(window=GATHER_SECONDS)
         """TrainJobs whose components changed, with the changes, gathered to be observed once."""
+        self._drift: dict[Key, set[str]] = {}
+        """Per TrainJob, the changes to components its events do not carry, until an observation names them
+        in its message id (``core.drift_mark``)."""
         self._deadlines: AsyncDelayingQueue[Key, float] = AsyncDelayingQueue()
         """When to look at a TrainJob again because its deadline passes; each deadline once."""
 
@@ -237,6 +240,7 @@ class Watcher:
             self._by_runtime.discard(key)
             self._deadlines.forget(key)
             self._echoes.forget(key)
+            self._drift.pop(key, None)
             event = TrainJobDeleted(
                 key=ObjectKey(namespace=key[0], name=key[1]),
                 uid=cached.uid,
@@ -272,6 +276,9 @@ class Watcher:
                 return
             owner = core.controlled_by_trainjob(meta(cached.obj).owner_references)
             if owner:
+                mark = core.drift_mark(cause_kind, kind, key[1], resource_version_of(cached.obj))
+                if mark is not None and self._trainjob((key[0], owner)) is not None:
+                    self._drift.setdefault((key[0], owner), set()).add(mark)
                 self._gather((key[0], owner), f"{cause_kind} {kind}")
 
         return changed
@@ -365,7 +372,14 @@ class Watcher:
         )
         msg_id = self._echoes.message_id(
             key,
-            core.message_id(job, runtime=runtime, jobset=jobset, runtime_kind=runtime_kind, snapshot=snapshot),
+            core.message_id(
+                job,
+                runtime=runtime,
+                jobset=jobset,
+                runtime_kind=runtime_kind,
+                snapshot=snapshot,
+                drift=self._drift.pop(key, ()),
+            ),
             echo=echo,
         )
         if cause == core.DEADLINE_CAUSE:

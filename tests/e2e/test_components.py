@@ -75,6 +75,54 @@ async def test_mpi_secret_is_generated_by_the_applier_and_never_on_the_bus(
     assert private.split(b"\n")[1] not in recorded
 
 
+def test_a_component_deleted_or_edited_by_hand_is_made_again(
+    pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
+) -> None:
+    """Drift repair of what an event does not carry. The MPI hostfile (a ConfigMap the watcher follows),
+    edited by hand, is put back at once: the TrainJob and its JobSet are as they were, so only the
+    ConfigMap's own version tells this observation from the last, and without it the stream would take the
+    repair for a repeat. The SSH Secret, which nothing here may watch (contracts.components), deleted by
+    hand, is made again the next time its TrainJob is planned."""
+    create(dyn, job("drift", namespace, "deepspeed-distributed", trainer={"numNodes": 2}))
+    trainjobs = dyn.resources.get(api_version=TRAINER, kind="TrainJob")
+    secrets = dyn.resources.get(api_version="v1", kind="Secret")
+    config_maps = dyn.resources.get(api_version="v1", kind="ConfigMap")
+    old = eventually(lambda: get(dyn, "v1", "Secret", namespace, "drift-mpi-ssh-auth"), what="the SSH Secret")
+    hostfile = eventually(lambda: get(dyn, "v1", "ConfigMap", namespace, "drift-mpi-hostfile"), what="the hostfile")
+    eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "drift"), what="the JobSet")
+    planned = hostfile["data"]["hostfile"]
+
+    for attempt in ("elsewhere slots=8\n", "elsewhere slots=16\n"):  # the second edit is no repeat of the first
+        config_maps.patch(
+            namespace=namespace,
+            name="drift-mpi-hostfile",
+            body={"data": {"hostfile": attempt}},
+            content_type="application/merge-patch+json",
+        )
+        eventually(
+            lambda: get(dyn, "v1", "ConfigMap", namespace, "drift-mpi-hostfile")["data"]["hostfile"] == planned,
+            what=f"the hostfile edited by hand ({attempt.strip()}) put back",
+        )
+
+    secrets.delete(namespace=namespace, name="drift-mpi-ssh-auth")
+    trainjobs.patch(
+        namespace=namespace,
+        name="drift",
+        body={"metadata": {"labels": {"touched": "yes"}}},
+        content_type="application/merge-patch+json",
+    )
+
+    def secret_again() -> dict[str, Any] | None:
+        try:
+            secret: dict[str, Any] = get(dyn, "v1", "Secret", namespace, "drift-mpi-ssh-auth")
+        except NotFoundError:
+            return None
+        return secret if secret["metadata"]["uid"] != old["metadata"]["uid"] else None
+
+    again = eventually(secret_again, what="the deleted SSH Secret made again once its TrainJob is planned")
+    assert again["type"] == "kubernetes.io/ssh-auth" and again["data"]["ssh-privatekey"]
+
+
 def test_runtime_snapshot_keeps_the_job_on_the_runtime_it_started_with(
     pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
 ) -> None:

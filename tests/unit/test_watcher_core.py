@@ -116,6 +116,25 @@ def test_message_id_stable_for_same_versions() -> None:
     assert "u-1/5" in a
 
 
+def test_a_hand_edit_of_an_uncarried_component_is_no_repeat() -> None:
+    job, js = trainjob({"name": "rt"}), jobset([OWNER])
+    before = core.message_id(job, runtime=None, jobset=js)
+    edit = core.drift_mark("ConfigMap", "MODIFIED", "rt-mpi-hostfile", "41")
+    deletion = core.drift_mark("ConfigMap", "DELETED", "rt-mpi-hostfile", "41")  # may carry the edit's version
+    assert edit is not None and deletion is not None
+    ids = {before, *(core.message_id(job, runtime=None, jobset=js, drift=[m]) for m in (edit, deletion))}
+    assert len(ids) == 3
+    # Two watcher replicas name the same change alike, in whatever order they gathered it.
+    other = core.drift_mark("PodGroup", "MODIFIED", "rt", "44")
+    assert other is not None
+    assert core.message_id(job, runtime=None, jobset=js, drift=[edit, other]) == core.message_id(
+        job, runtime=None, jobset=js, drift=[other, edit, edit]
+    )
+    # The plan's own objects appearing, and the JobSet (its version is in the id already), make no mark.
+    assert core.drift_mark("ConfigMap", "ADDED", "rt-mpi-hostfile", "40") is None
+    assert core.drift_mark("JobSet", "MODIFIED", "rt", "45") is None
+
+
 def test_message_id_changes_with_each_version() -> None:
     base = core.message_id(
         trainjob({"name": "rt"}),
