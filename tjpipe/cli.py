@@ -524,6 +524,11 @@ def _add_operator_commands(sub: Any) -> None:
 
     hist = sub.add_parser("history", help="the timeline of one TrainJob: events, plans, results, dead letters")
     _trainjob_argument(hist)
+    hist.add_argument(
+        "--every-progress",
+        action="store_true",
+        help="a row for each training progress update (the table folds a run of them into one; json and yaml never)",
+    )
     _output_format(hist, "table", "json", "yaml")
     _nats_client(hist)
     _fleet_cluster(hist)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -141,6 +141,33 @@ class TimelineEntry:
     kind: str
     summary: str
     detail: Obj = field(default_factory=dict)
+
+
+def fold_progress(entries: Sequence[TimelineEntry]) -> list[TimelineEntry]:
+    """The timeline as a person reads it at a terminal: each run of more than two training progress updates
+    in a row becomes one entry that says how many there were, with the first and the last (``detail`` keeps
+    ``updates`` and ``last_seq``); every other entry stays as it is. A job that reports every few seconds
+    would otherwise bury its events and plans under hundreds of rows."""
+    folded: list[TimelineEntry] = []
+    run: list[TimelineEntry] = []
+
+    def close_run() -> None:
+        if len(run) > 2:
+            first, last = run[0], run[-1]
+            summary = f"{len(run)} progress updates: {first.summary} … {last.summary}"
+            folded.append(replace(first, summary=summary, detail={"updates": len(run), "last_seq": last.seq}))
+        else:
+            folded.extend(run)
+        run.clear()
+
+    for entry in entries:
+        if entry.kind == "progress":
+            run.append(entry)
+            continue
+        close_run()
+        folded.append(entry)
+    close_run()
+    return folded
 
 
 def trainjob_state(job: Obj) -> tuple[str, str, str]:

@@ -259,14 +259,15 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
     for column in ("time (UTC)", "stream", "seq", "kind", "what"):
         table.add_column(column)
     colour = {"event": "cyan", "plan": "white", "result": "green", "dead-letter": "red", "progress": "magenta"}
-    for e in entries:
+    for e in entries if args.every_progress else ops.fold_progress(entries):
         what = e.summary
         if e.kind == "event" and e.detail.get("changed"):
             what += "\n  changed: " + ", ".join(e.detail["changed"][:8])
+        seq = f"{e.seq}-{e.detail['last_seq']}" if e.kind == "progress" and "last_seq" in e.detail else str(e.seq)
         table.add_row(
             Text(_when(e.time)),
             Text(e.stream),
-            Text(str(e.seq)),
+            Text(seq),
             Text(e.kind, style=colour.get(e.kind, "")),
             Text(what),
         )

@@ -175,3 +175,11 @@ def test_tjpipe_history_prints_the_progress_updates(story: Story) -> None:
     table = subprocess.run(run, env=wide, capture_output=True, text=True, timeout=60, check=False)
     assert table.returncode == 0, table.stderr
     assert "progress" in table.stdout and "loss 0.31" in table.stdout
+    # One row for the run of updates, naming how many, the first and the last; each one with --every-progress.
+    assert f"{len(LOSS)} progress updates: 12%" in table.stdout and "loss 2.31" in table.stdout
+    assert table.stdout.count("loss ") == 2
+    every = subprocess.run(
+        [*run, "--every-progress"], env=wide, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert every.returncode == 0, every.stderr
+    assert every.stdout.count("loss ") == len(LOSS) and "progress updates:" not in every.stdout
