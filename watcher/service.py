@@ -71,6 +71,12 @@ GATHER_SECONDS = 0.05
 """How long changes to a TrainJob's components are gathered before its observation is published."""
 HALF_BUILT_HOLD_SECONDS = 2.0
 """How long a half-built TrainJob's observation waits for the other half (``core.half_built``)."""
+
+RUNTIME_HOLD_SECONDS = 5.0
+"""How long a new TrainJob whose runtime the watcher has not seen yet waits for it. Created together (one
+``kubectl apply`` of both), the TrainJob's ADDED can arrive first; published at once, it would be reported
+RuntimeNotFound for the moment in between, where Trainer, whose reconcile fails and is retried, says
+nothing. A runtime that arrives in time publishes the TrainJob itself (``_runtime_changed``)."""
 DEADLINE_GRACE_SECONDS = 0.5
 """How long after a TrainJob's deadline the watcher looks at it again, so the deadline has surely passed."""
 
@@ -259,7 +265,14 @@ class Watcher:
         # Our own status write: recorded in the history like any change (the job's states are read from
         # there), and planned from its status alone unless the planner's decision may have moved meanwhile.
         echo = kind == "MODIFIED" and cached.own_write and self._echoes.may_skip(key)
+        if kind == "ADDED" and self._awaits_runtime(job):
+            self._gather(key, f"TrainJob {kind}")  # held for its runtime (RUNTIME_HOLD_SECONDS)
+            return
         await self.publish_observation(job, cause=f"TrainJob {kind}", echo=echo)
+
+    def _awaits_runtime(self, job: TrainJob) -> bool:
+        """A runtime is named, and neither it nor the TrainJob's runtime snapshot is in the caches."""
+        return core.runtime_key_of(job) is not None and self._runtime(job)[0] is None and self._snapshot(job) is None
 
     def _active_counts(self) -> ActiveCounts | None:
         """Active TrainJobs by namespace and runtime; ``None`` until every TrainJob informer has listed."""
@@ -297,7 +310,7 @@ class Watcher:
                 current = self._trainjob(item.key)
                 if current is None:
                     self._gathered.done(item.key)
-                elif self._hold(item, now):
+                elif self._hold(item, current.obj, now):
                     self._gathered.done(item.key, again=True)  # look again after the next window
                 else:
                     ready.append((item.key, current.obj, " + ".join(item.reasons)))
@@ -308,7 +321,7 @@ class Watcher:
                 for job_key, _, _ in ready:
                     self._gathered.done(job_key)
 
-    def _hold(self, item: Item[Key, str], now: float) -> bool:
+    def _hold(self, item: Item[Key, str], job: TrainJob, now: float) -> bool:
         # Presence in the caches is enough for this guess, and costs no decoding (the observation decodes them).
         job_key = item.key
         snapshot_key = (job_key[0], core.snapshot_name(job_key[1]))
@@ -318,7 +331,9 @@ class Watcher:
             has_jobset=any(job_key in inf.cache for inf in self.jobsets),
         )
         since = item.requeued_since if item.requeued_since is not None else now
-        return half and now - since < HALF_BUILT_HOLD_SECONDS
+        if half and now - since < HALF_BUILT_HOLD_SECONDS:
+            return True
+        return "TrainJob ADDED" in item.reasons and now - since < RUNTIME_HOLD_SECONDS and self._awaits_runtime(job)
 
     async def _ignore(self, kind: str, key: Key, cached: Cached[_Named] | None) -> None:
         return None

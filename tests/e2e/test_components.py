@@ -160,6 +160,27 @@ def test_missing_runtime_is_reported_then_built_once_it_exists(
     assert cond["reason"] == "ResourcesCreated"
 
 
+def test_a_runtime_made_just_after_its_trainjob_is_waited_for(
+    pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
+) -> None:
+    """Applied together, a TrainJob can reach the watcher before its runtime does. Trainer's reconcile fails
+    and is retried, and the TrainJob says nothing of it; the watcher holds the new TrainJob for its runtime a
+    moment (watcher.service.RUNTIME_HOLD_SECONDS), so no RuntimeNotFound is reported in between either."""
+    create(dyn, job("together", namespace, "together-runtime", trainer={"numNodes": 1}))
+    time.sleep(1.5)  # long enough for a RuntimeNotFound to be written, well inside the hold
+    runtimes = dyn.resources.get(api_version=TRAINER, kind="ClusterTrainingRuntime")
+    body = runtimes.get(name="torch-distributed").to_dict()
+    body["metadata"] = {"name": "together-runtime"}
+    runtimes.create(body=body)
+    try:
+        eventually(lambda: get(dyn, "jobset.x-k8s.io/v1alpha2", "JobSet", namespace, "together"), what="the JobSet")
+        time.sleep(1.0)  # a status write would follow the JobSet closely
+        trainjob = get(dyn, TRAINER, "TrainJob", namespace, "together")
+        assert condition_of(trainjob, "ResourcesCreated") is None, trainjob.get("status")
+    finally:
+        runtimes.delete(name="together-runtime")
+
+
 def test_deadline_fails_the_job_and_deletes_its_jobset(
     pipeline: Stack, dyn: dynamic.DynamicClient, namespace: str
 ) -> None:
