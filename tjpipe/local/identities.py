@@ -84,7 +84,10 @@ def identity_objects() -> list[dict[str, Any]]:
             if obj["kind"] in ("ServiceAccount", "ConfigMap"):
                 obj["metadata"].setdefault("namespace", NAMESPACE)
             objects.append(obj)
-    return objects
+    # A policy binding goes last, after its params: a binding whose params are missing denies every request it
+    # matches (parameterNotFoundAction: Deny), the params' own creation among them, from the moment the API
+    # server loads it. Applied in file order, `tjpipe up` lost that race now and then (a 422 on the ConfigMap).
+    return sorted(objects, key=lambda obj: obj["kind"] == "ValidatingAdmissionPolicyBinding")
 
 
 @dataclass(frozen=True)
