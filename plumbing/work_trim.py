@@ -133,7 +133,8 @@ class WorkTrim:
         if recorded is None:
             return
         for partition in sorted(self._unsettled):
-            if (await self._trim(partition, recorded))[1]:
+            _, settled = await self._trim(partition, recorded)
+            if settled:
                 self._unsettled.discard(partition)
 
     async def sweep(self) -> int:
@@ -150,7 +151,8 @@ class WorkTrim:
             return 0
         purged = 0
         for partition in sorted(self._held):
-            purged += (await self._trim(partition, recorded, gone_below=first))[0]
+            removed, _ = await self._trim(partition, recorded, gone_below=first)
+            purged += removed
         if purged:
             log.warning(
                 "%s kept %d message(s) from sequence %d on that their partition's durable had acknowledged and "
@@ -186,11 +188,14 @@ class WorkTrim:
             WORK_TRIMMED.labels(stream=self.spec.stream).inc(purged)
         return purged, not info.num_pending and not info.num_ack_pending and recorded >= ack_floor
 
+    def _wait(self, limits: bool | None) -> float:
+        """Between rounds: a limits-retention stream is trimmed often, an interest one only swept."""
+        return self.interval if limits else self.sweep_interval
+
     async def run(self, stop: asyncio.Event) -> None:
         limits: bool | None = None
         last_failure = ""
         while not stop.is_set():
-            wait = self.interval if limits else self.sweep_interval
             try:
                 if limits is None:
                     limits = await self.needed()
@@ -200,17 +205,16 @@ class WorkTrim:
                             "and recorded",
                             self.spec.stream,
                         )
-                    wait = self.interval if limits else self.sweep_interval
                 await (self.round() if limits else self.sweep())
             except Exception as exc:  # a leader election, a timeout: the partitions stay unsettled, tried next round
                 # Said once per kind of failure: a purge this identity may not make (an authorization from
                 # before trimming) times out every round, and the stream then fills as under limits alone.
                 failure = f"{type(exc).__name__}: {exc}"
                 (log.debug if failure == last_failure else log.warning)(
-                    "trimming %s failed (%s); trying again every %.0fs", self.spec.stream, failure, wait
+                    "trimming %s failed (%s); trying again every %.0fs", self.spec.stream, failure, self._wait(limits)
                 )
                 last_failure = failure
             else:
                 last_failure = ""
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=wait)
+                await asyncio.wait_for(stop.wait(), timeout=self._wait(limits))

@@ -77,6 +77,8 @@ RUNTIME_HOLD_SECONDS = 5.0
 ``kubectl apply`` of both), the TrainJob's ADDED can arrive first; published at once, it would be reported
 RuntimeNotFound for the moment in between, where Trainer, whose reconcile fails and is retried, says
 nothing. A runtime that arrives in time publishes the TrainJob itself (``_runtime_changed``)."""
+NEW_TRAINJOB = "TrainJob ADDED"
+"""The cause of a new TrainJob's first observation, which alone is held for its runtime."""
 DEADLINE_GRACE_SECONDS = 0.5
 """How long after a TrainJob's deadline the watcher looks at it again, so the deadline has surely passed."""
 
@@ -266,7 +268,7 @@ class Watcher:
         # there), and planned from its status alone unless the planner's decision may have moved meanwhile.
         echo = kind == "MODIFIED" and cached.own_write and self._echoes.may_skip(key)
         if kind == "ADDED" and self._awaits_runtime(job):
-            self._gather(key, f"TrainJob {kind}")  # held for its runtime (RUNTIME_HOLD_SECONDS)
+            self._gather(key, NEW_TRAINJOB)  # held for its runtime (RUNTIME_HOLD_SECONDS)
             return
         await self.publish_observation(job, cause=f"TrainJob {kind}", echo=echo)
 
@@ -333,7 +335,7 @@ class Watcher:
         since = item.requeued_since if item.requeued_since is not None else now
         if half and now - since < HALF_BUILT_HOLD_SECONDS:
             return True
-        return "TrainJob ADDED" in item.reasons and now - since < RUNTIME_HOLD_SECONDS and self._awaits_runtime(job)
+        return NEW_TRAINJOB in item.reasons and now - since < RUNTIME_HOLD_SECONDS and self._awaits_runtime(job)
 
     async def _ignore(self, kind: str, key: Key, cached: Cached[_Named] | None) -> None:
         return None
