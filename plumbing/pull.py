@@ -36,6 +36,10 @@ _HEARTBEAT = js_api.StatusCode.CONTROL_MESSAGE  # "100"
 _REQUEST_ENDED = frozenset({js_api.StatusCode.REQUEST_TIMEOUT, js_api.StatusCode.NO_MESSAGES})  # 408, 404
 
 
+EXPIRES_SECONDS = 30.0
+"""How long a standing pull request waits for work before it is sent again."""
+
+
 class StreamingPull:
     """One durable pull consumer read through a standing request window of ``batch`` messages."""
 
@@ -46,7 +50,7 @@ class StreamingPull:
         stream: str,
         durable: str,
         batch: int,
-        expires: float = 30.0,
+        expires: float = EXPIRES_SECONDS,
         heartbeat: float = 1.0,
     ) -> None:
         self._nc = nc

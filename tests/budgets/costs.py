@@ -1,110 +1,124 @@
-"""Counting what one TrainJob costs, from the servers' own counters, and checking it against a budget.
+"""Counting what one TrainJob costs, from the servers' own records, and checking it against its budget.
 
 Every count comes from the server that did the work, never from the services' own bookkeeping, so a
-request a service forgets to count still shows:
-- API requests by (resource, subresource, verb): the kube-apiserver's ``apiserver_request_total``. It has
-  no label for who sent a request, so only the resources the pipeline owns alone on the simulated cluster
-  are counted (TrainJobs and their status, runtimes, JobSets but not their status, which JobSet's manager
-  writes, ConfigMaps, Secrets, PodGroups), less the test's own requests (its create and its status polls,
-  counted as it sends them). WATCH is left out: the server counts a watch when it ends, at a timeout it
-  randomises, so it says nothing about one TrainJob.
-- Messages stored: each stream's last sequence from nats-server's ``/jsz`` (the work streams, their history
-  copies, the results, the dead letters and the apply ledger's KV bucket, whose every write is a message).
+request a service forgets to count still shows, and every kind of request is counted, so a new kind shows too:
+- API requests: the kube-apiserver's audit log (``audit_flags``), one record per request with the user who sent
+  it, its resource, subresource and verb, WATCH and LIST included (a watch is counted when it starts). The
+  services run as the pipeline's own ServiceAccounts (``tjpipe.local.identities``), so their requests are told
+  apart from the test's, the garbage collector's and JobSet's manager's, on every resource. An apply (a patch
+  with ``force``) is counted as APPLY, as ``apiserver_request_total`` labels it.
+- Messages stored: every stream's last sequence from nats-server's ``/jsz``, whatever its name: the work
+  streams, their history copies, the results, the dead letters, the KV buckets (every put is a message).
 - Acknowledgements: each durable's ack floor from ``/jsz``, summed over a stage's partitions; plus every
   ``$JS.ACK`` message the server routed, seen by a wiretap (below), which also catches a negative ack or
   an in-progress beat that moves no floor.
-- What the server keeps no counter for: its direct gets (the ledger's KV reads) and purges are requests on
-  ``$JS.API.…`` subjects, which an admin connection subscribed to ``$JS.API.>`` sees as the server routes
-  them (a core subscription gets a copy of every matching message; it answers none). Pull requests and
-  stream infos are counted too but not budgeted: the services pull on a timer and report stream usage every
-  15 s, so their number follows the clock, not the TrainJob. ``/jsz``'s own ``api.total`` (every JetStream
-  API request but pulls and direct gets) is reported beside them.
+- Every JetStream API request by kind (``$JS.API.STREAM.INFO``, ``DIRECT.GET`` of which stream, pulls, ...): the
+  same wiretap, an admin connection subscribed to ``$JS.API.>``, which gets a copy of each request the server
+  routes (it answers none). Its counts are read without sleeping: a flush's PONG comes after every message the
+  server routed to it before, and the messages wait in the subscription's queue until read.
 
-The pipeline under measurement is the only one on its nats-server and works in a namespace of its own, so
-every delta between two snapshots is this test's TrainJob.
+The services do a few things on a clock whatever the TrainJobs do (pulls that wait for work, the partition
+leases, the stream usage report); those rows are budgeted per second of the measured window
+(``budgets.declared``), not left out. The pipeline under measurement is the only one on its nats-server and
+its apiserver, in a namespace of its own, so every delta between two snapshots is the test's TrainJob or the
+clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
-import ssl
+import math
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from faults.support import Pipeline
 
 from contracts import streams
+from plumbing.bus_setup import LEASE_BUCKET
+from tjpipe.local import identities
 
-Key = tuple[str, str, str]
-"""(resource, subresource, verb) as ``apiserver_request_total`` labels a request."""
-
-OWN_RESOURCES: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("trainjobs", ""),
-        ("trainjobs", "status"),
-        ("trainingruntimes", ""),
-        ("clustertrainingruntimes", ""),
-        ("jobsets", ""),
-        ("configmaps", ""),
-        ("secrets", ""),
-        ("podgroups", ""),
-    }
-)
-"""(resource, subresource) only the pipeline and the test touch on the simulated cluster during a test: JobSet's
-manager writes ``jobsets/status``, kube-controller-manager Jobs and Pods, the scheduler bindings and events,
-so those are theirs."""
-UNCOUNTED_VERBS = frozenset({"WATCH"})
-STATUS_WRITE_VERBS = frozenset({"APPLY", "PATCH", "PUT"})
-
-KV_STREAM = f"KV_{streams.APPLIED_BUCKET}"
-COUNTED_STREAMS = (
-    streams.EVENTS.name,
-    streams.EVENTS_HISTORY.name,
-    streams.APPLY.name,
-    streams.APPLY_HISTORY.name,
-    streams.RESULTS.name,
-    streams.DLQ.name,
-    KV_STREAM,
-)
-ON_A_TIMER = frozenset({"CONSUMER.MSG.NEXT", "STREAM.INFO", "DIRECT.GET.KV_tj_leases"})
-"""JetStream API requests the services make on a clock, whatever the TrainJobs do: pulls (each waits up to its
-expiry for work), the stream usage report (every 15 s) and the partition leases' reads. Any other kind of
-request is budgeted: a new one fails the test until a row names it."""
 STAGES = {"planner": streams.PLANNER.stream, "applier": streams.APPLIER.stream}
 """Durable name prefix → the stream it consumes (one durable per partition: ``planner-p0`` …)."""
+STATUS_WRITE_VERBS = frozenset({"APPLY", "PATCH", "UPDATE"})
+READ_VERBS = frozenset({"GET", "LIST", "WATCH"})
+COMPONENT_RESOURCES = frozenset({"configmaps", "jobsets", "podgroups", "secrets"})
+"""What a TrainJob owns: a write to one of them by anyone is a change the watcher may observe."""
+PIPELINE_USERS = {
+    f"system:serviceaccount:{identities.NAMESPACE}:{account}": service
+    for service, account in identities.SERVICE_ACCOUNTS.items()
+}
+LEASES_STREAM = f"KV_{LEASE_BUCKET}"
 
-_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+# ------------------------------------------------------------------------------------------ the apiserver
+
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+"""
 
 
-# ------------------------------------------------------------------------------------------ the servers
+def audit_flags(folder: Path) -> tuple[list[str], Path]:
+    """kube-apiserver flags for an audit log of every request at the Metadata level (who, what, which verb; no
+    bodies, so no Secret's data), written before each response completes; and the log's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    policy, log = folder / "audit-policy.yaml", folder / "audit.log"
+    policy.write_text(AUDIT_POLICY)
+    return [f"--audit-policy-file={policy}", f"--audit-log-path={log}", "--audit-log-mode=blocking"], log
 
 
-def api_requests(p: Pipeline) -> Counter[Key]:
-    """``apiserver_request_total`` on the pipeline's own resources, by (resource, subresource, verb), every code."""
-    kube = p.kube
-    tls = ssl.create_default_context(cafile=str(kube.ca_file))
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls))
-    request = urllib.request.Request(f"{kube.server}/metrics", headers={"Authorization": f"Bearer {kube.token}"})
-    with opener.open(request, timeout=10) as response:
-        text = response.read().decode()
-    counts: Counter[Key] = Counter()
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        labels = dict(_LABEL.findall(match["labels"]))
-        resource, subresource, verb = labels.get("resource", ""), labels.get("subresource", ""), labels.get("verb", "")
-        if (resource, subresource) in OWN_RESOURCES and verb not in UNCOUNTED_VERBS:
-            counts[(resource, subresource, verb)] += int(float(match["value"]))
-    return counts
+@dataclass(frozen=True)
+class Request:
+    user: str
+    namespace: str
+    resource: str
+    subresource: str
+    verb: str
 
+    @property
+    def label(self) -> str:
+        return f"{self.resource}{'/' + self.subresource if self.subresource else ''} {self.verb}"
+
+
+def _verb(event: Mapping[str, Any]) -> str:
+    verb = str(event.get("verb", "")).upper()
+    if verb == "PATCH" and "force" in parse_qs(urlsplit(str(event.get("requestURI", ""))).query):
+        return "APPLY"
+    return verb
+
+
+def audit_requests(log: Path) -> dict[str, Request]:
+    """Every request in the audit log by its audit ID (a watch's records share one: it counts once, from its
+    start). Requests that are not to a resource (``/metrics``, discovery) are left out."""
+    seen: dict[str, Request] = {}
+    if not log.exists():
+        return seen
+    with log.open(encoding="utf-8") as fh:
+        for line in fh:
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            if event["auditID"] in seen or not ref.get("resource"):
+                continue
+            seen[event["auditID"]] = Request(
+                user=str((event.get("user") or {}).get("username", "")),
+                namespace=str(ref.get("namespace", "")),
+                resource=str(ref["resource"]),
+                subresource=str(ref.get("subresource", "")),
+                verb=_verb(event),
+            )
+    return seen
+
+
+# ------------------------------------------------------------------------------------------ nats-server
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -127,7 +141,6 @@ class BusState:
     delivered: dict[str, int]
     pending: int
     """Messages the stages' durables have not delivered or not had acknowledged."""
-    api_total: int
 
 
 def bus_state(p: Pipeline) -> BusState:
@@ -146,24 +159,17 @@ def bus_state(p: Pipeline) -> BusState:
                     acked[stage] += int((consumer.get("ack_floor") or {}).get("consumer_seq") or 0)
                     delivered[stage] += int((consumer.get("delivered") or {}).get("consumer_seq") or 0)
                     pending += int(consumer.get("num_pending") or 0) + int(consumer.get("num_ack_pending") or 0)
-    return BusState(
-        last_seq=last_seq,
-        acked=dict(acked),
-        delivered=dict(delivered),
-        pending=pending,
-        api_total=int((data.get("api") or {}).get("total") or 0),
-    )
+    return BusState(last_seq=last_seq, acked=dict(acked), delivered=dict(delivered), pending=pending)
 
 
 # ------------------------------------------------------------------------------------------- the wiretap
 
 
 def api_kind(subject: str) -> str:
-    """``$JS.API.DIRECT.GET.KV_x`` → ``DIRECT.GET.KV_x`` (which stream is read matters: the ledger's, or the
-    partition leases'); ``$JS.API.CONSUMER.MSG.NEXT.S.d`` → ``CONSUMER.MSG.NEXT``; ``$JS.API.STREAM.MSG.DELETE.S`` →
-    ``STREAM.MSG.DELETE``; ``$JS.API.STREAM.INFO.S`` → ``STREAM.INFO``."""
+    """``$JS.API.DIRECT.GET.KV_x`` → ``DIRECT.GET.KV_x`` (which stream is read matters); ``$JS.API.STREAM.INFO.S``
+    → ``STREAM.INFO``; ``$JS.API.CONSUMER.MSG.NEXT.S.d`` → ``CONSUMER.MSG.NEXT``."""
     words = subject.split(".")[2:]
-    if words[:2] in (["CONSUMER", "MSG"], ["DIRECT", "GET"], ["STREAM", "MSG"]):
+    if words[:2] in (["DIRECT", "GET"], ["CONSUMER", "MSG"], ["STREAM", "MSG"]):
         return ".".join(words[:3])
     return ".".join(words[:2])
 
@@ -181,23 +187,24 @@ class Wiretap:
     api: Counter[str] = field(default_factory=Counter)
     acks: Counter[str] = field(default_factory=Counter)
     _nc: Any = None
+    _subs: tuple[Any, Any] | None = None
 
     async def start(self, p: Pipeline) -> None:
         self._nc = await p.connect()
-
-        async def on_api(msg: Any) -> None:
-            self.api[api_kind(msg.subject)] += 1
-
-        async def on_ack(msg: Any) -> None:
-            self.acks[ack_kind(msg.data)] += 1
-
-        await self._nc.subscribe("$JS.API.>", cb=on_api)
-        await self._nc.subscribe("$JS.ACK.>", cb=on_ack)
+        self._subs = (await self._nc.subscribe("$JS.API.>"), await self._nc.subscribe("$JS.ACK.>"))
         await self._nc.flush()
 
     async def snapshot(self) -> tuple[Counter[str], Counter[str]]:
-        await self._nc.flush()  # whatever the server routed before now has reached the callbacks
-        await asyncio.sleep(0.05)
+        """Everything the server routed to the tap before now. The flush's PONG follows those messages on the
+        connection, so once it is back they all wait in the subscriptions' queues: they are read from there,
+        with no sleep and no guess."""
+        assert self._subs is not None
+        await self._nc.flush()
+        api_sub, ack_sub = self._subs
+        for _ in range(api_sub.pending_msgs):
+            self.api[api_kind((await api_sub.next_msg(timeout=5)).subject)] += 1
+        for _ in range(ack_sub.pending_msgs):
+            self.acks[ack_kind((await ack_sub.next_msg(timeout=5)).data)] += 1
         return Counter(self.api), Counter(self.acks)
 
     async def stop(self) -> None:
@@ -208,27 +215,24 @@ class Wiretap:
 # --------------------------------------------------------------------------------------------- one run
 
 
-@dataclass
-class Own:
-    """The test's own requests on counted resources, taken out of the API server's counts."""
-
-    requests: Counter[Key] = field(default_factory=Counter)
-
-    def sent(self, resource: str, verb: str, subresource: str = "") -> None:
-        self.requests[(resource, subresource, verb)] += 1
-
-
 @dataclass(frozen=True)
 class Snapshot:
-    api: Counter[Key]
+    at: float
+    requests: dict[str, Request]
     bus: BusState
     wire_api: Counter[str]
     wire_acks: Counter[str]
 
 
-async def snapshot(p: Pipeline, tap: Wiretap) -> Snapshot:
+async def snapshot(p: Pipeline, tap: Wiretap, audit_log: Path) -> Snapshot:
     wire_api, wire_acks = await tap.snapshot()
-    return Snapshot(api=api_requests(p), bus=bus_state(p), wire_api=wire_api, wire_acks=wire_acks)
+    return Snapshot(
+        at=time.monotonic(),
+        requests=audit_requests(audit_log),
+        bus=bus_state(p),
+        wire_api=wire_api,
+        wire_acks=wire_acks,
+    )
 
 
 def _delta(after: Mapping[Any, int], before: Mapping[Any, int]) -> dict[Any, int]:
@@ -236,122 +240,73 @@ def _delta(after: Mapping[Any, int], before: Mapping[Any, int]) -> dict[Any, int
     return {k: v for k, v in moved.items() if v}
 
 
-def label(key: Key) -> str:
-    resource, subresource, verb = key
-    return f"{resource}{'/' + subresource if subresource else ''} {verb}"
-
-
-def measured(before: Snapshot, after: Snapshot, own: Own) -> dict[str, int]:
-    """Every counted figure, under the names the budget tables use."""
-    out: dict[str, int] = {}
-    api = Counter(_delta(after.api, before.api))
-    api.subtract(own.requests)
-    for key, value in sorted(api.items()):
-        if value:
-            out[f"api {label(key)}"] = value
-    out["status writes"] = sum(
-        v for (res, sub, verb), v in api.items() if (res, sub) == ("trainjobs", "status") and verb in STATUS_WRITE_VERBS
-    )
-    stored = _delta(after.bus.last_seq, before.bus.last_seq)
-    names = {
-        streams.EVENTS.name: "events published",
-        streams.EVENTS_HISTORY.name: "event history copies",
-        streams.APPLY.name: "apply messages",
-        streams.APPLY_HISTORY.name: "apply history copies",
-        streams.RESULTS.name: "results published",
-        streams.DLQ.name: "dead letters",
-        KV_STREAM: "ledger KV writes",
-    }
-    for stream, name in names.items():
-        out[name] = stored.get(stream, 0)
-    for stream, value in sorted(stored.items()):
-        if stream not in names:  # the partition leases' bucket, renewed on a timer
-            out[f"unbudgeted: stored in {stream}"] = value
+def measured(before: Snapshot, after: Snapshot, namespace: str) -> dict[str, int]:
+    """Every counted figure between two snapshots, under the names the budget rows use: ``api
+    <resource>[/<sub>] <VERB>`` for each kind of request the pipeline's services sent, ``stored in <stream>``
+    for each stream that grew, ``JetStream API <kind>`` for each kind of JetStream request, the acks; and the
+    units the rows are counted per (``declared.UNITS``) that the servers' counts give: the window's ``second``
+    and each ``component write`` (the pipeline's and JobSet's manager's)."""
+    out: Counter[str] = Counter()
+    for audit_id, request in after.requests.items():
+        if audit_id in before.requests:
+            continue
+        if request.user in PIPELINE_USERS:
+            out[f"api {request.label}"] += 1
+            out["API write"] += request.verb not in READ_VERBS
+            if (request.resource, request.subresource) == ("trainjobs", "status"):
+                out["status writes"] += request.verb in STATUS_WRITE_VERBS
+        if request.namespace == namespace and request.resource in COMPONENT_RESOURCES:
+            out["component write"] += request.verb not in READ_VERBS
+    for stream, value in _delta(after.bus.last_seq, before.bus.last_seq).items():
+        out[f"stored in {stream}"] = value
     for stage in STAGES:
         out[f"{stage} acks (ack floor)"] = after.bus.acked.get(stage, 0) - before.bus.acked.get(stage, 0)
         out[f"{stage} deliveries"] = after.bus.delivered.get(stage, 0) - before.bus.delivered.get(stage, 0)
     wire_acks = _delta(after.wire_acks, before.wire_acks)
     out["acks sent"] = wire_acks.pop("+ACK", 0)
     out["other ack replies (nak, in progress, term)"] = sum(wire_acks.values())
-    wire = _delta(after.wire_api, before.wire_api)
-    out["ledger KV reads (direct gets)"] = wire.pop(f"DIRECT.GET.{KV_STREAM}", 0)
-    out["purges and message deletes"] = wire.pop("STREAM.PURGE", 0) + wire.pop("STREAM.MSG.DELETE", 0)
-    for kind, value in sorted(wire.items()):
-        timed = kind in ON_A_TIMER
-        out[f"{'unbudgeted: ' if timed else ''}JetStream API {kind}"] = value
-    out["unbudgeted: /jsz api.total"] = after.bus.api_total - before.bus.api_total
-    return out
+    for kind, value in _delta(after.wire_api, before.wire_api).items():
+        out[f"JetStream API {kind}"] = value
+    out["second"] = math.ceil(after.at - before.at)
+    return {k: v for k, v in out.items() if v}
 
 
-async def until_quiet(
-    p: Pipeline, own: Own, *, settle: float = 4.0, timeout: float = 60.0, interval: float = 0.5
-) -> None:
-    """Until nothing is pending on the stages' durables and no counted stream and no counted API request
-    moved for ``settle`` seconds: the pipeline has done everything the TrainJob's last change asks of it.
-    (The partition leases' bucket is renewed on a timer whatever happens, so it is not waited on.)"""
+async def until_started(audit_log: Path, *, timeout: float = 120.0) -> None:
+    """Until the services that speak to the API server have started: each has begun its watch on TrainJobs,
+    which they open last, once their lists of everything else are in. A window opened before would count their
+    start as the TrainJob's (a loaded machine can take longer to start a process than ``until_quiet`` settles)."""
+    deadline = time.monotonic() + timeout
+    want = {"watcher", "applier"}
+    while True:
+        watching = {
+            PIPELINE_USERS[r.user]
+            for r in audit_requests(audit_log).values()
+            if r.user in PIPELINE_USERS and (r.resource, r.verb) == ("trainjobs", "WATCH")
+        }
+        if want <= watching:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{sorted(want - watching)} did not start watching TrainJobs in {timeout:.0f}s")
+        await asyncio.sleep(0.5)
+
+
+async def until_quiet(p: Pipeline, audit_log: Path, *, settle: float = 4.0, timeout: float = 60.0) -> None:
+    """Until nothing is pending on the stages' durables and neither the streams (but the partition leases,
+    renewed on a timer) nor the pipeline's requests (but its leases) moved for ``settle`` seconds: the
+    pipeline has done everything the TrainJob's last change asks of it."""
     deadline = time.monotonic() + timeout
     last: tuple[Any, ...] | None = None
-    moved: list[str] = []
     since = time.monotonic()
     while True:
         bus = bus_state(p)
-        api = api_requests(p)
-        api.subtract(own.requests)
-        counted = {name: seq for name, seq in bus.last_seq.items() if name in COUNTED_STREAMS}
-        state = (tuple(sorted(counted.items())), tuple(sorted((+api).items())))
+        work = tuple(sorted((name, seq) for name, seq in bus.last_seq.items() if name != LEASES_STREAM))
+        requests = sum(1 for r in audit_requests(audit_log).values() if r.user in PIPELINE_USERS)
+        state = (work, requests)
         now = time.monotonic()
         if state != last or bus.pending:
-            moved = sorted(map(str, set(state[0] + state[1]) - set(last[0] + last[1]))) if last else []
             last, since = state, now
         elif now - since >= settle:
             return
         if now >= deadline:
-            raise AssertionError(
-                f"the pipeline did not go quiet in {timeout:.0f}s (pending {bus.pending}, last moved: {moved})"
-            )
-        await asyncio.sleep(interval)
-
-
-# ------------------------------------------------------------------------------------------- budgets
-
-
-@dataclass(frozen=True)
-class Budget:
-    """At most ``limit`` of ``figure`` per TrainJob, and the guarantee each one buys."""
-
-    figure: str
-    limit: int
-    reason: str
-
-
-def over_budget(costs: Mapping[str, int], budgets: Iterable[Budget]) -> list[str]:
-    """Every figure above its budget, and every API request or bus figure that has no budget row at all (a
-    new kind of round trip must come with its row and its reason)."""
-    table = {b.figure: b for b in budgets}
-    problems = [
-        f"{b.figure}: {costs.get(b.figure, 0)} > budget {b.limit} ({b.reason})"
-        for b in table.values()
-        if costs.get(b.figure, 0) > b.limit
-    ]
-    problems += [
-        f"{figure}: {value}, and no budget row for it"
-        for figure, value in sorted(costs.items())
-        if value and figure not in table and not figure.startswith("unbudgeted:")
-    ]
-    return problems
-
-
-def under_budget(costs: Mapping[str, int], budgets: Iterable[Budget]) -> list[str]:
-    """Rows whose budget is above what was measured: a saving to lock in by lowering the row."""
-    return [
-        f"{b.figure}: {costs.get(b.figure, 0)} < budget {b.limit}" for b in budgets if costs.get(b.figure, 0) < b.limit
-    ]
-
-
-def table(costs: Mapping[str, int], budgets: Iterable[Budget]) -> str:
-    rows = {b.figure: b.limit for b in budgets}
-    width = max(len(k) for k in [*costs, *rows])
-    return "\n".join(
-        f"  {figure:<{width}}  {costs.get(figure, 0):>4}  budget {rows.get(figure, '-')}"
-        for figure in sorted(set(costs) | set(rows))
-    )
+            raise AssertionError(f"the pipeline did not go quiet in {timeout:.0f}s (pending {bus.pending})")
+        await asyncio.sleep(0.5)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,18 +39,10 @@ from lifecycle.support import ready
 
 from contracts import streams
 from contracts.messages import decode_event
+from tjpipe.local.cluster import SimulatedCluster, start_simulated_cluster
 
-from .costs import (
-    Budget,
-    Own,
-    Wiretap,
-    measured,
-    over_budget,
-    snapshot,
-    table,
-    under_budget,
-    until_quiet,
-)
+from .costs import Wiretap, audit_flags, measured, snapshot, until_quiet, until_started
+from .declared import CREATION, LIFECYCLE, Row, table, verdict
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
@@ -58,79 +51,41 @@ STEP = 90.0
 RESYNC_SECONDS = "3600"
 
 
-# ------------------------------------------------------------------------------------------- budgets
-
-# Measured 2026-12-05 over six runs each on the simulated cluster, after echoes were planned from their status
-# alone and running statuses paced (issue #39). Where a count varies with timing, the row is the most seen (or, where
-# marked, what the other order of two gathered windows makes) and its reason says "max". Every row is per TrainJob;
-# docs/cost-budgets.md explains each at length. An "echo" is an observation of the TrainJob caused only by the
-# pipeline's own status write: it costs an event, its history copy, a delivery and an ack, and the planner plans
-# only its status again (watcher.core.EchoGuard), which here finds nothing to do.
-
-# fmt: off
-CREATION: tuple[Budget, ...] = (
-    Budget("events published", 5, "max (4-5): ADDED; ConfigMap+JobSet appearing (1 or 2 windows); 2 echoes"),
-    Budget("event history copies", 5, "TJ_EVENTS_HISTORY keeps every event: the replayable record"),
-    Budget("planner deliveries", 5, "each event delivered once; more would be a redelivery"),
-    Budget("planner acks (ack floor)", 5, "each event acknowledged once planned, so it leaves the work stream"),
-    Budget("apply messages", 6, "max (5; 6 in two windows): ConfigMap; JobSet from ADDED and its appearance; 2 status"),
-    Budget("apply history copies", 6, "TJ_APPLY_HISTORY keeps every apply message: what was asked, replayable"),
-    Budget("applier deliveries", 7, "each apply message once, and the paced jobsStatus once more after its wait"),
-    Budget("applier acks (ack floor)", 7, "each delivery acknowledged or handed back (the held one)"),
-    Budget("results published", 6, "one outcome per apply message: created, configured, unchanged, skipped"),
-    Budget("ledger KV writes", 11, "max (10): claim + record per write (the fence), record per re-plan, seen"),
-    Budget("ledger KV reads (direct gets)", 2, "max (0-2): a fresh read after a compare-and-set lost to a claim"),
-    Budget("acks sent", 11, "max (9; 11 in two windows: 5 events and 6 apply messages acked), as routed"),
-    Budget("other ack replies (nak, in progress, term)", 1, "the suspended Job's counts held for their turn"),
-    Budget("dead letters", 0, "nothing fails"),
-    Budget("purges and message deletes", 0, "one server: interest retention drops finished work itself"),
-    Budget("api configmaps APPLY", 1, "the runtime snapshot written once (SSA, field manager trainer)"),
-    Budget("api configmaps GET", 1, "read before apply: a foreign ConfigMap is never taken over"),
-    Budget("api jobsets APPLY", 1, "the suspended JobSet written once"),
-    Budget("api jobsets GET", 3, "max (2; 3 in two windows): read before apply, then per re-plan while suspended"),
-    Budget("api trainjobs GET", 1, "the live TrainJob before the status write that has a ledger record"),
-    Budget("api trainjobs/status APPLY", 2, "Suspended=True, then jobsStatus from the suspended JobSet"),
-    Budget("status writes", 2, "the same two (PATCH, PUT, APPLY on trainjobs/status)"),
-)
-"""A suspended torch TrainJob (2 nodes): created, its runtime snapshot and suspended JobSet applied, its
-Suspended condition written; no pod runs."""
-
-LIFECYCLE: tuple[Budget, ...] = (
-    Budget("events published", 8, "max (7-8): ADDED; components; 3-4 JobSet status changes; 2 echoes"),
-    Budget("event history copies", 8, "max: TJ_EVENTS_HISTORY keeps every event, the replayable record"),
-    Budget("planner deliveries", 8, "max: each event delivered once; more would be a redelivery"),
-    Budget("planner acks (ack floor)", 8, "max: each event acknowledged once planned"),
-    Budget("apply messages", 6, "the runtime snapshot and the JobSet once each, 4 status (2 written)"),
-    Budget("apply history copies", 6, "TJ_APPLY_HISTORY keeps every apply message"),
-    Budget("applier deliveries", 8, "each apply message once, the 2 held statuses once more"),
-    Budget("applier acks (ack floor)", 8, "each delivery acknowledged or handed back (the held ones)"),
-    Budget("results published", 6, "one outcome per apply message"),
-    Budget("ledger KV writes", 9, "claim + record per write (the fence), the TrainJob's seen key"),
-    Budget("ledger KV reads (direct gets)", 2, "max (0-2): a fresh read after a compare-and-set lost to a claim"),
-    Budget("acks sent", 14, "max (13-14): the planner's and the applier's acks, as the server routed them"),
-    Budget("other ack replies (nak, in progress, term)", 2, "2 Jobs' counts held for their turn (pacing)"),
-    Budget("dead letters", 0, "nothing fails"),
-    Budget("purges and message deletes", 0, "one server: interest retention drops finished work itself"),
-    Budget("api configmaps APPLY", 1, "the runtime snapshot written once"),
-    Budget("api configmaps GET", 1, "read before its apply: a foreign ConfigMap is never taken over"),
-    Budget("api jobsets APPLY", 1, "the JobSet written once; its status changes re-plan nothing of it"),
-    Budget("api jobsets GET", 2, "max (1; 2 under load): the applier's read before its apply, + the GC's owner check"),
-    Budget("api trainjobs GET", 2, "max (1-2): live TrainJob before a status write with a ledger record"),
-    Budget("api trainjobs/status APPLY", 2, "jobsStatus as the Jobs appear; Complete with the final counts"),
-    Budget("status writes", 2, "the same two: the counts between are held and overtaken (applier.pacing)"),
-)
-"""A torch TrainJob (2 nodes) created and run to Complete."""
-# fmt: on
-
-
 # ------------------------------------------------------------------------------------------- fixture
 
 
 @pytest.fixture(scope="module")
-def budget_pipeline(sim_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    """The lifecycle tests' pipeline (``faults.support.open_pipeline`` on ``sim_cluster``): its own nats-server,
-    the three services, the watcher limited to a fresh namespace."""
-    pipe = open_pipeline(sim_cluster.kube, tmp_path_factory.mktemp("budgets"), runtimes=("torch-distributed",))
+def audited_cluster(
+    tmp_path_factory: pytest.TempPathFactory, uncaptured_progress: Callable[[str], None]
+) -> Iterator[tuple[SimulatedCluster, Path]]:
+    """The simulated cluster (as ``sim_cluster``) on an apiserver that writes an audit log of every request, and
+    the log's path: who sent each request is what tells the pipeline's apart from everyone else's."""
+    root = tmp_path_factory.mktemp("audited-cluster")
+    flags, log = audit_flags(root / "audit")
+    cluster = start_simulated_cluster(
+        work_dir=root,
+        log_dir=root / "logs",
+        kubeconfig_path=root / "kubeconfig",
+        progress=uncaptured_progress,
+        pod_run_seconds=3.0,
+        extra_apiserver_args=flags,
+    )
+    try:
+        yield cluster, log
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def budget_pipeline(
+    audited_cluster: tuple[SimulatedCluster, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    """The lifecycle tests' pipeline (``faults.support.open_pipeline``): its own nats-server, the three services
+    as the pipeline's own ServiceAccounts, the watcher limited to a fresh namespace."""
+    cluster, _ = audited_cluster
+    pipe = open_pipeline(
+        cluster.kube, tmp_path_factory.mktemp("budgets"), runtimes=("torch-distributed",), own_identities=True
+    )
     try:
         pipe.start("watcher", extra=["--resync-seconds", RESYNC_SECONDS])
         pipe.start("planner")
@@ -144,77 +99,82 @@ def budget_pipeline(sim_cluster: Any, tmp_path_factory: pytest.TempPathFactory) 
 
 
 class Run:
-    """One TrainJob's measurement: the wiretap, the test's own requests, the snapshots around it."""
+    """One TrainJob's measurement: the wiretap and the snapshots around it. The test's own requests are the
+    admin's, which the audit log tells apart; nothing needs subtracting."""
 
-    def __init__(self, p: Pipeline) -> None:
+    def __init__(self, p: Pipeline, audit_log: Path) -> None:
         self.p = p
-        self.own = Own()
+        self.audit_log = audit_log
         self.tap = Wiretap()
 
     async def __aenter__(self) -> Run:
         # The services bound their consumers and finished starting (their lists, their partitions' claims):
         # all of it before the window, since none of it is the TrainJob's.
         await ready(self.p)
-        await until_quiet(self.p, Own())
+        await until_started(self.audit_log)
+        await until_quiet(self.p, self.audit_log)
         await self.tap.start(self.p)
-        self.before = await snapshot(self.p, self.tap)
+        self.before = await snapshot(self.p, self.tap, self.audit_log)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.tap.stop()
 
     def create(self, body: dict[str, Any]) -> None:
-        self.own.sent("trainjobs", "POST")
         self.p.create(body)
 
     def trainjob(self, name: str) -> dict[str, Any]:
-        self.own.sent("trainjobs", "GET")
         return self.p.get(TRAINER, "TrainJob", name)
 
     def jobset(self, name: str) -> dict[str, Any] | None:
-        self.own.sent("jobsets", "GET")
         return self.p.get_or_none(JOBSET, "JobSet", name)
 
     async def costs(self) -> dict[str, int]:
-        await until_quiet(self.p, self.own)
-        return measured(self.before, await snapshot(self.p, self.tap), self.own)
+        await until_quiet(self.p, self.audit_log)
+        return measured(self.before, await snapshot(self.p, self.tap, self.audit_log), self.p.namespace)
 
 
-async def breakdown(p: Pipeline, name: str) -> dict[str, Any]:
-    """Apply messages by component and the events' causes, read from the history once the count is taken."""
+async def breakdown(p: Pipeline, name: str) -> tuple[dict[str, int], dict[str, Any]]:
+    """The observations, the echoes and the apply messages by component, read back from the history; and for the
+    log the apply messages by target and the watcher's cause for each event."""
     nc = await p.connect()
     try:
         js = nc.jetstream()
         ns = p.namespace
         applies = await stream_messages(js, streams.APPLY.name, f"tj.apply.*.{ns}.{name}.>")
-        events = await stream_messages(js, streams.EVENTS.name, f"tj.ev.*.{ns}.{name}")
-        causes = [getattr(decode_event(event.data), "cause", "deleted") for event in events]
-        return {
-            "applies by component": dict(Counter(str(m.subject).rsplit(".", 1)[1] for m in applies)),
-            "event causes": causes,
-        }
+        events = [decode_event(m.data) for m in await stream_messages(js, streams.EVENTS.name, f"tj.ev.*.{ns}.{name}")]
     finally:
         await nc.close()
+    echoes = sum(1 for event in events if getattr(event, "echo", False))
+    components = Counter(str(m.subject).rsplit(".", 1)[1].split("_", 1)[0] for m in applies)
+    units = {"observation": len(events) - echoes, "echo": echoes}
+    units |= {f"apply messages for {component}": count for component, count in components.items()}
+    return units, {
+        "applies by target": dict(Counter(str(m.subject).rsplit(".", 1)[1] for m in applies)),
+        "event causes": [getattr(event, "cause", "deleted") for event in events],
+    }
 
 
-def check(what: str, costs: dict[str, int], budgets: tuple[Budget, ...], extra: dict[str, Any]) -> None:
-    print(f"\n[budgets] {what}:\n{table(costs, budgets)}\n{json.dumps(extra, indent=1, default=str)}")
+def check(
+    what: str, costs: dict[str, int], rows: tuple[Row, ...], found: tuple[dict[str, int], dict[str, Any]]
+) -> None:
+    units, extra = found
+    costs = {**costs, **units}
+    print(f"\n[budgets] {what}:\n{table(costs, rows, costs)}\n{json.dumps(extra, indent=1, default=str)}")
     print(f"[budgets-json] {json.dumps({'what': what, 'costs': costs, **extra}, default=str)}")
-    savings = under_budget(costs, budgets)
-    if savings:
-        # Expected for the rows marked max (their count varies with timing); a row always below is a saving to lock in.
-        print(f"[budgets] {what}: below budget: {savings}")
-    problems = over_budget(costs, budgets)
-    assert not problems, f"{what} costs more than its budget (docs/cost-budgets.md):\n" + "\n".join(problems)
+    problems = verdict(costs, rows, costs)
+    assert not problems, f"{what} costs other than its budget (docs/cost-budgets.md):\n" + "\n".join(problems)
 
 
 # ------------------------------------------------------------------------------------------- tests
 
 
-async def test_creation_costs_at_most_its_budget(budget_pipeline: Pipeline) -> None:
+async def test_creation_costs_at_most_its_budget(
+    budget_pipeline: Pipeline, audited_cluster: tuple[SimulatedCluster, Path]
+) -> None:
     p = budget_pipeline
     name = "created"
-    async with Run(p) as run:
+    async with Run(p, audited_cluster[1]) as run:
         run.create(trainjob(name, num_nodes=2, suspend=True))
 
         def built() -> bool:
@@ -227,10 +187,12 @@ async def test_creation_costs_at_most_its_budget(budget_pipeline: Pipeline) -> N
     check("creation (suspended)", costs, CREATION, await breakdown(p, name))
 
 
-async def test_a_run_to_complete_costs_at_most_its_budget(budget_pipeline: Pipeline) -> None:
+async def test_a_run_to_complete_costs_at_most_its_budget(
+    budget_pipeline: Pipeline, audited_cluster: tuple[SimulatedCluster, Path]
+) -> None:
     p = budget_pipeline
     name = "completed"
-    async with Run(p) as run:
+    async with Run(p, audited_cluster[1]) as run:
         run.create(trainjob(name, num_nodes=2))
 
         def complete() -> bool:

@@ -40,7 +40,7 @@ import contextlib
 import json
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -163,9 +163,17 @@ def start_simulated_cluster(
     nodes: int = DEFAULT_NODES,
     pod_run_seconds: float = DEFAULT_POD_RUN_SECONDS,
     node_shape: NodeShape = NodeShape(),
+    extra_apiserver_args: Sequence[str] = (),
 ) -> SimulatedCluster:
-    """etcd and kube-apiserver (``start_kube``), the CRDs the pipeline needs, and ``start_simulation``."""
-    kube = start_kube(work_dir=work_dir / "kube", log_dir=log_dir, kubeconfig_path=kubeconfig_path, progress=progress)
+    """etcd and kube-apiserver (``start_kube``, with ``extra_apiserver_args``), the CRDs the pipeline needs, and
+    ``start_simulation``."""
+    kube = start_kube(
+        work_dir=work_dir / "kube",
+        log_dir=log_dir,
+        kubeconfig_path=kubeconfig_path,
+        progress=progress,
+        extra_apiserver_args=extra_apiserver_args,
+    )
     try:
         with new_api_client(kube.kubeconfig) as api:
             install_crds(api, crd_manifests(progress=progress))
