@@ -21,6 +21,7 @@ import collections
 import contextlib
 import http.client
 import os
+import random
 import signal
 import socket
 import ssl
@@ -143,12 +144,40 @@ def stop_from_pid_files(log_dir: Path, *, timeout: float = 10) -> list[str]:
     return stopped
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+LISTEN_PORTS_FROM = 10000
+"""The lowest port ``free_port`` hands out: above the well-known and the usual fixed service ports."""
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the usual small race is accepted)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    """A TCP port on 127.0.0.1 that was free a moment ago, chosen below the kernel's ephemeral range.
+
+    Between this answer and the server's own bind the port is free for anyone to take. Taken from the
+    ephemeral range (a bind to port 0), it was taken, on a busy machine, by the local end of some outgoing
+    connection or by another process's bind to port 0, and the server failed with "address already in use".
+    Nothing takes a port below that range unless it asks for that port, so a random one there is left alone.
+    """
+    low, _high = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(LISTEN_PORTS_FROM, max(LISTEN_PORTS_FROM + 1, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # a crowded range: the kernel's pick
         probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        chosen: int = probe.getsockname()[1]
+        return chosen
 
 
 def wait_until(
