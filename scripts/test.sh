@@ -36,7 +36,7 @@ checks() {
   echo "· ruff format";   check "ruff format" -- "$venv/ruff" format --check .
   echo "· mypy --strict"; check "mypy --strict" -- "$venv/mypy"
   echo "· import layers"; check "import layers" -- "$venv/lint-imports"
-  echo "· docs site";     check "mkdocs build --strict" -- env NO_MKDOCS_2_WARNING=1 "$venv/mkdocs" build --strict --quiet
+  echo "· docs site";     check "mkdocs build --strict" -- env NO_MKDOCS_2_WARNING=1 "$venv/mkdocs" build --strict
 }
 
 if [ $# -gt 0 ]; then
