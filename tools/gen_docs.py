@@ -8,6 +8,7 @@ Each page is written from the one place its facts live:
   meaning, and the commands that take it;
 - ``docs/reference/metrics.md``: the metrics the services register on ``plumbing.observability.REGISTRY``;
 - ``docs/reference/alerts.md``: the PrometheusRule in ``deploy/components/monitoring``;
+- ``docs/changelog.md``: ``CHANGELOG.md``, its links made relative to the site;
 - ``docs/performance-ratios.svg``: a bar chart of the current benchmark's ratios, from
   ``docs/data/benchmark.json`` (a plain SVG: no script, nothing fetched).
 
@@ -313,6 +314,15 @@ def ratios_svg() -> str:
     return "\n".join(parts) + "\n"
 
 
+# --- the changelog ----------------------------------------------------------------------------------------
+
+
+def changelog_page() -> str:
+    """CHANGELOG.md as a page of the site: its links into docs/ made relative to the site."""
+    text = (REPO / "CHANGELOG.md").read_text()
+    return HEADER.format(source="CHANGELOG.md") + text.replace("](docs/", "](")
+
+
 # --- the command ------------------------------------------------------------------------------------------
 
 PAGES: dict[str, Callable[[], str]] = {
@@ -321,6 +331,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/metrics.md": metrics_page,
     "reference/alerts.md": alerts_page,
     "performance-ratios.svg": ratios_svg,
+    "changelog.md": changelog_page,
 }
 
 
