@@ -323,6 +323,42 @@ def changelog_page() -> str:
     return HEADER.format(source="CHANGELOG.md") + text.replace("](docs/", "](")
 
 
+# --- the warnings the services log -----------------------------------------------------------------------
+
+SERVICE_PACKAGES = ("watcher", "planner", "applier", "plumbing", "tjpipe")
+PRINTF = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfig]")
+
+
+def log_warnings() -> dict[str, str]:
+    """Every ``log.warning("...")`` of the services, as the page shows it (each ``%s`` as ``…``) → where it is.
+
+    Not a page of its own: troubleshooting.md explains each one in words, and tests/docs checks that it names
+    them all. ``tjpipe/local`` (the developer's stack) is left out: it is not a service a platform team runs.
+    """
+    import ast
+
+    found: dict[str, str] = {}
+    for package in SERVICE_PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if "local" in path.relative_to(REPO).parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "warning"
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "log"
+                ):
+                    continue
+                first = node.args[0] if node.args else None
+                where = f"{path.relative_to(REPO)}:{node.lineno}"
+                if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                    raise SystemExit(f"{where}: a warning's message is a literal, so the docs can name it")
+                found.setdefault(PRINTF.sub("\N{HORIZONTAL ELLIPSIS}", first.value), where)
+    return found
+
+
 # --- the command ------------------------------------------------------------------------------------------
 
 PAGES: dict[str, Callable[[], str]] = {

@@ -128,3 +128,11 @@ def test_the_ratio_chart_shows_the_figures_the_performance_page_prints() -> None
     for row in data["rows"]:
         assert row["ratio_as_printed"] in page, row
         assert float(row["ratio_as_printed"].rstrip("\N{MULTIPLICATION SIGN}")) == row["ratio"], row
+
+
+def test_troubleshooting_explains_every_warning_the_services_log() -> None:
+    page = (DOCS / "troubleshooting.md").read_text()
+    warnings = gen_docs().log_warnings()
+    assert len(warnings) > 30, warnings
+    missing = {message: where for message, where in warnings.items() if f"| `{message}` |" not in page}
+    assert missing == {}, "explain these in docs/troubleshooting.md, 'A service logs a warning'"
