@@ -8,6 +8,7 @@ Each page is written from the one place its facts live:
   meaning, and the commands that take it;
 - ``docs/reference/metrics.md``: the metrics the services register on ``plumbing.observability.REGISTRY``;
 - ``docs/reference/alerts.md``: the PrometheusRule in ``deploy/components/monitoring``;
+- the streams table of ``docs/configuration.md`` (between its ``generated`` markers): ``contracts/streams.py``;
 - ``docs/changelog.md``: ``CHANGELOG.md``, its links made relative to the site;
 - ``docs/performance-ratios.svg``: a bar chart of the current benchmark's ratios, from
   ``docs/data/benchmark.json`` (a plain SVG: no script, nothing fetched).
@@ -314,6 +315,89 @@ def ratios_svg() -> str:
     return "\n".join(parts) + "\n"
 
 
+# --- the streams ------------------------------------------------------------------------------------------
+
+
+def _days(seconds: float) -> str:
+    days = seconds / 86400
+    return f"{days:g} day" + ("" if days == 1 else "s")
+
+
+def _size(size: int) -> str:
+    if size < 0:
+        return "none"
+    gib = size / 1024**3
+    return f"{gib:g} GiB"
+
+
+def _subject_shape(spec: Any) -> str:
+    """The shape of the stream's subjects, from the function that makes them (a placeholder per varying part)."""
+    from contracts import subjects
+
+    source = spec.subjects[0] if spec.subjects else None
+    if source is None:  # a history stream: the subjects of the stream it copies
+        from contracts.streams import ALL_STREAMS
+
+        origin = next(s for s in ALL_STREAMS if s.name == spec.sources[0])
+        return _subject_shape(origin)
+    ns, name = "<ns>", "<name>"
+    made = {
+        subjects.EVENTS_PREFIX: lambda: subjects.event_subject(ns, name),
+        subjects.APPLY_PREFIX: lambda: subjects.apply_subject(ns, name, "<component>"),
+        subjects.RESULTS_PREFIX: lambda: subjects.result_subject(ns, name, "<component>"),
+        subjects.DLQ_PREFIX: lambda: subjects.dlq_subject("<stage>", ns, name),
+        subjects.PROGRESS_PREFIX: lambda: subjects.progress_subject(ns, name),
+    }[source.removesuffix(".>")]()
+    return made.replace(f".{subjects.partition_of(ns, name)}.", ".<partition>.")
+
+
+def streams_table() -> str:
+    """The streams as ``contracts/streams.py`` declares them, for configuration.md's "Streams"."""
+    from contracts import streams
+
+    out = ["| stream | kind | subjects | keeps | byte limit | at its byte limit | its settings |\n"]
+    out.append("|---|---|---|---|---|---|---|\n")
+    for spec in streams.ALL_STREAMS:
+        work = spec in streams.WORK_STREAMS
+        if work:
+            kind = "work (interest retention on one server; limits and trimmed by its consumer on a cluster, see below)"
+            consumer = {streams.EVENTS.name: "the planner", streams.APPLY.name: "the applier"}[spec.name]
+            keeps = f"a message until {consumer} acked it and it is recorded, at most {_days(spec.max_age_seconds)}"
+        else:
+            kind = f"record, sourced from `{spec.sources[0]}`" if spec.sources else "record"
+            keeps = _days(spec.max_age_seconds)
+        at_limit = "refuses new messages: the publisher waits" if spec.discard == "new" else "drops its oldest records"
+        prefix = f"TJPIPE_{spec.name.removeprefix('TJ_')}_"
+        out.append(
+            f"| `{spec.name}` | {kind} | `{_subject_shape(spec)}` | {keeps} | {_size(spec.max_bytes)} | {at_limit} | "
+            f"`{prefix}MAX_AGE`, `{prefix}MAX_BYTES` |\n"
+        )
+    records = [s for s in streams.RECORD_STREAMS if s.max_bytes > 0]
+    total = sum(s.max_bytes for s in records)
+    windows = {s.duplicate_window_seconds for s in streams.ALL_STREAMS}
+    window = f"{min(windows) / 60:g}-minute" if len(windows) == 1 else "per stream"
+    out.append(
+        f"\n{len(streams.ALL_STREAMS)} streams, file storage, {window} duplicate window. The record streams' "
+        f"default byte limits add up to {_size(total)}.\n"
+    )
+    return "".join(out)
+
+
+BLOCKS: dict[str, dict[str, Callable[[], str]]] = {"configuration.md": {"streams": streams_table}}
+"""Tables generated inside a hand-written page, between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``."""
+
+
+def _with_blocks(text: str, blocks: dict[str, Callable[[], str]], page: str) -> str:
+    for name, make in blocks.items():
+        start, end = f"<!-- generated: {name} (tools/gen_docs.py) -->\n", f"<!-- end: {name} -->"
+        if start not in text or end not in text:
+            raise SystemExit(f"docs/{page}: the markers of the generated {name} table are missing")
+        before, rest = text.split(start, 1)
+        _, after = rest.split(end, 1)
+        text = before + start + make() + end + after
+    return text
+
+
 # --- the changelog ----------------------------------------------------------------------------------------
 
 
@@ -388,6 +472,16 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    for name, blocks in BLOCKS.items():
+        path = args.docs / name
+        current = path.read_text()
+        text = _with_blocks(current, blocks, name)
+        if text != current:
+            if args.check:
+                stale.append(name)
+            else:
+                path.write_text(text)
+                print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     if stale:
         print("stale (run: python tools/gen_docs.py): " + ", ".join(stale), file=sys.stderr)
         return 1

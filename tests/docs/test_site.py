@@ -136,3 +136,10 @@ def test_troubleshooting_explains_every_warning_the_services_log() -> None:
     assert len(warnings) > 30, warnings
     missing = {message: where for message, where in warnings.items() if f"| `{message}` |" not in page}
     assert missing == {}, "explain these in docs/troubleshooting.md, 'A service logs a warning'"
+
+
+def test_check_names_a_stale_generated_table(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    configuration = copy / "docs" / "configuration.md"
+    configuration.write_text(configuration.read_text().replace("| `TJ_PROGRESS` |", "| `TJ_PROGRESS_OLD` |"))
+    assert gen_docs().main(["--check", "--docs", str(copy / "docs")]) == 1
+    assert "configuration.md" in capsys.readouterr().err
