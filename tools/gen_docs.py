@@ -9,6 +9,7 @@ Each page is written from the one place its facts live:
 - ``docs/reference/metrics.md``: the metrics the services register on ``plumbing.observability.REGISTRY``;
 - ``docs/reference/alerts.md``: the PrometheusRule in ``deploy/components/monitoring``;
 - the streams table of ``docs/configuration.md`` (between its ``generated`` markers): ``contracts/streams.py``;
+- the CI times in ``README.md`` and ``docs/index.md`` (between markers): ``docs/data/ci.json``;
 - ``docs/changelog.md``: ``CHANGELOG.md``, its links made relative to the site;
 - ``docs/performance-ratios.svg``: a bar chart of the current benchmark's ratios, from
   ``docs/data/benchmark.json`` (a plain SVG: no script, nothing fetched).
@@ -383,8 +384,32 @@ def streams_table() -> str:
     return "".join(out)
 
 
-BLOCKS: dict[str, dict[str, Callable[[], str]]] = {"configuration.md": {"streams": streams_table}}
-"""Tables generated inside a hand-written page, between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``."""
+CI_TIMES = DOCS / "data" / "ci.json"
+
+
+def ci_times(contributing: str) -> Callable[[], str]:
+    """How long CI takes, from ``docs/data/ci.json``, for the README and the home page (links differ)."""
+
+    def make() -> str:
+        data = json.loads(CI_TIMES.read_text())
+        cold, warm = data["cold"], data["warm"]
+        return (
+            f"On {data['machine']}, a cold CI run (apt, the environment and every Go binary included) took "
+            f"{cold['wall']} ({cold['date']}, at {cold['commit']}, {cold['passed']:,} tests passed) and a warm "
+            f"one {warm['wall']} ({warm['date']}, at {warm['commit']}, {warm['passed']:,} passed); "
+            f"[Contributing]({contributing}#ci-time) has every run and where the time goes.\n"
+        )
+
+    return make
+
+
+BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/configuration.md": {"streams": streams_table},
+    "docs/index.md": {"ci-times": ci_times("contributing.md")},
+    "README.md": {"ci-times": ci_times("docs/contributing.md")},
+}
+"""Text generated inside a hand-written page, between ``<!-- generated: NAME ... -->`` and ``<!-- end: NAME -->``;
+keyed by the path from the repository's top (a page under docs/ is read from ``--docs``)."""
 
 
 def _with_blocks(text: str, blocks: dict[str, Callable[[], str]], page: str) -> str:
@@ -473,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     for name, blocks in BLOCKS.items():
-        path = args.docs / name
+        path = args.docs / name.removeprefix("docs/") if name.startswith("docs/") else REPO / name
         current = path.read_text()
         text = _with_blocks(current, blocks, name)
         if text != current:
