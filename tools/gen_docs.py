@@ -6,7 +6,8 @@ Each page is written from the one place its facts live:
 - ``docs/reference/settings.md``: every setting of the one settings object (``tjpipe/settings.py``): the flags
   made by ``env_flag``, ``env_switch`` and ``env_list_flag``, each with its environment variable, default and
   meaning, and the commands that take it;
-- ``docs/reference/metrics.md``: the metrics the services register on ``plumbing.observability.REGISTRY``;
+- ``docs/reference/metrics.md``: every metric the services' modules register (all of them imported first; the one
+  registry, ``plumbing.observability.REGISTRY``, checked to be the only one);
 - ``docs/reference/alerts.md``: the PrometheusRule in ``deploy/components/monitoring``;
 - the streams table of ``docs/configuration.md`` (between its ``generated`` markers): ``contracts/streams.py``;
 - the CI times in ``README.md`` and ``docs/index.md`` (between markers): ``docs/data/ci.json``;
@@ -203,16 +204,120 @@ def settings_page() -> str:
             f"| `{_cell(flags)}` | `{env}` | {_cell(default)} | {_cell(meaning)} | "
             f"{_cell(', '.join(sorted(set(commands))))} |\n"
         )
+    out.append(_flag_only_settings(parser))
+    out.append(_environment_only_settings())
+    return "".join(out)
+
+
+SERVICES = ("watcher", "planner", "applier", "controller", "webhook", "status-server", "history-server")
+"""The commands that run as a service in a deployment: their flags without a variable are settings too."""
+
+
+def _flag_only_settings(parser: argparse.ArgumentParser) -> str:
+    from tjpipe.settings import FromEnvironment
+
+    rows: dict[str, tuple[str, str, list[str]]] = {}
+    for command in _walk(_subcommands(parser, [])):
+        if command.words[0] not in SERVICES:
+            continue
+        for action in _arguments(command.parser):
+            if isinstance(action.default, FromEnvironment) or not action.option_strings or action.dest == "debug":
+                continue  # --debug is TJPIPE_DEBUG's flag, below
+            default = action.default
+            shown = "(none)" if default in (None, False, "", []) else f"`{default}`"
+            entry = rows.setdefault(_flags(action), (shown, action.help or "", []))
+            entry[2].append(" ".join(command.words))
+    out = [
+        "\n## Flags without a variable\n\n",
+        "The services' flags that only the command line sets (a deployment passes them as `args`).\n\n",
+        "| flag | default | meaning | commands |\n|---|---|---|---|\n",
+    ]
+    for flags, (default, meaning, commands) in sorted(rows.items()):
+        out.append(
+            f"| `{_cell(flags)}` | {_cell(default)} | {_cell(meaning)} | {_cell(', '.join(sorted(commands)))} |\n"
+        )
+    return "".join(out)
+
+
+ENVIRONMENT_ONLY = {
+    "TJPIPE_STREAM_REPLICAS": (
+        "`1`",
+        "replicas of every stream and KV bucket: 1 for one server, 3 for a JetStream "
+        "cluster of three (`deploy/` sets 3)",
+        "bus-setup, up",
+    ),
+    "TJPIPE_DEBUG": (
+        "(none)",
+        "`1`, `true`, `yes` or `on`: print a traceback with an error, as `--debug` does",
+        "every command",
+    ),
+}
+"""Variables read with no flag beside them; tests/docs checks that every TJPIPE_ variable the code reads is listed."""
+
+
+def _environment_only_settings() -> str:
+    from contracts.streams import ALL_STREAMS
+
+    out = [
+        "\n## Variables without a flag\n\n",
+        "Read from the environment only. Each stream's retention is read by `tjpipe bus-setup` (and `tjpipe up`, "
+        "which runs it) when it makes or updates the streams; an age is `90s`, `30m`, `72h`, `7d` or seconds, a "
+        "size `500mi`, `2gi`, `10g` or bytes (`-1`: no limit). [Streams](../configuration.md#streams) says what "
+        "each stream holds.\n\n",
+        "| environment variable | default | meaning | read by |\n|---|---|---|---|\n",
+    ]
+    rows = dict(ENVIRONMENT_ONLY)
+    for spec in ALL_STREAMS:
+        prefix = f"TJPIPE_{spec.name.removeprefix('TJ_')}_"
+        rows[prefix + "MAX_AGE"] = (
+            f"`{_days(spec.max_age_seconds)}`",
+            f"how long `{spec.name}` keeps a message",
+            "bus-setup, up",
+        )
+        rows[prefix + "MAX_BYTES"] = (f"`{_size(spec.max_bytes)}`", f"the byte limit of `{spec.name}`", "bus-setup, up")
+    for env, (default, meaning, readers) in sorted(rows.items()):
+        out.append(f"| `{env}` | {default} | {_cell(meaning)} | {readers} |\n")
     return "".join(out)
 
 
 # --- the metrics ------------------------------------------------------------------------------------------
 
 
+def _service_modules() -> list[str]:
+    """Every module of the services (``tjpipe/local``, the developer's stack, left out), imported: a metric is
+    registered when its module is imported, and a service imports its modules when it starts."""
+    import importlib
+    import pkgutil
+
+    names: list[str] = []
+    for package in SERVICE_PACKAGES:
+        module = importlib.import_module(package)
+        for info in pkgutil.walk_packages(module.__path__, prefix=f"{package}."):
+            if ".local" in info.name or info.name.endswith("__main__"):
+                continue
+            importlib.import_module(info.name)
+            names.append(info.name)
+    return names
+
+
+def _registries() -> list[Any]:
+    """Every prometheus_client registry that exists once the services' modules are imported."""
+    import gc
+
+    from prometheus_client import CollectorRegistry
+
+    _service_modules()
+    return [o for o in gc.get_objects() if isinstance(o, CollectorRegistry)]
+
+
 def metrics_page() -> str:
-    import planner.webhook  # noqa: F401  (registers the admission review counter)
+    from prometheus_client import REGISTRY as PROCESS_DEFAULT
+
     from plumbing import observability
 
+    registries = [r for r in _registries() if r is not PROCESS_DEFAULT]
+    if registries != [observability.REGISTRY]:
+        raise SystemExit(f"metrics registered outside plumbing.observability.REGISTRY: {registries}")
     rows: list[tuple[str, str, str, str]] = []
     for collector in list(observability.REGISTRY._collector_to_names):
         name = getattr(collector, "_name", None)
@@ -228,7 +333,7 @@ def metrics_page() -> str:
             for family in collector.describe():
                 rows.append((family.name, family.type, ", ".join(observability.LIFECYCLE_LABELS), family.documentation))
         # The rest are prometheus_client's own process, platform and GC collectors (process_*, python_*).
-    out = [HEADER.format(source="the metrics registered in plumbing/observability.py and planner/webhook.py")]
+    out = [HEADER.format(source="every metric the services' modules register (plumbing.observability.REGISTRY)")]
     out.append("# Metrics reference\n\n")
     out.append(
         "Every metric the services register, as `/metrics` serves it (port 9090 in a deployment; `tjpipe up` "

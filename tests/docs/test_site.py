@@ -143,3 +143,16 @@ def test_check_names_a_stale_generated_table(copy: Path, capsys: pytest.CaptureF
     configuration.write_text(configuration.read_text().replace("| `TJ_PROGRESS` |", "| `TJ_PROGRESS_OLD` |"))
     assert gen_docs().main(["--check", "--docs", str(copy / "docs")]) == 1
     assert "configuration.md" in capsys.readouterr().err
+
+
+def test_the_settings_reference_names_every_variable_the_code_reads() -> None:
+    page = (DOCS / "reference" / "settings.md").read_text()
+    read: set[str] = set()
+    for package in gen_docs().SERVICE_PACKAGES + ("contracts",):
+        for path in (REPO / package).rglob("*.py"):
+            if "local" not in path.relative_to(REPO).parts:
+                read |= set(
+                    re.findall(r"""(?:environ\.get\(|getenv\(|env=)["'](TJPIPE_[A-Z0-9_]+)["']""", path.read_text())
+                )
+    assert len(read) > 20, read
+    assert sorted(name for name in read if f"`{name}`" not in page) == []
