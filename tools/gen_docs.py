@@ -10,6 +10,7 @@ Each page is written from the one place its facts live:
   registry, ``plumbing.observability.REGISTRY``, checked to be the only one);
 - ``docs/reference/alerts.md``: the PrometheusRule in ``deploy/components/monitoring``;
 - the streams table of ``docs/configuration.md`` (between its ``generated`` markers): ``contracts/streams.py``;
+- the consumers table of ``docs/internals.md``: ``contracts/streams.py``;
 - the CI times in ``README.md`` and ``docs/index.md`` (between markers): ``docs/data/ci.json``;
 - ``docs/changelog.md``: ``CHANGELOG.md``, its links made relative to the site;
 - ``docs/performance-ratios.svg``: a bar chart of the current benchmark's ratios, from
@@ -229,7 +230,7 @@ def _flag_only_settings(parser: argparse.ArgumentParser) -> str:
             entry[2].append(" ".join(command.words))
     out = [
         "\n## Flags without a variable\n\n",
-        "The services' flags that only the command line sets (a deployment passes them as `args`).\n\n",
+        "The services' flags that only the command line sets (a deployment sets them in a container's `args`).\n\n",
         "| flag | default | meaning | commands |\n|---|---|---|---|\n",
     ]
     for flags, (default, meaning, commands) in sorted(rows.items()):
@@ -489,6 +490,28 @@ def streams_table() -> str:
     return "".join(out)
 
 
+def consumers_table() -> str:
+    """The durable consumers and KV buckets, as ``contracts/streams.py`` and the bus set-up declare them."""
+    from contracts import streams
+    from contracts.subjects import PARTITIONS
+    from plumbing.bus_setup import LEASE_BUCKET
+
+    out = ["| consumer | on stream | one per partition | filter | ack wait | redeliveries | unacked at most |\n"]
+    out.append("|---|---|---|---|---|---|---|\n")
+    for spec in (streams.PLANNER, streams.APPLIER):
+        deliver = "unlimited" if spec.max_deliver < 0 else str(spec.max_deliver)
+        out.append(
+            f"| {spec.durable} | `{spec.stream}` | `{spec.durable}-p0` … `{spec.durable}-p{PARTITIONS - 1}` | "
+            f"`{spec.filter_subject}` (each its partition's) | {spec.ack_wait_seconds:g} s | {deliver} | "
+            f"{spec.max_ack_pending:,} |\n"
+        )
+    out.append(
+        f"\nKV buckets: `{streams.APPLIED_BUCKET}`, the applier's ledger (one key per target), and "
+        f"`{LEASE_BUCKET}`, the replicas' partition leases.\n"
+    )
+    return "".join(out)
+
+
 CI_TIMES = DOCS / "data" / "ci.json"
 
 
@@ -510,6 +533,7 @@ def ci_times(contributing: str) -> Callable[[], str]:
 
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/configuration.md": {"streams": streams_table},
+    "docs/internals.md": {"consumers": consumers_table},
     "docs/index.md": {"ci-times": ci_times("contributing.md")},
     "README.md": {"ci-times": ci_times("docs/contributing.md")},
 }
