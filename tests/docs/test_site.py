@@ -148,7 +148,7 @@ def test_check_names_a_stale_generated_table(copy: Path, capsys: pytest.CaptureF
 def test_the_settings_reference_names_every_variable_the_code_reads() -> None:
     page = (DOCS / "reference" / "settings.md").read_text()
     read: set[str] = set()
-    for package in gen_docs().SERVICE_PACKAGES + ("contracts",):
+    for package in (*gen_docs().SERVICE_PACKAGES, "contracts"):
         for path in (REPO / package).rglob("*.py"):
             if "local" not in path.relative_to(REPO).parts:
                 read |= set(
