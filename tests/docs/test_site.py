@@ -92,6 +92,9 @@ def test_the_readme_is_one_page_and_keeps_what_ci_runs() -> None:
         assert f"```bash\n{command}\n```" in readme, command
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (REPO / link).is_file(), link
+    first_screen = "\n".join(readme.splitlines()[:20])
+    for page in ("docs/install.md", "docs/data-scientists.md"):
+        assert f"]({page})" in first_screen, f"the README's first screen links {page}"
 
 
 def test_every_command_help_names_a_page_that_exists() -> None:
