@@ -36,7 +36,9 @@ checks() {
   echo "· ruff format";   check "ruff format" -- "$venv/ruff" format --check .
   echo "· mypy --strict"; check "mypy --strict" -- "$venv/mypy"
   echo "· import layers"; check "import layers" -- "$venv/lint-imports"
-  echo "· docs site";     check "mkdocs build --strict" -- env NO_MKDOCS_2_WARNING=1 "$venv/mkdocs" build --strict --quiet
+  # Mermaid served with the site (diagrams render offline): fetched as tools/mermaid/package-lock.json locks it.
+  echo "· docs assets";   check "docs assets (mermaid)" -- bash "$root/scripts/docs-assets.sh"
+  echo "· docs site";     check "mkdocs build --strict" -- env NO_MKDOCS_2_WARNING=1 "$venv/mkdocs" build --strict
 }
 
 if [ $# -gt 0 ]; then

@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bus-setup",
         help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
         description="Stream retention comes from the environment: "
-        "TJPIPE_<EVENTS|APPLY|EVENTS_HISTORY|APPLY_HISTORY|RESULTS|DLQ>_MAX_AGE (e.g. 30d) and _MAX_BYTES "
+        f"TJPIPE_<{_stream_names()}>_MAX_AGE (e.g. 30d) and _MAX_BYTES "
         "(e.g. 2gi); stream and KV replicas from TJPIPE_STREAM_REPLICAS (default 1). A bus made by an earlier "
         "version is upgraded in place: the history streams first, then the work streams' retention.",
     )
@@ -435,6 +435,13 @@ class _Parser(argparse.ArgumentParser):
 
         _error(f"{message} (see: {self.prog} --help)")
         raise SystemExit(int(ExitCode.USAGE))
+
+
+def _stream_names() -> str:
+    """Every stream's setting prefix (``EVENTS|APPLY|…``), from the streams' declarations."""
+    from contracts.streams import ALL_STREAMS
+
+    return "|".join(spec.name.removeprefix("TJ_") for spec in ALL_STREAMS)
 
 
 def _version() -> str:

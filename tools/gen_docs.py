@@ -6,8 +6,13 @@ Each page is written from the one place its facts live:
 - ``docs/reference/settings.md``: every setting of the one settings object (``tjpipe/settings.py``): the flags
   made by ``env_flag``, ``env_switch`` and ``env_list_flag``, each with its environment variable, default and
   meaning, and the commands that take it;
-- ``docs/reference/metrics.md``: the metrics the services register on ``plumbing.observability.REGISTRY``;
+- ``docs/reference/metrics.md``: every metric the services' modules register (all of them imported first; the one
+  registry, ``plumbing.observability.REGISTRY``, checked to be the only one);
 - ``docs/reference/alerts.md``: the PrometheusRule in ``deploy/components/monitoring``;
+- the streams table of ``docs/configuration.md`` (between its ``generated`` markers): ``contracts/streams.py``;
+- the consumers table of ``docs/internals.md``: ``contracts/streams.py``;
+- the CI times in ``README.md`` and ``docs/index.md`` (between markers): ``docs/data/ci.json``;
+- ``docs/changelog.md``: ``CHANGELOG.md``, its links made relative to the site;
 - ``docs/performance-ratios.svg``: a bar chart of the current benchmark's ratios, from
   ``docs/data/benchmark.json`` (a plain SVG: no script, nothing fetched).
 
@@ -200,16 +205,120 @@ def settings_page() -> str:
             f"| `{_cell(flags)}` | `{env}` | {_cell(default)} | {_cell(meaning)} | "
             f"{_cell(', '.join(sorted(set(commands))))} |\n"
         )
+    out.append(_flag_only_settings(parser))
+    out.append(_environment_only_settings())
+    return "".join(out)
+
+
+SERVICES = ("watcher", "planner", "applier", "controller", "webhook", "status-server", "history-server")
+"""The commands that run as a service in a deployment: their flags without a variable are settings too."""
+
+
+def _flag_only_settings(parser: argparse.ArgumentParser) -> str:
+    from tjpipe.settings import FromEnvironment
+
+    rows: dict[str, tuple[str, str, list[str]]] = {}
+    for command in _walk(_subcommands(parser, [])):
+        if command.words[0] not in SERVICES:
+            continue
+        for action in _arguments(command.parser):
+            if isinstance(action.default, FromEnvironment) or not action.option_strings or action.dest == "debug":
+                continue  # --debug is TJPIPE_DEBUG's flag, below
+            default = action.default
+            shown = "(none)" if default in (None, False, "", []) else f"`{default}`"
+            entry = rows.setdefault(_flags(action), (shown, action.help or "", []))
+            entry[2].append(" ".join(command.words))
+    out = [
+        "\n## Flags without a variable\n\n",
+        "The services' flags that only the command line sets (a deployment sets them in a container's `args`).\n\n",
+        "| flag | default | meaning | commands |\n|---|---|---|---|\n",
+    ]
+    for flags, (default, meaning, commands) in sorted(rows.items()):
+        out.append(
+            f"| `{_cell(flags)}` | {_cell(default)} | {_cell(meaning)} | {_cell(', '.join(sorted(commands)))} |\n"
+        )
+    return "".join(out)
+
+
+ENVIRONMENT_ONLY = {
+    "TJPIPE_STREAM_REPLICAS": (
+        "`1`",
+        "replicas of every stream and KV bucket: 1 for one server, 3 for a JetStream "
+        "cluster of three (`deploy/` sets 3)",
+        "bus-setup, up",
+    ),
+    "TJPIPE_DEBUG": (
+        "(none)",
+        "`1`, `true`, `yes` or `on`: print a traceback with an error, as `--debug` does",
+        "every command",
+    ),
+}
+"""Variables read with no flag beside them; tests/docs checks that every TJPIPE_ variable the code reads is listed."""
+
+
+def _environment_only_settings() -> str:
+    from contracts.streams import ALL_STREAMS
+
+    out = [
+        "\n## Variables without a flag\n\n",
+        "Read from the environment only. Each stream's retention is read by `tjpipe bus-setup` (and `tjpipe up`, "
+        "which runs it) when it makes or updates the streams; an age is `90s`, `30m`, `72h`, `7d` or seconds, a "
+        "size `500mi`, `2gi`, `10g` or bytes (`-1`: no limit). [Streams](../configuration.md#streams) says what "
+        "each stream holds.\n\n",
+        "| environment variable | default | meaning | read by |\n|---|---|---|---|\n",
+    ]
+    rows = dict(ENVIRONMENT_ONLY)
+    for spec in ALL_STREAMS:
+        prefix = f"TJPIPE_{spec.name.removeprefix('TJ_')}_"
+        rows[prefix + "MAX_AGE"] = (
+            f"`{_days(spec.max_age_seconds)}`",
+            f"how long `{spec.name}` keeps a message",
+            "bus-setup, up",
+        )
+        rows[prefix + "MAX_BYTES"] = (f"`{_size(spec.max_bytes)}`", f"the byte limit of `{spec.name}`", "bus-setup, up")
+    for env, (default, meaning, readers) in sorted(rows.items()):
+        out.append(f"| `{env}` | {default} | {_cell(meaning)} | {readers} |\n")
     return "".join(out)
 
 
 # --- the metrics ------------------------------------------------------------------------------------------
 
 
+def _service_modules() -> list[str]:
+    """Every module of the services (``tjpipe/local``, the developer's stack, left out), imported: a metric is
+    registered when its module is imported, and a service imports its modules when it starts."""
+    import importlib
+    import pkgutil
+
+    names: list[str] = []
+    for package in SERVICE_PACKAGES:
+        module = importlib.import_module(package)
+        for info in pkgutil.walk_packages(module.__path__, prefix=f"{package}."):
+            if ".local" in info.name or info.name.endswith("__main__"):
+                continue
+            importlib.import_module(info.name)
+            names.append(info.name)
+    return names
+
+
+def _registries() -> list[Any]:
+    """Every prometheus_client registry that exists once the services' modules are imported."""
+    import gc
+
+    from prometheus_client import CollectorRegistry
+
+    _service_modules()
+    return [o for o in gc.get_objects() if isinstance(o, CollectorRegistry)]
+
+
 def metrics_page() -> str:
-    import planner.webhook  # noqa: F401  (registers the admission review counter)
+    from prometheus_client import REGISTRY as PROCESS_DEFAULT
+
     from plumbing import observability
 
+    registries = [r for r in _registries() if r is not PROCESS_DEFAULT]
+    if registries != [observability.REGISTRY]:
+        raise SystemExit(f"metrics registered outside plumbing.observability.REGISTRY: {registries}")
     rows: list[tuple[str, str, str, str]] = []
     for collector in list(observability.REGISTRY._collector_to_names):
         name = getattr(collector, "_name", None)
@@ -225,7 +334,7 @@ def metrics_page() -> str:
             for family in collector.describe():
                 rows.append((family.name, family.type, ", ".join(observability.LIFECYCLE_LABELS), family.documentation))
         # The rest are prometheus_client's own process, platform and GC collectors (process_*, python_*).
-    out = [HEADER.format(source="the metrics registered in plumbing/observability.py and planner/webhook.py")]
+    out = [HEADER.format(source="every metric the services' modules register (plumbing.observability.REGISTRY)")]
     out.append("# Metrics reference\n\n")
     out.append(
         "Every metric the services register, as `/metrics` serves it (port 9090 in a deployment; `tjpipe up` "
@@ -313,6 +422,181 @@ def ratios_svg() -> str:
     return "\n".join(parts) + "\n"
 
 
+# --- the streams ------------------------------------------------------------------------------------------
+
+
+def _days(seconds: float) -> str:
+    days = seconds / 86400
+    return f"{days:g} day" + ("" if days == 1 else "s")
+
+
+def _size(size: int) -> str:
+    if size < 0:
+        return "none"
+    gib = size / 1024**3
+    return f"{gib:g} GiB"
+
+
+def _subject_shape(spec: Any) -> str:
+    """The shape of the stream's subjects, from the function that makes them (a placeholder per varying part)."""
+    from contracts import subjects
+
+    source = spec.subjects[0] if spec.subjects else None
+    if source is None:  # a history stream: the subjects of the stream it copies
+        from contracts.streams import ALL_STREAMS
+
+        origin = next(s for s in ALL_STREAMS if s.name == spec.sources[0])
+        return _subject_shape(origin)
+    ns, name = "<ns>", "<name>"
+    made = {
+        subjects.EVENTS_PREFIX: lambda: subjects.event_subject(ns, name),
+        subjects.APPLY_PREFIX: lambda: subjects.apply_subject(ns, name, "<component>"),
+        subjects.RESULTS_PREFIX: lambda: subjects.result_subject(ns, name, "<component>"),
+        subjects.DLQ_PREFIX: lambda: subjects.dlq_subject("<stage>", ns, name),
+        subjects.PROGRESS_PREFIX: lambda: subjects.progress_subject(ns, name),
+    }[source.removesuffix(".>")]()
+    return made.replace(f".{subjects.partition_of(ns, name)}.", ".<partition>.")
+
+
+def streams_table() -> str:
+    """The streams as ``contracts/streams.py`` declares them, for configuration.md's "Streams"."""
+    from contracts import streams
+
+    out = ["| stream | kind | subjects | keeps | byte limit | at its byte limit | its settings |\n"]
+    out.append("|---|---|---|---|---|---|---|\n")
+    for spec in streams.ALL_STREAMS:
+        work = spec in streams.WORK_STREAMS
+        if work:
+            kind = "work (interest retention on one server; limits and trimmed by its consumer on a cluster, see below)"
+            consumer = {streams.EVENTS.name: "the planner", streams.APPLY.name: "the applier"}[spec.name]
+            keeps = f"a message until {consumer} acked it and it is recorded, at most {_days(spec.max_age_seconds)}"
+        else:
+            kind = f"record, sourced from `{spec.sources[0]}`" if spec.sources else "record"
+            keeps = _days(spec.max_age_seconds)
+        at_limit = "refuses new messages: the publisher waits" if spec.discard == "new" else "drops its oldest records"
+        prefix = f"TJPIPE_{spec.name.removeprefix('TJ_')}_"
+        out.append(
+            f"| `{spec.name}` | {kind} | `{_subject_shape(spec)}` | {keeps} | {_size(spec.max_bytes)} | {at_limit} | "
+            f"`{prefix}MAX_AGE`, `{prefix}MAX_BYTES` |\n"
+        )
+    records = [s for s in streams.RECORD_STREAMS if s.max_bytes > 0]
+    total = sum(s.max_bytes for s in records)
+    windows = {s.duplicate_window_seconds for s in streams.ALL_STREAMS}
+    window = f"{min(windows) / 60:g}-minute" if len(windows) == 1 else "per stream"
+    out.append(
+        f"\n{len(streams.ALL_STREAMS)} streams, file storage, {window} duplicate window. The record streams' "
+        f"default byte limits add up to {_size(total)}.\n"
+    )
+    return "".join(out)
+
+
+def consumers_table() -> str:
+    """The durable consumers and KV buckets, as ``contracts/streams.py`` and the bus set-up declare them."""
+    from contracts import streams
+    from contracts.subjects import PARTITIONS
+    from plumbing.bus_setup import LEASE_BUCKET
+
+    out = ["| consumer | on stream | one per partition | filter | ack wait | redeliveries | unacked at most |\n"]
+    out.append("|---|---|---|---|---|---|---|\n")
+    for spec in (streams.PLANNER, streams.APPLIER):
+        deliver = "unlimited" if spec.max_deliver < 0 else str(spec.max_deliver)
+        out.append(
+            f"| {spec.durable} | `{spec.stream}` | `{spec.durable}-p0` … `{spec.durable}-p{PARTITIONS - 1}` | "
+            f"`{spec.filter_subject}` (each its partition's) | {spec.ack_wait_seconds:g} s | {deliver} | "
+            f"{spec.max_ack_pending:,} |\n"
+        )
+    out.append(
+        f"\nKV buckets: `{streams.APPLIED_BUCKET}`, the applier's ledger (one key per target), and "
+        f"`{LEASE_BUCKET}`, the replicas' partition leases.\n"
+    )
+    return "".join(out)
+
+
+CI_TIMES = DOCS / "data" / "ci.json"
+
+
+def ci_times(contributing: str) -> Callable[[], str]:
+    """How long CI takes, from ``docs/data/ci.json``, for the README and the home page (links differ)."""
+
+    def make() -> str:
+        data = json.loads(CI_TIMES.read_text())
+        cold, warm = data["cold"], data["warm"]
+        return (
+            f"On {data['machine']}, a cold CI run (apt, the environment and every Go binary included) took "
+            f"{cold['wall']} ({cold['date']}, at {cold['commit']}, {cold['passed']:,} tests passed) and a warm "
+            f"one {warm['wall']} ({warm['date']}, at {warm['commit']}, {warm['passed']:,} passed); "
+            f"[Contributing]({contributing}#ci-time) has every run and where the time goes.\n"
+        )
+
+    return make
+
+
+BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/configuration.md": {"streams": streams_table},
+    "docs/internals.md": {"consumers": consumers_table},
+    "docs/index.md": {"ci-times": ci_times("contributing.md")},
+    "README.md": {"ci-times": ci_times("docs/contributing.md")},
+}
+"""Text generated inside a hand-written page, between ``<!-- generated: NAME ... -->`` and ``<!-- end: NAME -->``;
+keyed by the path from the repository's top (a page under docs/ is read from ``--docs``)."""
+
+
+def _with_blocks(text: str, blocks: dict[str, Callable[[], str]], page: str) -> str:
+    for name, make in blocks.items():
+        start, end = f"<!-- generated: {name} (tools/gen_docs.py) -->\n", f"<!-- end: {name} -->"
+        if start not in text or end not in text:
+            raise SystemExit(f"docs/{page}: the markers of the generated {name} table are missing")
+        before, rest = text.split(start, 1)
+        _, after = rest.split(end, 1)
+        text = before + start + make() + end + after
+    return text
+
+
+# --- the changelog ----------------------------------------------------------------------------------------
+
+
+def changelog_page() -> str:
+    """CHANGELOG.md as a page of the site: its links into docs/ made relative to the site."""
+    text = (REPO / "CHANGELOG.md").read_text()
+    return HEADER.format(source="CHANGELOG.md") + text.replace("](docs/", "](")
+
+
+# --- the warnings the services log -----------------------------------------------------------------------
+
+SERVICE_PACKAGES = ("watcher", "planner", "applier", "plumbing", "tjpipe")
+PRINTF = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfig]")
+
+
+def log_warnings() -> dict[str, str]:
+    """Every ``log.warning("...")`` of the services, as the page shows it (each ``%s`` as ``…``) → where it is.
+
+    Not a page of its own: troubleshooting.md explains each one in words, and tests/docs checks that it names
+    them all. ``tjpipe/local`` (the developer's stack) is left out: it is not a service a platform team runs.
+    """
+    import ast
+
+    found: dict[str, str] = {}
+    for package in SERVICE_PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if "local" in path.relative_to(REPO).parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "warning"
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "log"
+                ):
+                    continue
+                first = node.args[0] if node.args else None
+                where = f"{path.relative_to(REPO)}:{node.lineno}"
+                if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                    raise SystemExit(f"{where}: a warning's message is a literal, so the docs can name it")
+                found.setdefault(PRINTF.sub("\N{HORIZONTAL ELLIPSIS}", first.value), where)
+    return found
+
+
 # --- the command ------------------------------------------------------------------------------------------
 
 PAGES: dict[str, Callable[[], str]] = {
@@ -321,6 +605,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/metrics.md": metrics_page,
     "reference/alerts.md": alerts_page,
     "performance-ratios.svg": ratios_svg,
+    "changelog.md": changelog_page,
 }
 
 
@@ -341,6 +626,16 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    for name, blocks in BLOCKS.items():
+        path = args.docs / name.removeprefix("docs/") if name.startswith("docs/") else REPO / name
+        current = path.read_text()
+        text = _with_blocks(current, blocks, name)
+        if text != current:
+            if args.check:
+                stale.append(name)
+            else:
+                path.write_text(text)
+                print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     if stale:
         print("stale (run: python tools/gen_docs.py): " + ", ".join(stale), file=sys.stderr)
         return 1

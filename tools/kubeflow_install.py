@@ -155,6 +155,23 @@ def _pipeline_image(objects: Sequence[Obj]) -> tuple[str, str]:
     return repository, tag
 
 
+def set_image(objects: Sequence[Obj], image: str) -> list[Obj]:
+    """Every container that runs the pipeline's image runs ``image`` instead (what ``kustomize edit set image``
+    does in an overlay of your own, for the render that cannot be one: Trainer's folders come from its module).
+    """
+    repository, tag = _split_image(image)
+    if not repository or not tag:
+        raise SystemExit(f"--image {image!r}: give REPOSITORY:TAG, as your registry holds the image")
+    for obj in objects:
+        if obj["kind"] not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            if _split_image(container["image"])[0] == PIPELINE_IMAGE:
+                container["image"] = image
+    return list(objects)
+
+
 def _dump(objects: Sequence[Obj]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=1 << 16)
 
@@ -338,18 +355,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             action="store_true",
             help="with the history server's web UI and JSON API (deploy/components/history-server)",
         )
-    args = parser.parse_args(argv)
-    components = tuple(
-        component
-        for component, wanted in ((ONE_PROCESS, args.one_process), (HISTORY_SERVER, args.history_server))
-        if wanted
+    printed.add_argument(
+        "--status-server",
+        action="store_true",
+        help="with the status server training pods report progress to (deploy/components/status-server; "
+        "the chart's trainJobStatus.enabled)",
     )
+    printed.add_argument(
+        "--image",
+        metavar="REPOSITORY:TAG",
+        help=f"the pipeline's image as your registry holds it (default: {PIPELINE_IMAGE} with deploy/'s tag)",
+    )
+    args = parser.parse_args(argv)
+    wanted_components = [(ONE_PROCESS, args.one_process), (HISTORY_SERVER, args.history_server)]
+    if args.command == "kustomize":
+        wanted_components.append((STATUS_SERVER, args.status_server))
+    components = tuple(component for component, wanted in wanted_components if wanted)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     if args.command == "kustomize":
-        sys.stdout.write(_dump(render_overlay(components=components, progress=progress)))
+        objects = render_overlay(components=components, progress=progress)
+        if args.status_server:
+            # As the chart's trainJobStatus.enabled: the server, and the planner's gate that points pods at it.
+            for obj in objects:
+                if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].startswith("tjpipe-config"):
+                    obj["data"]["TJPIPE_TRAINJOB_STATUS"] = "true"
+        sys.stdout.write(_dump(set_image(objects, args.image) if args.image else objects))
     else:
         print(assemble_chart(args.dir, components=components, progress=progress))
     return 0

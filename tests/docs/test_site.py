@@ -92,6 +92,9 @@ def test_the_readme_is_one_page_and_keeps_what_ci_runs() -> None:
         assert f"```bash\n{command}\n```" in readme, command
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (REPO / link).is_file(), link
+    first_screen = "\n".join(readme.splitlines()[:20])
+    for page in ("docs/install.md", "docs/data-scientists.md"):
+        assert f"]({page})" in first_screen, f"the README's first screen links {page}"
 
 
 def test_every_command_help_names_a_page_that_exists() -> None:
@@ -128,3 +131,31 @@ def test_the_ratio_chart_shows_the_figures_the_performance_page_prints() -> None
     for row in data["rows"]:
         assert row["ratio_as_printed"] in page, row
         assert float(row["ratio_as_printed"].rstrip("\N{MULTIPLICATION SIGN}")) == row["ratio"], row
+
+
+def test_troubleshooting_explains_every_warning_the_services_log() -> None:
+    page = (DOCS / "troubleshooting.md").read_text()
+    warnings = gen_docs().log_warnings()
+    assert len(warnings) > 30, warnings
+    missing = {message: where for message, where in warnings.items() if f"| `{message}` |" not in page}
+    assert missing == {}, "explain these in docs/troubleshooting.md, 'A service logs a warning'"
+
+
+def test_check_names_a_stale_generated_table(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    configuration = copy / "docs" / "configuration.md"
+    configuration.write_text(configuration.read_text().replace("| `TJ_PROGRESS` |", "| `TJ_PROGRESS_OLD` |"))
+    assert gen_docs().main(["--check", "--docs", str(copy / "docs")]) == 1
+    assert "configuration.md" in capsys.readouterr().err
+
+
+def test_the_settings_reference_names_every_variable_the_code_reads() -> None:
+    page = (DOCS / "reference" / "settings.md").read_text()
+    read: set[str] = set()
+    for package in (*gen_docs().SERVICE_PACKAGES, "contracts"):
+        for path in (REPO / package).rglob("*.py"):
+            if "local" not in path.relative_to(REPO).parts:
+                read |= set(
+                    re.findall(r"""(?:environ\.get\(|getenv\(|env=)["'](TJPIPE_[A-Z0-9_]+)["']""", path.read_text())
+                )
+    assert len(read) > 20, read
+    assert sorted(name for name in read if f"`{name}`" not in page) == []

@@ -95,6 +95,28 @@ def ensure_kube_binaries(*, progress: Callable[[str], None]) -> KubeBinaries:
     return binaries
 
 
+def kubectl_path() -> Path:
+    return cache_root() / "bin" / f"kubectl-v{KUBERNETES_VERSION}" / "kubectl"
+
+
+def ensure_kubectl(*, progress: Callable[[str], None]) -> Path:
+    """The cached kubectl of the same Kubernetes release as the local kube-apiserver, built first if missing.
+
+    For what runs the documentation's install commands as a user would (``tests/docs/test_install.py``): a
+    kubectl of the machine's, if any, is of whatever version it is; this one is known.
+    """
+    output = kubectl_path()
+    if _is_executable(output):
+        return output
+    go = _go_command(missing="kubectl is not built yet")
+    with _exclusive_file_lock(cache_root() / "bin" / ".kubectl.lock", progress=progress):
+        if not _is_executable(output):
+            _build_kubernetes_commands(
+                go=go, outputs={"kubectl": output}, estimate="about 3 min on 2 cores", progress=progress
+            )
+    return output
+
+
 MANIFESTS_ENV = "TJPIPE_MANIFESTS_DIR"
 """A folder of module files exported ahead of time (``tjpipe.local.compose.export_manifests``): an image
 without Go reads the CRDs, runtimes and webhook manifests from there instead of the module cache."""
