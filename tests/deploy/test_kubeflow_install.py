@@ -151,9 +151,8 @@ def _check_install(objects: list[Obj], trainer_crds: list[Obj], trainer_runtimes
         "tjpipe-trainjob-components",
         "tjpipe-excluded-namespaces",
     }
-    params = _named(objects, "ConfigMap", "tjpipe-applier-policy")
-    assert params["metadata"]["namespace"] == PIPELINE_NAMESPACE
-    assert PIPELINE_NAMESPACE in params["data"]["excludedNamespaces"].split(",")
+    excluded = _named(objects, "ValidatingAdmissionPolicy", "tjpipe-excluded-namespaces")["spec"]["variables"][0]
+    assert f"'{PIPELINE_NAMESPACE}'" in excluded["expression"]
 
 
 def test_the_overlay_keeps_trainers_crds_and_runtimes_and_replaces_its_controller(

@@ -100,7 +100,7 @@ def test_base_renders_the_expected_objects(base: list[Obj]) -> None:
         "ServiceAccount": 6,  # watcher, planner, applier, webhook, nats, bus-setup
         "ClusterRole": 3,  # watcher, applier, webhook; the planner has none
         "ClusterRoleBinding": 3,
-        "ConfigMap": 3,  # service settings, nats.conf, the applier policy's excluded namespaces
+        "ConfigMap": 2,  # service settings, nats.conf
         "Service": 3,  # nats (clients), nats-headless (routes), tjpipe-webhook
         "StatefulSet": 1,
         "Deployment": 4,
@@ -151,10 +151,15 @@ def test_the_admission_policies_match_the_pipelines_service_accounts_and_exclude
     assert {(g, r) for rule in components for g in rule["apiGroups"] for r in rule["resources"]} == {
         (_group(r), r.plural) for r in _APPLIED
     }
-    param = bindings["tjpipe-excluded-namespaces"]["spec"]["paramRef"]
-    assert param["parameterNotFoundAction"] == "Deny" and param["namespace"] == NAMESPACE
-    excluded = _named(base, "ConfigMap", param["name"])["data"]["excludedNamespaces"].split(",")
-    assert excluded == ["kube-system", "kube-public", "kube-node-lease", NAMESPACE]
+    # The list is the policy's own: no binding has params, whose absence would refuse every write of everyone.
+    assert not any("paramRef" in b["spec"] for b in bindings.values())
+    excluded = policies["tjpipe-excluded-namespaces"]["spec"]["variables"]
+    assert excluded == [
+        {
+            "name": "excludedNamespaces",
+            "expression": f"['kube-system', 'kube-public', 'kube-node-lease', '{NAMESPACE}']",
+        }
+    ]
 
 
 def test_dev_overlay_is_one_of_everything(dev: list[Obj]) -> None:

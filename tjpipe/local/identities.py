@@ -54,8 +54,6 @@ IDENTITY_KINDS = frozenset(
         "ValidatingAdmissionPolicyBinding",
     }
 )
-POLICY_PARAMS = "tjpipe-applier-policy"
-"""The ConfigMap the excluded-namespaces policy reads its list from."""
 SERVICE_ACCOUNTS: Mapping[str, str] = {
     "watcher": "tjpipe-watcher",
     "applier": "tjpipe-applier",
@@ -76,17 +74,13 @@ def identity_objects() -> list[dict[str, Any]]:
     deploy = deploy_dir()
     for path in IDENTITY_FILES:
         for obj in _load_yaml_documents(deploy / path):
-            wanted = obj["kind"] in IDENTITY_KINDS or (
-                obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == POLICY_PARAMS
-            )
-            if not wanted:
+            if obj["kind"] not in IDENTITY_KINDS:
                 continue
-            if obj["kind"] in ("ServiceAccount", "ConfigMap"):
+            if obj["kind"] == "ServiceAccount":
                 obj["metadata"].setdefault("namespace", NAMESPACE)
             objects.append(obj)
-    # A policy binding goes last, after its params: a binding whose params are missing denies every request it
-    # matches (parameterNotFoundAction: Deny), the params' own creation among them, from the moment the API
-    # server loads it. Applied in file order, `tjpipe up` lost that race now and then (a 422 on the ConfigMap).
+    # A policy binding goes last, after the policy it binds: the API server takes a binding whose policy is not
+    # there yet for a misconfiguration until the policy arrives.
     return sorted(objects, key=lambda obj: obj["kind"] == "ValidatingAdmissionPolicyBinding")
 
 
