@@ -214,6 +214,14 @@ def add_status_server_flags(parser: argparse.ArgumentParser | argparse._Argument
         help="at most one write of a TrainJob's status.trainerStatus per this many seconds, the newest update "
         "(default 5: the SDK's own rate per process)",
     )
+    env_flag(
+        parser,
+        "--max-token-reviews",
+        env="TJPIPE_STATUS_MAX_TOKEN_REVIEWS",
+        default=8,
+        type=int,
+        help="TokenReviews in flight at once; a request that waits 2 s for one is answered 429 (default 8)",
+    )
 
 
 def status_server_url(text: str) -> str:
@@ -453,6 +461,10 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
         raise SettingsError(
             f"--coalesce-seconds / TJPIPE_STATUS_COALESCE_SECONDS: must be above 0, got {args.coalesce_seconds}"
         )
+    if args.max_token_reviews < 1:
+        raise SettingsError(
+            f"--max-token-reviews / TJPIPE_STATUS_MAX_TOKEN_REVIEWS: must be 1 or more, got {args.max_token_reviews}"
+        )
     return StatusServerSettings(
         **_on_bus(args),
         tls_cert=args.tls_cert,
@@ -462,4 +474,5 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
         kubeconfig=args.kubeconfig,
         kube_context=args.context,
         coalesce_seconds=args.coalesce_seconds,
+        max_token_reviews=args.max_token_reviews,
     )

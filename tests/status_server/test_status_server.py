@@ -34,7 +34,9 @@ from .support import (
     records,
     resigned,
     start_status_server,
+    token_reviews,
     trainer_status,
+    unsigned,
     update,
 )
 
@@ -250,6 +252,34 @@ def test_a_caller_that_is_not_a_pod_of_the_trainjob_is_refused(
     assert trainer_status(api, namespace, job.name)[0] is None
     assert _records(nats_url, nats_credentials, namespace, job.name) == []
     assert post(server, namespace, job.name, token=_token(api, job), body=update(1))[0] == 200
+
+
+def test_fifty_forged_or_malformed_tokens_cost_the_api_server_no_token_review(
+    server: StatusServer, api: Any, kube: Any, namespace: str
+) -> None:
+    """Shape, audience, expiry and the pod binding are read from the token itself before any review: what fails
+    there is refused without the API server hearing of it (counted by the API server's own metrics)."""
+    job, other = _job(api, namespace), _job(api, namespace)
+    genuine = _token(api, job)
+    now = int(time.time())
+    forged = [
+        unsigned(genuine),  # the right claims, no signature
+        unsigned(genuine, exp=now + 86400),
+        "not-a-token",
+        "a.b.c",
+        _token(api, other),  # a genuine token of another TrainJob's audience
+        resigned(genuine, kube.local.service_account_private_key, iat=now - 7200, nbf=now - 7200, exp=now - 3600),
+        resigned(genuine, kube.local.service_account_private_key, **{"kubernetes.io": {"namespace": namespace}}),
+        pod_token(api, namespace, pod=job.pods[0], audience="https://kubernetes.default.svc"),
+        pod_token(api, namespace, pod=None, audience=core.audience(namespace, job.name)),  # bound to no pod
+        genuine[:-5] + "." * 5,
+    ]
+    before = token_reviews(kube.local)
+    codes = [post(server, namespace, job.name, token=forged[i % len(forged)], body=update(5))[0] for i in range(50)]
+    assert codes == [403] * 50
+    assert token_reviews(kube.local) - before == 0
+    assert post(server, namespace, job.name, token=genuine, body=update(6))[0] == 200  # the control: one review
+    assert token_reviews(kube.local) - before == 1
 
 
 def test_a_resigned_token_that_has_not_expired_is_accepted(

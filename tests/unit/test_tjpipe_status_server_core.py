@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -105,3 +106,43 @@ def test_idle_trainjobs_leave_the_table() -> None:
     c.offer(("ns", "busy"), _update(1.0))
     assert c.prune(104.0) == 0  # still within its interval
     assert c.prune(106.0) == 1 and list(c.jobs) == [("ns", "busy")]
+
+
+def _jwt(claims: dict[str, object], *, alg: str = "RS256", signature: str = "c2ln") -> str:
+    def part(value: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    return f"{part({'alg': alg, 'kid': 'k'})}.{part(claims)}.{signature}"
+
+
+AUD = core.audience("ns", "tj")
+NOW = 1_800_000_000.0
+GOOD = {"aud": [AUD], "exp": NOW + 600, "nbf": NOW - 10, "kubernetes.io": {"namespace": "ns", "pod": {"name": "p"}}}
+
+
+@pytest.mark.parametrize(
+    ("token", "says"),
+    [
+        ("not-a-token", "not a signed JWT"),
+        ("a.b.c", "not a signed JWT"),
+        (_jwt(GOOD, alg="none"), "not a signed JWT"),
+        (_jwt(GOOD, alg="HS256"), "not a signed JWT"),
+        (_jwt(GOOD, signature=""), "not a signed JWT"),
+        (_jwt(GOOD) + "x" * core.MAX_TOKEN, "not a signed JWT"),
+        (_jwt({**GOOD, "aud": ["https://kubernetes.default.svc"]}), "not minted for this TrainJob"),
+        (_jwt({**GOOD, "aud": [AUD, "https://kubernetes.default.svc"]}), "not minted for this TrainJob"),
+        (_jwt({**GOOD, "exp": NOW - 1}), "expired"),
+        (_jwt({k: v for k, v in GOOD.items() if k != "exp"}), "expired"),
+        (_jwt({**GOOD, "exp": "soon"}), "expired"),
+        (_jwt({**GOOD, "nbf": NOW + 3600}), "not valid yet"),
+        (_jwt({**GOOD, "kubernetes.io": {"namespace": "other", "pod": {"name": "p"}}}), "not bound to a pod"),
+        (_jwt({**GOOD, "kubernetes.io": {"namespace": "ns"}}), "not bound to a pod"),
+    ],
+)
+def test_a_token_that_cannot_be_a_pods_is_refused_locally(token: str, says: str) -> None:
+    assert says in core.screen_token(token, audience=AUD, namespace="ns", now=NOW)
+
+
+def test_a_token_shaped_as_a_pods_goes_on_to_the_review() -> None:
+    assert core.screen_token(_jwt(GOOD), audience=AUD, namespace="ns", now=NOW) == ""
+    assert core.screen_token(_jwt({**GOOD, "aud": AUD}), audience=AUD, namespace="ns", now=NOW) == ""

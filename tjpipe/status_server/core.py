@@ -14,9 +14,13 @@ whose ``lastUpdatedTime`` is the newest seen; an older one is kept in the histor
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -32,6 +36,8 @@ MAX_METRICS = 256
 MAX_METRIC_TEXT = 64
 INT32_MAX = 2**31 - 1
 AUDIENCE_PREFIX = "trainer.kubeflow.org"
+CLOCK_LEEWAY = 60.0
+"""Seconds a token's ``nbf`` may lie ahead of the server's clock (the API server's and ours may differ a little)."""
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
@@ -64,6 +70,61 @@ def bearer_token(header: str) -> str:
     """The credential of an RFC 7235 ``Bearer`` header (scheme case-insensitive); empty for anything else."""
     parts = header.split()
     return parts[1] if len(parts) == 2 and parts[0].lower() == "bearer" else ""
+
+
+# ---------------------------------------------------------------------------------------------- the token
+
+MAX_TOKEN = 16_384
+"""A projected ServiceAccount token is about a kilobyte; anything far longer is not one."""
+SIGNING_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"})
+"""What the API server signs its ServiceAccount tokens with; ``none`` and the HMAC family are never its."""
+_B64URL = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _segment(text: str) -> object:
+    return json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+
+
+def token_claims(token: str) -> dict[str, Any] | None:
+    """The payload of a signed compact JWT, decoded without verifying it; ``None`` when ``token`` is not shaped
+    as one (three base64url parts, a header naming a signing algorithm, JSON objects)."""
+    parts = token.split(".")
+    if len(token) > MAX_TOKEN or len(parts) != 3 or not all(_B64URL.match(part) for part in parts):
+        return None
+    try:
+        header, claims = _segment(parts[0]), _segment(parts[1])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(header, dict) or header.get("alg") not in SIGNING_ALGORITHMS or not isinstance(claims, dict):
+        return None
+    return claims
+
+
+def token_audiences(claims: Mapping[str, Any]) -> list[str]:
+    aud = claims.get("aud")
+    if isinstance(aud, str):
+        return [aud]
+    return [a for a in aud if isinstance(a, str)] if isinstance(aud, list) else []
+
+
+def screen_token(token: str, *, audience: str, namespace: str, now: float) -> str:
+    """Why ``token`` cannot be a pod's token for ``audience``, read locally without verifying it; empty when it
+    may be one (then only the API server's review can say it is). A refusal here costs no TokenReview."""
+    claims = token_claims(token)
+    if claims is None:
+        return "not a signed JWT"
+    if token_audiences(claims) != [audience]:
+        return "not minted for this TrainJob's status endpoint alone"
+    exp, nbf = claims.get("exp"), claims.get("nbf", 0)
+    if not isinstance(exp, int | float) or isinstance(exp, bool) or exp <= now:
+        return "expired, or without an expiry"
+    if not isinstance(nbf, int | float) or nbf > now + CLOCK_LEEWAY:
+        return "not valid yet"
+    bound = claims.get("kubernetes.io")
+    pod = bound.get("pod") if isinstance(bound, dict) else None
+    if not isinstance(bound, dict) or bound.get("namespace") != namespace or not isinstance(pod, dict):
+        return f"not bound to a pod of namespace {namespace}"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------- the body

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ from plumbing.publishing import publish_stored
 from plumbing.runner import ServiceSettings, started
 from plumbing.tls_serving import TlsServing
 from tjpipe.status_server import core
-from tjpipe.status_server.auth import Authorizer, Caller, Gone, Refused
+from tjpipe.status_server.auth import MAX_REVIEWS, Authorizer, Busy, Caller, Gone, Refused
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class StatusServerSettings(ServiceSettings):
     kubeconfig: str | None = None
     kube_context: str | None = None
     coalesce_seconds: float = DEFAULT_COALESCE_SECONDS
+    max_token_reviews: int = MAX_REVIEWS
     cert_check_seconds: float = 30.0
 
 
@@ -89,10 +91,17 @@ again, a few times; then the update is put back and written at the TrainJob's ne
 
 
 class StatusServer:
-    def __init__(self, kube: KubeClient, js: JetStreamContext, *, coalesce_seconds: float) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        js: JetStreamContext,
+        *,
+        coalesce_seconds: float,
+        max_token_reviews: int = MAX_REVIEWS,
+    ) -> None:
         self.kube = kube
         self.js = js
-        self.authorizer = Authorizer(kube)
+        self.authorizer = Authorizer(kube, max_reviews=max_token_reviews)
         self.coalescer = core.Coalescer(interval=coalesce_seconds)
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._uids: dict[tuple[str, str], str] = {}
@@ -117,6 +126,8 @@ class StatusServer:
         except Refused as exc:
             log.info("refused a status update for %s/%s: %s", namespace, name, exc)
             return _failure(403, "Forbidden", "Forbidden")
+        except Busy:
+            return _failure(429, "TooManyRequests", "Too many requests; try again", retry_after=1)
         except Gone:
             return _failure(404, "NotFound", "Train job not found")
         except KubeApiError as exc:
@@ -243,9 +254,12 @@ class StatusServer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _failure(code: int, reason: str, message: str) -> web.Response:
+def _failure(code: int, reason: str, message: str, *, retry_after: float | None = None) -> web.Response:
     UPDATES.labels(str(code)).inc()
-    return web.Response(status=code, body=core.status_body(code, reason, message), content_type="application/json")
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    return web.Response(
+        status=code, body=core.status_body(code, reason, message), content_type="application/json", headers=headers
+    )
 
 
 async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event) -> None:
@@ -255,7 +269,12 @@ async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event)
         settings,
         kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig, context=settings.kube_context)),
     ) as service:
-        server = StatusServer(service.kube_client(), service.js, coalesce_seconds=settings.coalesce_seconds)
+        server = StatusServer(
+            service.kube_client(),
+            service.js,
+            coalesce_seconds=settings.coalesce_seconds,
+            max_token_reviews=settings.max_token_reviews,
+        )
         try:
             await tls.serve(
                 server.app(),
