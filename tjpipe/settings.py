@@ -222,6 +222,14 @@ def add_status_server_flags(parser: argparse.ArgumentParser | argparse._Argument
         type=int,
         help="TokenReviews in flight at once; a request that waits 2 s for one is answered 429 (default 8)",
     )
+    env_flag(
+        parser,
+        "--max-clock-skew",
+        env="TJPIPE_STATUS_MAX_CLOCK_SKEW",
+        default=60.0,
+        type=float,
+        help="seconds an update's lastUpdatedTime may lie ahead of the server's clock; further ahead: 422 (default 60)",
+    )
 
 
 def status_server_url(text: str) -> str:
@@ -465,6 +473,10 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
         raise SettingsError(
             f"--max-token-reviews / TJPIPE_STATUS_MAX_TOKEN_REVIEWS: must be 1 or more, got {args.max_token_reviews}"
         )
+    if not args.max_clock_skew >= 0:
+        raise SettingsError(
+            f"--max-clock-skew / TJPIPE_STATUS_MAX_CLOCK_SKEW: must be 0 or more, got {args.max_clock_skew}"
+        )
     return StatusServerSettings(
         **_on_bus(args),
         tls_cert=args.tls_cert,
@@ -475,4 +487,5 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
         kube_context=args.context,
         coalesce_seconds=args.coalesce_seconds,
         max_token_reviews=args.max_token_reviews,
+        max_clock_skew=args.max_clock_skew,
     )

@@ -148,6 +148,42 @@ def test_an_older_update_is_recorded_but_never_written_over_a_newer_one(
     ) == [20, 60]
 
 
+def test_an_update_from_2099_is_refused_and_the_honest_one_after_it_shows(
+    server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    """A pod whose clock runs far ahead (or a leaked token) cannot freeze the TrainJob's progress: its update is
+    refused with the reason, kept nowhere, and the next honest update is written."""
+    job = _job(api, namespace)
+    token = _token(api, job)
+    future = {"trainerStatus": {"progressPercentage": 99, "lastUpdatedTime": "2099-01-01T00:00:00Z"}}
+    code, answer = post(server, namespace, job.name, token=token, body=future)
+    assert code == 422 and "ahead of the server's clock" in answer["message"], answer
+    assert post(server, namespace, job.name, token=token, body=update(7))[0] == 200
+    _until(lambda: (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 7,
+           timeout=INTERVAL * 3 + 5, what="the honest update in status.trainerStatus")  # fmt: skip
+    assert [
+        r.trainer_status.progress_percentage for r in _records(nats_url, nats_credentials, namespace, job.name)
+    ] == [7]
+
+
+def test_within_one_second_the_first_update_shows_whichever_replica_decides(
+    server: StatusServer, api: Any, namespace: str
+) -> None:
+    """Every comparison is made at the whole second the live status keeps: an update of the same second as the
+    live one, with a smaller fraction, does not replace it, even after the server forgot what it saw (a restart,
+    another replica)."""
+    job = _job(api, namespace, pods=2)
+    second = float(int(time.time()) - 5)
+    assert post(server, namespace, job.name, token=_token(api, job, 0), body=update(50, at=second + 0.9))[0] == 200
+    _until(lambda: (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 50,
+           timeout=INTERVAL * 3 + 5, what="the first update written")  # fmt: skip
+    server.stop()
+    server.restart()
+    assert post(server, namespace, job.name, token=_token(api, job, 1), body=update(40, at=second + 0.2))[0] == 200
+    time.sleep(INTERVAL + 1.5)
+    assert (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 50
+
+
 # ------------------------------------------------------------------------------------------- refused
 
 
@@ -168,6 +204,9 @@ INVALID: dict[str, tuple[bytes | dict[str, Any], int]] = {
     "no lastUpdatedTime": ({"trainerStatus": {"progressPercentage": 5}}, 422),
     "a lastUpdatedTime that is no time": ({"trainerStatus": {"lastUpdatedTime": "yesterday"}}, 422),
     "negative remaining seconds": (update(1, estimatedRemainingSeconds=-5), 422),
+    "year 0001 with an offset": ({"trainerStatus": {"lastUpdatedTime": "0001-01-01T00:00:00+01:00"}}, 422),
+    "year 9999 with an offset": ({"trainerStatus": {"lastUpdatedTime": "9999-12-31T23:59:59-01:00"}}, 422),
+    "an hour ahead of the server's clock": (update(1, at=time.time() + 3600), 422),
 }
 
 
@@ -348,7 +387,7 @@ def test_a_flood_from_twenty_pods_is_all_recorded_and_written_at_most_once_per_i
     def report(i: int) -> list[int]:
         codes = []
         for n in range(per_pod):
-            at = base + n * 0.01 + i * 0.0001
+            at = base + n + i * 0.0001  # each round a second later: "newer" is a later second
             codes.append(post(server, namespace, job.name, token=tokens[i], body=update(n * 10 + 1, at=at))[0])
         return codes
 

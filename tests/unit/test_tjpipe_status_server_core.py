@@ -146,3 +146,42 @@ def test_a_token_that_cannot_be_a_pods_is_refused_locally(token: str, says: str)
 def test_a_token_shaped_as_a_pods_goes_on_to_the_review() -> None:
     assert core.screen_token(_jwt(GOOD), audience=AUD, namespace="ns", now=NOW) == ""
     assert core.screen_token(_jwt({**GOOD, "aud": AUD}), audience=AUD, namespace="ns", now=NOW) == ""
+
+
+@pytest.mark.parametrize(
+    "stamp", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "0000-12-31T23:00:00Z", "9999-12-31T24:00:00Z"]
+)
+def test_a_time_outside_what_metav1_time_holds_is_a_422_not_an_error(stamp: str) -> None:
+    with pytest.raises(core.Invalid, match="within years 0001-9999"):
+        core.parse_update(_body(lastUpdatedTime=stamp))
+
+
+def test_the_edges_of_metav1_time_are_kept() -> None:
+    for stamp in ("0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z"):
+        assert core.format_time(core.parse_time(stamp)) == stamp
+    assert core.format_time(core.parse_time("0001-01-01T00:30:00+00:30")) == "0001-01-01T00:00:00Z"
+
+
+def test_an_update_from_the_future_is_refused_with_the_reason() -> None:
+    received = core.parse_time("2026-12-03T22:00:00Z")
+    with pytest.raises(core.Invalid, match=r"ahead of the server's clock, more than the 60s allowed"):
+        core.parse_update(_body(lastUpdatedTime="2099-01-01T00:00:00Z"), received_at=received)
+    with pytest.raises(core.Invalid, match="61s ahead"):
+        core.parse_update(_body(lastUpdatedTime="2026-12-03T22:01:01Z"), received_at=received)
+    assert core.parse_update(_body(lastUpdatedTime="2026-12-03T22:01:00Z"), received_at=received) is not None
+    assert core.parse_update(_body(lastUpdatedTime="2026-12-03T22:05:00Z"), received_at=received, max_skew=300)
+
+
+def test_times_are_compared_at_the_whole_second_the_live_status_keeps() -> None:
+    c = core.Coalescer(interval=5.0)
+    key = ("ns", "tj")
+    assert c.offer(key, _update(5.9))
+    assert not c.offer(key, _update(5.5))  # the same second: not newer, whichever came first
+    assert not c.offer(key, _update(5.95))
+    assert c.offer(key, _update(6.1))
+    assert c.take(key) == _update(6.1)
+    live = core.decode_trainjob(b'{"status": {"trainerStatus": {"lastUpdatedTime": "1970-01-01T00:00:06Z"}}}')
+    assert live.trainer_status_second() == _update(6.1).second == 6
+    assert core.decode_trainjob(b"{}").trainer_status_second() is None
+    old = core.Coalescer(interval=5.0)  # a time before 1970 is a time like any other
+    assert old.offer(key, _update(-100.0)) and not old.offer(key, _update(-200.0))

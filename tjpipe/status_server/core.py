@@ -10,6 +10,17 @@ what the history holds is only what the TrainJob could hold. The messages follow
 Why the coalescer compares ``lastUpdatedTime``: several pods of one TrainJob report, each on its own clock and
 over its own connection, so arrival order says nothing about which value is newer. The status shows the update
 whose ``lastUpdatedTime`` is the newest seen; an older one is kept in the history but never written over it.
+
+Why whole seconds: the live status keeps ``metav1.Time``, whole seconds. Comparing an update's fraction with
+the live time cut to the second lets an older update of the same second overwrite a newer one, depending on
+which replica (or which restart) decides. So every comparison (the coalescer, the write, the recovery at
+start-up) is made on the whole second, and "newer" means a later second: within one second the first accepted
+update shows and the others are kept in the history only. The history keeps the time as sent.
+
+Why a bound on the future: a pod whose node clock runs ahead, or a leaked token, would otherwise post an update
+from next year that every honest update after it is "older" than, freezing the TrainJob's progress until it
+ends. An update stamped more than ``max_skew`` ahead of the server's receipt is refused (422, saying so), and
+times outside years 0001-9999 in UTC (what ``metav1.Time`` can hold) are refused as the CRD would.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +49,10 @@ MAX_METRIC_TEXT = 64
 INT32_MAX = 2**31 - 1
 AUDIENCE_PREFIX = "trainer.kubeflow.org"
 CLOCK_LEEWAY = 60.0
+MAX_CLOCK_SKEW = 60.0
+"""Seconds an update's ``lastUpdatedTime`` may lie ahead of its receipt (the default of ``--max-clock-skew``)."""
+_FIRST = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+_LAST = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
 """Seconds a token's ``nbf`` may lie ahead of the server's clock (the API server's and ours may differ a little)."""
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
@@ -151,12 +167,20 @@ def parse_time(text: str) -> float:
         fraction = float("0." + digits[0])
         head += rest[digits.end() :]
     when = dt.datetime.fromisoformat(head.replace("z", "Z").replace("t", "T"))
-    return when.timestamp() + fraction
+    if not _FIRST <= when <= _LAST:  # an offset can carry 0001 or 9999 out of the range metav1.Time holds
+        raise ValueError(f"{text}: outside years 0001-9999 in UTC")
+    return (when - _FIRST).total_seconds() + _FIRST.timestamp() + fraction
 
 
 def format_time(seconds: float) -> str:
     """``metav1.Time``'s own form: UTC, whole seconds, ``Z`` (what Trainer echoes and writes)."""
-    return dt.datetime.fromtimestamp(int(seconds // 1), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = _FIRST + dt.timedelta(seconds=whole_second(seconds) - _FIRST.timestamp())
+    return f"{when.year:04d}-{when.month:02d}-{when.day:02d}T{when.hour:02d}:{when.minute:02d}:{when.second:02d}Z"
+
+
+def whole_second(seconds: float) -> int:
+    """The precision every comparison of update times is made at: what ``metav1.Time`` keeps."""
+    return math.floor(seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +190,16 @@ class Update:
     status: TrainerStatus
     updated_at: float
 
+    @property
+    def second(self) -> int:
+        """``updated_at`` at the precision the live status keeps, the one every comparison uses."""
+        return whole_second(self.updated_at)
 
-def parse_update(body: bytes) -> Update | None:
-    """The update in a request body, checked against the CRD's rules; ``None`` when it has no ``trainerStatus``
-    (Trainer answers that with 200 and writes nothing). Raises :class:`Invalid`."""
+
+def parse_update(body: bytes, *, received_at: float | None = None, max_skew: float = MAX_CLOCK_SKEW) -> Update | None:
+    """The update in a request body, checked against the CRD's rules and, given ``received_at``, against the
+    server's clock (at most ``max_skew`` seconds ahead); ``None`` when it has no ``trainerStatus`` (Trainer answers
+    that with 200 and writes nothing). Raises :class:`Invalid`."""
     try:
         request = _request_decoder.decode(body)
     except msgspec.MsgspecError as exc:
@@ -205,7 +235,17 @@ def parse_update(body: bytes) -> Update | None:
         try:
             updated_at = parse_time(status.last_updated_time)
         except ValueError:
-            problems.append(f"{base}.lastUpdatedTime: Invalid value: {status.last_updated_time!r}: not RFC 3339")
+            problems.append(
+                f"{base}.lastUpdatedTime: Invalid value: {status.last_updated_time!r}: "
+                "not RFC 3339 within years 0001-9999"
+            )
+        else:
+            ahead = updated_at - received_at if received_at is not None else 0.0
+            if ahead > max_skew:
+                problems.append(
+                    f"{base}.lastUpdatedTime: Invalid value: {status.last_updated_time!r}: {ahead:.0f}s ahead of "
+                    f"the server's clock, more than the {max_skew:.0f}s allowed (is the node's clock right?)"
+                )
     if problems:
         raise Invalid("TrainJob status is invalid: " + "; ".join(problems[:8]))
     normal = msgspec.structs.replace(status, last_updated_time=format_time(updated_at))
@@ -283,13 +323,13 @@ class LiveTrainJob(msgspec.Struct, frozen=True, kw_only=True):
     metadata: Meta = msgspec.field(default_factory=Meta)
     status: _LiveStatus = msgspec.field(default_factory=_LiveStatus)
 
-    def trainer_status_time(self) -> float:
-        """``status.trainerStatus.lastUpdatedTime`` in seconds; 0 when it has none."""
+    def trainer_status_second(self) -> int | None:
+        """``status.trainerStatus.lastUpdatedTime`` as a whole second; ``None`` when it has none (or none we read)."""
         text = self.status.trainer_status.last_updated_time if self.status.trainer_status else ""
         try:
-            return parse_time(text) if text else 0.0
+            return whole_second(parse_time(text)) if text else None
         except ValueError:
-            return 0.0
+            return None
 
 
 decode_owned = msgspec.json.Decoder(Owned).decode
@@ -310,8 +350,8 @@ def controller_of(meta: Meta, *, api_version: str, kind: str) -> OwnerRef | None
 @dataclass
 class _Job:
     pending: Update | None = None
-    newest: float = 0.0
-    """The newest ``updated_at`` accepted for this TrainJob: pending or written."""
+    newest: int | None = None
+    """The newest second accepted for this TrainJob (pending or written); ``None``: none yet."""
     last_write: float = float("-inf")
     """When (monotonic) the last write was made; none yet: minus infinity."""
 
@@ -332,9 +372,9 @@ class Coalescer:
 
     def offer(self, key: tuple[str, str], update: Update) -> bool:
         job = self.jobs.setdefault(key, _Job())
-        if update.updated_at <= job.newest and job.newest:
+        if job.newest is not None and update.second <= job.newest:
             return False
-        job.pending, job.newest = update, update.updated_at
+        job.pending, job.newest = update, update.second
         return True
 
     def due(self, key: tuple[str, str], now: float) -> float | None:
@@ -357,7 +397,7 @@ class Coalescer:
     def put_back(self, key: tuple[str, str], update: Update) -> None:
         """A write that failed: its update is pending again unless a newer one came meanwhile."""
         job = self.jobs.setdefault(key, _Job())
-        if job.pending is None or job.pending.updated_at < update.updated_at:
+        if job.pending is None or job.pending.second < update.second:
             job.pending = update
 
     def forget(self, key: tuple[str, str]) -> None:

@@ -74,6 +74,7 @@ class StatusServerSettings(ServiceSettings):
     kube_context: str | None = None
     coalesce_seconds: float = DEFAULT_COALESCE_SECONDS
     max_token_reviews: int = MAX_REVIEWS
+    max_clock_skew: float = core.MAX_CLOCK_SKEW
     cert_check_seconds: float = 30.0
 
 
@@ -98,8 +99,10 @@ class StatusServer:
         *,
         coalesce_seconds: float,
         max_token_reviews: int = MAX_REVIEWS,
+        max_clock_skew: float = core.MAX_CLOCK_SKEW,
     ) -> None:
         self.kube = kube
+        self.max_clock_skew = max_clock_skew
         self.js = js
         self.authorizer = Authorizer(kube, max_reviews=max_token_reviews)
         self.coalescer = core.Coalescer(interval=coalesce_seconds)
@@ -138,7 +141,7 @@ class StatusServer:
         except web.HTTPRequestEntityTooLarge:
             return _failure(413, "RequestEntityTooLarge", "Payload too large")
         try:
-            update = core.parse_update(body)
+            update = core.parse_update(body, received_at=time.time(), max_skew=self.max_clock_skew)
         except core.Invalid as exc:
             return _failure(422, "Invalid", str(exc))
         if update is None:
@@ -224,7 +227,8 @@ class StatusServer:
                 if live.metadata.uid != self._uids.get(key) or live.metadata.deletion_timestamp:
                     WRITES.labels("gone").inc()
                     return
-                if live.trainer_status_time() > update.updated_at:
+                live_second = live.trainer_status_second()
+                if live_second is not None and live_second >= update.second:  # newer means a later second
                     WRITES.labels("stale").inc()
                     return
                 body = core.apply_body(
@@ -274,6 +278,7 @@ async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event)
             service.js,
             coalesce_seconds=settings.coalesce_seconds,
             max_token_reviews=settings.max_token_reviews,
+            max_clock_skew=settings.max_clock_skew,
         )
         try:
             await tls.serve(
