@@ -8,10 +8,13 @@ back. After every refusal nothing is recorded, the status is unchanged, and the 
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -409,6 +412,96 @@ def test_a_flood_from_twenty_pods_is_all_recorded_and_written_at_most_once_per_i
     assert managers == ["trainer-status"]
     per_update = writes / (pods * per_pod)
     print(f"{pods * per_pod} updates in {took:.1f}s: {writes:.0f} status writes ({per_update:.3f} per update)")
+
+
+def _post_headers(server: StatusServer, namespace: str, name: str, token: str, body: dict[str, Any]) -> tuple[int, str]:
+    """The status code and the ``Retry-After`` header of one POST."""
+    request = urllib.request.Request(server.endpoint(namespace, name), data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=str(server.ca_file))
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=context) as response:
+            return response.status, response.headers.get("Retry-After", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Retry-After", "")
+
+
+def test_a_flood_from_one_pod_is_answered_429_and_every_other_trainjob_keeps_its_series_and_status(
+    server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    others = [_job(api, namespace) for _ in range(3)]
+    for i, other in enumerate(others):
+        assert post(server, namespace, other.name, token=_token(api, other), body=update(30 + i))[0] == 200
+    flooder = _job(api, namespace, pods=2)
+    token, neighbour = _token(api, flooder, 0), _token(api, flooder, 1)
+    base = time.time() - 50
+    answers = [
+        _post_headers(server, namespace, flooder.name, token, update(n % 100, at=base + n * 0.5)) for n in range(40)
+    ]
+    limited = [retry for code, retry in answers if code == 429]
+    assert [code for code, _ in answers].count(200) < 40 and limited, answers
+    assert all(retry.isdigit() and int(retry) >= 1 for retry in limited), limited
+    assert {code for code, _ in answers} <= {200, 429}
+    # another pod of the same TrainJob keeps its own share, and the flooder is served once it waited as told
+    assert post(server, namespace, flooder.name, token=neighbour, body=update(77))[0] == 200
+    time.sleep(int(limited[-1]))
+    assert post(server, namespace, flooder.name, token=token, body=update(78))[0] == 200
+
+    time.sleep(INTERVAL + 1.5)
+    for i, other in enumerate(others):
+        status, _ = trainer_status(api, namespace, other.name)
+        assert status is not None and status["progressPercentage"] == 30 + i
+        assert [
+            r.trainer_status.progress_percentage for r in _records(nats_url, nats_credentials, namespace, other.name)
+        ] == [30 + i]
+    accepted = [code for code, _ in answers].count(200) + 2
+    assert len(_records(nats_url, nats_credentials, namespace, flooder.name)) == accepted  # a 429 is kept nowhere
+
+
+def test_one_trainjob_past_its_share_of_the_history_loses_its_own_oldest_records_never_anothers(
+    nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    """``TJ_PROGRESS`` keeps at most ``max_msgs_per_subject`` records per TrainJob, on the real nats-server: a
+    TrainJob (or a status server with a leaked identity) publishing past it drops its own oldest records only."""
+    import asyncio
+
+    from contracts import streams, subjects
+    from plumbing import bus
+    from tjpipe.local.stack import nats_connect_options
+
+    if nats_credentials is None:
+        pytest.skip("needs the session's NATS identities")
+    limit = streams.PROGRESS.max_msgs_per_subject
+    assert 0 < limit <= 10_000
+    namespace = f"share-{secrets.token_hex(3)}"
+
+    async def flood() -> tuple[int, int, int]:
+        nc = await bus.connect(nats_url, name="test-flood", **nats_connect_options(nats_credentials, "status-server"))
+        try:
+            js = nc.jetstream()
+            mine, theirs = f"{namespace}-own", f"{namespace}-other"
+            await js.publish(subjects.progress_subject(namespace, theirs), b"{}", stream=streams.PROGRESS.name)
+            for _ in range(limit + 100):
+                await js.publish(subjects.progress_subject(namespace, mine), b"{}", stream=streams.PROGRESS.name)
+            reader = await bus.connect(nats_url, name="test-reader", **nats_connect_options(nats_credentials, "reader"))
+            try:
+                info = await reader.jetstream().stream_info(
+                    streams.PROGRESS.name, subjects_filter=subjects.namespace_progress_filter(namespace)
+                )
+            finally:
+                await reader.close()
+            counts = info.state.subjects or {}
+            return (
+                counts.get(subjects.progress_subject(namespace, mine), 0),
+                counts.get(subjects.progress_subject(namespace, theirs), 0),
+                info.config.max_msgs_per_subject,
+            )
+        finally:
+            await nc.close()
+
+    own, other, configured = asyncio.run(flood())
+    assert (own, other, configured) == (limit, 1, limit)
 
 
 def test_the_server_needs_its_own_files(tmp_path: Path) -> None:

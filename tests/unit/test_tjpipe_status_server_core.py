@@ -185,3 +185,26 @@ def test_times_are_compared_at_the_whole_second_the_live_status_keeps() -> None:
     assert core.decode_trainjob(b"{}").trainer_status_second() is None
     old = core.Coalescer(interval=5.0)  # a time before 1970 is a time like any other
     assert old.offer(key, _update(-100.0)) and not old.offer(key, _update(-200.0))
+
+
+def test_a_flood_from_one_pod_is_limited_and_the_others_keep_their_share() -> None:
+    pod, job = core.Rate(per_second=1.0, burst=3), core.Rate(per_second=10.0, burst=5)
+    limits = core.RateLimits()
+
+    def ask(uid: str, now: float) -> float:
+        return limits.take([(("pod", uid), pod), (("trainjob", "ns/tj"), job)], now)
+
+    assert [ask("a", 100.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert ask("a", 100.0) == pytest.approx(1.0)  # its own burst is spent: wait one refill
+    assert ask("b", 100.0) == 0.0 and ask("b", 100.0) == 0.0  # another pod of the TrainJob: its own bucket
+    assert ask("c", 100.0) == pytest.approx(0.1)  # the TrainJob's burst is spent too
+    assert ask("a", 100.5) > 0 and ask("a", 101.0) == 0.0  # a refused request cost nothing; served when told
+    other = limits.take([(("trainjob", "ns/other"), job)], 100.0)
+    assert other == 0.0
+    rates = {"pod": pod, "trainjob": job}
+    assert limits.prune(101.0, rates) == 2 and set(limits.buckets) == {
+        ("pod", "a"),
+        ("pod", "b"),
+        ("trainjob", "ns/tj"),
+    }
+    assert limits.prune(200.0, rates) == 3 and not limits.buckets

@@ -411,3 +411,65 @@ class Coalescer:
         for key in idle:
             del self.jobs[key]
         return len(idle)
+
+
+# ------------------------------------------------------------------------------------------- fair share
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A token bucket's shape: ``per_second`` refill, up to ``burst`` at once."""
+
+    per_second: float
+    burst: float
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float
+
+
+@dataclass
+class RateLimits:
+    """Token buckets per key (a pod, a TrainJob), so that one caller's flood is answered 429 and every other
+    caller keeps its share of the server, the bus and the history.
+
+    ``take`` charges one request to every bucket it names, or to none: the answer is 0 when it may go on, else
+    the seconds until each named bucket has a token again (the ``Retry-After``). A refused request costs its
+    buckets nothing, so a caller that waits as told is served. Full buckets are forgotten by ``prune`` (a key
+    that comes back starts full, as it would be), so the table holds the callers of the last moments only.
+    """
+
+    buckets: dict[tuple[str, str], _Bucket] = field(default_factory=dict)
+
+    def take(self, wanted: list[tuple[tuple[str, str], Rate]], now: float) -> float:
+        waits = []
+        for key, rate in wanted:
+            bucket = self._refilled(key, rate, now)
+            if bucket.tokens < 1:
+                waits.append((1 - bucket.tokens) / rate.per_second if rate.per_second > 0 else math.inf)
+        if waits:
+            return max(waits)
+        for key, _ in wanted:
+            self.buckets[key].tokens -= 1
+        return 0.0
+
+    def _refilled(self, key: tuple[str, str], rate: Rate, now: float) -> _Bucket:
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = _Bucket(tokens=rate.burst, at=now)
+        bucket.tokens = min(rate.burst, bucket.tokens + (now - bucket.at) * rate.per_second)
+        bucket.at = now
+        return bucket
+
+    def prune(self, now: float, rates: Mapping[str, Rate]) -> int:
+        """Forget the buckets that would be full by now (``rates`` by the key's kind); how many went."""
+        full = [
+            key
+            for key, bucket in self.buckets.items()
+            if bucket.tokens + (now - bucket.at) * rates[key[0]].per_second >= rates[key[0]].burst
+        ]
+        for key in full:
+            del self.buckets[key]
+        return len(full)

@@ -7,10 +7,12 @@ use for (TokenReview, reading pods, Jobs and JobSets, writing TrainJob status). 
 its own rights, and a flood of progress reports cannot slow admission down.
 
 A request is answered in Trainer's order: 413 for a body over 64 KiB (before anything is read), 403 unless
-the caller is a pod of the TrainJob (``auth``), 404 when the TrainJob is gone, 422 for a body the CRD would
-refuse (``core.parse_update``), then the update is published to ``TJ_PROGRESS`` and only once the stream
-has stored it is the answer 200 with the request echoed. The TrainJob's ``status.trainerStatus`` is written
-afterwards by the coalescing writer: the newest update per TrainJob, at most one write per interval.
+the caller is a pod of the TrainJob (``auth``), 404 when the TrainJob is gone, 429 with ``Retry-After`` when the
+pod or its TrainJob is over its rate (``core.RateLimits``: one pod's flood is answered 429, every other pod and
+TrainJob keeps its share), 422 for a body the CRD would refuse (``core.parse_update``), then the update is
+published to ``TJ_PROGRESS`` and only once the stream has stored it is the answer 200 with the request echoed.
+The TrainJob's ``status.trainerStatus`` is written afterwards by the coalescing writer: the newest update per
+TrainJob, at most one write per interval.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ WRITES = Counter(
 
 PRUNE_EVERY = 1000
 """Accepted updates between two prunes of the per-TrainJob tables (finished TrainJobs leave them)."""
+POD_RATE = core.Rate(per_second=1.0, burst=10)
+"""Per pod: five times the SDK's own rate (one update per 5 s) on average, ten at once."""
+TRAINJOB_RATE = core.Rate(per_second=20.0, burst=200)
+"""Per TrainJob, whatever its pods: a hundred pods at the SDK's rate, two hundred at once."""
 DEFAULT_COALESCE_SECONDS = 5.0
 """The SDK's own rate per process (one update per 5 s): one pod's updates are all written, many pods' share it."""
 
@@ -75,6 +81,8 @@ class StatusServerSettings(ServiceSettings):
     coalesce_seconds: float = DEFAULT_COALESCE_SECONDS
     max_token_reviews: int = MAX_REVIEWS
     max_clock_skew: float = core.MAX_CLOCK_SKEW
+    pod_rate: core.Rate = POD_RATE
+    trainjob_rate: core.Rate = TRAINJOB_RATE
     cert_check_seconds: float = 30.0
 
 
@@ -100,9 +108,13 @@ class StatusServer:
         coalesce_seconds: float,
         max_token_reviews: int = MAX_REVIEWS,
         max_clock_skew: float = core.MAX_CLOCK_SKEW,
+        pod_rate: core.Rate = POD_RATE,
+        trainjob_rate: core.Rate = TRAINJOB_RATE,
     ) -> None:
         self.kube = kube
         self.max_clock_skew = max_clock_skew
+        self.rates = {"pod": pod_rate, "trainjob": trainjob_rate}
+        self.limits = core.RateLimits()
         self.js = js
         self.authorizer = Authorizer(kube, max_reviews=max_token_reviews)
         self.coalescer = core.Coalescer(interval=coalesce_seconds)
@@ -136,6 +148,16 @@ class StatusServer:
         except KubeApiError as exc:
             log.warning("cannot check a status update for %s/%s: %s", namespace, name, exc)
             return _failure(500, "InternalError", "Internal error")
+        wait = self.limits.take(
+            [
+                (("pod", caller.pod_uid), self.rates["pod"]),
+                (("trainjob", caller.trainjob_uid), self.rates["trainjob"]),
+            ],
+            time.monotonic(),
+        )
+        if wait:
+            log.info("rate-limited a status update for %s/%s from pod %s", namespace, name, caller.pod)
+            return _failure(429, "TooManyRequests", "Too many requests; try again", retry_after=wait)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -184,6 +206,7 @@ class StatusServer:
         self._offers += 1
         if self._offers % PRUNE_EVERY == 0:
             self.coalescer.prune(time.monotonic())
+            self.limits.prune(time.monotonic(), self.rates)
             for done in [k for k, task in self._writers.items() if task.done()]:
                 del self._writers[done]
                 if done not in self.coalescer.jobs:
@@ -279,6 +302,8 @@ async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event)
             coalesce_seconds=settings.coalesce_seconds,
             max_token_reviews=settings.max_token_reviews,
             max_clock_skew=settings.max_clock_skew,
+            pod_rate=settings.pod_rate,
+            trainjob_rate=settings.trainjob_rate,
         )
         try:
             await tls.serve(
