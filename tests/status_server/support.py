@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import re
+import signal
 import ssl
 import sys
 import time
@@ -99,6 +100,12 @@ class StatusServer:
         return total
 
     def stop(self) -> None:
+        self.process.stop()
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM or a lost node ends it: no drain, nothing pending written."""
+        os.killpg(self.process.popen.pid, signal.SIGKILL)
+        self.process.popen.wait(timeout=10)
         self.process.stop()
 
     def restart(self) -> None:

@@ -504,6 +504,33 @@ def test_one_trainjob_past_its_share_of_the_history_loses_its_own_oldest_records
     assert (own, other, configured) == (limit, 1, limit)
 
 
+def test_an_update_accepted_but_not_written_when_the_server_is_killed_is_written_after_restart(
+    kube: Any, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None, tmp_path: Path
+) -> None:
+    """kill -9 between the answer and the coalesced write: the update is in the history (200 means stored), and
+    the next process writes it from there at start-up."""
+    slow = start_status_server(
+        api, admin_kubeconfig=kube.kubeconfig, nats_url=nats_url, creds=nats_credentials, root=tmp_path, interval=60
+    )
+    try:
+        job = _job(api, namespace)
+        token = _token(api, job)
+        now = time.time()
+        assert post(slow, namespace, job.name, token=token, body=update(10, at=now - 5))[0] == 200
+        _until(lambda: (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 10,
+               timeout=15, what="the first update written at once")  # fmt: skip
+        assert post(slow, namespace, job.name, token=token, body=update(95, at=now - 1))[0] == 200
+        slow.kill()  # the second waits for the 60 s interval: never written by this process
+        assert (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 10
+        slow.restart()
+        _until(lambda: (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 95,
+               timeout=30, what="the recorded update written by the restarted server")  # fmt: skip
+        assert slow.metric("tjpipe_status_recovered_total") >= 1
+    finally:
+        print(slow.process.log_tail(30))
+        slow.stop()
+
+
 def test_the_server_needs_its_own_files(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 
@@ -208,3 +209,32 @@ def test_a_flood_from_one_pod_is_limited_and_the_others_keep_their_share() -> No
         ("trainjob", "ns/tj"),
     }
     assert limits.prune(200.0, rates) == 3 and not limits.buckets
+
+
+def _record(name: str, uid: str, at: float, progress: int) -> Any:
+    from contracts.messages import ObjectKey
+    from contracts.progress import ProgressReported
+    from contracts.trainer import TrainerStatus
+
+    status = TrainerStatus(progress_percentage=progress, last_updated_time=core.format_time(at))
+    return ProgressReported(
+        trainjob=ObjectKey(namespace="ns", name=name), trainjob_uid=uid, pod="p", trainer_status=status,
+        received_at=at, updated_at=at,
+    )  # fmt: skip
+
+
+def test_the_newest_recorded_update_of_each_trainjob_is_what_recovery_writes() -> None:
+    found = core.newest_recorded(
+        [
+            _record("a", "u1", 100.0, 10),
+            _record("a", "u1", 120.5, 95),
+            _record("a", "u1", 110.0, 50),  # arrived last, older: not the one
+            _record("a", "u1", 120.9, 96),  # the same second as the newest: the first of it stays
+            _record("b", "old", 500.0, 70),
+            _record("b", "new", 10.0, 1),  # a new TrainJob of the name: it alone counts
+        ]
+    )
+    assert {k: (r.trainjob_uid, r.update.status.progress_percentage) for k, r in found.items()} == {
+        ("ns", "a"): ("u1", 95),
+        ("ns", "b"): ("new", 1),
+    }

@@ -30,12 +30,13 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
+from contracts.progress import ProgressReported
 from contracts.trainer import TrainerStatus, UpdateTrainJobStatusRequest
 
 PATH = re.compile(
@@ -411,6 +412,34 @@ class Coalescer:
         for key in idle:
             del self.jobs[key]
         return len(idle)
+
+
+# ------------------------------------------------------------------------------------------- recovery
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """The newest recorded update of one TrainJob (by its uid), to be written if the live status is older."""
+
+    trainjob_uid: str
+    update: Update
+
+
+def newest_recorded(records: Iterable[ProgressReported]) -> dict[tuple[str, str], Recorded]:
+    """Per TrainJob, in the order the history holds ``records``: the update with the newest second (the first of
+    that second), of the uid recorded last under its name (a new TrainJob of an old name starts afresh)."""
+    out: dict[tuple[str, str], Recorded] = {}
+    for record in records:
+        key = (record.trainjob.namespace, record.trainjob.name)
+        try:
+            at = record.updated_at or parse_time(str(record.trainer_status.last_updated_time))
+        except ValueError:
+            continue
+        update = Update(status=record.trainer_status, updated_at=at)
+        known = out.get(key)
+        if known is None or known.trainjob_uid != record.trainjob_uid or update.second > known.update.second:
+            out[key] = Recorded(trainjob_uid=record.trainjob_uid, update=update)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- fair share
