@@ -15,8 +15,16 @@ Four layers, each stopping what the one before lets through (``docs/training-pro
    TokenRequest for the ServiceAccount alone, with the right audience, by anyone who may
    ``create serviceaccounts/token``, carries no pod and is refused), and that audience only.
 3. The live cluster: the pod's controller chain leads, uid by uid, to this TrainJob (pod → Job → JobSet →
-   TrainJob). A pod of another TrainJob in the same namespace, with a token it obtained for this audience,
-   is refused.
+   TrainJob). A pod of another TrainJob in the same namespace, made by that TrainJob's controllers, with a
+   token it obtained for this audience, is refused.
+
+The trust boundary this does not move: a pod's ``ownerReferences`` are written by whoever creates the pod. The
+Job controller writes the true ones, but anyone allowed to create pods in the namespace can create a pod that
+names this TrainJob's Job (its uid is readable to whoever may get Jobs there), and that pod's projected token
+passes all three layers. So the caller is proven to be a pod of the namespace whose creator claims it for this
+TrainJob; whoever may create pods in a TrainJob's namespace may report its progress (``docs/security.md``).
+Nothing in the pod's object tells its creator (managed fields name a field manager the client chooses), so the
+check cannot be made stronger here without the API server's audit record.
 
 The chain of a pod never changes once its controllers made it, so it is read once per pod uid and kept (a
 bounded table); the TokenReview and the TrainJob are read at every request, so a deleted pod's token or a
