@@ -65,6 +65,8 @@ class FleetStreamSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_age_seconds: float
     member_max_bytes: int
     """Bytes per member: the stream may hold this times the number of members."""
+    max_msgs_per_subject: int = -1
+    """The origin's limit per subject; at the hub a subject is one member's one TrainJob, so it holds there too."""
 
 
 def _origin_subjects(spec: streams.StreamSpec) -> str:
@@ -85,6 +87,7 @@ FLEET_STREAMS: tuple[FleetStreamSpec, ...] = tuple(
         description=f"{spec.description}, of every cluster of the fleet, under fleet.<cluster>.",
         max_age_seconds=spec.max_age_seconds,
         member_max_bytes=spec.max_bytes,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
     )
     for spec in streams.RECORD_STREAMS
 )

@@ -46,6 +46,9 @@ class StreamSpec(msgspec.Struct, frozen=True, kw_only=True):
     description: str
     max_age_seconds: float
     max_bytes: int = -1
+    max_msgs_per_subject: int = -1
+    """Messages kept per subject (``-1``: no limit). On a record stream of one subject per TrainJob, the most one
+    TrainJob can hold: past it, that TrainJob's own oldest go, never another's."""
     duplicate_window_seconds: float = 600.0
     replicas: int = 1
     retention: Literal["limits", "interest"] = "limits"
@@ -132,12 +135,15 @@ PROGRESS = StreamSpec(
     description="Every training progress update the status server accepted (contracts.progress), kept as history",
     max_age_seconds=7 * DAY,
     max_bytes=GIB // 2,
+    max_msgs_per_subject=5_000,
     discard="old",
 )
 """A record from the start, like the results: the status server publishes here, nothing consumes it to make
 progress, and at its limit it drops its oldest records. Half a GiB holds about a million updates of a few
 metrics each (a record is some 400 bytes), which keeps every record stream together below the server's file
-store."""
+store. One subject per TrainJob, and at most 5,000 records per subject (about 7 hours of one pod at the SDK's
+rate): a TrainJob that reports more loses its own oldest records, so no TrainJob's flood pushes out another's
+series by count (``TJPIPE_PROGRESS_MAX_MSGS_PER_SUBJECT``)."""
 
 WORK_STREAMS: tuple[StreamSpec, ...] = (EVENTS, APPLY)
 RECORD_STREAMS: tuple[StreamSpec, ...] = (EVENTS_HISTORY, APPLY_HISTORY, RESULTS, DLQ, PROGRESS)
@@ -169,9 +175,13 @@ APPLIER = ConsumerSpec(
 )
 
 
-def with_retention(spec: StreamSpec, *, max_age_seconds: float | None, max_bytes: int | None) -> StreamSpec:
+def with_retention(
+    spec: StreamSpec, *, max_age_seconds: float | None, max_bytes: int | None, max_msgs_per_subject: int | None = None
+) -> StreamSpec:
     """The same stream with operator-chosen retention; ``None`` keeps the default."""
     changes: dict[str, float | int] = {}
+    if max_msgs_per_subject is not None:
+        changes["max_msgs_per_subject"] = max_msgs_per_subject
     if max_age_seconds is not None:
         changes["max_age_seconds"] = max_age_seconds
         changes["duplicate_window_seconds"] = min(spec.duplicate_window_seconds, max_age_seconds)
@@ -205,7 +215,8 @@ _NO_SETTINGS: Mapping[str, str] = MappingProxyType({})
 
 
 def configured_streams(environ: Mapping[str, str] = _NO_SETTINGS) -> tuple[StreamSpec, ...]:
-    """The streams with retention from ``TJPIPE_<STREAM>_MAX_AGE`` / ``TJPIPE_<STREAM>_MAX_BYTES``.
+    """The streams with retention from ``TJPIPE_<STREAM>_MAX_AGE`` / ``TJPIPE_<STREAM>_MAX_BYTES`` (and
+    ``TJPIPE_PROGRESS_MAX_MSGS_PER_SUBJECT`` for the progress records).
 
     ``<STREAM>`` is EVENTS, APPLY, EVENTS_HISTORY, APPLY_HISTORY, RESULTS, DLQ or PROGRESS, e.g.
     ``TJPIPE_EVENTS_HISTORY_MAX_AGE=30d``. The bus set-up
@@ -218,10 +229,12 @@ def configured_streams(environ: Mapping[str, str] = _NO_SETTINGS) -> tuple[Strea
         prefix = f"TJPIPE_{spec.name.removeprefix('TJ_')}_"
         age = env.get(prefix + "MAX_AGE")
         size = env.get(prefix + "MAX_BYTES")
+        per_subject = env.get(prefix + "MAX_MSGS_PER_SUBJECT") if spec.name == PROGRESS.name else None
         configured = with_retention(
             spec,
             max_age_seconds=parse_duration(age) if age else None,
             max_bytes=parse_size(size) if size else None,
+            max_msgs_per_subject=int(per_subject) if per_subject else None,
         )
         out.append(msgspec.structs.replace(configured, replicas=stream_replicas(env)))
     return tuple(out)

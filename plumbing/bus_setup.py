@@ -62,6 +62,7 @@ def _stream_config(spec: StreamSpec, *, retention: str | None = None) -> js_api.
         storage=js_api.StorageType.FILE,
         max_age=spec.max_age_seconds,
         max_bytes=spec.max_bytes,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
         duplicate_window=spec.duplicate_window_seconds,
         num_replicas=spec.replicas,
         discard=js_api.DiscardPolicy.NEW if spec.discard == "new" else js_api.DiscardPolicy.OLD,

@@ -175,9 +175,14 @@ def permissions() -> dict[str, Permissions | None]:
             ),
         ),
         READER: Permissions(publish=(*read_allow, *_consumer_info())),
-        # The status server records the progress pods report, and nothing else: it reads no stream.
+        # The status server records the progress pods report, and reads those records back (direct gets only,
+        # no consumer) to write what a crashed replica accepted but had not written yet. No other stream.
         STATUS_SERVER: Permissions(
-            publish=(f"{subjects.PROGRESS_PREFIX}.>", f"{_API}.STREAM.INFO.{streams.PROGRESS.name}"),
+            publish=(
+                f"{subjects.PROGRESS_PREFIX}.>",
+                f"{_API}.STREAM.INFO.{streams.PROGRESS.name}",
+                f"{_API}.DIRECT.GET.{streams.PROGRESS.name}",
+            ),
         ),
         DLQ_OPERATOR: Permissions(
             publish=(

@@ -408,6 +408,7 @@ def fleet_stream_config(
         storage=js_api.StorageType.FILE,
         max_age=spec.max_age_seconds,
         max_bytes=max_bytes,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
         discard=js_api.DiscardPolicy.OLD,
         duplicate_window=DUPLICATE_WINDOW_SECONDS,
         num_replicas=replicas,

@@ -214,6 +214,36 @@ def add_status_server_flags(parser: argparse.ArgumentParser | argparse._Argument
         help="at most one write of a TrainJob's status.trainerStatus per this many seconds, the newest update "
         "(default 5: the SDK's own rate per process)",
     )
+    env_flag(
+        parser,
+        "--max-token-reviews",
+        env="TJPIPE_STATUS_MAX_TOKEN_REVIEWS",
+        default=8,
+        type=int,
+        help="TokenReviews in flight at once; a request that waits 2 s for one is answered 429 (default 8)",
+    )
+    env_flag(
+        parser,
+        "--max-clock-skew",
+        env="TJPIPE_STATUS_MAX_CLOCK_SKEW",
+        default=60.0,
+        type=float,
+        help="seconds an update's lastUpdatedTime may lie ahead of the server's clock; further ahead: 422 (default 60)",
+    )
+    env_flag(
+        parser,
+        "--pod-rate",
+        env="TJPIPE_STATUS_POD_RATE",
+        default="1/10",
+        help="updates per second per pod / at once (token bucket); over it: 429 with Retry-After (default 1/10)",
+    )
+    env_flag(
+        parser,
+        "--trainjob-rate",
+        env="TJPIPE_STATUS_TRAINJOB_RATE",
+        default="20/200",
+        help="updates per second per TrainJob, whatever its pods / at once; over it: 429 (default 20/200)",
+    )
 
 
 def status_server_url(text: str) -> str:
@@ -453,6 +483,26 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
         raise SettingsError(
             f"--coalesce-seconds / TJPIPE_STATUS_COALESCE_SECONDS: must be above 0, got {args.coalesce_seconds}"
         )
+    if args.max_token_reviews < 1:
+        raise SettingsError(
+            f"--max-token-reviews / TJPIPE_STATUS_MAX_TOKEN_REVIEWS: must be 1 or more, got {args.max_token_reviews}"
+        )
+    if not args.max_clock_skew >= 0:
+        raise SettingsError(
+            f"--max-clock-skew / TJPIPE_STATUS_MAX_CLOCK_SKEW: must be 0 or more, got {args.max_clock_skew}"
+        )
+    from tjpipe.status_server.core import Rate
+
+    def rate(text: str, flag: str) -> Rate:
+        try:
+            per_second, _, burst = text.partition("/")
+            parsed = Rate(per_second=float(per_second), burst=float(burst))
+        except ValueError:
+            parsed = Rate(per_second=0.0, burst=0.0)
+        if not (parsed.per_second > 0 and parsed.burst >= 1):
+            raise SettingsError(f"{flag}: PER_SECOND/BURST, a rate above 0 and a burst of 1 or more, got {text!r}")
+        return parsed
+
     return StatusServerSettings(
         **_on_bus(args),
         tls_cert=args.tls_cert,
@@ -462,4 +512,8 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
         kubeconfig=args.kubeconfig,
         kube_context=args.context,
         coalesce_seconds=args.coalesce_seconds,
+        max_token_reviews=args.max_token_reviews,
+        max_clock_skew=args.max_clock_skew,
+        pod_rate=rate(args.pod_rate, "--pod-rate / TJPIPE_STATUS_POD_RATE"),
+        trainjob_rate=rate(args.trainjob_rate, "--trainjob-rate / TJPIPE_STATUS_TRAINJOB_RATE"),
     )

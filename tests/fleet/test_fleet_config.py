@@ -39,6 +39,14 @@ def test_a_subject_at_the_hub_names_its_cluster_and_gives_back_the_original() ->
     assert fleet_contract.cluster_of("fleet.c1") == ("", "fleet.c1")
 
 
+def test_the_hub_keeps_each_members_trainjobs_to_the_same_share_of_the_progress_history_as_the_member() -> None:
+    """A subject at the hub is one member's one TrainJob, so the member's per-subject limit holds there as well:
+    one member's flood of one TrainJob drops that TrainJob's own oldest copies, never another's."""
+    (spec,) = [s for s in fleet_contract.FLEET_STREAMS if s.origin == streams.PROGRESS.name]
+    config = fleet.fleet_stream_config(spec, ["c1", "c2"]).as_dict()
+    assert config["max_msgs_per_subject"] == streams.PROGRESS.max_msgs_per_subject > 0
+
+
 def test_the_sources_config_puts_each_members_name_in_its_transform() -> None:
     spec = fleet_contract.FLEET_STREAMS[0]
     config = fleet.fleet_stream_config(spec, ["c1", "c2"]).as_dict()

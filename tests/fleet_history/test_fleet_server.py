@@ -65,8 +65,8 @@ def test_a_viewer_of_a_sees_a_s_team_x_and_nothing_of_b(world: World) -> None:
     shared = next(j for j in listed if j["name"] == "shared")
     assert shared["progress"]["metrics"] == {"loss": LOSS["a"]}
 
-    # The fleet-wide list, the token offered to every cluster: B does not accept it, so B adds nothing.
-    status, fleet_list, _ = _api(world, "/trainjobs", a.viewer)
+    # The fleet-wide list, the token offered to both clusters named: B does not accept it, so B adds nothing.
+    status, fleet_list, _ = _api(world, "/trainjobs?cluster=a&cluster=b", a.viewer)
     assert status == 200
     assert {(j["cluster"], j["name"]) for j in fleet_list["items"]} == {("a", "alpha"), ("a", "shared")}
     assert {c["cluster"]: c["accepted"] for c in fleet_list["clusters"]} == {"a": True, "b": False}
@@ -118,10 +118,43 @@ def test_a_token_b_issued_is_refused_for_a_and_reads_b(world: World) -> None:
     assert sorted((j["cluster"], j["name"]) for j in listed) == [("b", "beta"), ("b", "shared")]
     status, progress, _ = _api(world, _job("b", "shared") + "/progress", b.viewer)
     assert status == 200 and [p["metrics"]["loss"] for p in progress["points"]] == [LOSS["b"]]
-    status, who, _ = _api(world, "/whoami", b.viewer)
+    status, who, _ = _api(world, "/whoami?cluster=a&cluster=b", b.viewer)
     assert status == 200
     assert {c["cluster"]: c["accepted"] for c in who["clusters"]} == {"a": False, "b": True}
     assert who["username"] == f"system:serviceaccount:{NAMESPACE}:viewer"
+
+
+def test_a_fleet_request_reaches_only_the_api_server_of_the_cluster_it_names(world: World) -> None:
+    """A token goes to the members named and to no other: a request that names none is refused before any
+    member sees it (a compromised member would otherwise collect every cluster's tokens). Counted by each API
+    server's own ``apiserver_request_total`` for TokenReviews."""
+    from status_server.support import token_reviews
+
+    a = world.clusters["a"]
+
+    def reviews() -> dict[str, int]:
+        return {name: token_reviews(c.kube) for name, c in world.clusters.items()}
+
+    before = reviews()
+    for path in ("/trainjobs", "/whoami", "/health"):
+        status, body, _ = _api(world, path, a.viewer)
+        assert status == 400 and "?cluster=NAME" in body["error"], (path, body)
+    assert reviews() == before
+    for path in ("/trainjobs?cluster=a", "/whoami?cluster=a", "/health?cluster=a"):
+        assert _api(world, path, a.viewer)[0] == 200, path
+    after = reviews()
+    assert after["b"] == before["b"] and after["a"] > before["a"]
+
+
+def test_fleet_health_shows_a_cluster_only_to_who_may_list_it_there(world: World) -> None:
+    """The index's counts are a whole cluster's: shown for a cluster whose API server lets the caller list
+    TrainJobs cluster-wide, and the fleet streams' totals (every member's) only to who may in every cluster."""
+    a = world.clusters["a"]
+    status, health, _ = _api(world, "/health?cluster=a&cluster=b", a.viewer)  # a viewer of one namespace of A
+    assert status == 200 and health["index"] == {} and health["streams"] == []
+    admin_of_a = a.kube.token  # may list everything in A, and is nobody in B
+    status, health, _ = _api(world, "/health?cluster=a&cluster=b", admin_of_a)
+    assert status == 200 and set(health["index"]) == {"a"} and health["streams"] == []
 
 
 def test_a_timeline_at_the_hub_names_each_event_as_its_plans_do(world: World) -> None:

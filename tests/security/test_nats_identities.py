@@ -257,7 +257,8 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.STREAM.MSG.DELETE.{APPLY}",
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
     ],
-    # It records progress and reads nothing back: not even the progress history it writes.
+    # It records progress and reads back only the progress history it writes (to write what a crashed replica
+    # left pending): no other stream, and nothing it could change there.
     "status-server": [
         *MANAGEMENT,
         "tj.ev.0.ns.name",
@@ -265,7 +266,8 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         "tj.result.0.ns.name.jobset",
         "tj.dlq.applier.ns.name",
         "$KV.tj_applied.ns.jobset.name",
-        f"{API}.DIRECT.GET.TJ_PROGRESS",
+        f"{API}.DIRECT.GET.{EVENTS}",
+        f"{API}.DIRECT.GET.TJ_EVENTS_HISTORY",
         f"{API}.STREAM.PURGE.TJ_PROGRESS",
         f"{API}.STREAM.MSG.DELETE.TJ_PROGRESS",
     ],

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import re
+import signal
 import ssl
 import sys
 import time
@@ -33,6 +34,7 @@ from tjpipe.credentials import STATUS_SERVER, Credentials
 from tjpipe.keys.pki import write_serving_pki
 from tjpipe.local.crds import apply_objects
 from tjpipe.local.identities import _cluster_of, _kubeconfig
+from tjpipe.local.kubeapi import LocalKube
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 from tjpipe.local.stack import nats_connect_options
 from tjpipe.private_files import write_private_file
@@ -98,6 +100,12 @@ class StatusServer:
         return total
 
     def stop(self) -> None:
+        self.process.stop()
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM or a lost node ends it: no drain, nothing pending written."""
+        os.killpg(self.process.popen.pid, signal.SIGKILL)
+        self.process.popen.wait(timeout=10)
         self.process.stop()
 
     def restart(self) -> None:
@@ -342,3 +350,27 @@ def records(nats_url: str, creds: Credentials | None, namespace: str, name: str)
         return [decode_progress(m.data) for m in stored]
 
     return asyncio.run(read())
+
+
+def token_reviews(kube: LocalKube) -> int:
+    """TokenReviews the API server answered so far (any code), from its own ``apiserver_request_total``."""
+    tls = ssl.create_default_context(cafile=str(kube.ca_file))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls))
+    request = urllib.request.Request(f"{kube.server}/metrics", headers={"Authorization": f"Bearer {kube.token}"})
+    with opener.open(request, timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{") and 'resource="tokenreviews"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def unsigned(token: str, **claims: Any) -> str:
+    """``token``'s payload with ``claims`` changed, under a header of ``alg: none`` and no signature: what anyone
+    can write without a key."""
+    _, payload, _ = token.split(".")
+    body = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    body.update(claims)
+    header = _b64(json.dumps({"alg": "none", "typ": "JWT"}).encode())
+    return f"{header}.{_b64(json.dumps(body).encode())}."

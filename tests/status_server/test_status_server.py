@@ -8,10 +8,13 @@ back. After every refusal nothing is recorded, the status is unchanged, and the 
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +37,9 @@ from .support import (
     records,
     resigned,
     start_status_server,
+    token_reviews,
     trainer_status,
+    unsigned,
     update,
 )
 
@@ -146,6 +151,42 @@ def test_an_older_update_is_recorded_but_never_written_over_a_newer_one(
     ) == [20, 60]
 
 
+def test_an_update_from_2099_is_refused_and_the_honest_one_after_it_shows(
+    server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    """A pod whose clock runs far ahead (or a leaked token) cannot freeze the TrainJob's progress: its update is
+    refused with the reason, kept nowhere, and the next honest update is written."""
+    job = _job(api, namespace)
+    token = _token(api, job)
+    future = {"trainerStatus": {"progressPercentage": 99, "lastUpdatedTime": "2099-01-01T00:00:00Z"}}
+    code, answer = post(server, namespace, job.name, token=token, body=future)
+    assert code == 422 and "ahead of the server's clock" in answer["message"], answer
+    assert post(server, namespace, job.name, token=token, body=update(7))[0] == 200
+    _until(lambda: (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 7,
+           timeout=INTERVAL * 3 + 5, what="the honest update in status.trainerStatus")  # fmt: skip
+    assert [
+        r.trainer_status.progress_percentage for r in _records(nats_url, nats_credentials, namespace, job.name)
+    ] == [7]
+
+
+def test_within_one_second_the_first_update_shows_whichever_replica_decides(
+    server: StatusServer, api: Any, namespace: str
+) -> None:
+    """Every comparison is made at the whole second the live status keeps: an update of the same second as the
+    live one, with a smaller fraction, does not replace it, even after the server forgot what it saw (a restart,
+    another replica)."""
+    job = _job(api, namespace, pods=2)
+    second = float(int(time.time()) - 5)
+    assert post(server, namespace, job.name, token=_token(api, job, 0), body=update(50, at=second + 0.9))[0] == 200
+    _until(lambda: (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 50,
+           timeout=INTERVAL * 3 + 5, what="the first update written")  # fmt: skip
+    server.stop()
+    server.restart()
+    assert post(server, namespace, job.name, token=_token(api, job, 1), body=update(40, at=second + 0.2))[0] == 200
+    time.sleep(INTERVAL + 1.5)
+    assert (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 50
+
+
 # ------------------------------------------------------------------------------------------- refused
 
 
@@ -166,6 +207,9 @@ INVALID: dict[str, tuple[bytes | dict[str, Any], int]] = {
     "no lastUpdatedTime": ({"trainerStatus": {"progressPercentage": 5}}, 422),
     "a lastUpdatedTime that is no time": ({"trainerStatus": {"lastUpdatedTime": "yesterday"}}, 422),
     "negative remaining seconds": (update(1, estimatedRemainingSeconds=-5), 422),
+    "year 0001 with an offset": ({"trainerStatus": {"lastUpdatedTime": "0001-01-01T00:00:00+01:00"}}, 422),
+    "year 9999 with an offset": ({"trainerStatus": {"lastUpdatedTime": "9999-12-31T23:59:59-01:00"}}, 422),
+    "an hour ahead of the server's clock": (update(1, at=time.time() + 3600), 422),
 }
 
 
@@ -252,6 +296,34 @@ def test_a_caller_that_is_not_a_pod_of_the_trainjob_is_refused(
     assert post(server, namespace, job.name, token=_token(api, job), body=update(1))[0] == 200
 
 
+def test_fifty_forged_or_malformed_tokens_cost_the_api_server_no_token_review(
+    server: StatusServer, api: Any, kube: Any, namespace: str
+) -> None:
+    """Shape, audience, expiry and the pod binding are read from the token itself before any review: what fails
+    there is refused without the API server hearing of it (counted by the API server's own metrics)."""
+    job, other = _job(api, namespace), _job(api, namespace)
+    genuine = _token(api, job)
+    now = int(time.time())
+    forged = [
+        unsigned(genuine),  # the right claims, no signature
+        unsigned(genuine, exp=now + 86400),
+        "not-a-token",
+        "a.b.c",
+        _token(api, other),  # a genuine token of another TrainJob's audience
+        resigned(genuine, kube.local.service_account_private_key, iat=now - 7200, nbf=now - 7200, exp=now - 3600),
+        resigned(genuine, kube.local.service_account_private_key, **{"kubernetes.io": {"namespace": namespace}}),
+        pod_token(api, namespace, pod=job.pods[0], audience="https://kubernetes.default.svc"),
+        pod_token(api, namespace, pod=None, audience=core.audience(namespace, job.name)),  # bound to no pod
+        genuine[:-5] + "." * 5,
+    ]
+    before = token_reviews(kube.local)
+    codes = [post(server, namespace, job.name, token=forged[i % len(forged)], body=update(5))[0] for i in range(50)]
+    assert codes == [403] * 50
+    assert token_reviews(kube.local) - before == 0
+    assert post(server, namespace, job.name, token=genuine, body=update(6))[0] == 200  # the control: one review
+    assert token_reviews(kube.local) - before == 1
+
+
 def test_a_resigned_token_that_has_not_expired_is_accepted(
     server: StatusServer, api: Any, kube: Any, namespace: str
 ) -> None:
@@ -318,7 +390,7 @@ def test_a_flood_from_twenty_pods_is_all_recorded_and_written_at_most_once_per_i
     def report(i: int) -> list[int]:
         codes = []
         for n in range(per_pod):
-            at = base + n * 0.01 + i * 0.0001
+            at = base + n + i * 0.0001  # each round a second later: "newer" is a later second
             codes.append(post(server, namespace, job.name, token=tokens[i], body=update(n * 10 + 1, at=at))[0])
         return codes
 
@@ -340,6 +412,123 @@ def test_a_flood_from_twenty_pods_is_all_recorded_and_written_at_most_once_per_i
     assert managers == ["trainer-status"]
     per_update = writes / (pods * per_pod)
     print(f"{pods * per_pod} updates in {took:.1f}s: {writes:.0f} status writes ({per_update:.3f} per update)")
+
+
+def _post_headers(server: StatusServer, namespace: str, name: str, token: str, body: dict[str, Any]) -> tuple[int, str]:
+    """The status code and the ``Retry-After`` header of one POST."""
+    request = urllib.request.Request(server.endpoint(namespace, name), data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=str(server.ca_file))
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=context) as response:
+            return response.status, response.headers.get("Retry-After", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Retry-After", "")
+
+
+def test_a_flood_from_one_pod_is_answered_429_and_every_other_trainjob_keeps_its_series_and_status(
+    server: StatusServer, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    others = [_job(api, namespace) for _ in range(3)]
+    for i, other in enumerate(others):
+        assert post(server, namespace, other.name, token=_token(api, other), body=update(30 + i))[0] == 200
+    flooder = _job(api, namespace, pods=2)
+    token, neighbour = _token(api, flooder, 0), _token(api, flooder, 1)
+    base = time.time() - 50
+    answers = [
+        _post_headers(server, namespace, flooder.name, token, update(n % 100, at=base + n * 0.5)) for n in range(40)
+    ]
+    limited = [retry for code, retry in answers if code == 429]
+    assert [code for code, _ in answers].count(200) < 40 and limited, answers
+    assert all(retry.isdigit() and int(retry) >= 1 for retry in limited), limited
+    assert {code for code, _ in answers} <= {200, 429}
+    # another pod of the same TrainJob keeps its own share, and the flooder is served once it waited as told
+    assert post(server, namespace, flooder.name, token=neighbour, body=update(77))[0] == 200
+    time.sleep(int(limited[-1]))
+    assert post(server, namespace, flooder.name, token=token, body=update(78))[0] == 200
+
+    time.sleep(INTERVAL + 1.5)
+    for i, other in enumerate(others):
+        status, _ = trainer_status(api, namespace, other.name)
+        assert status is not None and status["progressPercentage"] == 30 + i
+        assert [
+            r.trainer_status.progress_percentage for r in _records(nats_url, nats_credentials, namespace, other.name)
+        ] == [30 + i]
+    accepted = [code for code, _ in answers].count(200) + 2
+    assert len(_records(nats_url, nats_credentials, namespace, flooder.name)) == accepted  # a 429 is kept nowhere
+
+
+def test_one_trainjob_past_its_share_of_the_history_loses_its_own_oldest_records_never_anothers(
+    nats_url: str, nats_credentials: Credentials | None
+) -> None:
+    """``TJ_PROGRESS`` keeps at most ``max_msgs_per_subject`` records per TrainJob, on the real nats-server: a
+    TrainJob (or a status server with a leaked identity) publishing past it drops its own oldest records only."""
+    import asyncio
+
+    from contracts import streams, subjects
+    from plumbing import bus
+    from tjpipe.local.stack import nats_connect_options
+
+    if nats_credentials is None:
+        pytest.skip("needs the session's NATS identities")
+    limit = streams.PROGRESS.max_msgs_per_subject
+    assert 0 < limit <= 10_000
+    namespace = f"share-{secrets.token_hex(3)}"
+
+    async def flood() -> tuple[int, int, int]:
+        nc = await bus.connect(nats_url, name="test-flood", **nats_connect_options(nats_credentials, "status-server"))
+        try:
+            js = nc.jetstream()
+            mine, theirs = f"{namespace}-own", f"{namespace}-other"
+            await js.publish(subjects.progress_subject(namespace, theirs), b"{}", stream=streams.PROGRESS.name)
+            for _ in range(limit + 100):
+                await js.publish(subjects.progress_subject(namespace, mine), b"{}", stream=streams.PROGRESS.name)
+            reader = await bus.connect(nats_url, name="test-reader", **nats_connect_options(nats_credentials, "reader"))
+            try:
+                info = await reader.jetstream().stream_info(
+                    streams.PROGRESS.name, subjects_filter=subjects.namespace_progress_filter(namespace)
+                )
+            finally:
+                await reader.close()
+            counts = info.state.subjects or {}
+            return (
+                counts.get(subjects.progress_subject(namespace, mine), 0),
+                counts.get(subjects.progress_subject(namespace, theirs), 0),
+                info.config.max_msgs_per_subject,
+            )
+        finally:
+            await nc.close()
+
+    own, other, configured = asyncio.run(flood())
+    assert (own, other, configured) == (limit, 1, limit)
+
+
+def test_an_update_accepted_but_not_written_when_the_server_is_killed_is_written_after_restart(
+    kube: Any, api: Any, namespace: str, nats_url: str, nats_credentials: Credentials | None, tmp_path: Path
+) -> None:
+    """kill -9 between the answer and the coalesced write: the update is in the history (200 means stored), and
+    the next process writes it from there at start-up."""
+    slow = start_status_server(
+        api, admin_kubeconfig=kube.kubeconfig, nats_url=nats_url, creds=nats_credentials, root=tmp_path, interval=60
+    )
+    try:
+        job = _job(api, namespace)
+        token = _token(api, job)
+        now = time.time()
+        assert post(slow, namespace, job.name, token=token, body=update(10, at=now - 5))[0] == 200
+        _until(lambda: (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 10,
+               timeout=15, what="the first update written at once")  # fmt: skip
+        assert post(slow, namespace, job.name, token=token, body=update(95, at=now - 1))[0] == 200
+        slow.kill()  # the second waits for the 60 s interval: never written by this process
+        assert (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 10
+        slow.restart()
+        _until(lambda: (trainer_status(api, namespace, job.name)[0] or {}).get("progressPercentage") == 95,
+               timeout=30, what="the recorded update written by the restarted server")  # fmt: skip
+        assert slow.metric("tjpipe_status_recovered_total") >= 1
+    finally:
+        print(slow.process.log_tail(30))
+        slow.stop()
 
 
 def test_the_server_needs_its_own_files(tmp_path: Path) -> None:

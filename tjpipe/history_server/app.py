@@ -507,10 +507,13 @@ async def clusters(request: web.Request) -> web.Response:
 
 
 def _named_clusters(request: web.Request) -> list[Scope]:
-    """The clusters a fleet-wide request names (``?cluster=a&cluster=b``), else every one: only they see
-    the token."""
+    """The clusters a fleet-wide request names (``?cluster=a&cluster=b``): only they see the token. A request
+    that names none is refused (400) rather than offered to every member: a member's API server that reviews a
+    token sees it, so a compromised member would collect the tokens of every cluster."""
     backend = request.app[BACKEND]
-    names = request.query.getall("cluster", []) or sorted(backend.clusters)
+    names = request.query.getall("cluster", [])
+    if not names:
+        raise _error(400, "name the cluster this token is for (?cluster=NAME, once per cluster); it goes to no other")
     unknown = [n for n in names if n not in backend.clusters]
     if unknown:
         raise _error(400, f"no cluster {unknown[0]!r} in this fleet")
@@ -598,11 +601,21 @@ async def fleet_trainjobs(request: web.Request) -> web.Response:
 
 
 async def fleet_health(request: web.Request) -> web.Response:
-    """How full the hub's fleet streams are and what the index holds per cluster (no namespace's records)."""
+    """What the index holds per cluster, for each cluster named whose API server lets the caller list TrainJobs
+    cluster-wide there (the counts are the whole cluster's); how full the hub's fleet streams are (they hold
+    every member's records) only to a caller who may list cluster-wide in every cluster of the fleet."""
     from contracts import fleet
 
-    await _accepted(request)
+    answers = await _accepted(request)
     backend = request.app[BACKEND]
+    visible = [
+        scope
+        for scope, caller, _ in answers
+        if caller is not None and await _allowed(request, caller, "list", "", scope=scope)
+    ]
+    index = {s.cluster: {"trainjobs": len(s.index), "states": s.index.counts()} for s in visible}
+    if {s.cluster for s in visible} != set(backend.clusters):
+        return _json({"fleet": True, "streams": [], "index": index, "ready": backend.ready})
     usage: list[dict[str, Any]] = []
     for spec in fleet.FLEET_STREAMS:
         try:
@@ -613,7 +626,6 @@ async def fleet_health(request: web.Request) -> web.Response:
         usage.append(
             {"stream": spec.name, "messages": int(info.state.messages or 0), "bytes": int(info.state.bytes or 0)}
         )
-    index = {name: {"trainjobs": len(s.index), "states": s.index.counts()} for name, s in backend.clusters.items()}
     return _json({"fleet": True, "streams": usage, "index": index, "ready": backend.ready})
 
 

@@ -1,7 +1,13 @@
 """Who may report a TrainJob's progress: a pod of that TrainJob, proven by a token the API server reviews.
 
-Three layers, each stopping what the one before lets through (``docs/training-progress.md``):
+Four layers, each stopping what the one before lets through (``docs/training-progress.md``):
 
+0. The token's shape, read locally without verifying it (``core.screen_token``): a signed JWT whose audience is
+   exactly this TrainJob's, not expired, bound to a pod of this namespace. What fails here costs nothing: an
+   unauthenticated caller cannot make the server call the API server at will. What passes is not trusted yet
+   (anyone can write such a payload); the API server's review below decides. At most ``max_reviews``
+   TokenReviews are in flight at once; a request that waits longer than ``REVIEW_WAIT`` for one is answered
+   :class:`Busy` (429), so a flood of forged-but-well-shaped tokens costs the API server a bounded load.
 1. TokenReview, with exactly the TrainJob's audience, by the API server: the token is genuine, unexpired,
    minted for this TrainJob's status endpoint, and bound to a pod that still exists with that uid (the API
    server checks a bound token's object). Trainer's server stops here, plus a namespace check.
@@ -9,8 +15,16 @@ Three layers, each stopping what the one before lets through (``docs/training-pr
    TokenRequest for the ServiceAccount alone, with the right audience, by anyone who may
    ``create serviceaccounts/token``, carries no pod and is refused), and that audience only.
 3. The live cluster: the pod's controller chain leads, uid by uid, to this TrainJob (pod → Job → JobSet →
-   TrainJob). A pod of another TrainJob in the same namespace, with a token it obtained for this audience,
-   is refused.
+   TrainJob). A pod of another TrainJob in the same namespace, made by that TrainJob's controllers, with a
+   token it obtained for this audience, is refused.
+
+The trust boundary this does not move: a pod's ``ownerReferences`` are written by whoever creates the pod. The
+Job controller writes the true ones, but anyone allowed to create pods in the namespace can create a pod that
+names this TrainJob's Job (its uid is readable to whoever may get Jobs there), and that pod's projected token
+passes all three layers. So the caller is proven to be a pod of the namespace whose creator claims it for this
+TrainJob; whoever may create pods in a TrainJob's namespace may report its progress (``docs/security.md``).
+Nothing in the pod's object tells its creator (managed fields name a field manager the client chooses), so the
+check cannot be made stronger here without the API server's audit record.
 
 The chain of a pod never changes once its controllers made it, so it is read once per pod uid and kept (a
 bounded table); the TokenReview and the TrainJob are read at every request, so a deleted pod's token or a
@@ -19,10 +33,12 @@ deleted TrainJob is refused at once. A token is never logged or recorded.
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import json
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -39,10 +55,18 @@ TOKEN_REVIEW = Resource(
     api_version="authentication.k8s.io/v1", kind="TokenReview", plural="tokenreviews", namespaced=False
 )
 CHAIN_CACHE = 10_000
+MAX_REVIEWS = 8
+"""TokenReviews in flight at once, per server process (the default of ``--max-token-reviews``)."""
+REVIEW_WAIT = 2.0
+"""Seconds a request waits for a free TokenReview slot before it is answered 429."""
 
 
 class Refused(Exception):
     """403: the caller may not report for this TrainJob. The reason goes to the log, never to the caller."""
+
+
+class Busy(Exception):
+    """429: too many TokenReviews in flight; the caller tries again after ``Retry-After``."""
 
 
 class Gone(Exception):
@@ -81,20 +105,17 @@ _review_decoder = msgspec.json.Decoder(_Review)
 
 def token_audiences(token: str) -> list[str]:
     """The ``aud`` claim of a JWT, read without verifying (the API server verified it already)."""
-    try:
-        payload = token.split(".")[1]
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (IndexError, ValueError):
-        return []
-    aud = claims.get("aud") if isinstance(claims, dict) else None
-    if isinstance(aud, str):
-        return [aud]
-    return [a for a in aud if isinstance(a, str)] if isinstance(aud, list) else []
+    claims = core.token_claims(token)
+    return core.token_audiences(claims) if claims is not None else []
 
 
 class Authorizer:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(
+        self, kube: KubeClient, *, max_reviews: int = MAX_REVIEWS, clock: Callable[[], float] = time.time
+    ) -> None:
         self.kube = kube
+        self.clock = clock
+        self._reviews = asyncio.Semaphore(max_reviews)
         self._chains: OrderedDict[str, str] = OrderedDict()
         """Pod uid → the uid of the TrainJob its controller chain leads to."""
 
@@ -103,7 +124,17 @@ class Authorizer:
         if not token:
             raise Refused("no bearer token")
         wanted = core.audience(namespace, name)
-        review = await self._review(token, wanted)
+        problem = core.screen_token(token, audience=wanted, namespace=namespace, now=self.clock())
+        if problem:
+            raise Refused(f"refused before review: {problem}")
+        try:
+            await asyncio.wait_for(self._reviews.acquire(), timeout=REVIEW_WAIT)
+        except TimeoutError:
+            raise Busy("too many token reviews in flight") from None
+        try:
+            review = await self._review(token, wanted)
+        finally:
+            self._reviews.release()
         status = review.status
         if not status.authenticated:
             raise Refused(f"the token is not valid for {wanted}: {status.error or 'not authenticated'}")
@@ -173,4 +204,4 @@ class Authorizer:
         return uid
 
 
-__all__ = ["Authorizer", "Caller", "Gone", "KubeApiError", "Refused"]
+__all__ = ["Authorizer", "Busy", "Caller", "Gone", "KubeApiError", "Refused"]

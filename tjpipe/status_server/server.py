@@ -7,10 +7,22 @@ use for (TokenReview, reading pods, Jobs and JobSets, writing TrainJob status). 
 its own rights, and a flood of progress reports cannot slow admission down.
 
 A request is answered in Trainer's order: 413 for a body over 64 KiB (before anything is read), 403 unless
-the caller is a pod of the TrainJob (``auth``), 404 when the TrainJob is gone, 422 for a body the CRD would
-refuse (``core.parse_update``), then the update is published to ``TJ_PROGRESS`` and only once the stream
-has stored it is the answer 200 with the request echoed. The TrainJob's ``status.trainerStatus`` is written
-afterwards by the coalescing writer: the newest update per TrainJob, at most one write per interval.
+the caller is a pod of the TrainJob (``auth``), 404 when the TrainJob is gone, 429 with ``Retry-After`` when the
+pod or its TrainJob is over its rate (``core.RateLimits``: one pod's flood is answered 429, every other pod and
+TrainJob keeps its share), 422 for a body the CRD would refuse (``core.parse_update``), then the update is
+published to ``TJ_PROGRESS`` and only once the stream has stored it is the answer 200 with the request echoed.
+The TrainJob's ``status.trainerStatus`` is written afterwards by the coalescing writer: the newest update per
+TrainJob, at most one write per interval.
+
+Why the writer also reads the history back: a pending write lives in the memory of the replica that took the
+update, and a kill, an OOM or a lost node between the answer and the write would leave the TrainJob showing an
+older update than the history holds. So at start-up each replica reads the records of the last
+``recover_seconds`` and, every ``sweep_seconds`` after, those since its previous sweep: the newest recorded update
+of each TrainJob goes through the same writer, which writes it only if the live status is older (one read of
+the TrainJob; a replica that finds it written already writes nothing). A replica that takes over another's
+TrainJobs (the other died, or its pods now reach this one) thereby writes what the other left pending within one
+sweep. 200 means recorded, so this is what "nothing accepted is lost" rests on. With NATS unreachable the
+answer is 503 with ``Retry-After``: nothing was kept, and the SDK's call returns False.
 """
 
 from __future__ import annotations
@@ -20,9 +32,11 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from aiohttp import web
@@ -30,17 +44,17 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter
 
 from contracts import streams, subjects
-from contracts.messages import ObjectKey
-from contracts.progress import STATUS_FIELD_MANAGER, ProgressReported, encode_progress
+from contracts.messages import ObjectKey, UnsupportedVersion
+from contracts.progress import STATUS_FIELD_MANAGER, ProgressReported, decode_progress, encode_progress
 from contracts.resources import TRAINJOB
-from plumbing import retrying
+from plumbing import bus_history, retrying
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import REGISTRY
 from plumbing.publishing import publish_stored
 from plumbing.runner import ServiceSettings, started
 from plumbing.tls_serving import TlsServing
 from tjpipe.status_server import core
-from tjpipe.status_server.auth import Authorizer, Caller, Gone, Refused
+from tjpipe.status_server.auth import MAX_REVIEWS, Authorizer, Busy, Caller, Gone, Refused
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +64,11 @@ UPDATES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+RECOVERED = Counter(
+    "tjpipe_status_recovered_total",
+    "TrainJobs whose newest recorded update was handed to the writer by a read of the history (start-up, sweep)",
+    registry=REGISTRY,
+)
 WRITES = Counter(
     "tjpipe_status_writes_total",
     "Writes of a TrainJob's status.trainerStatus by outcome: written, stale (a newer one is live), gone, failed",
@@ -57,8 +76,18 @@ WRITES = Counter(
     registry=REGISTRY,
 )
 
+RECOVER_SECONDS = 3600.0
+"""How far back the start-up reads the history for updates a previous process accepted but did not write."""
+SWEEP_SECONDS = 30.0
+"""How often the history is read again for updates another replica accepted but did not write."""
+NATS_RETRY_AFTER = 5
+"""``Retry-After`` of a 503 while the history is unreachable: the SDK's own interval between updates."""
 PRUNE_EVERY = 1000
 """Accepted updates between two prunes of the per-TrainJob tables (finished TrainJobs leave them)."""
+POD_RATE = core.Rate(per_second=1.0, burst=10)
+"""Per pod: five times the SDK's own rate (one update per 5 s) on average, ten at once."""
+TRAINJOB_RATE = core.Rate(per_second=20.0, burst=200)
+"""Per TrainJob, whatever its pods: a hundred pods at the SDK's rate, two hundred at once."""
 DEFAULT_COALESCE_SECONDS = 5.0
 """The SDK's own rate per process (one update per 5 s): one pod's updates are all written, many pods' share it."""
 
@@ -72,6 +101,12 @@ class StatusServerSettings(ServiceSettings):
     kubeconfig: str | None = None
     kube_context: str | None = None
     coalesce_seconds: float = DEFAULT_COALESCE_SECONDS
+    max_token_reviews: int = MAX_REVIEWS
+    max_clock_skew: float = core.MAX_CLOCK_SKEW
+    pod_rate: core.Rate = POD_RATE
+    trainjob_rate: core.Rate = TRAINJOB_RATE
+    recover_seconds: float = RECOVER_SECONDS
+    sweep_seconds: float = SWEEP_SECONDS
     cert_check_seconds: float = 30.0
 
 
@@ -89,10 +124,23 @@ again, a few times; then the update is put back and written at the TrainJob's ne
 
 
 class StatusServer:
-    def __init__(self, kube: KubeClient, js: JetStreamContext, *, coalesce_seconds: float) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        js: JetStreamContext,
+        *,
+        coalesce_seconds: float,
+        max_token_reviews: int = MAX_REVIEWS,
+        max_clock_skew: float = core.MAX_CLOCK_SKEW,
+        pod_rate: core.Rate = POD_RATE,
+        trainjob_rate: core.Rate = TRAINJOB_RATE,
+    ) -> None:
         self.kube = kube
+        self.max_clock_skew = max_clock_skew
+        self.rates = {"pod": pod_rate, "trainjob": trainjob_rate}
+        self.limits = core.RateLimits()
         self.js = js
-        self.authorizer = Authorizer(kube)
+        self.authorizer = Authorizer(kube, max_reviews=max_token_reviews)
         self.coalescer = core.Coalescer(interval=coalesce_seconds)
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._uids: dict[tuple[str, str], str] = {}
@@ -117,17 +165,29 @@ class StatusServer:
         except Refused as exc:
             log.info("refused a status update for %s/%s: %s", namespace, name, exc)
             return _failure(403, "Forbidden", "Forbidden")
+        except Busy:
+            return _failure(429, "TooManyRequests", "Too many requests; try again", retry_after=1)
         except Gone:
             return _failure(404, "NotFound", "Train job not found")
         except KubeApiError as exc:
             log.warning("cannot check a status update for %s/%s: %s", namespace, name, exc)
             return _failure(500, "InternalError", "Internal error")
+        wait = self.limits.take(
+            [
+                (("pod", caller.pod_uid), self.rates["pod"]),
+                (("trainjob", caller.trainjob_uid), self.rates["trainjob"]),
+            ],
+            time.monotonic(),
+        )
+        if wait:
+            log.info("rate-limited a status update for %s/%s from pod %s", namespace, name, caller.pod)
+            return _failure(429, "TooManyRequests", "Too many requests; try again", retry_after=wait)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _failure(413, "RequestEntityTooLarge", "Payload too large")
         try:
-            update = core.parse_update(body)
+            update = core.parse_update(body, received_at=time.time(), max_skew=self.max_clock_skew)
         except core.Invalid as exc:
             return _failure(422, "Invalid", str(exc))
         if update is None:
@@ -137,7 +197,12 @@ class StatusServer:
             await self._record(namespace, name, caller, update)
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
             log.warning("cannot record a status update for %s/%s: %s", namespace, name, exc)
-            return _failure(503, "ServiceUnavailable", "The progress history is not reachable; try again")
+            return _failure(
+                503,
+                "ServiceUnavailable",
+                "The progress history is not reachable; try again",
+                retry_after=NATS_RETRY_AFTER,
+            )
         UPDATES.labels("accepted").inc()
         self._offer((namespace, name), caller, update)
         return web.Response(body=core.echo(update), content_type="application/json")
@@ -170,6 +235,7 @@ class StatusServer:
         self._offers += 1
         if self._offers % PRUNE_EVERY == 0:
             self.coalescer.prune(time.monotonic())
+            self.limits.prune(time.monotonic(), self.rates)
             for done in [k for k, task in self._writers.items() if task.done()]:
                 del self._writers[done]
                 if done not in self.coalescer.jobs:
@@ -180,6 +246,9 @@ class StatusServer:
         if not self.coalescer.offer(key, update):
             WRITES.labels("stale").inc()
             return
+        self._start_writer(key)
+
+    def _start_writer(self, key: tuple[str, str]) -> None:
         running = self._writers.get(key)
         if running is None or running.done():
             self._writers[key] = asyncio.create_task(self._write_loop(key), name=f"status {key[0]}/{key[1]}")
@@ -213,7 +282,8 @@ class StatusServer:
                 if live.metadata.uid != self._uids.get(key) or live.metadata.deletion_timestamp:
                     WRITES.labels("gone").inc()
                     return
-                if live.trainer_status_time() > update.updated_at:
+                live_second = live.trainer_status_second()
+                if live_second is not None and live_second >= update.second:  # newer means a later second
                     WRITES.labels("stale").inc()
                     return
                 body = core.apply_body(
@@ -233,6 +303,52 @@ class StatusServer:
                 )
                 WRITES.labels("written").inc()
 
+    # ------------------------------------------------------------------------------------ the recovery
+
+    async def recover(self, since: float) -> int:
+        """Write, through the coalescer, the newest update recorded since ``since`` (Unix seconds) of each
+        TrainJob this process does not already hold a newer one of; how many TrainJobs were handed to the writer.
+        The writer reads each live TrainJob and writes only over an older status of the same uid."""
+        stored = await bus_history.read_stream(
+            self.js, streams.PROGRESS.name, f"{subjects.PROGRESS_PREFIX}.>", start_time=since
+        )
+        records = []
+        for message in stored:
+            try:
+                record = decode_progress(message.data)
+            except (msgspec.MsgspecError, UnsupportedVersion):
+                continue  # a newer release's record: that release's replicas write it
+            records.append(record)
+        handed = 0
+        for key, recorded in core.newest_recorded(records).items():
+            known = self._uids.get(key)
+            if known is not None and known != recorded.trainjob_uid:
+                continue  # this process already serves a newer TrainJob of that name
+            self._uids[key] = recorded.trainjob_uid
+            if self.coalescer.offer(key, recorded.update):
+                handed += 1
+                RECOVERED.inc()
+                self._start_writer(key)
+        return handed
+
+    async def sweep(self, *, recover_seconds: float, sweep_seconds: float, stop: asyncio.Event) -> None:
+        """Recover at start-up, then every ``sweep_seconds``; a sweep that fails (NATS away) is tried again at the
+        next, from where the last good one started."""
+        since = time.time() - recover_seconds
+        while not stop.is_set():
+            started_at = time.time()
+            try:
+                handed = await self.recover(since)
+            except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
+                log.warning("cannot read the progress history back: %s; trying again in %.0fs", exc, sweep_seconds)
+            else:
+                if handed:
+                    log.info("%d TrainJobs had a recorded update newer than this process knew; writing them", handed)
+                # overlap by two intervals: an update recorded just before this sweep may not have been written yet
+                since = started_at - 2 * self.coalescer.interval - sweep_seconds
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=sweep_seconds)
+
     async def drain(self, timeout: float) -> None:
         """Let the pending writes go out (each at its time), up to ``timeout``; then stop the writers."""
         tasks = [t for t in self._writers.values() if not t.done()]
@@ -243,9 +359,12 @@ class StatusServer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _failure(code: int, reason: str, message: str) -> web.Response:
+def _failure(code: int, reason: str, message: str, *, retry_after: float | None = None) -> web.Response:
     UPDATES.labels(str(code)).inc()
-    return web.Response(status=code, body=core.status_body(code, reason, message), content_type="application/json")
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    return web.Response(
+        status=code, body=core.status_body(code, reason, message), content_type="application/json", headers=headers
+    )
 
 
 async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event) -> None:
@@ -255,7 +374,19 @@ async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event)
         settings,
         kube=lambda: KubeClient(KubeConfig.load(settings.kubeconfig, context=settings.kube_context)),
     ) as service:
-        server = StatusServer(service.kube_client(), service.js, coalesce_seconds=settings.coalesce_seconds)
+        server = StatusServer(
+            service.kube_client(),
+            service.js,
+            coalesce_seconds=settings.coalesce_seconds,
+            max_token_reviews=settings.max_token_reviews,
+            max_clock_skew=settings.max_clock_skew,
+            pod_rate=settings.pod_rate,
+            trainjob_rate=settings.trainjob_rate,
+        )
+        sweeper = asyncio.create_task(
+            server.sweep(recover_seconds=settings.recover_seconds, sweep_seconds=settings.sweep_seconds, stop=stop),
+            name="status history sweep",
+        )
         try:
             await tls.serve(
                 server.app(),
@@ -270,5 +401,7 @@ async def run_status_server(settings: StatusServerSettings, stop: asyncio.Event)
                 ),
             )
         finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await server.drain(timeout=settings.coalesce_seconds + 2)

@@ -35,8 +35,8 @@ async function findFleet() {
   const response = await fetch("/api/v1/clusters", { cache: "no-store" });
   fleet = response.ok ? (await response.json()).items : null;
   const select = $("login-cluster");
-  select.replaceChildren(el("option", { value: "", text: "every cluster (a token they all accept)" }),
-    ...(fleet || []).map((c) => el("option", { value: c, text: c })));
+  // A token goes to the one cluster chosen here, never to every member.
+  select.replaceChildren(...(fleet || []).map((c) => el("option", { value: c, text: c })));
   $("login-cluster-row").hidden = !fleet;
   $("nav-health").hidden = !!fleet;
   $("col-cluster").hidden = !fleet;
