@@ -6,6 +6,7 @@ the list and on the page, the CSV download, and nothing of the page before left 
 
 from __future__ import annotations
 
+import asyncio
 import csv
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-from .progress_support import LOSS, Story
-from .support import browser, log_in, screenshot
+from plumbing import bus
+
+from .progress_support import _COMPLETE as COMPLETE
+from .progress_support import LOSS, Story, _publish_event
+from .support import browser, log_in, run_async, screenshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
@@ -169,5 +173,40 @@ def test_the_list_with_progress_and_the_page_with_its_chart_fit_a_phone(story: S
                 _open_gamma(driver, story)
             width = driver.execute_script("return document.documentElement.scrollWidth")
             assert width <= 400, f"the {page} is {width}px wide on a 390px screen"
+    finally:
+        driver.quit()
+
+
+def test_a_finished_job_never_reads_as_waiting_again_between_its_last_pod_and_complete(
+    story: Story, tmp_path: Path
+) -> None:
+    """The moment between a job's last pod ending (no pod active, some succeeded) and Trainer's Complete
+    condition is the end of its run, not a return to waiting for pods."""
+    finishing = {"jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 2}]}
+
+    async def publish() -> None:
+        nc = await bus.connect(story.nats_url, name="test-history-finishing", creds=story.admin_creds)
+        try:
+            js = nc.jetstream()
+            for rv, status in enumerate((None, {"jobsStatus": [{"name": "node", "active": 2}]}, finishing, COMPLETE)):
+                await _publish_event(js, story.namespace, "epsilon", status, str(rv + 1))
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    run_async(publish)
+    driver = browser(tmp_path)
+    try:
+        log_in(driver, story.server.url, story.tokens["viewer"])
+        driver.get(f"{story.server.url}/#/ns/{story.namespace}/epsilon")
+        wait = WebDriverWait(driver, 20)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#timeline-svg rect.phase")))
+        lane = [
+            p.get_attribute("data-state") for p in driver.find_elements(By.CSS_SELECTOR, "#timeline-svg rect.phase")
+        ]
+        assert lane == ["Created", "Running", "Complete"], lane
+        listed = [i.get_attribute("data-state") for i in driver.find_elements(By.CSS_SELECTOR, "#states li")]
+        assert listed == ["Created", "Running", "Complete"], listed
+        assert "Waiting for its pods" not in driver.find_element(By.ID, "entries").text
     finally:
         driver.quit()

@@ -64,6 +64,13 @@ class _Condition(msgspec.Struct, frozen=True, kw_only=True):
 
 class _JobStatus(msgspec.Struct, frozen=True, kw_only=True):
     active: int = 0
+    ready: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+    @property
+    def started(self) -> bool:
+        return self.active > 0 or self.ready > 0 or self.succeeded > 0 or self.failed > 0
 
 
 class _Status(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,7 +98,8 @@ _decode = msgspec.json.Decoder(_Observed | _Deleted).decode
 
 
 def state_of(job: _TrainJob) -> str:
-    """Trainer's terminal conditions first, then suspension, then whether any of its Jobs has pods running."""
+    """Trainer's terminal conditions first, then suspension, then whether any of its Jobs has started (pods
+    running, or some finished while Trainer has not yet called the job Complete)."""
     true = {c.type for c in job.status.conditions if c.status == "True"}
     if "Failed" in true:
         return "Failed"
@@ -99,7 +107,7 @@ def state_of(job: _TrainJob) -> str:
         return "Complete"
     if "Suspended" in true or job.spec.suspend:
         return "Suspended"
-    if any(s.active > 0 for s in job.status.jobs_status):
+    if any(s.started for s in job.status.jobs_status):
         return "Running"
     return "Created"
 
