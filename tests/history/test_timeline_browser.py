@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,5 +209,50 @@ def test_a_finished_job_never_reads_as_waiting_again_between_its_last_pod_and_co
         listed = [i.get_attribute("data-state") for i in driver.find_elements(By.CSS_SELECTOR, "#states li")]
         assert listed == ["Created", "Running", "Complete"], listed
         assert "Waiting for its pods" not in driver.find_element(By.ID, "entries").text
+    finally:
+        driver.quit()
+
+
+SLOW_FIRST_WHOAMI = """
+(() => {
+  const fetched = window.fetch.bind(window);
+  let first = true;
+  window.fetch = (url, options) => {
+    if (first && String(url).includes("/whoami")) {
+      first = false;
+      return new Promise((resolve) => setTimeout(resolve, 2500)).then(() => fetched(url, options));
+    }
+    return fetched(url, options);
+  };
+})();
+"""
+
+
+def test_on_a_phone_a_viewer_going_from_the_list_to_a_page_by_its_address_sees_the_page(
+    story: Story, tmp_path: Path
+) -> None:
+    """At 390x844, a namespace viewer on the list (``#/``) who opens a TrainJob's address sees that page and
+    nothing of the list, also when an answer the list was waiting for (a phone's network: the page's first
+    who-am-I) arrives after the page was drawn, and after the list's own refresh would have come round."""
+    driver = browser(tmp_path, width=390, height=844, phone=True)
+    try:
+        log_in(driver, story.server.url, story.tokens["viewer"])
+        wait = WebDriverWait(driver, 20)
+        wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, '#trainjobs tr[data-name="gamma"]')))
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SLOW_FIRST_WHOAMI})
+        for navigate in ("reloaded", "same page"):
+            if navigate == "reloaded":
+                driver.refresh()  # the list (#/) loads again, its who-am-I slow; the address changes meanwhile
+                time.sleep(0.5)
+            else:
+                driver.get(f"{story.server.url}/#/")
+                wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, '#trainjobs tr[data-name="gamma"]')))
+            driver.execute_script(f"location.hash = '#/ns/{story.namespace}/gamma'")
+            wait.until(ec.visibility_of_element_located((By.ID, "timeline-svg")))
+            for _ in range(14):  # past the slow answer and through one of the list's refreshes
+                assert driver.execute_script("return location.hash").endswith("/gamma")
+                assert not driver.find_element(By.ID, "list-view").is_displayed(), navigate
+                assert driver.find_element(By.ID, "timeline-view").is_displayed(), navigate
+                time.sleep(0.5)
     finally:
         driver.quit()

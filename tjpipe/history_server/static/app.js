@@ -114,12 +114,13 @@ function hashParams() {
 
 // `again` is the list's own refresh (below): the rows stay on screen until the new ones replace them, and a
 // name typed into the filter is kept.
-async function renderList(params, again = false) {
+async function renderList(params, again = false, ticket = routeTicket) {
   const typed = $("filter-name").value;
   if (!again) clearList();
   show("list-view");
-  if (fleet) return renderFleetList(params);
+  if (fleet) return renderFleetList(params, ticket);
   const namespaces = await api("/api/v1/namespaces");
+  if (!current(ticket)) return;
   const select = $("filter-namespace");
   const chosen = params.get("namespace") ?? (namespaces.clusterWide ? "" : (namespaces.items[0] || ""));
   select.replaceChildren();
@@ -140,12 +141,13 @@ async function renderList(params, again = false) {
   const query = state ? "?state=" + encodeURIComponent(state) : "";
   const path = chosen ? `/api/v1/namespaces/${encodeURIComponent(chosen)}/trainjobs${query}` : `/api/v1/trainjobs${query}`;
   const listing = await api(path);
+  if (!current(ticket) || $("list-view").hidden) return;  // the address moved on meanwhile: draw nothing
   listCache = { key: path, items: listing.items };
   drawRows(listing);
 }
 
 // The fleet's list: every cluster the token was given to (or the one chosen), each row naming its cluster.
-async function renderFleetList(params) {
+async function renderFleetList(params, ticket = routeTicket) {
   const accepted = me.clusters.filter((c) => c.accepted).map((c) => c.cluster);
   const cluster = params.get("cluster") || "";
   const select = $("filter-cluster");
@@ -157,6 +159,7 @@ async function renderFleetList(params) {
   const asked = select.value ? [select.value] : accepted;
   const path = "/api/v1/trainjobs?" + clusterQuery(asked) + (state ? "&state=" + encodeURIComponent(state) : "");
   const listing = await api(path);
+  if (!current(ticket) || $("list-view").hidden) return;
   const namespaces = [...new Set(listing.clusters.flatMap((c) => c.namespaces || []))].sort();
   const nsSelect = $("filter-namespace");
   nsSelect.replaceChildren(el("option", { value: "", text: "all namespaces" }), ...namespaces.map((ns) => el("option", { value: ns, text: ns })));
@@ -285,12 +288,13 @@ function clearList() {
   listCache = { key: "", items: [] };
 }
 
-async function renderTimeline(namespace, name, cluster = "") {
+async function renderTimeline(namespace, name, cluster = "", ticket = routeTicket) {
   clearTimeline();
   show("timeline-view");
   $("timeline-title").textContent = cluster ? `${cluster}: ${namespace}/${name}` : `${namespace}/${name}`;
   const base = jobPath(cluster, namespace, name);
   const [data, progress] = await Promise.all([api(base + "/history"), api(base + "/progress")]);
+  if (!current(ticket)) return;
   timeline = { base, data, progress, selected: -1, cluster };
   const job = data.trainjob;
   const states = data.states || [];
@@ -584,9 +588,10 @@ function bytes(n) {
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
-async function renderHealth() {
+async function renderHealth(ticket = routeTicket) {
   show("health-view");
   const h = await api("/api/v1/health");
+  if (!current(ticket)) return;
   const refused = h.refusedPublishes;
   const refusedTotal = Object.values(refused.byStream).reduce((a, b) => a + b, 0);
   $("health-cards").replaceChildren(
@@ -617,11 +622,20 @@ async function renderHealth() {
 
 // ------------------------------------------------------------------------------------------- routing
 
+// Each drawing of a page takes a ticket; one whose ticket is no longer the newest (the address moved on while
+// it waited for an answer) draws and shows nothing, so a late answer never puts a page the address left back
+// on screen over the one it names.
+let routeTicket = 0;
+const current = (ticket) => ticket === routeTicket;
+
 async function route() {
+  const ticket = ++routeTicket;
   if (!token()) { showLogin(); return; }
+  window.scrollTo(0, 0);
   try {
     if (!me) {
       me = await api("/api/v1/whoami" + (fleet ? "?" + clusterQuery(chosenClusters()) : ""));
+      if (!current(ticket)) return;
       const on = fleet ? me.clusters.filter((c) => c.accepted).map((c) => c.cluster) : [];
       $("who").textContent = me.username + (on.length ? " on " + on.join(", ") : "");
       $("nav").hidden = false;
@@ -629,11 +643,12 @@ async function route() {
     const { path, params } = hashParams();
     const match = path.match(/^\/ns\/([^/]+)\/([^/]+)$/);
     const inCluster = path.match(/^\/c\/([^/]+)\/ns\/([^/]+)\/([^/]+)$/);
-    if (inCluster && fleet) await renderTimeline(decodeURIComponent(inCluster[2]), decodeURIComponent(inCluster[3]), decodeURIComponent(inCluster[1]));
-    else if (match && !fleet) await renderTimeline(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
-    else if (path === "/health") await renderHealth();
-    else await renderList(params);
+    if (inCluster && fleet) await renderTimeline(decodeURIComponent(inCluster[2]), decodeURIComponent(inCluster[3]), decodeURIComponent(inCluster[1]), ticket);
+    else if (match && !fleet) await renderTimeline(decodeURIComponent(match[1]), decodeURIComponent(match[2]), "", ticket);
+    else if (path === "/health") await renderHealth(ticket);
+    else await renderList(params, false, ticket);
   } catch (error) {
+    if (!current(ticket)) return;
     // A refused or failed page shows the refusal and nothing else: no facts or counts of the page before.
     clearTimeline();
     clearList();
@@ -652,8 +667,9 @@ async function refreshList() {
   if (listRefreshing || !me || fleet || $("list-view").hidden || document.hidden) return;
   listRefreshing = true;
   try {
-    await renderList(hashParams().params, true);
+    await renderList(hashParams().params, true, routeTicket);
   } catch (error) {
+    if ($("list-view").hidden) return;
     clearList();
     show("");
     fail(error);
