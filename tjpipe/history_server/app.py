@@ -23,7 +23,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,8 @@ from aiohttp import web
 from contracts.messages import ObjectKey, component_of
 from tjpipe.history_server import story
 from tjpipe.history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
-from tjpipe.history_server.index import STATES, HistoryIndex, filtered
+from tjpipe.history_server.find import BadQuery, Query, find, query_of
+from tjpipe.history_server.index import HistoryIndex
 from tjpipe.ops import LOCAL, Records
 
 if TYPE_CHECKING:
@@ -205,12 +206,18 @@ async def _allowed(
         raise _error(503, str(exc)) from None
 
 
-async def _require(request: web.Request, verb: str, namespace: str, name: str = "") -> Caller:
+async def _require(
+    request: web.Request, verb: str, namespace: str, name: str = "", *, well_formed: Callable[[], None] | None = None
+) -> Caller:
+    """Who asks (401), whether the request is well formed (400; ``well_formed`` checks the rest of it), and
+    whether the caller may ``verb`` what it names (403), in that order."""
     caller = await _caller(request)
     if not _valid_namespace(namespace):
         raise _error(400, f"invalid namespace {namespace!r}")
     if name and not _valid_name(name):
         raise _error(400, f"invalid TrainJob name {name!r}")
+    if well_formed is not None:
+        well_formed()
     if not await _allowed(request, caller, verb, namespace, name):
         where = f"TrainJob {name!r} in namespace {namespace!r}" if name else f"TrainJobs in namespace {namespace!r}"
         raise _error(403, f"{caller.username} may not {verb} {where} (trainjobs.trainer.kubeflow.org)")
@@ -234,13 +241,6 @@ def _valid_name(text: str) -> bool:
     return True
 
 
-def _state(request: web.Request) -> str | None:
-    state = request.query.get("state") or None
-    if state is not None and state not in STATES:
-        raise _error(400, f"unknown state {state!r}; one of {', '.join(STATES)}")
-    return state
-
-
 def _limit(request: web.Request, default: int) -> int:
     try:
         limit = int(request.query.get("limit", default))
@@ -257,16 +257,41 @@ def _item(summary: Any, now: float, after: float, cluster: str) -> dict[str, Any
     return {"cluster": cluster, **shown} if cluster else shown
 
 
-def _listing(summaries: list[Any], request: web.Request, cluster: str = "") -> dict[str, Any]:
-    state = _state(request)
-    limit = _limit(request, LIST_LIMIT)
-    chosen = filtered(summaries, state=state)
-    now, after = time.time(), request.app[BACKEND].stalled_after
+def list_answer(
+    rows: Iterable[Any],
+    query: Query,
+    *,
+    now: float,
+    stalled_after: float,
+    cluster_of: Callable[[Any], str] = lambda _: "",
+) -> dict[str, Any]:
+    """The list's answer to a query (``tjpipe.history_server.find``: label selector, runtime, state, time range,
+    a newest-metric condition, name, sort and page) over summaries the caller may read, each of the cluster
+    ``cluster_of`` names (at a fleet's hub): what the handlers run after authorization, and what
+    ``bench.history_find`` times."""
+    page, total = find(query, rows, cluster_of)
     return {
-        "items": [_item(s, now, after, cluster) for s in chosen[:limit]],
-        "total": len(chosen),
-        "truncated": len(chosen) > limit,
+        "items": [_item(s, now, stalled_after, cluster_of(s)) for s in page],
+        "total": total,
+        "offset": query.offset,
+        "limit": query.limit,
+        "truncated": total > query.offset + len(page),
     }
+
+
+def _query(request: web.Request) -> Query:
+    """The list's query; a 400 that says which part does not parse."""
+    try:
+        return query_of(request.query, now=time.time(), most=LIST_LIMIT, default_limit=LIST_LIMIT)
+    except BadQuery as exc:
+        raise _error(400, str(exc)) from None
+
+
+def _listing(
+    rows: Iterable[Any], query: Query, request: web.Request, cluster_of: Callable[[Any], str]
+) -> dict[str, Any]:
+    stalled_after = request.app[BACKEND].stalled_after
+    return list_answer(rows, query, now=time.time(), stalled_after=stalled_after, cluster_of=cluster_of)
 
 
 # ------------------------------------------------------------------------------------------- handlers
@@ -286,9 +311,26 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def whoami(request: web.Request) -> web.Response:
+    from tjpipe import about
+
     caller = await _caller(request)
     cluster_wide = await _allowed(request, caller, "list", "")
-    return _json({"username": caller.username, "groups": list(caller.groups), "clusterWide": cluster_wide})
+    return _json(
+        {
+            "username": caller.username,
+            "groups": list(caller.groups),
+            "clusterWide": cluster_wide,
+            "version": about.version(),
+        }
+    )
+
+
+async def docs(request: web.Request) -> web.Response:
+    """Where the documentation for the people who read TrainJobs' history is (no token: the log-in page links
+    it). The version is told only to a caller the API server accepts (``whoami``)."""
+    from tjpipe import about
+
+    return _json({"dataScientists": about.docs_url(about.DATA_SCIENTISTS_PAGE)})
 
 
 async def namespaces(request: web.Request) -> web.Response:
@@ -303,19 +345,21 @@ async def namespaces(request: web.Request) -> web.Response:
 
 async def all_trainjobs(request: web.Request) -> web.Response:
     caller = await _caller(request)
+    query = _query(request)
     if not await _allowed(request, caller, "list", ""):
         raise _error(
             403, f"{caller.username} may not list TrainJobs in all namespaces (trainjobs.trainer.kubeflow.org)"
         )
     scope = _scope(request)
-    return _json(_listing(list(scope.index.everywhere()), request, scope.cluster))
+    return _json(_listing(scope.index.summaries(), query, request, lambda _: scope.cluster))
 
 
 async def trainjobs(request: web.Request) -> web.Response:
     namespace = request.match_info["namespace"]
-    await _require(request, "list", namespace)
+    query: list[Query] = []
+    await _require(request, "list", namespace, well_formed=lambda: query.append(_query(request)))
     scope = _scope(request)
-    return _json(_listing(scope.index.in_namespace(namespace), request, scope.cluster))
+    return _json(_listing(scope.index.namespace_summaries(namespace), query[0], request, lambda _: scope.cluster))
 
 
 def _entry(e: TimelineEntry, text: str) -> dict[str, Any]:
@@ -558,20 +602,22 @@ async def fleet_whoami(request: web.Request) -> web.Response:
                 "clusterWide": wide,
             }
         )
+    from tjpipe import about
+
     first = next(c for c in out if c["accepted"])
-    return _json({"fleet": True, "username": first["username"], "clusters": out})
+    return _json({"fleet": True, "username": first["username"], "clusters": out, "version": about.version()})
 
 
 async def fleet_trainjobs(request: web.Request) -> web.Response:
-    """Every TrainJob of the named clusters the caller may list, each with its cluster; ``namespace`` and
-    ``state`` narrow it. A cluster that does not accept the token adds nothing."""
+    """Every TrainJob of the named clusters the caller may list, each with its cluster; ``namespace`` and the
+    list's query narrow it. A cluster that does not accept the token adds nothing."""
     namespace = request.query.get("namespace", "")
     if namespace and not _valid_namespace(namespace):
         raise _error(400, f"invalid namespace {namespace!r}")
     answers = await _accepted(request)
-    state, limit = _state(request), _limit(request, LIST_LIMIT)
-    now, after = time.time(), request.app[BACKEND].stalled_after
-    found: list[tuple[str, Any]] = []
+    query = _query(request)
+    found: list[Any] = []
+    clusters: dict[int, str] = {}
     shown = []
     for scope, caller, why in answers:
         if caller is None:
@@ -584,17 +630,11 @@ async def fleet_trainjobs(request: web.Request) -> web.Response:
             decisions = await asyncio.gather(*(_allowed(request, caller, "list", ns, scope=scope) for ns in known))
             readable = [ns for ns, ok in zip(known, decisions, strict=True) if ok]
         for ns in readable:
-            found += [(scope.cluster, s) for s in filtered(scope.index.in_namespace(ns), state=state)]
+            mine = list(scope.index.namespace_summaries(ns))
+            found += mine
+            clusters.update((id(s), scope.cluster) for s in mine)
         shown.append({"cluster": scope.cluster, "accepted": True, "namespaces": readable})
-    found.sort(key=lambda cs: (-cs[1].last_seen, cs[0], cs[1].namespace, cs[1].name))
-    return _json(
-        {
-            "items": [_item(s, now, after, cluster) for cluster, s in found[:limit]],
-            "total": len(found),
-            "truncated": len(found) > limit,
-            "clusters": shown,
-        }
-    )
+    return _json(_listing(found, query, request, lambda s: clusters[id(s)]) | {"clusters": shown})
 
 
 async def fleet_health(request: web.Request) -> web.Response:
@@ -641,6 +681,7 @@ def make_app(backend: Backend) -> web.Application:
     app = web.Application(middlewares=[_guard])
     app[BACKEND] = backend
     app.router.add_get("/healthz", healthz)
+    app.router.add_get(f"{API}/docs", docs)
     app.router.add_get("/readyz", readyz)
     base = f"{API}/clusters/{{cluster}}" if backend.fleet else API
     if backend.fleet:

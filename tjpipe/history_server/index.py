@@ -21,6 +21,7 @@ progress stream existed simply has no progress to show.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,14 +29,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from contracts import streams, subjects
+from tjpipe.history_server.find import STATES, rfc3339_seconds
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
     from plumbing.bus_history import StoredMessage
-
-STATES = ("Created", "Running", "Suspended", "Complete", "Failed", "Deleted")
-"""What the list shows for a TrainJob, from the newest event the streams hold of it."""
 
 READ_PAGE = 2048
 """Messages read per pass while catching up: what one pass holds in memory at most."""
@@ -45,6 +44,7 @@ READ_PAGE = 2048
 class _Meta(msgspec.Struct, frozen=True, kw_only=True):
     uid: str = ""
     creation_timestamp: str = msgspec.field(default="", name="creationTimestamp")
+    labels: dict[str, str] = {}
 
 
 class _RuntimeRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,8 +52,13 @@ class _RuntimeRef(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = ""
 
 
+class _Trainer(msgspec.Struct, frozen=True, kw_only=True):
+    num_nodes: int | None = msgspec.field(default=None, name="numNodes")
+
+
 class _Spec(msgspec.Struct, frozen=True, kw_only=True):
     runtime_ref: _RuntimeRef = msgspec.field(default_factory=_RuntimeRef, name="runtimeRef")
+    trainer: _Trainer | None = None
     suspend: bool = False
 
 
@@ -160,6 +165,11 @@ class Summary:
     """When the events first showed the current state."""
     progress: Progress | None = None
     last_progress_seq: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    created_at: float = 0.0
+    """``created`` as Unix seconds (0: not known), what a time range compares."""
+    nodes: int | None = None
+    """``spec.trainer.numNodes`` as the owner set it (``None``: the runtime's)."""
 
     def stalled_for(self, now: float, after: float) -> float | None:
         """Seconds without a progress update, when the job is Running, has reported progress before, and has
@@ -178,6 +188,8 @@ class Summary:
             "uid": self.uid,
             "runtime": self.runtime,
             "runtimeKind": self.runtime_kind,
+            "labels": self.labels,
+            "nodes": self.nodes,
             "state": self.state,
             "deleted": self.state == "Deleted",
             "creationTimestamp": self.created,
@@ -241,7 +253,11 @@ class HistoryIndex:
         job = event.trainjob
         if job.metadata.uid != summary.uid:  # a new TrainJob of an old name starts its own story
             summary.uid = job.metadata.uid
-        summary.created = job.metadata.creation_timestamp or summary.created
+        if job.metadata.creation_timestamp and job.metadata.creation_timestamp != summary.created:
+            summary.created = job.metadata.creation_timestamp
+            summary.created_at = rfc3339_seconds(summary.created)
+        summary.labels = job.metadata.labels
+        summary.nodes = job.spec.trainer.num_nodes if job.spec.trainer is not None else None
         summary.runtime = job.spec.runtime_ref.name
         summary.runtime_kind = job.spec.runtime_ref.kind or "ClusterTrainingRuntime"
         state = state_of(job)
@@ -323,6 +339,15 @@ class HistoryIndex:
         for namespace in self.namespaces():
             yield from self.in_namespace(namespace)
 
+    def summaries(self) -> Iterable[Summary]:
+        """Every TrainJob, namespaces in name order, each namespace's in the order the index first saw them:
+        unsorted, for a query that orders what it found itself (``tjpipe.history_server.find``)."""
+        return itertools.chain.from_iterable(self._namespaces[ns].values() for ns in self.namespaces())
+
+    def namespace_summaries(self, namespace: str) -> Iterable[Summary]:
+        """One namespace's TrainJobs in the order the index first saw them (see ``summaries``)."""
+        return self._namespaces.get(namespace, {}).values()
+
     def get(self, namespace: str, name: str) -> Summary | None:
         return self._namespaces.get(namespace, {}).get(name)
 
@@ -373,7 +398,3 @@ class HistoryIndex:
                     break
         self.prune(firsts[streams.EVENTS_HISTORY.name], firsts[streams.DLQ.name], firsts.get(streams.PROGRESS.name))
         return read
-
-
-def filtered(summaries: Iterable[Summary], *, state: str | None) -> list[Summary]:
-    return [s for s in summaries if state is None or s.state == state]

@@ -112,13 +112,46 @@ function hashParams() {
 
 // ------------------------------------------------------------------------------------------- the list
 
-// `again` is the list's own refresh (below): the rows stay on screen until the new ones replace them, and a
-// name typed into the filter is kept.
+// The list's query: what the server filters, sorts and pages by (tjpipe.history_server.find), kept in the
+// address so a link reopens the same list. `id` is the form field that shows it.
+const FIND_FIELDS = [["state", "filter-state"], ["name", "filter-name"], ["labelSelector", "filter-labels"],
+  ["runtime", "filter-runtime"], ["from", "filter-from"], ["to", "filter-to"], ["metric", "filter-metric"],
+  ["sort", "filter-sort"]];
+const PAGE = 50;
+
+function findQuery(params) {
+  const query = new URLSearchParams();
+  for (const [key] of FIND_FIELDS) if (params.get(key)) query.set(key, params.get(key));
+  const offset = Math.max(0, parseInt(params.get("offset") || "0", 10) || 0);
+  if (offset) query.set("offset", String(offset));
+  query.set("limit", String(PAGE));
+  return query;
+}
+
+// The sort list offers the metric of the condition typed (both ways), as well as the fixed columns.
+function metricSorts(metric, chosen) {
+  const select = $("filter-sort");
+  for (const option of [...select.querySelectorAll("option.metric-sort")]) option.remove();
+  const name = (metric.match(/^\s*([A-Za-z_][-A-Za-z0-9_./:]*)/) || [])[1];
+  const wanted = (chosen || "").replace(/^-/, "").startsWith("metric:") ? chosen.replace(/^-?metric:/, "") : "";
+  for (const m of [...new Set([name, wanted].filter(Boolean))]) {
+    select.append(el("option", { class: "metric-sort", value: `metric:${m}`, text: `${m}, lowest first` }),
+      el("option", { class: "metric-sort", value: `-metric:${m}`, text: `${m}, highest first` }));
+  }
+}
+
+function showFindFields(params) {
+  metricSorts(params.get("metric") || "", params.get("sort") || "");
+  for (const [key, id] of FIND_FIELDS) $(id).value = params.get(key) || (key === "sort" ? "-lastSeen" : "");
+  if (!$("filter-sort").value) $("filter-sort").value = "-lastSeen";
+}
+
+// `again` is the list's own refresh (below): the rows stay on screen until the new ones replace them, and
+// whatever is being typed into the form is kept.
 async function renderList(params, again = false, ticket = routeTicket) {
-  const typed = $("filter-name").value;
-  if (!again) clearList();
+  if (!again) { clearList(); showFindFields(params); }
   show("list-view");
-  if (fleet) return renderFleetList(params, ticket);
+  if (fleet) return renderFleetList(params, again, ticket);
   const namespaces = await api("/api/v1/namespaces");
   if (!current(ticket)) return;
   const select = $("filter-namespace");
@@ -127,58 +160,63 @@ async function renderList(params, again = false, ticket = routeTicket) {
   if (namespaces.clusterWide) select.append(el("option", { value: "", text: "all namespaces" }));
   for (const ns of namespaces.items) select.append(el("option", { value: ns, text: ns }));
   select.value = chosen;
-  $("filter-state").value = params.get("state") || "";
-  $("filter-name").value = again ? typed : params.get("name") || "";
   const body = $("trainjobs").querySelector("tbody");
-  if (!again) body.replaceChildren();
   if (!namespaces.items.length) {
     body.replaceChildren();
     $("list-note").textContent = "No namespace in the history is readable with this token.";
     return;
   }
-  $("list-note").textContent = "";
-  const state = $("filter-state").value;
-  const query = state ? "?state=" + encodeURIComponent(state) : "";
-  const path = chosen ? `/api/v1/namespaces/${encodeURIComponent(chosen)}/trainjobs${query}` : `/api/v1/trainjobs${query}`;
-  const listing = await api(path);
-  if (!current(ticket) || $("list-view").hidden) return;  // the address moved on meanwhile: draw nothing
+  const query = findQuery(params).toString();
+  const path = (chosen ? `/api/v1/namespaces/${encodeURIComponent(chosen)}/trainjobs` : "/api/v1/trainjobs") + "?" + query;
+  await drawListing(path, ticket);
+}
+
+// A query the server cannot read is said under the form, which stays as typed, so it can be put right.
+async function drawListing(path, ticket) {
+  let listing;
+  try {
+    listing = await api(path);
+  } catch (error) {
+    if (!current(ticket)) return null;
+    if (!(error instanceof HttpError && error.status === 400)) throw error;
+    clearList();
+    $("list-error").textContent = error.message;
+    $("list-error").hidden = false;
+    return null;
+  }
+  if (!current(ticket) || $("list-view").hidden) return null;  // the address moved on meanwhile: draw nothing
+  $("list-error").hidden = true;
   listCache = { key: path, items: listing.items };
   drawRows(listing);
+  return listing;
 }
 
 // The fleet's list: every cluster the token was given to (or the one chosen), each row naming its cluster.
-async function renderFleetList(params, ticket = routeTicket) {
+async function renderFleetList(params, again = false, ticket = routeTicket) {
   const accepted = me.clusters.filter((c) => c.accepted).map((c) => c.cluster);
   const cluster = params.get("cluster") || "";
   const select = $("filter-cluster");
   select.replaceChildren(el("option", { value: "", text: "all clusters" }), ...accepted.map((c) => el("option", { value: c, text: c })));
   select.value = accepted.includes(cluster) ? cluster : "";
-  $("filter-state").value = params.get("state") || "";
-  $("filter-name").value = params.get("name") || "";
-  const state = $("filter-state").value;
   const asked = select.value ? [select.value] : accepted;
-  const path = "/api/v1/trainjobs?" + clusterQuery(asked) + (state ? "&state=" + encodeURIComponent(state) : "");
-  const listing = await api(path);
-  if (!current(ticket) || $("list-view").hidden) return;
+  const namespace = params.get("namespace") || "";
+  const path = "/api/v1/trainjobs?" + clusterQuery(asked) + "&" + findQuery(params).toString() +
+    (namespace ? "&namespace=" + encodeURIComponent(namespace) : "");
+  const listing = await drawListing(path, ticket);
+  if (!listing) return;
   const namespaces = [...new Set(listing.clusters.flatMap((c) => c.namespaces || []))].sort();
   const nsSelect = $("filter-namespace");
   nsSelect.replaceChildren(el("option", { value: "", text: "all namespaces" }), ...namespaces.map((ns) => el("option", { value: ns, text: ns })));
-  nsSelect.value = namespaces.includes(params.get("namespace")) ? params.get("namespace") : "";
-  listCache = { key: path, items: listing.items };
-  if (!namespaces.length) {
-    $("list-note").textContent = "No namespace of these clusters is readable with this token.";
-    return;
-  }
-  drawRows(listing);
+  nsSelect.value = namespaces.includes(namespace) ? namespace : "";
+  if (!namespaces.length) $("list-note").textContent = "No namespace of these clusters is readable with this token.";
 }
 
 function drawRows(listing) {
   const body = $("trainjobs").querySelector("tbody");
-  const needle = $("filter-name").value.trim();
-  const namespace = fleet ? $("filter-namespace").value : "";
   const now = Date.now() / 1000;
-  const rows = listing.items.filter((j) => (!needle || j.name.includes(needle)) && (!namespace || j.namespace === namespace));
-  body.replaceChildren(...rows.map((j) => {
+  const runtimes = new Set([...$("runtimes").querySelectorAll("option")].map((o) => o.value));
+  for (const j of listing.items) if (j.runtime && !runtimes.has(j.runtime)) { runtimes.add(j.runtime); $("runtimes").append(el("option", { value: j.runtime })); }
+  body.replaceChildren(...listing.items.map((j) => {
     const created = j.creationTimestamp ? Date.parse(j.creationTimestamp) / 1000 : j.firstSeen;
     const link = el("a", { href: jobLink(j), text: j.name });
     const stateCell = el("td", {}, el("span", { class: "state " + j.state, text: j.state }));
@@ -186,16 +224,24 @@ function drawRows(listing) {
       stateCell.append(" ", el("span", { class: "stalled", text: "stalled " + duration(j.stalledSeconds),
         title: `Running, and no progress reported for ${duration(j.stalledSeconds)}` }));
     }
+    const labels = Object.entries(j.labels || {}).map(([k, v]) => v ? `${k}=${v}` : k);
+    const nameCell = el("td", {}, link);
+    if (labels.length) nameCell.append(el("div", { class: "labels", text: labels.join(" "), title: labels.join("\n") }));
     const row = el("tr", { "data-name": j.name, "data-namespace": j.namespace, "data-cluster": j.cluster || "" },
       ...(fleet ? [el("td", { class: "cluster", text: j.cluster })] : []),
-      el("td", {}, link), el("td", { text: j.namespace }), stateCell, progressCell(j.progress),
+      nameCell, el("td", { text: j.namespace }), stateCell, progressCell(j.progress),
       el("td", { text: j.runtime }), el("td", { text: age(now - created) }), el("td", { text: age(now - j.lastSeen) + " ago" }),
       el("td", { class: "num", text: String(j.events) }), el("td", { class: "num", text: String(j.deadLetters) }));
     row.addEventListener("click", (e) => { if (e.target.tagName !== "A") location.hash = link.getAttribute("href"); });
     return row;
   }));
-  const shown = rows.length === listing.items.length ? `${rows.length}` : `${rows.length} of ${listing.items.length}`;
-  $("list-note").textContent = `${shown} TrainJob(s)` + (listing.truncated ? ` (the newest ${listing.items.length} of ${listing.total})` : "");
+  const first = listing.offset || 0;
+  const shown = listing.items.length;
+  $("list-note").textContent = shown
+    ? `${first + 1}–${first + shown} of ${listing.total} TrainJob(s)` : `no TrainJob found (${listing.total})`;
+  $("page-where").textContent = shown ? `${first + 1}–${first + shown} of ${listing.total}` : "";
+  $("page-previous").disabled = first === 0;
+  $("page-next").disabled = first + shown >= listing.total;
 }
 
 // The newest progress a TrainJob reported, in a few words: "62% · loss 0.31 · accuracy 0.82".
@@ -224,15 +270,23 @@ function progressCell(p) {
   return cell;
 }
 
-function listFiltersChanged() {
+// The form's values into the address (a new search starts at the first page), which draws the list again.
+function listFiltersChanged(offset = 0) {
   const params = new URLSearchParams();
-  const filters = [["namespace", "filter-namespace"], ["state", "filter-state"], ["name", "filter-name"]];
-  if (fleet) filters.unshift(["cluster", "filter-cluster"]);
-  for (const [key, id] of filters) {
-    params.set(key, $(id).value);
+  if (fleet && $("filter-cluster").value) params.set("cluster", $("filter-cluster").value);
+  if ($("filter-namespace").value) params.set("namespace", $("filter-namespace").value);
+  for (const [key, id] of FIND_FIELDS) {
+    const value = $(id).value.trim();
+    if (value && !(key === "sort" && value === "-lastSeen")) params.set(key, value);
   }
-  history.replaceState(null, "", "#/?" + params.toString());
-  route();
+  if (offset > 0) params.set("offset", String(offset));
+  const hash = "#/?" + params.toString();
+  if (location.hash !== hash) location.hash = hash; else route();
+}
+
+function turnPage(step) {
+  const offset = Math.max(0, (parseInt(hashParams().params.get("offset") || "0", 10) || 0) + step * PAGE);
+  listFiltersChanged(offset);
 }
 
 // --------------------------------------------------------------------------------------- the timeline
@@ -284,6 +338,8 @@ function clearTimeline() {
 
 function clearList() {
   $("list-note").textContent = "";
+  $("list-error").hidden = true;
+  $("page-where").textContent = "";
   $("trainjobs").querySelector("tbody").replaceChildren();
   listCache = { key: "", items: [] };
 }
@@ -638,6 +694,7 @@ async function route() {
       if (!current(ticket)) return;
       const on = fleet ? me.clusters.filter((c) => c.accepted).map((c) => c.cluster) : [];
       $("who").textContent = me.username + (on.length ? " on " + on.join(", ") : "");
+      $("version").textContent = me.version ? "trainjob-pipeline " + me.version : "";
       $("nav").hidden = false;
     }
     const { path, params } = hashParams();
@@ -688,11 +745,21 @@ document.addEventListener("DOMContentLoaded", () => {
     me = null;
     route();
   });
-  $("logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); me = null; showLogin(); });
-  $("filter-namespace").addEventListener("change", listFiltersChanged);
-  $("filter-cluster").addEventListener("change", listFiltersChanged);
-  $("filter-state").addEventListener("change", listFiltersChanged);
-  $("filter-name").addEventListener("input", () => drawRows({ items: listCache.items, total: listCache.items.length, truncated: false }));
+  $("logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); me = null; $("version").textContent = ""; showLogin(); });
+  fetch("/api/v1/docs", { cache: "no-store" }).then((r) => r.ok ? r.json() : null).then((d) => {
+    if (!d || !/^https?:\/\//.test(d.dataScientists)) return;
+    $("docs-link").href = d.dataScientists;
+    $("docs-link").hidden = false;
+  }).catch(() => {});
+  for (const id of ["filter-namespace", "filter-cluster", "filter-state", "filter-sort"]) $(id).addEventListener("change", () => listFiltersChanged());
+  $("find-form").addEventListener("submit", (e) => { e.preventDefault(); listFiltersChanged(); });
+  $("find-clear").addEventListener("click", () => {
+    for (const [, id] of FIND_FIELDS) $(id).value = "";
+    listFiltersChanged();
+  });
+  $("filter-metric").addEventListener("change", () => metricSorts($("filter-metric").value, $("filter-sort").value));
+  $("page-previous").addEventListener("click", () => turnPage(-1));
+  $("page-next").addEventListener("click", () => turnPage(1));
   window.addEventListener("hashchange", route);
   findFleet().catch(fail).finally(route);
 });
