@@ -542,6 +542,84 @@ async def health(request: web.Request) -> web.Response:
     return _json(figures)
 
 
+# ------------------------------------------------------------------------------------------ comparing
+
+
+async def compare(request: web.Request) -> web.Response:
+    """2 to 10 TrainJobs compared (``tjpipe.history_server.compare``): named one by one
+    (``?trainjob=NS/NAME&trainjob=NS/NAME``), or those of one namespace a label selector finds
+    (``?namespace=NS&labelSelector=...``, the newest 10); as JSON, or ``?output=csv``. Every TrainJob is
+    authorized as its own page is (``get``; a selector's namespace also ``list``): one refused, all refused."""
+    from tjpipe import ops
+    from tjpipe.history_server.compare import LEAST, MOST, Run, comparison, comparison_csv
+
+    caller = await _caller(request)
+    scope = _scope(request)
+    backend = request.app[BACKEND]
+    output = request.query.get("output", "json")
+    if output not in ("json", "csv"):
+        raise _error(400, f"unknown output {output!r}; one of json, csv")
+    named = request.query.getall("trainjob", [])
+    selector = request.query.get("labelSelector", "")
+    if named and selector:
+        raise _error(400, "name the TrainJobs (trainjob=NS/NAME) or give a label selector, not both")
+    keys: list[tuple[str, str]] = []
+    for text in dict.fromkeys(named):
+        namespace, _, name = text.partition("/")
+        if not _valid_namespace(namespace) or not _valid_name(name):
+            raise _error(400, f"{text!r} is not NAMESPACE/NAME of a TrainJob")
+        keys.append((namespace, name))
+    if selector:
+        namespace = request.query.get("namespace", "")
+        if not _valid_namespace(namespace):
+            raise _error(400, "a label selector compares the TrainJobs of one namespace: give namespace=NS")
+        try:
+            query = query_of({"labelSelector": selector}, now=time.time(), most=MOST, default_limit=MOST)
+        except BadQuery as exc:
+            raise _error(400, str(exc)) from None
+        if not await _allowed(request, caller, "list", namespace):
+            raise _error(403, f"{caller.username} may not list TrainJobs in namespace {namespace!r}")
+        found, _ = find(query, scope.index.namespace_summaries(namespace))
+        keys = [(s.namespace, s.name) for s in found]
+    if not LEAST <= len(keys) <= MOST:
+        raise _error(400, f"compare {LEAST} to {MOST} TrainJobs ({len(keys)} named or found)")
+    decisions = await asyncio.gather(*(_allowed(request, caller, "get", ns, name) for ns, name in keys))
+    refused = [f"{ns}/{name}" for (ns, name), ok in zip(keys, decisions, strict=True) if not ok]
+    if refused:
+        raise _error(403, f"{caller.username} may not get TrainJob {refused[0]} (trainjobs.trainer.kubeflow.org)")
+
+    async def read(namespace: str, name: str) -> Run:
+        summary = scope.index.get(namespace, name)
+        key = ObjectKey(namespace=namespace, name=name)
+        since = _since(summary, scope)
+        entries, points = await asyncio.gather(
+            ops.history(backend.js, key, since=since, progress=False, where=scope.records),
+            ops.progress_series(backend.js, key, since=since, where=scope.records),
+        )
+        if not entries and not points and summary is None:
+            raise _error(404, f"no history for TrainJob {namespace}/{name}")
+        return Run(
+            namespace=namespace,
+            name=name,
+            runtime=summary.runtime if summary is not None else "",
+            nodes=summary.nodes if summary is not None else None,
+            labels=summary.labels if summary is not None else {},
+            entries=entries,
+            points=points,
+        )
+
+    runs = await asyncio.gather(*(read(ns, name) for ns, name in keys))
+    compared = comparison(runs, time.time())
+    if output == "csv":
+        return web.Response(
+            text=comparison_csv(compared),
+            content_type="text/csv",
+            charset="utf-8",
+            headers={"Content-Disposition": 'attachment; filename="trainjobs_compared.csv"'},
+        )
+    return _json(compared)
+
+
 # ---------------------------------------------------------------------------------------- the fleet's
 
 
@@ -700,6 +778,8 @@ def make_app(backend: Backend) -> web.Application:
     app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/progress", progress)
     app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/diff", plan_diff)
     app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/{{seq}}", plan)
+    if not backend.fleet:
+        app.router.add_get(f"{API}/compare", compare)
     app.router.add_get("/", page)
     app.router.add_get("/static/{file}", static)
     return app

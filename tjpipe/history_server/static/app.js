@@ -40,6 +40,7 @@ async function findFleet() {
   $("login-cluster-row").hidden = !fleet;
   $("nav-health").hidden = !!fleet;
   $("col-cluster").hidden = !fleet;
+  $("col-pick").hidden = !!fleet;
   $("filter-cluster-row").hidden = !fleet;
 }
 
@@ -79,7 +80,7 @@ function svg(tag, attrs = {}) {
 }
 
 function show(view) {
-  for (const id of ["login-view", "list-view", "timeline-view", "health-view"]) $(id).hidden = id !== view;
+  for (const id of ["login-view", "list-view", "timeline-view", "health-view", "compare-view"]) $(id).hidden = id !== view;
   $("error").hidden = true;
 }
 
@@ -227,12 +228,18 @@ function drawRows(listing) {
     const labels = Object.entries(j.labels || {}).map(([k, v]) => v ? `${k}=${v}` : k);
     const nameCell = el("td", {}, link);
     if (labels.length) nameCell.append(el("div", { class: "labels", text: labels.join(" "), title: labels.join("\n") }));
-    const row = el("tr", { "data-name": j.name, "data-namespace": j.namespace, "data-cluster": j.cluster || "" },
+    const key = `${j.namespace}/${j.name}`;
+    const pick = el("input", { type: "checkbox", class: "pick", "aria-label": `compare ${key}` });
+    pick.checked = picked.has(key);
+    pick.addEventListener("change", () => { if (pick.checked) picked.add(key); else picked.delete(key); pickedChanged(); });
+    const pickCell = el("td", { class: "pick-cell" }, pick);
+    pickCell.hidden = !!fleet;
+    const row = el("tr", { "data-name": j.name, "data-namespace": j.namespace, "data-cluster": j.cluster || "" }, pickCell,
       ...(fleet ? [el("td", { class: "cluster", text: j.cluster })] : []),
       nameCell, el("td", { text: j.namespace }), stateCell, progressCell(j.progress),
       el("td", { text: j.runtime }), el("td", { text: age(now - created) }), el("td", { text: age(now - j.lastSeen) + " ago" }),
       el("td", { class: "num", text: String(j.events) }), el("td", { class: "num", text: String(j.deadLetters) }));
-    row.addEventListener("click", (e) => { if (e.target.tagName !== "A") location.hash = link.getAttribute("href"); });
+    row.addEventListener("click", (e) => { if (e.target.tagName !== "A" && e.target !== pick && e.target !== pickCell) location.hash = link.getAttribute("href"); });
     return row;
   }));
   const first = listing.offset || 0;
@@ -240,6 +247,10 @@ function drawRows(listing) {
   $("list-note").textContent = shown
     ? `${first + 1}–${first + shown} of ${listing.total} TrainJob(s)` : `no TrainJob found (${listing.total})`;
   $("page-where").textContent = shown ? `${first + 1}–${first + shown} of ${listing.total}` : "";
+  const selector = hashParams().params.get("labelSelector");
+  $("compare-found").hidden = !!fleet || !selector || !$("filter-namespace").value || listing.total < 2;
+  $("compare-found").textContent = `Compare the first ${Math.min(listing.total, COMPARE_MOST)} found`;
+  pickedChanged();
   $("page-previous").disabled = first === 0;
   $("page-next").disabled = first + shown >= listing.total;
 }
@@ -420,7 +431,7 @@ function seriesOf(points, value) {
   return byPod;
 }
 
-function drawSeriesPanel(root, { y, height, left, right, width, x, name, byPod, fixed, cls, metric }) {
+function drawSeriesPanel(root, { y, height, left, right, width, x, name, byPod, fixed, cls, metric, colours = SERIES_COLOURS, seriesWord = "pod " }) {
   root.append(svg("rect", { class: "lane chart-lane", x: left, y, width: width - left - right, height }));
   const values = [...byPod.values()].flat().map(([, v]) => v);
   if (!values.length) return;
@@ -439,12 +450,13 @@ function drawSeriesPanel(root, { y, height, left, right, width, x, name, byPod, 
   }
   let colour = 0;
   for (const [pod, series] of byPod) {
-    const stroke = SERIES_COLOURS[colour++ % SERIES_COLOURS.length];
+    const stroke = colours[colour++ % colours.length];
+    if (!series.length) continue;
     const line = svg("polyline", { class: cls, fill: "none", stroke, "stroke-width": 2, "data-pod": pod, ...(metric ? { "data-metric": metric } : {}),
       points: series.map(([t, v]) => `${x(t).toFixed(1)},${yOf(v).toFixed(1)}`).join(" ") });
     const title = svg("title");
     const first = series[0][1], last = series[series.length - 1][1];
-    title.textContent = `${name}${byPod.size > 1 ? ` (pod ${pod})` : ""}: ${fmt(first)} → ${fmt(last)} over ${series.length} update(s)`;
+    title.textContent = `${name}${byPod.size > 1 ? ` (${seriesWord}${pod})` : ""}: ${fmt(first)} → ${fmt(last)} over ${series.length} update(s)`;
     line.append(title);
     root.append(line);
     const [tl, vl] = series[series.length - 1];
@@ -631,6 +643,128 @@ function select(index, anchor) {
   }
 }
 
+// ------------------------------------------------------------------------------------------ comparing
+
+// TrainJobs picked in the list for a comparison, by "namespace/name" (kept across pages and searches).
+const picked = new Set();
+const COMPARE_MOST = 10;
+const RUN_COLOURS = ["#1f4e79", "#c0392b", "#2e8b57", "#8e44ad", "#d35400", "#16a085", "#7f8c8d", "#b7950b", "#2c3e50", "#e84393"];
+
+// A colour key, set through the style object: the Content Security Policy refuses style attributes.
+function swatch(colour) {
+  const node = el("span", { class: "swatch" });
+  node.style.background = colour;
+  return node;
+}
+
+function pickedChanged() {
+  const button = $("compare-picked");
+  button.textContent = `Compare ${picked.size} picked`;
+  button.disabled = picked.size < 2 || picked.size > COMPARE_MOST;
+  button.title = picked.size > COMPARE_MOST ? `at most ${COMPARE_MOST}` : picked.size < 2 ? "pick at least 2" : "";
+}
+
+function compareQuery(params) {
+  const query = new URLSearchParams();
+  for (const key of ["trainjob", "namespace", "labelSelector"]) for (const v of params.getAll(key)) query.append(key, v);
+  return query;
+}
+
+async function renderCompare(params, ticket = routeTicket) {
+  clearCompare();
+  show("compare-view");
+  const query = compareQuery(params);
+  const data = await api("/api/v1/compare?" + query.toString());
+  if (!current(ticket)) return;
+  compared = { data, query };
+  const runs = data.trainjobs;
+  $("compare-facts").textContent = `${runs.length} TrainJobs, aligned by the moment each started running` +
+    (data.metrics.length ? ` · metrics they all report: ${data.metrics.join(", ")}` : " · no metric that they all report");
+  $("compare-link").href = location.href;
+  drawComparison(data);
+  drawCompareTable(data);
+}
+
+let compared = null;
+
+function clearCompare() {
+  compared = null;
+  $("compare-facts").textContent = "";
+  $("compare-picture").replaceChildren();
+  $("compare-legend").replaceChildren();
+  $("compare-table").querySelector("thead").replaceChildren();
+  $("compare-table").querySelector("tbody").replaceChildren();
+}
+
+function drawComparison(data) {
+  const runs = data.trainjobs;
+  const width = 1000, left = 100, right = 20, chartHeight = 90, metricHeight = 80, gap = 8, axis = 36;
+  const hasProgress = runs.some((r) => r.series.some((p) => p.progress != null));
+  const panels = (hasProgress ? chartHeight + gap : 0) + data.metrics.length * (metricHeight + gap);
+  const height = 10 + panels + axis;
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "comparison", id: "compare-svg" });
+  const tMax = Math.max(1, ...runs.flatMap((r) => r.series.map((p) => p.t)));
+  const x = (t) => left + 6 + Math.max(0, t) / tMax * (width - left - right - 12);
+  const series = (value) => {
+    const byRun = new Map();
+    for (const r of runs) {
+      const points = r.series.map((p) => [p.t, value(p)]).filter(([, v]) => v != null && isFinite(v));
+      byRun.set(`${r.namespace}/${r.name}`, points);
+    }
+    return byRun;
+  };
+  const panel = { left, right, width, x, colours: RUN_COLOURS, seriesWord: "" };
+  let y = 10;
+  if (hasProgress) {
+    drawSeriesPanel(root, { ...panel, y, height: chartHeight, name: "progress", byPod: series((p) => p.progress), fixed: [0, 100], cls: "progress-line" });
+    y += chartHeight + gap;
+  }
+  for (const metric of data.metrics) {
+    drawSeriesPanel(root, { ...panel, y, height: metricHeight, name: metric, byPod: series((p) => p.metrics[metric]), cls: "metric-line", metric });
+    y += metricHeight + gap;
+  }
+  root.append(svg("line", { class: "axis", x1: left, x2: width - right, y1: y, y2: y }));
+  for (let i = 0; i <= 4; i++) {
+    const t = tMax * i / 4;
+    const tick = svg("text", { class: "tick", x: x(t), y: y + 16, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
+    tick.textContent = i === 0 ? "start" : "+" + duration(t);
+    root.append(tick);
+  }
+  const label = svg("text", { class: "tick", x: 8, y: y + 16 });
+  label.textContent = "since start";
+  root.append(label);
+  $("compare-picture").replaceChildren(root);
+  $("compare-legend").replaceChildren(...runs.map((r, i) => el("span", { class: "run-key" },
+    swatch(RUN_COLOURS[i % RUN_COLOURS.length]), `${r.namespace}/${r.name}`)));
+}
+
+function drawCompareTable(data) {
+  const runs = data.trainjobs;
+  const metricNames = [...new Set(runs.flatMap((r) => Object.keys(r.finalMetrics)))].sort();
+  $("compare-table").querySelector("thead").replaceChildren(el("tr", {},
+    ...["TrainJob", "Runtime", "Nodes", "Duration", "Final state", "Progress", ...metricNames].map((t) => el("th", { text: t }))));
+  $("compare-table").querySelector("tbody").replaceChildren(...runs.map((r, i) => {
+    const name = el("td", {}, swatch(RUN_COLOURS[i % RUN_COLOURS.length]),
+      el("a", { href: jobLink(r), text: `${r.namespace}/${r.name}` }));
+    return el("tr", { "data-name": r.name, "data-namespace": r.namespace }, name,
+      el("td", { text: r.runtime }), el("td", { class: "num", text: r.nodes != null ? String(r.nodes) : "" }),
+      el("td", { text: r.seconds != null ? duration(r.seconds) + (r.finished ? "" : " so far") : "" }),
+      el("td", {}, el("span", { class: "state " + r.state, text: r.state + (r.reason && r.reason !== r.state ? " — " + r.reason : "") })),
+      el("td", { class: "num", text: r.finalProgress != null ? r.finalProgress + "%" : "" }),
+      ...metricNames.map((m) => el("td", { class: "num", text: r.finalMetrics[m] ?? "" })));
+  }));
+}
+
+async function downloadComparison(output) {
+  const text = await api("/api/v1/compare?" + compared.query.toString() + "&output=" + output, { text: true });
+  const link = el("a", { href: URL.createObjectURL(new Blob([text], { type: output === "csv" ? "text/csv" : "application/json" })),
+    download: `trainjobs_compared.${output}` });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+}
+
 // ------------------------------------------------------------------------------------------- health
 
 function card(label, value, bad = false) {
@@ -703,12 +837,14 @@ async function route() {
     if (inCluster && fleet) await renderTimeline(decodeURIComponent(inCluster[2]), decodeURIComponent(inCluster[3]), decodeURIComponent(inCluster[1]), ticket);
     else if (match && !fleet) await renderTimeline(decodeURIComponent(match[1]), decodeURIComponent(match[2]), "", ticket);
     else if (path === "/health") await renderHealth(ticket);
+    else if (path === "/compare" && !fleet) await renderCompare(params, ticket);
     else await renderList(params, false, ticket);
   } catch (error) {
     if (!current(ticket)) return;
     // A refused or failed page shows the refusal and nothing else: no facts or counts of the page before.
     clearTimeline();
     clearList();
+    clearCompare();
     if (!(error instanceof HttpError && error.status === 401)) show("");
     fail(error);
   }
@@ -759,6 +895,17 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("filter-metric").addEventListener("change", () => metricSorts($("filter-metric").value, $("filter-sort").value));
   $("page-previous").addEventListener("click", () => turnPage(-1));
+  $("compare-picked").addEventListener("click", () => {
+    const query = new URLSearchParams();
+    for (const key of picked) query.append("trainjob", key);
+    location.hash = "#/compare?" + query.toString();
+  });
+  $("compare-found").addEventListener("click", () => {
+    const query = new URLSearchParams({ namespace: $("filter-namespace").value, labelSelector: hashParams().params.get("labelSelector") });
+    location.hash = "#/compare?" + query.toString();
+  });
+  $("compare-csv").addEventListener("click", () => downloadComparison("csv").catch(fail));
+  $("compare-json").addEventListener("click", () => downloadComparison("json").catch(fail));
   $("page-next").addEventListener("click", () => turnPage(1));
   window.addEventListener("hashchange", route);
   findFleet().catch(fail).finally(route);
