@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tjpipe.history_server.index import STATES
+
 if TYPE_CHECKING:
     from tjpipe.history_server.index import Summary
 
-STATES = ("Created", "Running", "Suspended", "Complete", "Failed", "Deleted")
 SORTS = ("lastSeen", "created", "name", "namespace", "state", "runtime", "cluster", "nodes", "progress")
 """What a list can be sorted by, besides ``metric:NAME`` (the newest value of a metric)."""
 PAGE = 50
@@ -210,16 +211,6 @@ def parse_time(text: str, now: float) -> float:
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
     return when.timestamp()
-
-
-def rfc3339_seconds(text: str) -> float:
-    """A creationTimestamp as Unix seconds; 0 when it is missing or unreadable."""
-    if not text:
-        return 0.0
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _whole(params: Mapping[str, str], key: str, default: int, least: int) -> int:

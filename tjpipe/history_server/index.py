@@ -21,6 +21,7 @@ progress stream existed simply has no progress to show.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,12 +30,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from contracts import streams, subjects
-from tjpipe.history_server.find import STATES, rfc3339_seconds
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
     from plumbing.bus_history import StoredMessage
+
+STATES = ("Created", "Running", "Suspended", "Complete", "Failed", "Deleted")
+"""What the list shows for a TrainJob, from the newest event the streams hold of it."""
 
 READ_PAGE = 2048
 """Messages read per pass while catching up: what one pass holds in memory at most."""
@@ -100,6 +103,16 @@ class _Deleted(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.deleted"
 
 
 _decode = msgspec.json.Decoder(_Observed | _Deleted).decode
+
+
+def rfc3339_seconds(text: str) -> float:
+    """A creationTimestamp as Unix seconds; 0 when it is missing or unreadable."""
+    if not text:
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def state_of(job: _TrainJob) -> str:
