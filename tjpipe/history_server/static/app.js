@@ -249,7 +249,7 @@ function drawRows(listing) {
   $("page-where").textContent = shown ? `${first + 1}–${first + shown} of ${listing.total}` : "";
   const selector = hashParams().params.get("labelSelector");
   $("compare-found").hidden = !!fleet || !selector || !$("filter-namespace").value || listing.total < 2;
-  $("compare-found").textContent = `Compare the first ${Math.min(listing.total, COMPARE_MOST)} found`;
+  $("compare-found").textContent = `Compare those labelled ${selector} (the newest ${COMPARE_MOST})`;
   pickedChanged();
   $("page-previous").disabled = first === 0;
   $("page-next").disabled = first + shown >= listing.total;
