@@ -174,8 +174,10 @@ def trainjob_state(job: Obj) -> tuple[str, str, str]:
     """The TrainJob's state as its owner would name it, with the reason and message that decided it.
 
     The order is the history list's (``history_server.index.state_of``): Trainer's terminal conditions,
-    then suspension, then whether any of its Jobs has pods running; a job that was never any of these is
-    Created. The reason and message are those of the deciding condition (e.g. ``AllJobsCompleted``)."""
+    then suspension, then whether any of its Jobs has started (pods running or ready, or some already
+    finished: between its last pod's end and Trainer's Complete condition a job is finishing, not waiting
+    again); a job that was never any of these is Created. The reason and message are those of the deciding
+    condition (e.g. ``AllJobsCompleted``)."""
     status = job.get("status") or {}
     true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     for state in ("Failed", "Complete", "Suspended"):
@@ -183,9 +185,13 @@ def trainjob_state(job: Obj) -> tuple[str, str, str]:
             return state, str(true[state].get("reason") or ""), str(true[state].get("message") or "")
     if (job.get("spec") or {}).get("suspend"):
         return "Suspended", "", ""
-    if any((s.get("active") or 0) > 0 for s in status.get("jobsStatus") or []):
+    if any(_started(s) for s in status.get("jobsStatus") or []):
         return "Running", "", ""
     return "Created", "", ""
+
+
+def _started(job_status: Obj) -> bool:
+    return any((job_status.get(count) or 0) > 0 for count in ("active", "ready", "succeeded", "failed"))
 
 
 def _event_summary(event: Event, previous: TrainJobObserved | None) -> tuple[str, Obj]:

@@ -6,7 +6,9 @@ the list and on the page, the CSV download, and nothing of the page before left 
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-from .progress_support import LOSS, Story
-from .support import browser, log_in, screenshot
+from plumbing import bus
+
+from .progress_support import _COMPLETE as COMPLETE
+from .progress_support import LOSS, Story, _publish_event
+from .support import browser, log_in, run_async, screenshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
@@ -169,5 +174,85 @@ def test_the_list_with_progress_and_the_page_with_its_chart_fit_a_phone(story: S
                 _open_gamma(driver, story)
             width = driver.execute_script("return document.documentElement.scrollWidth")
             assert width <= 400, f"the {page} is {width}px wide on a 390px screen"
+    finally:
+        driver.quit()
+
+
+def test_a_finished_job_never_reads_as_waiting_again_between_its_last_pod_and_complete(
+    story: Story, tmp_path: Path
+) -> None:
+    """The moment between a job's last pod ending (no pod active, some succeeded) and Trainer's Complete
+    condition is the end of its run, not a return to waiting for pods."""
+    finishing = {"jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 2}]}
+
+    async def publish() -> None:
+        nc = await bus.connect(story.nats_url, name="test-history-finishing", creds=story.admin_creds)
+        try:
+            js = nc.jetstream()
+            for rv, status in enumerate((None, {"jobsStatus": [{"name": "node", "active": 2}]}, finishing, COMPLETE)):
+                await _publish_event(js, story.namespace, "epsilon", status, str(rv + 1))
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    run_async(publish)
+    driver = browser(tmp_path)
+    try:
+        log_in(driver, story.server.url, story.tokens["viewer"])
+        driver.get(f"{story.server.url}/#/ns/{story.namespace}/epsilon")
+        wait = WebDriverWait(driver, 20)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#timeline-svg rect.phase")))
+        lane = [
+            p.get_attribute("data-state") for p in driver.find_elements(By.CSS_SELECTOR, "#timeline-svg rect.phase")
+        ]
+        assert lane == ["Created", "Running", "Complete"], lane
+        listed = [i.get_attribute("data-state") for i in driver.find_elements(By.CSS_SELECTOR, "#states li")]
+        assert listed == ["Created", "Running", "Complete"], listed
+        assert "Waiting for its pods" not in driver.find_element(By.ID, "entries").text
+    finally:
+        driver.quit()
+
+
+SLOW_FIRST_WHOAMI = """
+(() => {
+  const fetched = window.fetch.bind(window);
+  let first = true;
+  window.fetch = (url, options) => {
+    if (first && String(url).includes("/whoami")) {
+      first = false;
+      return new Promise((resolve) => setTimeout(resolve, 2500)).then(() => fetched(url, options));
+    }
+    return fetched(url, options);
+  };
+})();
+"""
+
+
+def test_on_a_phone_a_viewer_going_from_the_list_to_a_page_by_its_address_sees_the_page(
+    story: Story, tmp_path: Path
+) -> None:
+    """At 390x844, a namespace viewer on the list (``#/``) who opens a TrainJob's address sees that page and
+    nothing of the list, also when an answer the list was waiting for (a phone's network: the page's first
+    who-am-I) arrives after the page was drawn, and after the list's own refresh would have come round."""
+    driver = browser(tmp_path, width=390, height=844, phone=True)
+    try:
+        log_in(driver, story.server.url, story.tokens["viewer"])
+        wait = WebDriverWait(driver, 20)
+        wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, '#trainjobs tr[data-name="gamma"]')))
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SLOW_FIRST_WHOAMI})
+        for navigate in ("reloaded", "same page"):
+            if navigate == "reloaded":
+                driver.refresh()  # the list (#/) loads again, its who-am-I slow; the address changes meanwhile
+                time.sleep(0.5)
+            else:
+                driver.get(f"{story.server.url}/#/")
+                wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, '#trainjobs tr[data-name="gamma"]')))
+            driver.execute_script(f"location.hash = '#/ns/{story.namespace}/gamma'")
+            wait.until(ec.visibility_of_element_located((By.ID, "timeline-svg")))
+            for _ in range(14):  # past the slow answer and through one of the list's refreshes
+                assert driver.execute_script("return location.hash").endswith("/gamma")
+                assert not driver.find_element(By.ID, "list-view").is_displayed(), navigate
+                assert driver.find_element(By.ID, "timeline-view").is_displayed(), navigate
+                time.sleep(0.5)
     finally:
         driver.quit()

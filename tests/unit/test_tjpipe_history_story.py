@@ -196,3 +196,20 @@ def test_the_csv_has_one_column_per_metric_and_no_formula() -> None:
     assert rows[0][5:] == ["'=x", "loss"]
     assert rows[1] == ["1970-01-01T00:00:00.500Z", "", "'=pod", "10", "", "", "-0.5"]
     assert rows[2] == ["1970-01-01T00:00:01.000Z", "", "p", "", "9", "'@SUM(A1)", ""]
+
+
+def test_a_job_whose_pods_finished_before_trainer_called_it_complete_is_not_waiting_again() -> None:
+    finishing = {"status": {"jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 2}]}}
+    assert trainjob_state(finishing)[0] == "Running"
+    assert trainjob_state({"status": {"jobsStatus": [{"active": 0, "failed": 1}]}})[0] == "Running"
+    entries = [
+        _event(10, "Created", cause="TrainJob ADDED"),
+        _event(12, "Running", changed=("status.jobsStatus",)),
+        _event(30, "Created", changed=("status.jobsStatus",)),  # an older status, or any read as Created
+        _event(30.083, "Complete", reason="AllJobsCompleted"),
+        _event(31, "Created"),  # an echo after the end
+    ]
+    assert [p.state for p in story.phases(entries)] == ["Created", "Running", "Complete"]
+    assert "Waiting for its pods" not in story.texts(entries)
+    resumed = [_event(10, "Running"), _event(20, "Suspended"), _event(25, "Created")]
+    assert [p.state for p in story.phases(resumed)] == ["Running", "Suspended", "Created"]

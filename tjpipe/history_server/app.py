@@ -23,7 +23,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,8 @@ from aiohttp import web
 from contracts.messages import ObjectKey, component_of
 from tjpipe.history_server import story
 from tjpipe.history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
-from tjpipe.history_server.index import STATES, HistoryIndex, filtered
+from tjpipe.history_server.find import BadQuery, Query, find, query_of
+from tjpipe.history_server.index import HistoryIndex
 from tjpipe.ops import LOCAL, Records
 
 if TYPE_CHECKING:
@@ -205,12 +206,18 @@ async def _allowed(
         raise _error(503, str(exc)) from None
 
 
-async def _require(request: web.Request, verb: str, namespace: str, name: str = "") -> Caller:
+async def _require(
+    request: web.Request, verb: str, namespace: str, name: str = "", *, well_formed: Callable[[], None] | None = None
+) -> Caller:
+    """Who asks (401), whether the request is well formed (400; ``well_formed`` checks the rest of it), and
+    whether the caller may ``verb`` what it names (403), in that order."""
     caller = await _caller(request)
     if not _valid_namespace(namespace):
         raise _error(400, f"invalid namespace {namespace!r}")
     if name and not _valid_name(name):
         raise _error(400, f"invalid TrainJob name {name!r}")
+    if well_formed is not None:
+        well_formed()
     if not await _allowed(request, caller, verb, namespace, name):
         where = f"TrainJob {name!r} in namespace {namespace!r}" if name else f"TrainJobs in namespace {namespace!r}"
         raise _error(403, f"{caller.username} may not {verb} {where} (trainjobs.trainer.kubeflow.org)")
@@ -234,13 +241,6 @@ def _valid_name(text: str) -> bool:
     return True
 
 
-def _state(request: web.Request) -> str | None:
-    state = request.query.get("state") or None
-    if state is not None and state not in STATES:
-        raise _error(400, f"unknown state {state!r}; one of {', '.join(STATES)}")
-    return state
-
-
 def _limit(request: web.Request, default: int) -> int:
     try:
         limit = int(request.query.get("limit", default))
@@ -257,16 +257,41 @@ def _item(summary: Any, now: float, after: float, cluster: str) -> dict[str, Any
     return {"cluster": cluster, **shown} if cluster else shown
 
 
-def _listing(summaries: list[Any], request: web.Request, cluster: str = "") -> dict[str, Any]:
-    state = _state(request)
-    limit = _limit(request, LIST_LIMIT)
-    chosen = filtered(summaries, state=state)
-    now, after = time.time(), request.app[BACKEND].stalled_after
+def list_answer(
+    rows: Iterable[Any],
+    query: Query,
+    *,
+    now: float,
+    stalled_after: float,
+    cluster_of: Callable[[Any], str] = lambda _: "",
+) -> dict[str, Any]:
+    """The list's answer to a query (``tjpipe.history_server.find``: label selector, runtime, state, time range,
+    a newest-metric condition, name, sort and page) over summaries the caller may read, each of the cluster
+    ``cluster_of`` names (at a fleet's hub): what the handlers run after authorization, and what
+    ``bench.history_find`` times."""
+    page, total = find(query, rows, cluster_of)
     return {
-        "items": [_item(s, now, after, cluster) for s in chosen[:limit]],
-        "total": len(chosen),
-        "truncated": len(chosen) > limit,
+        "items": [_item(s, now, stalled_after, cluster_of(s)) for s in page],
+        "total": total,
+        "offset": query.offset,
+        "limit": query.limit,
+        "truncated": total > query.offset + len(page),
     }
+
+
+def _query(request: web.Request) -> Query:
+    """The list's query; a 400 that says which part does not parse."""
+    try:
+        return query_of(request.query, now=time.time(), most=LIST_LIMIT, default_limit=LIST_LIMIT)
+    except BadQuery as exc:
+        raise _error(400, str(exc)) from None
+
+
+def _listing(
+    rows: Iterable[Any], query: Query, request: web.Request, cluster_of: Callable[[Any], str]
+) -> dict[str, Any]:
+    stalled_after = request.app[BACKEND].stalled_after
+    return list_answer(rows, query, now=time.time(), stalled_after=stalled_after, cluster_of=cluster_of)
 
 
 # ------------------------------------------------------------------------------------------- handlers
@@ -286,9 +311,26 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def whoami(request: web.Request) -> web.Response:
+    from tjpipe import about
+
     caller = await _caller(request)
     cluster_wide = await _allowed(request, caller, "list", "")
-    return _json({"username": caller.username, "groups": list(caller.groups), "clusterWide": cluster_wide})
+    return _json(
+        {
+            "username": caller.username,
+            "groups": list(caller.groups),
+            "clusterWide": cluster_wide,
+            "version": about.version(),
+        }
+    )
+
+
+async def docs(request: web.Request) -> web.Response:
+    """Where the documentation for the people who read TrainJobs' history is (no token: the log-in page links
+    it). The version is told only to a caller the API server accepts (``whoami``)."""
+    from tjpipe import about
+
+    return _json({"dataScientists": about.docs_url(about.DATA_SCIENTISTS_PAGE)})
 
 
 async def namespaces(request: web.Request) -> web.Response:
@@ -303,19 +345,21 @@ async def namespaces(request: web.Request) -> web.Response:
 
 async def all_trainjobs(request: web.Request) -> web.Response:
     caller = await _caller(request)
+    query = _query(request)
     if not await _allowed(request, caller, "list", ""):
         raise _error(
             403, f"{caller.username} may not list TrainJobs in all namespaces (trainjobs.trainer.kubeflow.org)"
         )
     scope = _scope(request)
-    return _json(_listing(list(scope.index.everywhere()), request, scope.cluster))
+    return _json(_listing(scope.index.summaries(), query, request, lambda _: scope.cluster))
 
 
 async def trainjobs(request: web.Request) -> web.Response:
     namespace = request.match_info["namespace"]
-    await _require(request, "list", namespace)
+    query: list[Query] = []
+    await _require(request, "list", namespace, well_formed=lambda: query.append(_query(request)))
     scope = _scope(request)
-    return _json(_listing(scope.index.in_namespace(namespace), request, scope.cluster))
+    return _json(_listing(scope.index.namespace_summaries(namespace), query[0], request, lambda _: scope.cluster))
 
 
 def _entry(e: TimelineEntry, text: str) -> dict[str, Any]:
@@ -498,6 +542,84 @@ async def health(request: web.Request) -> web.Response:
     return _json(figures)
 
 
+# ------------------------------------------------------------------------------------------ comparing
+
+
+async def compare(request: web.Request) -> web.Response:
+    """2 to 10 TrainJobs compared (``tjpipe.history_server.compare``): named one by one
+    (``?trainjob=NS/NAME&trainjob=NS/NAME``), or those of one namespace a label selector finds
+    (``?namespace=NS&labelSelector=...``, the newest 10); as JSON, or ``?output=csv``. Every TrainJob is
+    authorized as its own page is (``get``; a selector's namespace also ``list``): one refused, all refused."""
+    from tjpipe import ops
+    from tjpipe.history_server.compare import LEAST, MOST, Run, comparison, comparison_csv
+
+    caller = await _caller(request)
+    scope = _scope(request)
+    backend = request.app[BACKEND]
+    output = request.query.get("output", "json")
+    if output not in ("json", "csv"):
+        raise _error(400, f"unknown output {output!r}; one of json, csv")
+    named = request.query.getall("trainjob", [])
+    selector = request.query.get("labelSelector", "")
+    if named and selector:
+        raise _error(400, "name the TrainJobs (trainjob=NS/NAME) or give a label selector, not both")
+    keys: list[tuple[str, str]] = []
+    for text in dict.fromkeys(named):
+        namespace, _, name = text.partition("/")
+        if not _valid_namespace(namespace) or not _valid_name(name):
+            raise _error(400, f"{text!r} is not NAMESPACE/NAME of a TrainJob")
+        keys.append((namespace, name))
+    if selector:
+        namespace = request.query.get("namespace", "")
+        if not _valid_namespace(namespace):
+            raise _error(400, "a label selector compares the TrainJobs of one namespace: give namespace=NS")
+        try:
+            query = query_of({"labelSelector": selector}, now=time.time(), most=MOST, default_limit=MOST)
+        except BadQuery as exc:
+            raise _error(400, str(exc)) from None
+        if not await _allowed(request, caller, "list", namespace):
+            raise _error(403, f"{caller.username} may not list TrainJobs in namespace {namespace!r}")
+        found, _ = find(query, scope.index.namespace_summaries(namespace))
+        keys = [(s.namespace, s.name) for s in found]
+    if not LEAST <= len(keys) <= MOST:
+        raise _error(400, f"compare {LEAST} to {MOST} TrainJobs ({len(keys)} named or found)")
+    decisions = await asyncio.gather(*(_allowed(request, caller, "get", ns, name) for ns, name in keys))
+    refused = [f"{ns}/{name}" for (ns, name), ok in zip(keys, decisions, strict=True) if not ok]
+    if refused:
+        raise _error(403, f"{caller.username} may not get TrainJob {refused[0]} (trainjobs.trainer.kubeflow.org)")
+
+    async def read(namespace: str, name: str) -> Run:
+        summary = scope.index.get(namespace, name)
+        key = ObjectKey(namespace=namespace, name=name)
+        since = _since(summary, scope)
+        entries, points = await asyncio.gather(
+            ops.history(backend.js, key, since=since, progress=False, where=scope.records),
+            ops.progress_series(backend.js, key, since=since, where=scope.records),
+        )
+        if not entries and not points and summary is None:
+            raise _error(404, f"no history for TrainJob {namespace}/{name}")
+        return Run(
+            namespace=namespace,
+            name=name,
+            runtime=summary.runtime if summary is not None else "",
+            nodes=summary.nodes if summary is not None else None,
+            labels=summary.labels if summary is not None else {},
+            entries=entries,
+            points=points,
+        )
+
+    runs = await asyncio.gather(*(read(ns, name) for ns, name in keys))
+    compared = comparison(runs, time.time())
+    if output == "csv":
+        return web.Response(
+            text=comparison_csv(compared),
+            content_type="text/csv",
+            charset="utf-8",
+            headers={"Content-Disposition": 'attachment; filename="trainjobs_compared.csv"'},
+        )
+    return _json(compared)
+
+
 # ---------------------------------------------------------------------------------------- the fleet's
 
 
@@ -561,20 +683,22 @@ async def fleet_whoami(request: web.Request) -> web.Response:
                 "clusterWide": wide,
             }
         )
+    from tjpipe import about
+
     first = next(c for c in out if c["accepted"])
-    return _json({"fleet": True, "username": first["username"], "clusters": out})
+    return _json({"fleet": True, "username": first["username"], "clusters": out, "version": about.version()})
 
 
 async def fleet_trainjobs(request: web.Request) -> web.Response:
-    """Every TrainJob of the named clusters the caller may list, each with its cluster; ``namespace`` and
-    ``state`` narrow it. A cluster that does not accept the token adds nothing."""
+    """Every TrainJob of the named clusters the caller may list, each with its cluster; ``namespace`` and the
+    list's query narrow it. A cluster that does not accept the token adds nothing."""
     namespace = request.query.get("namespace", "")
     if namespace and not _valid_namespace(namespace):
         raise _error(400, f"invalid namespace {namespace!r}")
     answers = await _accepted(request)
-    state, limit = _state(request), _limit(request, LIST_LIMIT)
-    now, after = time.time(), request.app[BACKEND].stalled_after
-    found: list[tuple[str, Any]] = []
+    query = _query(request)
+    found: list[Any] = []
+    clusters: dict[int, str] = {}
     shown = []
     for scope, caller, why in answers:
         if caller is None:
@@ -587,17 +711,11 @@ async def fleet_trainjobs(request: web.Request) -> web.Response:
             decisions = await asyncio.gather(*(_allowed(request, caller, "list", ns, scope=scope) for ns in known))
             readable = [ns for ns, ok in zip(known, decisions, strict=True) if ok]
         for ns in readable:
-            found += [(scope.cluster, s) for s in filtered(scope.index.in_namespace(ns), state=state)]
+            mine = list(scope.index.namespace_summaries(ns))
+            found += mine
+            clusters.update((id(s), scope.cluster) for s in mine)
         shown.append({"cluster": scope.cluster, "accepted": True, "namespaces": readable})
-    found.sort(key=lambda cs: (-cs[1].last_seen, cs[0], cs[1].namespace, cs[1].name))
-    return _json(
-        {
-            "items": [_item(s, now, after, cluster) for cluster, s in found[:limit]],
-            "total": len(found),
-            "truncated": len(found) > limit,
-            "clusters": shown,
-        }
-    )
+    return _json(_listing(found, query, request, lambda s: clusters[id(s)]) | {"clusters": shown})
 
 
 async def fleet_health(request: web.Request) -> web.Response:
@@ -653,6 +771,7 @@ def make_app(backend: Backend) -> web.Application:
     app = web.Application(middlewares=[_guard])
     app[BACKEND] = backend
     app.router.add_get("/healthz", healthz)
+    app.router.add_get(f"{API}/docs", docs)
     app.router.add_get("/readyz", readyz)
     base = f"{API}/clusters/{{cluster}}" if backend.fleet else API
     if backend.fleet:
@@ -671,6 +790,8 @@ def make_app(backend: Backend) -> web.Application:
     app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/progress", progress)
     app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/diff", plan_diff)
     app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/{{seq}}", plan)
+    if not backend.fleet:
+        app.router.add_get(f"{API}/compare", compare)
     app.router.add_get("/", page)
     app.router.add_get("/static/{file}", static)
     return app

@@ -21,6 +21,8 @@ progress stream existed simply has no progress to show.
 
 from __future__ import annotations
 
+import datetime as dt
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -45,6 +47,7 @@ READ_PAGE = 2048
 class _Meta(msgspec.Struct, frozen=True, kw_only=True):
     uid: str = ""
     creation_timestamp: str = msgspec.field(default="", name="creationTimestamp")
+    labels: dict[str, str] = {}
 
 
 class _RuntimeRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,8 +55,13 @@ class _RuntimeRef(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = ""
 
 
+class _Trainer(msgspec.Struct, frozen=True, kw_only=True):
+    num_nodes: int | None = msgspec.field(default=None, name="numNodes")
+
+
 class _Spec(msgspec.Struct, frozen=True, kw_only=True):
     runtime_ref: _RuntimeRef = msgspec.field(default_factory=_RuntimeRef, name="runtimeRef")
+    trainer: _Trainer | None = None
     suspend: bool = False
 
 
@@ -64,6 +72,13 @@ class _Condition(msgspec.Struct, frozen=True, kw_only=True):
 
 class _JobStatus(msgspec.Struct, frozen=True, kw_only=True):
     active: int = 0
+    ready: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+    @property
+    def started(self) -> bool:
+        return self.active > 0 or self.ready > 0 or self.succeeded > 0 or self.failed > 0
 
 
 class _Status(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,8 +105,19 @@ class _Deleted(msgspec.Struct, frozen=True, kw_only=True, tag="trainjob.deleted"
 _decode = msgspec.json.Decoder(_Observed | _Deleted).decode
 
 
+def rfc3339_seconds(text: str) -> float:
+    """A creationTimestamp as Unix seconds; 0 when it is missing or unreadable."""
+    if not text:
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def state_of(job: _TrainJob) -> str:
-    """Trainer's terminal conditions first, then suspension, then whether any of its Jobs has pods running."""
+    """Trainer's terminal conditions first, then suspension, then whether any of its Jobs has started (pods
+    running, or some finished while Trainer has not yet called the job Complete)."""
     true = {c.type for c in job.status.conditions if c.status == "True"}
     if "Failed" in true:
         return "Failed"
@@ -99,7 +125,7 @@ def state_of(job: _TrainJob) -> str:
         return "Complete"
     if "Suspended" in true or job.spec.suspend:
         return "Suspended"
-    if any(s.active > 0 for s in job.status.jobs_status):
+    if any(s.started for s in job.status.jobs_status):
         return "Running"
     return "Created"
 
@@ -152,6 +178,11 @@ class Summary:
     """When the events first showed the current state."""
     progress: Progress | None = None
     last_progress_seq: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    created_at: float = 0.0
+    """``created`` as Unix seconds (0: not known), what a time range compares."""
+    nodes: int | None = None
+    """``spec.trainer.numNodes`` as the owner set it (``None``: the runtime's)."""
 
     def stalled_for(self, now: float, after: float) -> float | None:
         """Seconds without a progress update, when the job is Running, has reported progress before, and has
@@ -170,6 +201,8 @@ class Summary:
             "uid": self.uid,
             "runtime": self.runtime,
             "runtimeKind": self.runtime_kind,
+            "labels": self.labels,
+            "nodes": self.nodes,
             "state": self.state,
             "deleted": self.state == "Deleted",
             "creationTimestamp": self.created,
@@ -233,7 +266,11 @@ class HistoryIndex:
         job = event.trainjob
         if job.metadata.uid != summary.uid:  # a new TrainJob of an old name starts its own story
             summary.uid = job.metadata.uid
-        summary.created = job.metadata.creation_timestamp or summary.created
+        if job.metadata.creation_timestamp and job.metadata.creation_timestamp != summary.created:
+            summary.created = job.metadata.creation_timestamp
+            summary.created_at = rfc3339_seconds(summary.created)
+        summary.labels = job.metadata.labels
+        summary.nodes = job.spec.trainer.num_nodes if job.spec.trainer is not None else None
         summary.runtime = job.spec.runtime_ref.name
         summary.runtime_kind = job.spec.runtime_ref.kind or "ClusterTrainingRuntime"
         state = state_of(job)
@@ -315,6 +352,15 @@ class HistoryIndex:
         for namespace in self.namespaces():
             yield from self.in_namespace(namespace)
 
+    def summaries(self) -> Iterable[Summary]:
+        """Every TrainJob, namespaces in name order, each namespace's in the order the index first saw them:
+        unsorted, for a query that orders what it found itself (``tjpipe.history_server.find``)."""
+        return itertools.chain.from_iterable(self._namespaces[ns].values() for ns in self.namespaces())
+
+    def namespace_summaries(self, namespace: str) -> Iterable[Summary]:
+        """One namespace's TrainJobs in the order the index first saw them (see ``summaries``)."""
+        return self._namespaces.get(namespace, {}).values()
+
     def get(self, namespace: str, name: str) -> Summary | None:
         return self._namespaces.get(namespace, {}).get(name)
 
@@ -365,7 +411,3 @@ class HistoryIndex:
                     break
         self.prune(firsts[streams.EVENTS_HISTORY.name], firsts[streams.DLQ.name], firsts.get(streams.PROGRESS.name))
         return read
-
-
-def filtered(summaries: Iterable[Summary], *, state: str | None) -> list[Summary]:
-    return [s for s in summaries if state is None or s.state == state]

@@ -51,6 +51,17 @@ class Phase:
         }
 
 
+_STARTED = frozenset({"Running", "Complete", "Failed"})
+
+
+def _owned(state: str, before: str) -> str:
+    """The state the owner would say the job is in: a job that has started never waits for its pods again
+    unless it was suspended in between, so an event that reads Created after Running (a status written from
+    an older observation, or the moment between the last pod's end and Trainer's Complete) keeps the state
+    before it."""
+    return before if state == "Created" and before in _STARTED else state
+
+
 def phases(entries: Iterable[TimelineEntry]) -> list[Phase]:
     """The states the events show, each from the first event in it to the first event of the next.
 
@@ -60,7 +71,7 @@ def phases(entries: Iterable[TimelineEntry]) -> list[Phase]:
     for entry in entries:
         if entry.kind != "event" or not entry.detail.get("state"):
             continue
-        state = str(entry.detail["state"])
+        state = _owned(str(entry.detail["state"]), out[-1].state if out else "")
         reason, message = str(entry.detail.get("reason") or ""), str(entry.detail.get("message") or "")
         if out and out[-1].state == state:
             if not out[-1].reason and reason:  # the reason may arrive on a later event of the same state
@@ -142,7 +153,7 @@ def texts(entries: Sequence[TimelineEntry]) -> list[str]:
     for entry in entries:
         d = entry.detail
         if entry.kind == "event":
-            state = str(d.get("state") or "")
+            state = _owned(str(d.get("state") or ""), before)
             cause = str(d.get("cause") or "")
             if state == "Deleted":
                 text = "Deleted"

@@ -40,6 +40,7 @@ async function findFleet() {
   $("login-cluster-row").hidden = !fleet;
   $("nav-health").hidden = !!fleet;
   $("col-cluster").hidden = !fleet;
+  $("col-pick").hidden = !!fleet;
   $("filter-cluster-row").hidden = !fleet;
 }
 
@@ -79,7 +80,7 @@ function svg(tag, attrs = {}) {
 }
 
 function show(view) {
-  for (const id of ["login-view", "list-view", "timeline-view", "health-view"]) $(id).hidden = id !== view;
+  for (const id of ["login-view", "list-view", "timeline-view", "health-view", "compare-view"]) $(id).hidden = id !== view;
   $("error").hidden = true;
 }
 
@@ -112,70 +113,111 @@ function hashParams() {
 
 // ------------------------------------------------------------------------------------------- the list
 
-// `again` is the list's own refresh (below): the rows stay on screen until the new ones replace them, and a
-// name typed into the filter is kept.
-async function renderList(params, again = false) {
-  const typed = $("filter-name").value;
-  if (!again) clearList();
+// The list's query: what the server filters, sorts and pages by (tjpipe.history_server.find), kept in the
+// address so a link reopens the same list. `id` is the form field that shows it.
+const FIND_FIELDS = [["state", "filter-state"], ["name", "filter-name"], ["labelSelector", "filter-labels"],
+  ["runtime", "filter-runtime"], ["from", "filter-from"], ["to", "filter-to"], ["metric", "filter-metric"],
+  ["sort", "filter-sort"]];
+const PAGE = 50;
+
+function findQuery(params) {
+  const query = new URLSearchParams();
+  for (const [key] of FIND_FIELDS) if (params.get(key)) query.set(key, params.get(key));
+  const offset = Math.max(0, parseInt(params.get("offset") || "0", 10) || 0);
+  if (offset) query.set("offset", String(offset));
+  query.set("limit", String(PAGE));
+  return query;
+}
+
+// The sort list offers the metric of the condition typed (both ways), as well as the fixed columns.
+function metricSorts(metric, chosen) {
+  const select = $("filter-sort");
+  for (const option of [...select.querySelectorAll("option.metric-sort")]) option.remove();
+  const name = (metric.match(/^\s*([A-Za-z_][-A-Za-z0-9_./:]*)/) || [])[1];
+  const wanted = (chosen || "").replace(/^-/, "").startsWith("metric:") ? chosen.replace(/^-?metric:/, "") : "";
+  for (const m of [...new Set([name, wanted].filter(Boolean))]) {
+    select.append(el("option", { class: "metric-sort", value: `metric:${m}`, text: `${m}, lowest first` }),
+      el("option", { class: "metric-sort", value: `-metric:${m}`, text: `${m}, highest first` }));
+  }
+}
+
+function showFindFields(params) {
+  metricSorts(params.get("metric") || "", params.get("sort") || "");
+  for (const [key, id] of FIND_FIELDS) $(id).value = params.get(key) || (key === "sort" ? "-lastSeen" : "");
+  if (!$("filter-sort").value) $("filter-sort").value = "-lastSeen";
+}
+
+// `again` is the list's own refresh (below): the rows stay on screen until the new ones replace them, and
+// whatever is being typed into the form is kept.
+async function renderList(params, again = false, ticket = routeTicket) {
+  if (!again) { clearList(); showFindFields(params); }
   show("list-view");
-  if (fleet) return renderFleetList(params);
+  if (fleet) return renderFleetList(params, again, ticket);
   const namespaces = await api("/api/v1/namespaces");
+  if (!current(ticket)) return;
   const select = $("filter-namespace");
   const chosen = params.get("namespace") ?? (namespaces.clusterWide ? "" : (namespaces.items[0] || ""));
   select.replaceChildren();
   if (namespaces.clusterWide) select.append(el("option", { value: "", text: "all namespaces" }));
   for (const ns of namespaces.items) select.append(el("option", { value: ns, text: ns }));
   select.value = chosen;
-  $("filter-state").value = params.get("state") || "";
-  $("filter-name").value = again ? typed : params.get("name") || "";
   const body = $("trainjobs").querySelector("tbody");
-  if (!again) body.replaceChildren();
   if (!namespaces.items.length) {
     body.replaceChildren();
     $("list-note").textContent = "No namespace in the history is readable with this token.";
     return;
   }
-  $("list-note").textContent = "";
-  const state = $("filter-state").value;
-  const query = state ? "?state=" + encodeURIComponent(state) : "";
-  const path = chosen ? `/api/v1/namespaces/${encodeURIComponent(chosen)}/trainjobs${query}` : `/api/v1/trainjobs${query}`;
-  const listing = await api(path);
+  const query = findQuery(params).toString();
+  const path = (chosen ? `/api/v1/namespaces/${encodeURIComponent(chosen)}/trainjobs` : "/api/v1/trainjobs") + "?" + query;
+  await drawListing(path, ticket);
+}
+
+// A query the server cannot read is said under the form, which stays as typed, so it can be put right.
+async function drawListing(path, ticket) {
+  let listing;
+  try {
+    listing = await api(path);
+  } catch (error) {
+    if (!current(ticket)) return null;
+    if (!(error instanceof HttpError && error.status === 400)) throw error;
+    clearList();
+    $("list-error").textContent = error.message;
+    $("list-error").hidden = false;
+    return null;
+  }
+  if (!current(ticket) || $("list-view").hidden) return null;  // the address moved on meanwhile: draw nothing
+  $("list-error").hidden = true;
   listCache = { key: path, items: listing.items };
   drawRows(listing);
+  return listing;
 }
 
 // The fleet's list: every cluster the token was given to (or the one chosen), each row naming its cluster.
-async function renderFleetList(params) {
+async function renderFleetList(params, again = false, ticket = routeTicket) {
   const accepted = me.clusters.filter((c) => c.accepted).map((c) => c.cluster);
   const cluster = params.get("cluster") || "";
   const select = $("filter-cluster");
   select.replaceChildren(el("option", { value: "", text: "all clusters" }), ...accepted.map((c) => el("option", { value: c, text: c })));
   select.value = accepted.includes(cluster) ? cluster : "";
-  $("filter-state").value = params.get("state") || "";
-  $("filter-name").value = params.get("name") || "";
-  const state = $("filter-state").value;
   const asked = select.value ? [select.value] : accepted;
-  const path = "/api/v1/trainjobs?" + clusterQuery(asked) + (state ? "&state=" + encodeURIComponent(state) : "");
-  const listing = await api(path);
+  const namespace = params.get("namespace") || "";
+  const path = "/api/v1/trainjobs?" + clusterQuery(asked) + "&" + findQuery(params).toString() +
+    (namespace ? "&namespace=" + encodeURIComponent(namespace) : "");
+  const listing = await drawListing(path, ticket);
+  if (!listing) return;
   const namespaces = [...new Set(listing.clusters.flatMap((c) => c.namespaces || []))].sort();
   const nsSelect = $("filter-namespace");
   nsSelect.replaceChildren(el("option", { value: "", text: "all namespaces" }), ...namespaces.map((ns) => el("option", { value: ns, text: ns })));
-  nsSelect.value = namespaces.includes(params.get("namespace")) ? params.get("namespace") : "";
-  listCache = { key: path, items: listing.items };
-  if (!namespaces.length) {
-    $("list-note").textContent = "No namespace of these clusters is readable with this token.";
-    return;
-  }
-  drawRows(listing);
+  nsSelect.value = namespaces.includes(namespace) ? namespace : "";
+  if (!namespaces.length) $("list-note").textContent = "No namespace of these clusters is readable with this token.";
 }
 
 function drawRows(listing) {
   const body = $("trainjobs").querySelector("tbody");
-  const needle = $("filter-name").value.trim();
-  const namespace = fleet ? $("filter-namespace").value : "";
   const now = Date.now() / 1000;
-  const rows = listing.items.filter((j) => (!needle || j.name.includes(needle)) && (!namespace || j.namespace === namespace));
-  body.replaceChildren(...rows.map((j) => {
+  const runtimes = new Set([...$("runtimes").querySelectorAll("option")].map((o) => o.value));
+  for (const j of listing.items) if (j.runtime && !runtimes.has(j.runtime)) { runtimes.add(j.runtime); $("runtimes").append(el("option", { value: j.runtime })); }
+  body.replaceChildren(...listing.items.map((j) => {
     const created = j.creationTimestamp ? Date.parse(j.creationTimestamp) / 1000 : j.firstSeen;
     const link = el("a", { href: jobLink(j), text: j.name });
     const stateCell = el("td", {}, el("span", { class: "state " + j.state, text: j.state }));
@@ -183,16 +225,34 @@ function drawRows(listing) {
       stateCell.append(" ", el("span", { class: "stalled", text: "stalled " + duration(j.stalledSeconds),
         title: `Running, and no progress reported for ${duration(j.stalledSeconds)}` }));
     }
-    const row = el("tr", { "data-name": j.name, "data-namespace": j.namespace, "data-cluster": j.cluster || "" },
+    const labels = Object.entries(j.labels || {}).map(([k, v]) => v ? `${k}=${v}` : k);
+    const nameCell = el("td", {}, link);
+    if (labels.length) nameCell.append(el("div", { class: "labels", text: labels.join(" "), title: labels.join("\n") }));
+    const key = `${j.namespace}/${j.name}`;
+    const pick = el("input", { type: "checkbox", class: "pick", "aria-label": `compare ${key}` });
+    pick.checked = picked.has(key);
+    pick.addEventListener("change", () => { if (pick.checked) picked.add(key); else picked.delete(key); pickedChanged(); });
+    const pickCell = el("td", { class: "pick-cell" }, pick);
+    pickCell.hidden = !!fleet;
+    const row = el("tr", { "data-name": j.name, "data-namespace": j.namespace, "data-cluster": j.cluster || "" }, pickCell,
       ...(fleet ? [el("td", { class: "cluster", text: j.cluster })] : []),
-      el("td", {}, link), el("td", { text: j.namespace }), stateCell, progressCell(j.progress),
+      nameCell, el("td", { text: j.namespace }), stateCell, progressCell(j.progress),
       el("td", { text: j.runtime }), el("td", { text: age(now - created) }), el("td", { text: age(now - j.lastSeen) + " ago" }),
       el("td", { class: "num", text: String(j.events) }), el("td", { class: "num", text: String(j.deadLetters) }));
-    row.addEventListener("click", (e) => { if (e.target.tagName !== "A") location.hash = link.getAttribute("href"); });
+    row.addEventListener("click", (e) => { if (e.target.tagName !== "A" && e.target !== pick && e.target !== pickCell) location.hash = link.getAttribute("href"); });
     return row;
   }));
-  const shown = rows.length === listing.items.length ? `${rows.length}` : `${rows.length} of ${listing.items.length}`;
-  $("list-note").textContent = `${shown} TrainJob(s)` + (listing.truncated ? ` (the newest ${listing.items.length} of ${listing.total})` : "");
+  const first = listing.offset || 0;
+  const shown = listing.items.length;
+  $("list-note").textContent = shown
+    ? `${first + 1}–${first + shown} of ${listing.total} TrainJob(s)` : `no TrainJob found (${listing.total})`;
+  $("page-where").textContent = shown ? `${first + 1}–${first + shown} of ${listing.total}` : "";
+  const selector = hashParams().params.get("labelSelector");
+  $("compare-found").hidden = !!fleet || !selector || !$("filter-namespace").value || listing.total < 2;
+  $("compare-found").textContent = `Compare those labelled ${selector} (the newest ${COMPARE_MOST})`;
+  pickedChanged();
+  $("page-previous").disabled = first === 0;
+  $("page-next").disabled = first + shown >= listing.total;
 }
 
 // The newest progress a TrainJob reported, in a few words: "62% · loss 0.31 · accuracy 0.82".
@@ -221,15 +281,23 @@ function progressCell(p) {
   return cell;
 }
 
-function listFiltersChanged() {
+// The form's values into the address (a new search starts at the first page), which draws the list again.
+function listFiltersChanged(offset = 0) {
   const params = new URLSearchParams();
-  const filters = [["namespace", "filter-namespace"], ["state", "filter-state"], ["name", "filter-name"]];
-  if (fleet) filters.unshift(["cluster", "filter-cluster"]);
-  for (const [key, id] of filters) {
-    params.set(key, $(id).value);
+  if (fleet && $("filter-cluster").value) params.set("cluster", $("filter-cluster").value);
+  if ($("filter-namespace").value) params.set("namespace", $("filter-namespace").value);
+  for (const [key, id] of FIND_FIELDS) {
+    const value = $(id).value.trim();
+    if (value && !(key === "sort" && value === "-lastSeen")) params.set(key, value);
   }
-  history.replaceState(null, "", "#/?" + params.toString());
-  route();
+  if (offset > 0) params.set("offset", String(offset));
+  const hash = "#/?" + params.toString();
+  if (location.hash !== hash) location.hash = hash; else route();
+}
+
+function turnPage(step) {
+  const offset = Math.max(0, (parseInt(hashParams().params.get("offset") || "0", 10) || 0) + step * PAGE);
+  listFiltersChanged(offset);
 }
 
 // --------------------------------------------------------------------------------------- the timeline
@@ -281,16 +349,19 @@ function clearTimeline() {
 
 function clearList() {
   $("list-note").textContent = "";
+  $("list-error").hidden = true;
+  $("page-where").textContent = "";
   $("trainjobs").querySelector("tbody").replaceChildren();
   listCache = { key: "", items: [] };
 }
 
-async function renderTimeline(namespace, name, cluster = "") {
+async function renderTimeline(namespace, name, cluster = "", ticket = routeTicket) {
   clearTimeline();
   show("timeline-view");
   $("timeline-title").textContent = cluster ? `${cluster}: ${namespace}/${name}` : `${namespace}/${name}`;
   const base = jobPath(cluster, namespace, name);
   const [data, progress] = await Promise.all([api(base + "/history"), api(base + "/progress")]);
+  if (!current(ticket)) return;
   timeline = { base, data, progress, selected: -1, cluster };
   const job = data.trainjob;
   const states = data.states || [];
@@ -360,7 +431,7 @@ function seriesOf(points, value) {
   return byPod;
 }
 
-function drawSeriesPanel(root, { y, height, left, right, width, x, name, byPod, fixed, cls, metric }) {
+function drawSeriesPanel(root, { y, height, left, right, width, x, name, byPod, fixed, cls, metric, colours = SERIES_COLOURS, seriesWord = "pod " }) {
   root.append(svg("rect", { class: "lane chart-lane", x: left, y, width: width - left - right, height }));
   const values = [...byPod.values()].flat().map(([, v]) => v);
   if (!values.length) return;
@@ -379,12 +450,13 @@ function drawSeriesPanel(root, { y, height, left, right, width, x, name, byPod, 
   }
   let colour = 0;
   for (const [pod, series] of byPod) {
-    const stroke = SERIES_COLOURS[colour++ % SERIES_COLOURS.length];
+    const stroke = colours[colour++ % colours.length];
+    if (!series.length) continue;
     const line = svg("polyline", { class: cls, fill: "none", stroke, "stroke-width": 2, "data-pod": pod, ...(metric ? { "data-metric": metric } : {}),
       points: series.map(([t, v]) => `${x(t).toFixed(1)},${yOf(v).toFixed(1)}`).join(" ") });
     const title = svg("title");
     const first = series[0][1], last = series[series.length - 1][1];
-    title.textContent = `${name}${byPod.size > 1 ? ` (pod ${pod})` : ""}: ${fmt(first)} → ${fmt(last)} over ${series.length} update(s)`;
+    title.textContent = `${name}${byPod.size > 1 ? ` (${seriesWord}${pod})` : ""}: ${fmt(first)} → ${fmt(last)} over ${series.length} update(s)`;
     line.append(title);
     root.append(line);
     const [tl, vl] = series[series.length - 1];
@@ -571,6 +643,128 @@ function select(index, anchor) {
   }
 }
 
+// ------------------------------------------------------------------------------------------ comparing
+
+// TrainJobs picked in the list for a comparison, by "namespace/name" (kept across pages and searches).
+const picked = new Set();
+const COMPARE_MOST = 10;
+const RUN_COLOURS = ["#1f4e79", "#c0392b", "#2e8b57", "#8e44ad", "#d35400", "#16a085", "#7f8c8d", "#b7950b", "#2c3e50", "#e84393"];
+
+// A colour key, set through the style object: the Content Security Policy refuses style attributes.
+function swatch(colour) {
+  const node = el("span", { class: "swatch" });
+  node.style.background = colour;
+  return node;
+}
+
+function pickedChanged() {
+  const button = $("compare-picked");
+  button.textContent = `Compare ${picked.size} picked`;
+  button.disabled = picked.size < 2 || picked.size > COMPARE_MOST;
+  button.title = picked.size > COMPARE_MOST ? `at most ${COMPARE_MOST}` : picked.size < 2 ? "pick at least 2" : "";
+}
+
+function compareQuery(params) {
+  const query = new URLSearchParams();
+  for (const key of ["trainjob", "namespace", "labelSelector"]) for (const v of params.getAll(key)) query.append(key, v);
+  return query;
+}
+
+async function renderCompare(params, ticket = routeTicket) {
+  clearCompare();
+  show("compare-view");
+  const query = compareQuery(params);
+  const data = await api("/api/v1/compare?" + query.toString());
+  if (!current(ticket)) return;
+  compared = { data, query };
+  const runs = data.trainjobs;
+  $("compare-facts").textContent = `${runs.length} TrainJobs, aligned by the moment each started running` +
+    (data.metrics.length ? ` · metrics they all report: ${data.metrics.join(", ")}` : " · no metric that they all report");
+  $("compare-link").href = location.href;
+  drawComparison(data);
+  drawCompareTable(data);
+}
+
+let compared = null;
+
+function clearCompare() {
+  compared = null;
+  $("compare-facts").textContent = "";
+  $("compare-picture").replaceChildren();
+  $("compare-legend").replaceChildren();
+  $("compare-table").querySelector("thead").replaceChildren();
+  $("compare-table").querySelector("tbody").replaceChildren();
+}
+
+function drawComparison(data) {
+  const runs = data.trainjobs;
+  const width = 1000, left = 100, right = 20, chartHeight = 90, metricHeight = 80, gap = 8, axis = 36;
+  const hasProgress = runs.some((r) => r.series.some((p) => p.progress != null));
+  const panels = (hasProgress ? chartHeight + gap : 0) + data.metrics.length * (metricHeight + gap);
+  const height = 10 + panels + axis;
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "comparison", id: "compare-svg" });
+  const tMax = Math.max(1, ...runs.flatMap((r) => r.series.map((p) => p.t)));
+  const x = (t) => left + 6 + Math.max(0, t) / tMax * (width - left - right - 12);
+  const series = (value) => {
+    const byRun = new Map();
+    for (const r of runs) {
+      const points = r.series.map((p) => [p.t, value(p)]).filter(([, v]) => v != null && isFinite(v));
+      byRun.set(`${r.namespace}/${r.name}`, points);
+    }
+    return byRun;
+  };
+  const panel = { left, right, width, x, colours: RUN_COLOURS, seriesWord: "" };
+  let y = 10;
+  if (hasProgress) {
+    drawSeriesPanel(root, { ...panel, y, height: chartHeight, name: "progress", byPod: series((p) => p.progress), fixed: [0, 100], cls: "progress-line" });
+    y += chartHeight + gap;
+  }
+  for (const metric of data.metrics) {
+    drawSeriesPanel(root, { ...panel, y, height: metricHeight, name: metric, byPod: series((p) => p.metrics[metric]), cls: "metric-line", metric });
+    y += metricHeight + gap;
+  }
+  root.append(svg("line", { class: "axis", x1: left, x2: width - right, y1: y, y2: y }));
+  for (let i = 0; i <= 4; i++) {
+    const t = tMax * i / 4;
+    const tick = svg("text", { class: "tick", x: x(t), y: y + 16, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
+    tick.textContent = i === 0 ? "start" : "+" + duration(t);
+    root.append(tick);
+  }
+  const label = svg("text", { class: "tick", x: 8, y: y + 16 });
+  label.textContent = "since start";
+  root.append(label);
+  $("compare-picture").replaceChildren(root);
+  $("compare-legend").replaceChildren(...runs.map((r, i) => el("span", { class: "run-key" },
+    swatch(RUN_COLOURS[i % RUN_COLOURS.length]), `${r.namespace}/${r.name}`)));
+}
+
+function drawCompareTable(data) {
+  const runs = data.trainjobs;
+  const metricNames = [...new Set(runs.flatMap((r) => Object.keys(r.finalMetrics)))].sort();
+  $("compare-table").querySelector("thead").replaceChildren(el("tr", {},
+    ...["TrainJob", "Runtime", "Nodes", "Duration", "Final state", "Progress", ...metricNames].map((t) => el("th", { text: t }))));
+  $("compare-table").querySelector("tbody").replaceChildren(...runs.map((r, i) => {
+    const name = el("td", {}, swatch(RUN_COLOURS[i % RUN_COLOURS.length]),
+      el("a", { href: jobLink(r), text: `${r.namespace}/${r.name}` }));
+    return el("tr", { "data-name": r.name, "data-namespace": r.namespace }, name,
+      el("td", { text: r.runtime }), el("td", { class: "num", text: r.nodes != null ? String(r.nodes) : "" }),
+      el("td", { text: r.seconds != null ? duration(r.seconds) + (r.finished ? "" : " so far") : "" }),
+      el("td", {}, el("span", { class: "state " + r.state, text: r.state + (r.reason && r.reason !== r.state ? " — " + r.reason : "") })),
+      el("td", { class: "num", text: r.finalProgress != null ? r.finalProgress + "%" : "" }),
+      ...metricNames.map((m) => el("td", { class: "num", text: r.finalMetrics[m] ?? "" })));
+  }));
+}
+
+async function downloadComparison(output) {
+  const text = await api("/api/v1/compare?" + compared.query.toString() + "&output=" + output, { text: true });
+  const link = el("a", { href: URL.createObjectURL(new Blob([text], { type: output === "csv" ? "text/csv" : "application/json" })),
+    download: `trainjobs_compared.${output}` });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+}
+
 // ------------------------------------------------------------------------------------------- health
 
 function card(label, value, bad = false) {
@@ -584,9 +778,10 @@ function bytes(n) {
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
-async function renderHealth() {
+async function renderHealth(ticket = routeTicket) {
   show("health-view");
   const h = await api("/api/v1/health");
+  if (!current(ticket)) return;
   const refused = h.refusedPublishes;
   const refusedTotal = Object.values(refused.byStream).reduce((a, b) => a + b, 0);
   $("health-cards").replaceChildren(
@@ -617,26 +812,39 @@ async function renderHealth() {
 
 // ------------------------------------------------------------------------------------------- routing
 
+// Each drawing of a page takes a ticket; one whose ticket is no longer the newest (the address moved on while
+// it waited for an answer) draws and shows nothing, so a late answer never puts a page the address left back
+// on screen over the one it names.
+let routeTicket = 0;
+const current = (ticket) => ticket === routeTicket;
+
 async function route() {
+  const ticket = ++routeTicket;
   if (!token()) { showLogin(); return; }
+  window.scrollTo(0, 0);
   try {
     if (!me) {
       me = await api("/api/v1/whoami" + (fleet ? "?" + clusterQuery(chosenClusters()) : ""));
+      if (!current(ticket)) return;
       const on = fleet ? me.clusters.filter((c) => c.accepted).map((c) => c.cluster) : [];
       $("who").textContent = me.username + (on.length ? " on " + on.join(", ") : "");
+      $("version").textContent = me.version ? "trainjob-pipeline " + me.version : "";
       $("nav").hidden = false;
     }
     const { path, params } = hashParams();
     const match = path.match(/^\/ns\/([^/]+)\/([^/]+)$/);
     const inCluster = path.match(/^\/c\/([^/]+)\/ns\/([^/]+)\/([^/]+)$/);
-    if (inCluster && fleet) await renderTimeline(decodeURIComponent(inCluster[2]), decodeURIComponent(inCluster[3]), decodeURIComponent(inCluster[1]));
-    else if (match && !fleet) await renderTimeline(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
-    else if (path === "/health") await renderHealth();
-    else await renderList(params);
+    if (inCluster && fleet) await renderTimeline(decodeURIComponent(inCluster[2]), decodeURIComponent(inCluster[3]), decodeURIComponent(inCluster[1]), ticket);
+    else if (match && !fleet) await renderTimeline(decodeURIComponent(match[1]), decodeURIComponent(match[2]), "", ticket);
+    else if (path === "/health") await renderHealth(ticket);
+    else if (path === "/compare" && !fleet) await renderCompare(params, ticket);
+    else await renderList(params, false, ticket);
   } catch (error) {
+    if (!current(ticket)) return;
     // A refused or failed page shows the refusal and nothing else: no facts or counts of the page before.
     clearTimeline();
     clearList();
+    clearCompare();
     if (!(error instanceof HttpError && error.status === 401)) show("");
     fail(error);
   }
@@ -652,8 +860,9 @@ async function refreshList() {
   if (listRefreshing || !me || fleet || $("list-view").hidden || document.hidden) return;
   listRefreshing = true;
   try {
-    await renderList(hashParams().params, true);
+    await renderList(hashParams().params, true, routeTicket);
   } catch (error) {
+    if ($("list-view").hidden) return;
     clearList();
     show("");
     fail(error);
@@ -672,11 +881,32 @@ document.addEventListener("DOMContentLoaded", () => {
     me = null;
     route();
   });
-  $("logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); me = null; showLogin(); });
-  $("filter-namespace").addEventListener("change", listFiltersChanged);
-  $("filter-cluster").addEventListener("change", listFiltersChanged);
-  $("filter-state").addEventListener("change", listFiltersChanged);
-  $("filter-name").addEventListener("input", () => drawRows({ items: listCache.items, total: listCache.items.length, truncated: false }));
+  $("logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); me = null; $("version").textContent = ""; showLogin(); });
+  fetch("/api/v1/docs", { cache: "no-store" }).then((r) => r.ok ? r.json() : null).then((d) => {
+    if (!d || !/^https?:\/\//.test(d.dataScientists)) return;
+    $("docs-link").href = d.dataScientists;
+    $("docs-link").hidden = false;
+  }).catch(() => {});
+  for (const id of ["filter-namespace", "filter-cluster", "filter-state", "filter-sort"]) $(id).addEventListener("change", () => listFiltersChanged());
+  $("find-form").addEventListener("submit", (e) => { e.preventDefault(); listFiltersChanged(); });
+  $("find-clear").addEventListener("click", () => {
+    for (const [, id] of FIND_FIELDS) $(id).value = "";
+    listFiltersChanged();
+  });
+  $("filter-metric").addEventListener("change", () => metricSorts($("filter-metric").value, $("filter-sort").value));
+  $("page-previous").addEventListener("click", () => turnPage(-1));
+  $("compare-picked").addEventListener("click", () => {
+    const query = new URLSearchParams();
+    for (const key of picked) query.append("trainjob", key);
+    location.hash = "#/compare?" + query.toString();
+  });
+  $("compare-found").addEventListener("click", () => {
+    const query = new URLSearchParams({ namespace: $("filter-namespace").value, labelSelector: hashParams().params.get("labelSelector") });
+    location.hash = "#/compare?" + query.toString();
+  });
+  $("compare-csv").addEventListener("click", () => downloadComparison("csv").catch(fail));
+  $("compare-json").addEventListener("click", () => downloadComparison("json").catch(fail));
+  $("page-next").addEventListener("click", () => turnPage(1));
   window.addEventListener("hashchange", route);
   findFleet().catch(fail).finally(route);
 });
