@@ -411,7 +411,8 @@ def _standins(stack: Any, demos: list[tuple[str, str]], say: Callable[[str], Non
     if python is None:
         say(
             "[yellow]no training progress in this demo[/]: the stand-in that reports it calls the Kubeflow SDK "
-            "(kubeflow 0.5.0), which is not installed here or in .venv-sdk (bash scripts/bootstrap.sh sdk)"
+            "(kubeflow 0.5.0), which is not installed here or in .venv-sdk (bash scripts/up.sh installs it there; "
+            "by hand: TJPIPE_VENV=.venv-sdk bash scripts/bootstrap.sh sdk)"
         )
         return []
     say(

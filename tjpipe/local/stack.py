@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import shlex
 import sys
@@ -684,6 +685,7 @@ class Stack:
         self.install_runtime(DEMO_RUNTIME)
         self.progress(f"installed ClusterTrainingRuntime {DEMO_RUNTIME} (Trainer v2.3.0 sample)")
         client = new_api_client(self._require_kubeconfig())
+        self._remove_last_demo(client, DEMO_TRAINJOB)
         crds.apply_objects(
             client,
             [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}, demo_trainjob()],
@@ -698,9 +700,22 @@ class Stack:
         self.install_runtime(DEMO_MPI_RUNTIME)
         self.progress(f"installed ClusterTrainingRuntime {DEMO_MPI_RUNTIME} (Trainer v2.3.0 sample)")
         client = new_api_client(self._require_kubeconfig())
+        self._remove_last_demo(client, DEMO_MPI_TRAINJOB)
         crds.apply_objects(client, [mpi_demo_trainjob()], field_manager="tjpipe-demo")
         self.progress(f"created TrainJob {DEMO_NAMESPACE}/{DEMO_MPI_TRAINJOB}")
         return DEMO_NAMESPACE, DEMO_MPI_TRAINJOB
+
+    def _remove_last_demo(self, client: Any, name: str) -> None:
+        """A demo TrainJob of an earlier run (one started with ``--detach`` keeps its TrainJobs) is deleted, with
+        everything it owns, before this run creates its own: the demo must show a lifecycle, not an old result."""
+        if remove_trainjob(
+            client,
+            DEMO_NAMESPACE,
+            name,
+            garbage_collector=self.simulation is not None or self.local_kube is None,
+            timeout=DEMO_CLEANUP_SECONDS,
+        ):
+            self.progress(f"removed the last run's TrainJob {DEMO_NAMESPACE}/{name} and what it owned")
 
     def _require_kubeconfig(self) -> Path:
         if self.kubeconfig is None:
@@ -790,6 +805,82 @@ def _demo_trainjob(name: str, runtime: str, *, nodes: int, per_node: dict[str, s
             },
         },
     }
+
+
+DEMO_CLEANUP_SECONDS = 120.0
+"""How long the demo waits for the last run's TrainJob and what it owned to be gone."""
+
+
+def remove_trainjob(client: Any, namespace: str, name: str, *, garbage_collector: bool, timeout: float) -> bool:
+    """Delete TrainJob ``namespace/name`` and everything it owns, and wait until all of it is gone; False if there
+    was no such TrainJob. With a garbage collector, a foreground deletion: the TrainJob disappears only after its
+    JobSet, the JobSet's Jobs and their pods did. Without one (a control plane alone), the objects it owns
+    directly (JobSets, ConfigMaps, Secrets) are deleted by name, since nothing else would."""
+    from kubernetes.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions, V1Preconditions
+    from kubernetes.client.exceptions import ApiException
+
+    custom, core = CustomObjectsApi(client), CoreV1Api(client)
+    group, version = "trainer.kubeflow.org", "v1alpha1"
+    try:
+        trainjob: Any = custom.get_namespaced_custom_object(group, version, namespace, "trainjobs", name)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    uid = trainjob["metadata"]["uid"]
+    policy = "Foreground" if garbage_collector else "Background"
+    with_gc = V1DeleteOptions(propagation_policy=policy, preconditions=V1Preconditions(uid=uid))
+    try:
+        custom.delete_namespaced_custom_object(group, version, namespace, "trainjobs", name, body=with_gc)
+    except ApiException as error:
+        if error.status not in (404, 409):  # gone already, or a newer one of the name: not ours to delete
+            raise
+    leftovers: list[Callable[[], Any]] = []
+    if not garbage_collector:
+
+        def owned(metadata: Any) -> bool:
+            refs = metadata.get("ownerReferences") if isinstance(metadata, dict) else metadata.owner_references
+            return any((r.get("uid") if isinstance(r, dict) else r.uid) == uid for r in refs or [])
+
+        jobsets: Any = custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")
+        for item in jobsets["items"]:
+            if owned(item["metadata"]):
+                leftovers.append(
+                    functools.partial(
+                        custom.delete_namespaced_custom_object,
+                        "jobset.x-k8s.io",
+                        "v1alpha2",
+                        namespace,
+                        "jobsets",
+                        item["metadata"]["name"],
+                    )
+                )
+        for lister, deleter in (
+            (core.list_namespaced_config_map, core.delete_namespaced_config_map),
+            (core.list_namespaced_secret, core.delete_namespaced_secret),
+        ):
+            listed: Any = lister(namespace)
+            for item in listed.items:
+                if owned(item.metadata):
+                    leftovers.append(functools.partial(deleter, item.metadata.name, namespace))
+        for delete in leftovers:
+            try:
+                delete()
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+    def gone() -> bool:
+        try:
+            current: Any = custom.get_namespaced_custom_object(group, version, namespace, "trainjobs", name)
+        except ApiException as error:
+            if error.status == 404:
+                return True
+            raise
+        return bool(current["metadata"]["uid"] != uid)
+
+    wait_until(gone, timeout=timeout, what=f"TrainJob {namespace}/{name} of the last run to be deleted")
+    return True
 
 
 def demo_trainjob() -> dict[str, Any]:
