@@ -258,6 +258,11 @@ class Stack:
     one_process: bool = False
     """Run the three stages as one ``tjpipe controller`` process instead of three services."""
     simulation: Simulation | None = None
+    real_node: bool = False
+    """Give the cluster one real node (``tjpipe.local.realnode``: kubelet, containerd, CNI, kube-proxy, CoreDNS)
+    in place of kwok's simulated ones; the controllers, scheduler and JobSet's manager run as with ``simulate``."""
+    node: Any = None
+    """The ``RealNode`` once ``start_real_node`` started it."""
     service_kubeconfigs: ServiceKubeconfigs | None = None
     """Each service's own ServiceAccount kubeconfig, on the stack's own apiserver; None: the one kubeconfig."""
     history_url: str = ""
@@ -332,12 +337,22 @@ class Stack:
             self.kubeconfig = self._k3s_container()
         else:
             self.progress("Kubernetes: starting etcd and kube-apiserver on 127.0.0.1")
+            node_users: dict[str, list[str]] = {}
+            node_flags: list[str] = []
+            if self.real_node:
+                from tjpipe.local import realnode
+
+                realnode.preflight()  # one sentence, before anything starts, where this machine cannot run a node
+                node_users = realnode.USERS
+                node_flags = realnode.write_kubelet_client_pki(self.paths.kube_work / "node" / "pki")
             self.local_kube = start_kube(
                 work_dir=self.paths.kube_work,
                 log_dir=self.paths.logs,
                 kubeconfig_path=self.paths.kubeconfig,
                 progress=self.progress,
                 service_account_admission=self.simulate,  # the simulated cluster makes default ServiceAccounts
+                users=node_users,
+                extra_apiserver_args=node_flags,
             )
             self.kubeconfig = self.local_kube.kubeconfig
             self.progress(f"Kubernetes: ready at {self.local_kube.server}")
@@ -355,6 +370,8 @@ class Stack:
             self.use_own_identities()
         if self.simulate and self.local_kube is not None:
             self.start_simulation()
+        if self.real_node and self.local_kube is not None:
+            self.start_real_node()
         self.keys.ensure()
         self.write_env()
 
@@ -374,9 +391,13 @@ class Stack:
     def processes_registering(self) -> set[str]:
         """The processes this stack runs that register objects on its apiserver (``tjpipe.local.registrations``):
         the webhook always, the simulated cluster's when it is simulated."""
-        from tjpipe.local import admission_webhook, cluster
+        from tjpipe.local import admission_webhook, cluster, realnode
 
-        return {admission_webhook.PROCESS_NAME, *(cluster.PROCESSES if self.simulate else ())}
+        return {
+            admission_webhook.PROCESS_NAME,
+            *(cluster.PROCESSES if self.simulate else ()),
+            *((realnode.KUBELET,) if self.real_node else ()),
+        }
 
     def remove_stale_registrations(self) -> None:
         """Remove what an earlier start of the stack on the same state registered for processes this one does
@@ -402,8 +423,18 @@ class Stack:
             work_dir=self.paths.kube_work / "simulation",
             log_dir=self.paths.logs,
             progress=self.progress,
-            nodes=self.sim_nodes,
+            nodes=0 if self.real_node else self.sim_nodes,
             pod_run_seconds=self.pod_run_seconds,
+        )
+
+    def start_real_node(self) -> None:
+        """The real node (``tjpipe.local.realnode``) on the stack's own apiserver, started with its users."""
+        from tjpipe.local.realnode import start_real_node
+
+        assert self.local_kube is not None
+        self.progress("Kubernetes: starting a real node (containerd, runc, CNI, kubelet, kube-proxy, CoreDNS)")
+        self.node = start_real_node(
+            self.local_kube, work_dir=self.paths.kube_work / "node", log_dir=self.paths.logs, progress=self.progress
         )
 
     def setup_bus(self) -> None:
@@ -590,18 +621,29 @@ class Stack:
         from tjpipe.keys.pki import write_serving_pki
 
         cert_dir = self.paths.root / "status-server-tls"
-        write_serving_pki(cert_dir, ca_name="tjpipe-status-server-ca", common_name="tjpipe-status-server")
+        # On the real node the pods reach it on the node's bridge address, which exists on this machine only.
+        host = "127.0.0.1"
+        if self.real_node:
+            from tjpipe.local.realnode import NODE_IP
+
+            host = NODE_IP
+        write_serving_pki(
+            cert_dir,
+            ca_name="tjpipe-status-server-ca",
+            common_name="tjpipe-status-server",
+            ip_addresses=[host] if host != "127.0.0.1" else [],
+        )
         port = free_port()
         process = self.start_service(
             "status-server",
             extra=[
-                "--host", "127.0.0.1", "--port", str(port),
+                "--host", host, "--port", str(port),
                 "--tls-cert", str(cert_dir / "tls.crt"), "--tls-key", str(cert_dir / "tls.key"),
             ],
         )  # fmt: skip
         health = f"http://127.0.0.1:{self.metrics_ports['status-server']}/readyz"
         wait_until(lambda: http_ok(health), timeout=60, what=f"tjpipe status-server {health}", process=process)
-        self.status_server_url = f"https://127.0.0.1:{port}"
+        self.status_server_url = f"https://{host}:{port}"
         self.write_env()
         self.progress(
             f"started status-server (pid {process.pid}, {self.status_server_url}, log {process.log_path}); "
@@ -686,9 +728,10 @@ class Stack:
         self.progress(f"installed ClusterTrainingRuntime {DEMO_RUNTIME} (Trainer v2.3.0 sample)")
         client = new_api_client(self._require_kubeconfig())
         self._remove_last_demo(client, DEMO_TRAINJOB)
+        trainjob = real_node_demo_trainjob() if self.real_node else demo_trainjob()
         crds.apply_objects(
             client,
-            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}, demo_trainjob()],
+            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}, trainjob],
             field_manager="tjpipe-demo",
         )
         self.progress(f"created TrainJob {DEMO_NAMESPACE}/{DEMO_TRAINJOB}")
@@ -730,6 +773,9 @@ class Stack:
         for process in reversed(self.services):
             process.stop()
         self.services.clear()
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
         if self.simulation is not None:
             self.simulation.stop()
             self.simulation = None
@@ -894,6 +940,21 @@ def demo_trainjob() -> dict[str, Any]:
     )
 
 
+def real_node_demo_trainjob() -> dict[str, Any]:
+    """The demo TrainJob on the real node: the demo's training image (``images/trainer-demo``), which trains a
+    tiny model and reports its progress from the pod, sized for a laptop."""
+    from tjpipe.local.realnode import TRAINING_IMAGE
+
+    return _demo_trainjob(
+        DEMO_TRAINJOB,
+        DEMO_RUNTIME,
+        nodes=1,
+        per_node={"cpu": "500m", "memory": "512Mi"},
+        image=TRAINING_IMAGE,
+        command=["python3", "/opt/train/train.py"],
+    )
+
+
 def mpi_demo_trainjob() -> dict[str, Any]:
     return _demo_trainjob(
         DEMO_MPI_TRAINJOB, DEMO_MPI_RUNTIME, nodes=2, per_node={"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"}
@@ -901,4 +962,14 @@ def mpi_demo_trainjob() -> dict[str, Any]:
 
 
 def stop_detached(paths: StatePaths) -> list[str]:
-    return stop_from_pid_files(paths.logs)
+    """Stop what ``tjpipe up --detach`` left running; a real node's containers, mounts and network go too."""
+    node_dir = paths.kube_work / "node"
+    if not (node_dir / "containerd.toml").exists():
+        return stop_from_pid_files(paths.logs)
+    from tjpipe.local import realnode
+
+    realnode.remove_all_pods(node_dir)  # while containerd still runs
+    stopped = stop_from_pid_files(paths.logs)
+    realnode.unmount_under(node_dir)
+    realnode.teardown_network()
+    return stopped
