@@ -134,7 +134,7 @@ class RealNode:
             remove_all_pods(self.work_dir)
             containerd.stop(timeout=timeout)
         unmount_under(self.work_dir)
-        teardown_network()
+        teardown_network(ensure_node_binaries(progress=lambda _: None).kube_proxy)
 
 
 # --------------------------------------------------------------------------------------------- network
@@ -163,11 +163,16 @@ def setup_network() -> None:
     _run(["iptables", "-w", "-F", _ISOLATION_CHAIN])
     # Forwarded from a pod to anything but the bridge (another pod): dropped, so no pod traffic leaves the machine.
     _run(["iptables", "-w", "-A", _ISOLATION_CHAIN, "-s", POD_SUBNET, "!", "-o", BRIDGE, "-j", "DROP"])
+    # Pod to pod across the bridge: accepted, whatever the FORWARD policy (Docker sets it to DROP).
+    _run(["iptables", "-w", "-A", _ISOLATION_CHAIN, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"])
     if _run(["iptables", "-w", "-C", "FORWARD", "-j", _ISOLATION_CHAIN], check=False).returncode != 0:
         _run(["iptables", "-w", "-I", "FORWARD", "1", "-j", _ISOLATION_CHAIN])
 
 
-def teardown_network() -> None:
+def teardown_network(kube_proxy: Path | None = None) -> None:
+    """Remove the bridge and the isolation chain; with ``kube_proxy``, also the rules kube-proxy made."""
+    if kube_proxy is not None:
+        _run([str(kube_proxy), "--cleanup"], check=False)
     _run(["iptables", "-w", "-D", "FORWARD", "-j", _ISOLATION_CHAIN], check=False)
     _run(["iptables", "-w", "-F", _ISOLATION_CHAIN], check=False)
     _run(["iptables", "-w", "-X", _ISOLATION_CHAIN], check=False)
@@ -217,6 +222,9 @@ state = "{work_dir / "containerd" / "state"}"
 
 [plugins.'io.containerd.cri.v1.runtime']
   netns_mounts_under_state_dir = true
+  # No lower OOM score than containerd's own: where even root may not lower one (some sandboxes and VMs), the
+  # pause container's -998 would fail every pod; here the kernel's OOM killer just ranks pods as other processes.
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -276,6 +284,7 @@ def kubelet_config(
         "enforceNodeAllocatable": [],
         "protectKernelDefaults": False,
         "registerNode": True,
+        "oomScoreAdj": 0,  # the kernel may refuse a lower score even to root (see containerd's restrict_oom_score_adj)
         "shutdownGracePeriod": "0s",
     }
 
@@ -293,6 +302,7 @@ def kube_proxy_config(kubeconfig: Path, *, healthz_port: int, metrics_port: int)
         "clusterCIDR": POD_SUBNET,
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "nodePortAddresses": [f"{NODE_IP}/32"],
+        "oomScoreAdj": 0,
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
     }
 

@@ -414,9 +414,10 @@ class Stack:
         from tjpipe.local.cluster import start_simulation
 
         assert self.local_kube is not None
+        nodes = "no simulated node: the real one follows" if self.real_node else f"kwok with {self.sim_nodes} nodes"
         self.progress(
             f"Kubernetes: starting the simulated cluster (kube-controller-manager, kube-scheduler, JobSet manager, "
-            f"kwok with {self.sim_nodes} nodes)"
+            f"{nodes})"
         )
         self.simulation = start_simulation(
             self.local_kube,
@@ -967,9 +968,10 @@ def stop_detached(paths: StatePaths) -> list[str]:
     if not (node_dir / "containerd.toml").exists():
         return stop_from_pid_files(paths.logs)
     from tjpipe.local import realnode
+    from tjpipe.local.toolchain import node_binaries_paths
 
     realnode.remove_all_pods(node_dir)  # while containerd still runs
     stopped = stop_from_pid_files(paths.logs)
     realnode.unmount_under(node_dir)
-    realnode.teardown_network()
+    realnode.teardown_network(node_binaries_paths().kube_proxy)
     return stopped

@@ -693,7 +693,7 @@ def node_binaries_paths() -> NodeBinaries:
         containerd=containerd / "containerd",
         containerd_shim=containerd / "containerd-shim-runc-v2",
         ctr=containerd / "ctr",
-        runc=bin_dir / f"runc-v{RUNC_VERSION}" / "runc",
+        runc=bin_dir / f"runc-v{RUNC_VERSION}-seccomp" / "runc",
         cni_dir=bin_dir / f"cni-plugins-v{CNI_PLUGINS_VERSION}",
         coredns=bin_dir / f"coredns-v{COREDNS_VERSION}" / "coredns",
     )
@@ -703,14 +703,17 @@ def ensure_node_binaries(*, progress: Callable[[str], None]) -> NodeBinaries:
     """Return the real node's binaries, building whichever is missing first (each from its own Go module).
 
     The kubelet and kube-proxy share one wrapper module like the other Kubernetes commands; containerd's
-    three commands share another; runc is the one built with cgo (its ``nsenter`` part is C), without the
-    ``seccomp`` tag so that no libseccomp headers are needed (pods here ask for no seccomp profile).
+    three commands share another; runc is the one built with cgo (its ``nsenter`` part is C) and with the
+    ``seccomp`` tag, linked to the system's libseccomp: containerd gives every pod sandbox a seccomp profile,
+    which a runc without seccomp refuses. Its headers must be there to build it (``libseccomp-dev``).
     """
     binaries = node_binaries_paths()
     missing = [name for name, path in binaries.all().items() if not _is_executable(path)]
     if not missing:
         return binaries
     go = _go_command(missing=f"the real node's {', '.join(missing)} not built yet")
+    if "runc" in missing and not Path("/usr/include/seccomp.h").exists():
+        raise ToolchainMissing("building runc needs libseccomp's headers: apt-get install -y libseccomp-dev")
     with _exclusive_file_lock(cache_root() / "bin" / ".build.lock", progress=progress):
         build_node_binaries(go=go, binaries=binaries, progress=progress)
     return binaries
@@ -719,7 +722,7 @@ def ensure_node_binaries(*, progress: Callable[[str], None]) -> NodeBinaries:
 def build_node_binaries(*, go: str, binaries: NodeBinaries, progress: Callable[[str], None]) -> dict[str, float]:
     """Build what is missing of ``binaries``; the seconds each group took (the cold-build figures)."""
     took: dict[str, float] = {}
-    groups: list[tuple[str, str, str, dict[str, tuple[str, Path]], str, bool]] = [
+    groups: list[tuple[str, str, str, dict[str, tuple[str, Path]], str, Sequence[str] | None]] = [
         (
             "containerd",
             _CONTAINERD_MODULE,
@@ -734,7 +737,7 @@ def build_node_binaries(*, go: str, binaries: NodeBinaries, progress: Callable[[
             },
             f"-s -w -X {_CONTAINERD_MODULE}/version.Version=v{CONTAINERD_VERSION} "
             f"-X {_CONTAINERD_MODULE}/version.Package={_CONTAINERD_MODULE}",
-            False,
+            None,
         ),
         (
             "runc",
@@ -742,7 +745,7 @@ def build_node_binaries(*, go: str, binaries: NodeBinaries, progress: Callable[[
             f"v{RUNC_VERSION}",
             {"runc": (_RUNC_MODULE, binaries.runc)},
             f"-s -w -X main.version={RUNC_VERSION}",
-            True,
+            ("seccomp",),  # cgo, with these tags
         ),
         (
             "cni-plugins",
@@ -753,7 +756,7 @@ def build_node_binaries(*, go: str, binaries: NodeBinaries, progress: Callable[[
                 for name, package in CNI_PLUGINS.items()
             },
             f"-s -w -X {_CNI_PLUGINS_MODULE}/pkg/utils/buildversion.BuildVersion=v{CNI_PLUGINS_VERSION}",
-            False,
+            None,
         ),
         (
             "coredns",
@@ -761,10 +764,10 @@ def build_node_binaries(*, go: str, binaries: NodeBinaries, progress: Callable[[
             f"v{COREDNS_VERSION}",
             {"coredns": (_COREDNS_MODULE, binaries.coredns)},
             "-s -w",
-            False,
+            None,
         ),
     ]
-    for group, module, version, commands, ldflags, cgo in groups:
+    for group, module, version, commands, ldflags, cgo_tags in groups:
         wanted = {name: entry for name, entry in commands.items() if not _is_executable(entry[1])}
         if not wanted:
             continue
@@ -782,7 +785,8 @@ def build_node_binaries(*, go: str, binaries: NodeBinaries, progress: Callable[[
                 ldflags=ldflags,
                 output=output,
                 progress=progress,
-                cgo=cgo,
+                cgo=cgo_tags is not None,
+                tags=cgo_tags or (),
             )
         shutil.rmtree(module_dir, ignore_errors=True)
         took[group] = time.monotonic() - started
