@@ -946,6 +946,7 @@ def _up(args: argparse.Namespace) -> int:
             stack.services.clear()  # detached: leave every process to 'tjpipe down'
             stack.local_kube = None
             stack.simulation = None
+            stack.node = None
             stack.local_nats = None
             stack.webhook_url = ""  # keep its configuration: the webhook keeps running
             stack.history_url = ""

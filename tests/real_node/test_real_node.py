@@ -73,7 +73,7 @@ def test_a_trainjob_runs_on_the_real_node_and_reports_its_progress_from_the_pod(
             core = CoreV1Api(api)
             node: Any = core.read_node(realnode.NODE_NAME)
             assert node.status.node_info.kubelet_version == f"v{toolchain.KUBERNETES_VERSION}"
-            assert node.status.node_info.container_runtime_version == f"containerd://v{toolchain.CONTAINERD_VERSION}"
+            assert node.status.node_info.container_runtime_version == f"containerd://{toolchain.CONTAINERD_VERSION}"
             assert [a.address for a in node.status.addresses if a.type == "InternalIP"] == [realnode.NODE_IP]
             status = _wait_for_complete(CustomObjectsApi(api), timeout=600)
             progress = status.get("trainerStatus") or {}

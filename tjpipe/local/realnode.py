@@ -173,6 +173,13 @@ def teardown_network(kube_proxy: Path | None = None) -> None:
     """Remove the bridge and the isolation chain; with ``kube_proxy``, also the rules kube-proxy made."""
     if kube_proxy is not None:
         _run([str(kube_proxy), "--cleanup"], check=False)
+    # The kubelet's own chains (it keeps loopback unreachable from elsewhere and canaries its rules).
+    for table in ("filter", "nat", "mangle"):
+        for hook in ("INPUT", "OUTPUT"):
+            _run(["iptables", "-w", "-t", table, "-D", hook, "-j", "KUBE-FIREWALL"], check=False)
+        for chain in ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"):
+            _run(["iptables", "-w", "-t", table, "-F", chain], check=False)
+            _run(["iptables", "-w", "-t", table, "-X", chain], check=False)
     _run(["iptables", "-w", "-D", "FORWARD", "-j", _ISOLATION_CHAIN], check=False)
     _run(["iptables", "-w", "-F", _ISOLATION_CHAIN], check=False)
     _run(["iptables", "-w", "-X", _ISOLATION_CHAIN], check=False)
