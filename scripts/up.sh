@@ -7,5 +7,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh" local
 TJPIPE_VENV="$root/.venv-sdk" bash "$root/scripts/bootstrap.sh" sdk
+# A real node runs images built here (pause, the demo's training image); a second run finds them built.
+for arg in "$@"; do
+  if [ "$arg" = "--real-node" ]; then bash "$root/scripts/node-images.sh"; fi
+done
 cd "$root"
 exec "$root/.venv/bin/tjpipe" up --demo "$@"

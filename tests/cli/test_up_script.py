@@ -41,6 +41,28 @@ def test_up_script_installs_the_sdk_environment_before_the_demo(tmp_path: Path) 
     ]
 
 
+def test_up_script_with_a_real_node_builds_the_nodes_images_first(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "up.sh", tmp_path / "scripts" / "up.sh")
+    calls = tmp_path / "calls"
+    (tmp_path / "scripts" / "bootstrap.sh").write_text(f'echo "bootstrap $1" >> {calls}\n')
+    (tmp_path / "scripts" / "node-images.sh").write_text(f'echo "node-images" >> {calls}\n')
+    tjpipe = tmp_path / ".venv" / "bin" / "tjpipe"
+    tjpipe.parent.mkdir(parents=True)
+    tjpipe.write_text(f'#!/bin/sh\necho "tjpipe $*" >> {calls}\n')
+    tjpipe.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "up.sh"), "--real-node"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert calls.read_text().splitlines() == [
+        "bootstrap local",
+        "bootstrap sdk",
+        "node-images",
+        "tjpipe up --demo --real-node",
+    ]
+
+
 def test_the_demo_finds_the_sdk_in_the_checkouts_sdk_environment(tmp_path: Path) -> None:
     python = tmp_path / ".venv-sdk" / "bin" / "python"
     python.parent.mkdir(parents=True)

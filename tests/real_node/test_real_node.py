@@ -94,12 +94,15 @@ def test_a_trainjob_runs_on_the_real_node_and_reports_its_progress_from_the_pod(
             logs = core.read_namespaced_pod_log(pod.metadata.name, "tjpipe-demo")
             assert "progress reports: True" in logs, logs
             assert "step 12/12" in logs and "done: loss" in logs, logs
+            _check_a_service_by_its_dns_name(core)
     finally:
         down = _tjpipe("down", cwd=tmp_path, timeout=300)
     assert down.returncode == 0, down.stderr
     leftovers = subprocess.run(["ip", "link", "show", realnode.BRIDGE], capture_output=True, check=False)
     assert leftovers.returncode != 0, "the node's bridge is still there after tjpipe down"
     assert not list((state / "logs").glob("*.pid"))
+    # Nothing mounted or kept outside the state folder (the kubelet's root, containerd's socket folder).
+    assert [p for p in realnode.host_dirs(state / "kube" / "node") if p.exists()] == []
 
 
 def _wait_for_complete(custom: CustomObjectsApi, *, timeout: float) -> dict[str, Any]:
@@ -117,3 +120,62 @@ def _wait_for_complete(custom: CustomObjectsApi, *, timeout: float) -> dict[str,
     conditions = {c["type"]: c for c in status.get("conditions") or []}
     assert conditions.get("Complete", {}).get("status") == "True", status
     return status
+
+
+_SERVER = "import http.server as h; h.ThreadingHTTPServer(('', 8080), h.SimpleHTTPRequestHandler).serve_forever()"
+_CLIENT = """
+import socket, urllib.request
+print("service address", socket.gethostbyname("echo.tjpipe-demo.svc.cluster.local"))
+with urllib.request.urlopen("http://echo.tjpipe-demo.svc.cluster.local:8080/", timeout=20) as answer:
+    print("status", answer.status)
+try:
+    socket.gethostbyname("example.com")
+    print("outside name: resolved")
+except socket.gaierror:
+    print("outside name: not resolved")
+"""
+
+
+def _check_a_service_by_its_dns_name(core: CoreV1Api) -> None:
+    """A pod reaches another through a Service's name: CoreDNS answers it, kube-proxy's rules lead to the pod;
+    a name outside the cluster resolves to nothing (CoreDNS has no upstream: no query leaves the machine)."""
+    image = realnode.TRAINING_IMAGE
+    core.create_namespaced_pod(
+        "tjpipe-demo",
+        {
+            "metadata": {"name": "echo", "labels": {"app": "echo"}},
+            "spec": {"containers": [{"name": "server", "image": image, "command": ["python3", "-c", _SERVER]}]},
+        },
+    )
+    core.create_namespaced_service(
+        "tjpipe-demo", {"metadata": {"name": "echo"}, "spec": {"selector": {"app": "echo"}, "ports": [{"port": 8080}]}}
+    )
+    _wait_for_phase(core, "echo", {"Running"})
+    core.create_namespaced_pod(
+        "tjpipe-demo",
+        {
+            "metadata": {"name": "client"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "client", "image": image, "command": ["python3", "-c", _CLIENT]}],
+            },
+        },
+    )
+    phase = _wait_for_phase(core, "client", {"Succeeded", "Failed"})
+    logs = core.read_namespaced_pod_log("client", "tjpipe-demo")
+    assert phase == "Succeeded", logs
+    service: Any = core.read_namespaced_service("echo", "tjpipe-demo")
+    assert f"service address {service.spec.cluster_ip}" in logs, logs
+    assert "status 200" in logs and "outside name: not resolved" in logs, logs
+
+
+def _wait_for_phase(core: CoreV1Api, name: str, phases: set[str], *, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    phase = ""
+    while time.monotonic() < deadline:
+        pod: Any = core.read_namespaced_pod(name, "tjpipe-demo")
+        phase = pod.status.phase or ""
+        if phase in phases:
+            return phase
+        time.sleep(1)
+    raise AssertionError(f"pod {name} is {phase or 'Pending'} after {timeout:.0f}s, not {' or '.join(sorted(phases))}")

@@ -27,7 +27,8 @@ def test_the_kubelet_runs_on_cgroup_v1_and_answers_only_authenticated_callers_on
     assert config["authentication"]["anonymous"] == {"enabled": False}
     assert config["authorization"] == {"mode": "Webhook"}
     assert config["clusterDNS"] == [realnode.NODE_IP]
-    assert config["containerRuntimeEndpoint"] == "unix:///n/containerd/containerd.sock"
+    assert config["containerRuntimeEndpoint"] == f"unix://{realnode.containerd_socket(Path('/n'))}"
+    assert len(str(realnode.containerd_socket(Path("/n" * 100)))) + len(".ttrpc") < 104
 
 
 def test_pod_traffic_is_not_masqueraded_and_addresses_come_from_the_nodes_range() -> None:

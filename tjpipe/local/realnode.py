@@ -133,7 +133,7 @@ class RealNode:
         if containerd is not None:
             remove_all_pods(self.work_dir)
             containerd.stop(timeout=timeout)
-        unmount_under(self.work_dir)
+        forget_host_dirs(self.work_dir)
         teardown_network(ensure_node_binaries(progress=lambda _: None).kube_proxy)
 
 
@@ -249,8 +249,31 @@ state = "{work_dir / "containerd" / "state"}"
 """
 
 
+def host_dirs(work_dir: Path) -> tuple[Path, Path]:
+    """Where containerd's socket and the kubelet's root folder live: short folders named after ``work_dir`` (in
+    ``/run`` and ``/var/lib``), since a unix socket's path must stay under 104 bytes and both programs make
+    sockets inside them (containerd's ``.ttrpc`` beside its own, the kubelet's pod-resources and plugin ones),
+    which a state folder's path may not allow."""
+    import hashlib
+
+    digest = hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:12]
+    return Path("/run") / f"tjpipe-node-{digest}", Path("/var/lib") / f"tjpipe-node-{digest}"
+
+
 def containerd_socket(work_dir: Path) -> Path:
-    return work_dir / "containerd" / "containerd.sock"
+    return host_dirs(work_dir)[0] / "containerd.sock"
+
+
+def kubelet_root(work_dir: Path) -> Path:
+    return host_dirs(work_dir)[1]
+
+
+def forget_host_dirs(work_dir: Path) -> None:
+    """Unmount what is still mounted below the node's folders, and remove the short ones outside ``work_dir``."""
+    for folder in (work_dir, *host_dirs(work_dir)):
+        unmount_under(folder)
+    for folder in host_dirs(work_dir):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def kubelet_config(
@@ -436,6 +459,7 @@ def start_real_node(
     processes: list[ManagedProcess] = []
     try:
         (work_dir / "containerd.toml").write_text(containerd_config(work_dir, binaries))
+        containerd_socket(work_dir).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         containerd = spawn(
             name=CONTAINERD,
             argv=[str(binaries.containerd), "--config", str(work_dir / "containerd.toml")],
@@ -469,7 +493,7 @@ def start_real_node(
                 # Registered for the kubelet (``tjpipe.local.registrations``): a later start without the real node
                 # removes the Node object it left.
                 f"--node-labels={REGISTERED_FOR}={KUBELET}",
-                f"--root-dir={work_dir / 'kubelet'}",
+                f"--root-dir={kubelet_root(work_dir)}",
                 f"--cert-dir={work_dir / 'kubelet-pki'}",
                 "--v=1",
             ],
@@ -518,8 +542,12 @@ def start_real_node(
                 process=kubelet,
             )
     except BaseException:
+        if processes and processes[0].name == CONTAINERD and processes[0].is_running():
+            remove_all_pods(work_dir)
         for process in reversed(processes):
             process.stop()
+        forget_host_dirs(work_dir)
+        teardown_network(binaries.kube_proxy)
         raise
     progress(
         f"real node {NODE_NAME} Ready in {time.monotonic() - started:.1f}s: kubelet v{KUBERNETES_VERSION}, "
@@ -572,8 +600,9 @@ def remove_all_pods(work_dir: Path) -> None:
 
 
 def unmount_under(folder: Path) -> None:
-    """Unmount what the kubelet and containerd mounted below ``folder`` (deepest first), so it can be deleted."""
+    """Unmount what the kubelet and containerd mounted at or below ``folder`` (deepest first), so it can go."""
     resolved = str(folder.resolve())
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    for mount in sorted((m for m in mounts if m.startswith(resolved + "/")), key=len, reverse=True):
+    # The kubelet also bind-mounts its root folder onto itself (for mount propagation): that one goes last.
+    for mount in sorted((m for m in mounts if m == resolved or m.startswith(resolved + "/")), key=len, reverse=True):
         _run(["umount", "-l", mount], check=False)

@@ -972,6 +972,6 @@ def stop_detached(paths: StatePaths) -> list[str]:
 
     realnode.remove_all_pods(node_dir)  # while containerd still runs
     stopped = stop_from_pid_files(paths.logs)
-    realnode.unmount_under(node_dir)
+    realnode.forget_host_dirs(node_dir)
     realnode.teardown_network(node_binaries_paths().kube_proxy)
     return stopped
