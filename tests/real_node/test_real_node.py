@@ -95,6 +95,7 @@ def test_a_trainjob_runs_on_the_real_node_and_reports_its_progress_from_the_pod(
             assert "progress reports: True" in logs, logs
             assert "step 12/12" in logs and "done: loss" in logs, logs
             _check_a_service_by_its_dns_name(core)
+        _check_the_history_shows_the_pods_progress(up.stderr + up.stdout, pod_name=pod.metadata.name)
     finally:
         down = _tjpipe("down", cwd=tmp_path, timeout=300)
     assert down.returncode == 0, down.stderr
@@ -179,3 +180,29 @@ def _wait_for_phase(core: CoreV1Api, name: str, phases: set[str], *, timeout: fl
             return phase
         time.sleep(1)
     raise AssertionError(f"pod {name} is {phase or 'Pending'} after {timeout:.0f}s, not {' or '.join(sorted(phases))}")
+
+
+def _check_the_history_shows_the_pods_progress(output: str, *, pod_name: str) -> None:
+    """The history server's progress series of the demo TrainJob: every report came from the training pod."""
+    import json
+    import re
+    import urllib.request
+
+    url = re.search(r"history UI:\s+(http://127\.0\.0\.1:\d+)", output)
+    token = re.search(r"log in with the stack's admin token: (\S+)", output)
+    assert url and token, output[-2000:]
+    request = urllib.request.Request(
+        f"{url.group(1)}/api/v1/namespaces/tjpipe-demo/trainjobs/mnist/progress",
+        headers={"Authorization": f"Bearer {token.group(1)}"},
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            series = json.load(answer)
+        points = series["points"]
+        if (points and points[-1]["progressPercentage"] == 100) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert series["pods"] == [pod_name], series
+    assert len(points) >= 2 and points[-1]["progressPercentage"] == 100, points
+    assert "loss" in series["metrics"], series
