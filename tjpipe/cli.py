@@ -905,6 +905,14 @@ def _up(args: argparse.Namespace) -> int:
         raise UsageError(
             "--real-node needs the stack's own cluster: not with --control-plane-only, --kubeconfig or --use-env"
         )
+    if args.real_node:
+        from tjpipe.local.realnode import preflight
+
+        try:
+            preflight()  # before anything starts: where this machine cannot run a node, one sentence and no process
+        except NodeUnavailable as exc:
+            _plain(str(exc), style="red")
+            return 2
     if any(paths.logs.glob("*.pid")):
         raise Failure(f"a stack seems to be running already ({paths.logs}); run 'tjpipe down' first")
     try:

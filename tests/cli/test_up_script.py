@@ -81,3 +81,27 @@ def _imports_the_sdk() -> bool:
         return importlib.util.find_spec("kubeflow.trainer") is not None
     except ModuleNotFoundError:
         return False
+
+
+def test_a_real_node_that_cannot_start_says_why_in_one_sentence_and_starts_nothing(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NATS_URL")}
+    env["TJPIPE_CACHE_DIR"] = str(tmp_path / "empty-cache")  # no node images there
+    done = subprocess.run(
+        [sys.executable, "-m", "tjpipe", "up", "--real-node"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = (done.stdout + done.stderr).strip()
+    if os.geteuid() == 0:
+        assert said == (
+            "the real node's images are not built yet (tjpipe.local/pause:1, tjpipe.local/trainer-demo:1): run bash "
+            "scripts/node-images.sh (needs a running Docker engine and debootstrap)"
+        )
+    else:
+        assert said.startswith("a real node needs root"), said
+    assert "Traceback" not in said and len(said.splitlines()) == 1
+    assert not (tmp_path / ".tjpipe").exists()
