@@ -102,6 +102,10 @@ def test_a_trainjob_runs_on_the_real_node_and_reports_its_progress_from_the_pod(
     leftovers = subprocess.run(["ip", "link", "show", realnode.BRIDGE], capture_output=True, check=False)
     assert leftovers.returncode != 0, "the node's bridge is still there after tjpipe down"
     assert not list((state / "logs").glob("*.pid"))
+    # No runc shim of this node's containerd is left waiting (the echo pod was still running at down).
+    socket = str(realnode.containerd_socket(state / "kube" / "node"))
+    shims = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*{socket}"], capture_output=True, text=True)
+    assert shims.stdout.split() == [], "runc shims left after tjpipe down"
     # Nothing mounted or kept outside the state folder (the kubelet's root, containerd's socket folder).
     assert [p for p in realnode.host_dirs(state / "kube" / "node") if p.exists()] == []
 

@@ -30,6 +30,7 @@ the ``ip`` command; where one is missing the stack says so in one sentence inste
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -269,7 +270,22 @@ def kubelet_root(work_dir: Path) -> Path:
 
 
 def forget_host_dirs(work_dir: Path) -> None:
-    """Unmount what is still mounted below the node's folders, and remove the short ones outside ``work_dir``."""
+    """Once containerd stopped: end the runc shims it left (a shim whose task was killed but never deleted waits
+    for a containerd that is gone), unmount what is still mounted below the node's folders, and remove the short
+    ones outside ``work_dir``."""
+    import signal
+
+    address = str(containerd_socket(work_dir)).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and address in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
     for folder in (work_dir, *host_dirs(work_dir)):
         unmount_under(folder)
     for folder in host_dirs(work_dir):
