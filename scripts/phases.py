@@ -12,7 +12,7 @@ command that needs the project (run it with the environment's Python).
     python3 scripts/phases.py run NAME -- COMMAND...      time COMMAND, record it, exit with its code
     python3 scripts/phases.py record NAME --since EPOCH [--note TEXT]
     python3 scripts/phases.py open NAME                   the place in the table of a block's row
-    .venv/bin/python scripts/phases.py go kube|jobset|cluster|trainer|helm
+    .venv/bin/python scripts/phases.py go kube|jobset|cluster|trainer|helm|node
     python3 scripts/phases.py report [--exit-code N] [--if-not-reported]
 
 The row format (tab-separated: name, seconds, note) is written only by `record` below; the pytest plugin
@@ -114,6 +114,11 @@ def _go(target: str) -> int:
             lambda: toolchain.ensure_trainer_controller(progress=print),
         ),
         "helm": ("helm", lambda: [helm.helm_path()], lambda: helm.ensure_helm(progress=print)),
+        "node": (
+            "kubelet, kube-proxy, containerd, runc, CNI plugins, CoreDNS",
+            lambda: list(toolchain.node_binaries_paths().all().values()),
+            lambda: toolchain.ensure_node_binaries(progress=print),
+        ),
     }
     label, paths, ensure = groups[target]
     before = [path for path in paths() if not executable(path)]
@@ -246,7 +251,7 @@ def main(argv: list[str]) -> int:
     opening = sub.add_parser("open")
     opening.add_argument("name")
     go = sub.add_parser("go")
-    go.add_argument("target", choices=["kube", "jobset", "cluster", "trainer", "helm"])
+    go.add_argument("target", choices=["kube", "jobset", "cluster", "trainer", "helm", "node"])
     rep = sub.add_parser("report")
     rep.add_argument("--exit-code", type=int)
     rep.add_argument("--if-not-reported", action="store_true", help="print nothing when test.sh already did")

@@ -27,6 +27,8 @@ go_builds() {
   "$venv/python" "$phases" go trainer
   echo "· building or finding helm (tests/deploy render the Kubeflow chart; first build: a few minutes)"
   "$venv/python" "$phases" go helm
+  echo "· building or finding the real node's kubelet, kube-proxy, containerd, runc, CNI plugins and CoreDNS (tests/real_node; first build: several minutes)"
+  "$venv/python" "$phases" go node
 }
 # Every check runs, and the first failure is the script's exit code once they all did.
 checks_status=0
@@ -66,7 +68,7 @@ fi
 #    cpu notes and the folders' times in a warm run.
 pure=(tests/unit tests/wire tests/distribution tests/docs)
 lane1=(tests/progress_under_load tests/compose tests/containers tests/golden tests/deploy tests/e2e tests/history
-  tests/jobset tests/takeover tests/fleet_history tests/status_server tests/local)
+  tests/jobset tests/takeover tests/fleet_history tests/status_server tests/local tests/real_node)
 lane2=(tests/differential tests/lifecycle tests/cli tests/fleet tests/fleet_e2e tests/faults tests/security)
 # The cost budgets count, they do not time, but what they count moves with the machine's pace (one observation
 # window or two, a status held once or twice): beside the lanes they went over their budgets in both CI runs

@@ -300,6 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run etcd and kube-apiserver only: TrainJobs get their JobSets, nothing runs them",
     )
+    simulated.add_argument(
+        "--real-node",
+        action="store_true",
+        help="one real node instead of the simulated ones: kubelet, containerd with runc, CNI, kube-proxy and CoreDNS, "
+        "built from their Go modules; pods run containers on this machine (root; images from "
+        "bash scripts/node-images.sh)",
+    )
     simulated.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4: 32 cpu, 8 GPUs each)")
     simulated.add_argument(
         "--pod-run-seconds",
@@ -896,10 +903,23 @@ def _nats_credentials(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from tjpipe.demo import follow_stack, results_position
     from tjpipe.exits import Failure, UsageError
+    from tjpipe.local.realnode import NodeUnavailable
     from tjpipe.local.stack import Stack, StatePaths, choose_backends
     from tjpipe.local.toolchain import ToolchainMissing
 
     paths = StatePaths(args.state_dir.resolve())
+    if args.real_node and (args.control_plane_only or args.kubeconfig or args.use_env):
+        raise UsageError(
+            "--real-node needs the stack's own cluster: not with --control-plane-only, --kubeconfig or --use-env"
+        )
+    if args.real_node:
+        from tjpipe.local.realnode import preflight
+
+        try:
+            preflight()  # before anything starts: where this machine cannot run a node, one sentence and no process
+        except NodeUnavailable as exc:
+            _plain(str(exc), style="red")
+            return 2
     if any(paths.logs.glob("*.pid")):
         raise Failure(f"a stack seems to be running already ({paths.logs}); run 'tjpipe down' first")
     try:
@@ -914,6 +934,7 @@ def _up(args: argparse.Namespace) -> int:
         sim_nodes=args.nodes,
         pod_run_seconds=args.pod_run_seconds if args.pod_run_seconds is not None else (20.0 if args.demo else 5.0),
         one_process=args.one_process,
+        real_node=args.real_node,
     )
     # `timeout`, a service manager or a closing terminal send SIGTERM: stop everything as Ctrl-C does. A shell
     # starts background jobs with SIGINT ignored; `kill -INT` must stop the stack all the same.
@@ -933,20 +954,21 @@ def _up(args: argparse.Namespace) -> int:
         since = asyncio.run(results_position(stack))  # the demo shows this run's results, not the history's
         demo = stack.create_demo() if args.demo else None
         # On the simulated cluster a second, MPI TrainJob shows a Secret and more ConfigMaps being cleaned up.
-        more_demos = [stack.create_mpi_demo()] if demo and stack.simulation is not None else []
+        more_demos = [stack.create_mpi_demo()] if demo and stack.simulation is not None and not args.real_node else []
         _where(stack)
         if args.detach:
             console.print("[green]stack running in the background[/]; stop it with [bold]tjpipe down[/]")
             stack.services.clear()  # detached: leave every process to 'tjpipe down'
             stack.local_kube = None
             stack.simulation = None
+            stack.node = None
             stack.local_nats = None
             stack.webhook_url = ""  # keep its configuration: the webhook keeps running
             stack.history_url = ""
             return 0
         console.print("[green]stack running[/]; press [bold]Ctrl-C[/] to stop everything")
         asyncio.run(follow_stack(stack, demo, more_demos, console=console, sigterm_handler=_interrupt, since_seq=since))
-    except ToolchainMissing as exc:
+    except (ToolchainMissing, NodeUnavailable) as exc:
         _plain(str(exc), style="red")
         return 2
     except KeyboardInterrupt:

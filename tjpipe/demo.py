@@ -407,11 +407,18 @@ def _standins(stack: Any, demos: list[tuple[str, str]], say: Callable[[str], Non
 
     if not getattr(stack, "status_server_url", ""):
         return []
+    if getattr(stack, "real_node", False):
+        say(
+            "the demo's pods run the training image on the real node: the training code in each container reports "
+            "its progress with the Kubeflow SDK, from the environment, token and CA Trainer's plugin gave the pod"
+        )
+        return []
     python = sdk_python()
     if python is None:
         say(
             "[yellow]no training progress in this demo[/]: the stand-in that reports it calls the Kubeflow SDK "
-            "(kubeflow 0.5.0), which is not installed here or in .venv-sdk (bash scripts/bootstrap.sh sdk)"
+            "(kubeflow 0.5.0), which is not installed here or in .venv-sdk (bash scripts/up.sh installs it there; "
+            "by hand: TJPIPE_VENV=.venv-sdk bash scripts/bootstrap.sh sdk)"
         )
         return []
     say(

@@ -74,12 +74,35 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
         }
         _check_demo_jobset(state)
         _check_demo_completes(state)
+        first_uid = _demo_uid(state)
     finally:
         down = _tjpipe("down", cwd=tmp_path, env=env, timeout=120)
     assert down.returncode == 0, down.stderr
     assert "stopped:" in down.stdout + down.stderr
     assert not list((state / "logs").glob("*.pid"))
     assert [pid for pid in pids if _alive(pid)] == []
+    # Started again on the same state folder (etcd kept the detached demo's TrainJobs): a fresh demo, never the
+    # last run's finished one.
+    try:
+        again = _tjpipe("up", "--demo", "--detach", cwd=tmp_path, env=env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        for name in ("mnist", "deepspeed"):
+            assert f"removed the last run's TrainJob tjpipe-demo/{name} and what it owned" in again.stderr
+        assert _demo_uid(state) != first_uid
+        _check_demo_completes(state)
+    finally:
+        down = _tjpipe("down", cwd=tmp_path, env=env, timeout=120)
+    assert down.returncode == 0, down.stderr
+
+
+def _demo_uid(state: Path) -> str:
+    from kubernetes import dynamic
+
+    from tjpipe.local.kubeapi import new_api_client
+
+    client = dynamic.DynamicClient(new_api_client(state / "kubeconfig"))
+    trainjobs = client.resources.get(api_version="trainer.kubeflow.org/v1alpha1", kind="TrainJob")
+    return str(trainjobs.get(namespace="tjpipe-demo", name="mnist").metadata.uid)
 
 
 def test_up_one_process_runs_the_three_stages_as_one_controller_each_with_its_own_identity(tmp_path: Path) -> None:

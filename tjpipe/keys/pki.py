@@ -93,9 +93,16 @@ def private_key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> byte
     )
 
 
-def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str, dns_names: Sequence[str] = ()) -> bytes:
-    """A CA and a serving certificate for 127.0.0.1 (and ``dns_names``) in ``cert_dir`` as tls.crt/tls.key;
-    returns the CA PEM."""
+def write_serving_pki(
+    cert_dir: Path,
+    *,
+    ca_name: str,
+    common_name: str,
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+) -> bytes:
+    """A CA and a serving certificate for 127.0.0.1 (and ``dns_names``, ``ip_addresses``) in ``cert_dir`` as
+    tls.crt/tls.key; returns the CA PEM."""
     cert_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
@@ -108,6 +115,7 @@ def write_serving_pki(cert_dir: Path, *, ca_name: str, common_name: str, dns_nam
             x509.DNSName("localhost"),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
             *(x509.DNSName(name) for name in dns_names),
+            *(x509.IPAddress(ipaddress.ip_address(address)) for address in ip_addresses),
         ],
         not_before=not_before,
         not_after=not_after,

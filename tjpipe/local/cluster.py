@@ -346,10 +346,15 @@ def start_simulation(
             jobset.stop()
         raise
     gpus = f", {node_shape.gpus} {GPU_RESOURCE}" if node_shape.gpus else ""
+    simulated = (
+        f"kwok with {nodes} nodes (each {node_shape.cpu} cpu, {node_shape.memory}{gpus}); "
+        if nodes
+        else "no simulated node; "
+    )
+    runs = f"pods run {pod_run_seconds:g}s, no containers" if nodes else "pods run on the nodes that join it"
     progress(
         f"simulated cluster ready in {time.monotonic() - started:.1f}s: kube-controller-manager, kube-scheduler, "
-        f"JobSet manager, kwok with {nodes} nodes (each {node_shape.cpu} cpu, {node_shape.memory}{gpus}); "
-        f"default StorageClass {STORAGE_CLASS} ({HOST_PATH_PROVISIONER}); pods run {pod_run_seconds:g}s, no containers"
+        f"JobSet manager, {simulated}default StorageClass {STORAGE_CLASS} ({HOST_PATH_PROVISIONER}); {runs}"
     )
     return Simulation(processes=tuple(processes), jobset=jobset, node_names=node_names)
 

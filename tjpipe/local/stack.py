@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import shlex
 import sys
@@ -257,6 +258,11 @@ class Stack:
     one_process: bool = False
     """Run the three stages as one ``tjpipe controller`` process instead of three services."""
     simulation: Simulation | None = None
+    real_node: bool = False
+    """Give the cluster one real node (``tjpipe.local.realnode``: kubelet, containerd, CNI, kube-proxy, CoreDNS)
+    in place of kwok's simulated ones; the controllers, scheduler and JobSet's manager run as with ``simulate``."""
+    node: Any = None
+    """The ``RealNode`` once ``start_real_node`` started it."""
     service_kubeconfigs: ServiceKubeconfigs | None = None
     """Each service's own ServiceAccount kubeconfig, on the stack's own apiserver; None: the one kubeconfig."""
     history_url: str = ""
@@ -331,12 +337,22 @@ class Stack:
             self.kubeconfig = self._k3s_container()
         else:
             self.progress("Kubernetes: starting etcd and kube-apiserver on 127.0.0.1")
+            node_users: dict[str, list[str]] = {}
+            node_flags: list[str] = []
+            if self.real_node:
+                from tjpipe.local import realnode
+
+                realnode.preflight()  # one sentence, before anything starts, where this machine cannot run a node
+                node_users = realnode.USERS
+                node_flags = realnode.write_kubelet_client_pki(self.paths.kube_work / "node" / "pki")
             self.local_kube = start_kube(
                 work_dir=self.paths.kube_work,
                 log_dir=self.paths.logs,
                 kubeconfig_path=self.paths.kubeconfig,
                 progress=self.progress,
                 service_account_admission=self.simulate,  # the simulated cluster makes default ServiceAccounts
+                users=node_users,
+                extra_apiserver_args=node_flags,
             )
             self.kubeconfig = self.local_kube.kubeconfig
             self.progress(f"Kubernetes: ready at {self.local_kube.server}")
@@ -354,6 +370,8 @@ class Stack:
             self.use_own_identities()
         if self.simulate and self.local_kube is not None:
             self.start_simulation()
+        if self.real_node and self.local_kube is not None:
+            self.start_real_node()
         self.keys.ensure()
         self.write_env()
 
@@ -373,9 +391,13 @@ class Stack:
     def processes_registering(self) -> set[str]:
         """The processes this stack runs that register objects on its apiserver (``tjpipe.local.registrations``):
         the webhook always, the simulated cluster's when it is simulated."""
-        from tjpipe.local import admission_webhook, cluster
+        from tjpipe.local import admission_webhook, cluster, realnode
 
-        return {admission_webhook.PROCESS_NAME, *(cluster.PROCESSES if self.simulate else ())}
+        return {
+            admission_webhook.PROCESS_NAME,
+            *(cluster.PROCESSES if self.simulate else ()),
+            *((realnode.KUBELET,) if self.real_node else ()),
+        }
 
     def remove_stale_registrations(self) -> None:
         """Remove what an earlier start of the stack on the same state registered for processes this one does
@@ -392,17 +414,28 @@ class Stack:
         from tjpipe.local.cluster import start_simulation
 
         assert self.local_kube is not None
+        nodes = "no simulated node: the real one follows" if self.real_node else f"kwok with {self.sim_nodes} nodes"
         self.progress(
             f"Kubernetes: starting the simulated cluster (kube-controller-manager, kube-scheduler, JobSet manager, "
-            f"kwok with {self.sim_nodes} nodes)"
+            f"{nodes})"
         )
         self.simulation = start_simulation(
             self.local_kube,
             work_dir=self.paths.kube_work / "simulation",
             log_dir=self.paths.logs,
             progress=self.progress,
-            nodes=self.sim_nodes,
+            nodes=0 if self.real_node else self.sim_nodes,
             pod_run_seconds=self.pod_run_seconds,
+        )
+
+    def start_real_node(self) -> None:
+        """The real node (``tjpipe.local.realnode``) on the stack's own apiserver, started with its users."""
+        from tjpipe.local.realnode import start_real_node
+
+        assert self.local_kube is not None
+        self.progress("Kubernetes: starting a real node (containerd, runc, CNI, kubelet, kube-proxy, CoreDNS)")
+        self.node = start_real_node(
+            self.local_kube, work_dir=self.paths.kube_work / "node", log_dir=self.paths.logs, progress=self.progress
         )
 
     def setup_bus(self) -> None:
@@ -589,18 +622,29 @@ class Stack:
         from tjpipe.keys.pki import write_serving_pki
 
         cert_dir = self.paths.root / "status-server-tls"
-        write_serving_pki(cert_dir, ca_name="tjpipe-status-server-ca", common_name="tjpipe-status-server")
+        # On the real node the pods reach it on the node's bridge address, which exists on this machine only.
+        host = "127.0.0.1"
+        if self.real_node:
+            from tjpipe.local.realnode import NODE_IP
+
+            host = NODE_IP
+        write_serving_pki(
+            cert_dir,
+            ca_name="tjpipe-status-server-ca",
+            common_name="tjpipe-status-server",
+            ip_addresses=[host] if host != "127.0.0.1" else [],
+        )
         port = free_port()
         process = self.start_service(
             "status-server",
             extra=[
-                "--host", "127.0.0.1", "--port", str(port),
+                "--host", host, "--port", str(port),
                 "--tls-cert", str(cert_dir / "tls.crt"), "--tls-key", str(cert_dir / "tls.key"),
             ],
         )  # fmt: skip
         health = f"http://127.0.0.1:{self.metrics_ports['status-server']}/readyz"
         wait_until(lambda: http_ok(health), timeout=60, what=f"tjpipe status-server {health}", process=process)
-        self.status_server_url = f"https://127.0.0.1:{port}"
+        self.status_server_url = f"https://{host}:{port}"
         self.write_env()
         self.progress(
             f"started status-server (pid {process.pid}, {self.status_server_url}, log {process.log_path}); "
@@ -684,9 +728,11 @@ class Stack:
         self.install_runtime(DEMO_RUNTIME)
         self.progress(f"installed ClusterTrainingRuntime {DEMO_RUNTIME} (Trainer v2.3.0 sample)")
         client = new_api_client(self._require_kubeconfig())
+        self._remove_last_demo(client, DEMO_TRAINJOB)
+        trainjob = real_node_demo_trainjob() if self.real_node else demo_trainjob()
         crds.apply_objects(
             client,
-            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}, demo_trainjob()],
+            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}, trainjob],
             field_manager="tjpipe-demo",
         )
         self.progress(f"created TrainJob {DEMO_NAMESPACE}/{DEMO_TRAINJOB}")
@@ -698,9 +744,22 @@ class Stack:
         self.install_runtime(DEMO_MPI_RUNTIME)
         self.progress(f"installed ClusterTrainingRuntime {DEMO_MPI_RUNTIME} (Trainer v2.3.0 sample)")
         client = new_api_client(self._require_kubeconfig())
+        self._remove_last_demo(client, DEMO_MPI_TRAINJOB)
         crds.apply_objects(client, [mpi_demo_trainjob()], field_manager="tjpipe-demo")
         self.progress(f"created TrainJob {DEMO_NAMESPACE}/{DEMO_MPI_TRAINJOB}")
         return DEMO_NAMESPACE, DEMO_MPI_TRAINJOB
+
+    def _remove_last_demo(self, client: Any, name: str) -> None:
+        """A demo TrainJob of an earlier run (one started with ``--detach`` keeps its TrainJobs) is deleted, with
+        everything it owns, before this run creates its own: the demo must show a lifecycle, not an old result."""
+        if remove_trainjob(
+            client,
+            DEMO_NAMESPACE,
+            name,
+            garbage_collector=self.simulation is not None or self.local_kube is None,
+            timeout=DEMO_CLEANUP_SECONDS,
+        ):
+            self.progress(f"removed the last run's TrainJob {DEMO_NAMESPACE}/{name} and what it owned")
 
     def _require_kubeconfig(self) -> Path:
         if self.kubeconfig is None:
@@ -715,6 +774,9 @@ class Stack:
         for process in reversed(self.services):
             process.stop()
         self.services.clear()
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
         if self.simulation is not None:
             self.simulation.stop()
             self.simulation = None
@@ -792,6 +854,82 @@ def _demo_trainjob(name: str, runtime: str, *, nodes: int, per_node: dict[str, s
     }
 
 
+DEMO_CLEANUP_SECONDS = 120.0
+"""How long the demo waits for the last run's TrainJob and what it owned to be gone."""
+
+
+def remove_trainjob(client: Any, namespace: str, name: str, *, garbage_collector: bool, timeout: float) -> bool:
+    """Delete TrainJob ``namespace/name`` and everything it owns, and wait until all of it is gone; False if there
+    was no such TrainJob. With a garbage collector, a foreground deletion: the TrainJob disappears only after its
+    JobSet, the JobSet's Jobs and their pods did. Without one (a control plane alone), the objects it owns
+    directly (JobSets, ConfigMaps, Secrets) are deleted by name, since nothing else would."""
+    from kubernetes.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions, V1Preconditions
+    from kubernetes.client.exceptions import ApiException
+
+    custom, core = CustomObjectsApi(client), CoreV1Api(client)
+    group, version = "trainer.kubeflow.org", "v1alpha1"
+    try:
+        trainjob: Any = custom.get_namespaced_custom_object(group, version, namespace, "trainjobs", name)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    uid = trainjob["metadata"]["uid"]
+    policy = "Foreground" if garbage_collector else "Background"
+    with_gc = V1DeleteOptions(propagation_policy=policy, preconditions=V1Preconditions(uid=uid))
+    try:
+        custom.delete_namespaced_custom_object(group, version, namespace, "trainjobs", name, body=with_gc)
+    except ApiException as error:
+        if error.status not in (404, 409):  # gone already, or a newer one of the name: not ours to delete
+            raise
+    leftovers: list[Callable[[], Any]] = []
+    if not garbage_collector:
+
+        def owned(metadata: Any) -> bool:
+            refs = metadata.get("ownerReferences") if isinstance(metadata, dict) else metadata.owner_references
+            return any((r.get("uid") if isinstance(r, dict) else r.uid) == uid for r in refs or [])
+
+        jobsets: Any = custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")
+        for item in jobsets["items"]:
+            if owned(item["metadata"]):
+                leftovers.append(
+                    functools.partial(
+                        custom.delete_namespaced_custom_object,
+                        "jobset.x-k8s.io",
+                        "v1alpha2",
+                        namespace,
+                        "jobsets",
+                        item["metadata"]["name"],
+                    )
+                )
+        for lister, deleter in (
+            (core.list_namespaced_config_map, core.delete_namespaced_config_map),
+            (core.list_namespaced_secret, core.delete_namespaced_secret),
+        ):
+            listed: Any = lister(namespace)
+            for item in listed.items:
+                if owned(item.metadata):
+                    leftovers.append(functools.partial(deleter, item.metadata.name, namespace))
+        for delete in leftovers:
+            try:
+                delete()
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+    def gone() -> bool:
+        try:
+            current: Any = custom.get_namespaced_custom_object(group, version, namespace, "trainjobs", name)
+        except ApiException as error:
+            if error.status == 404:
+                return True
+            raise
+        return bool(current["metadata"]["uid"] != uid)
+
+    wait_until(gone, timeout=timeout, what=f"TrainJob {namespace}/{name} of the last run to be deleted")
+    return True
+
+
 def demo_trainjob() -> dict[str, Any]:
     return _demo_trainjob(
         DEMO_TRAINJOB,
@@ -803,6 +941,21 @@ def demo_trainjob() -> dict[str, Any]:
     )
 
 
+def real_node_demo_trainjob() -> dict[str, Any]:
+    """The demo TrainJob on the real node: the demo's training image (``images/trainer-demo``), which trains a
+    tiny model and reports its progress from the pod, sized for a laptop."""
+    from tjpipe.local.realnode import TRAINING_IMAGE
+
+    return _demo_trainjob(
+        DEMO_TRAINJOB,
+        DEMO_RUNTIME,
+        nodes=1,
+        per_node={"cpu": "500m", "memory": "512Mi"},
+        image=TRAINING_IMAGE,
+        command=["python3", "/opt/train/train.py"],
+    )
+
+
 def mpi_demo_trainjob() -> dict[str, Any]:
     return _demo_trainjob(
         DEMO_MPI_TRAINJOB, DEMO_MPI_RUNTIME, nodes=2, per_node={"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"}
@@ -810,4 +963,15 @@ def mpi_demo_trainjob() -> dict[str, Any]:
 
 
 def stop_detached(paths: StatePaths) -> list[str]:
-    return stop_from_pid_files(paths.logs)
+    """Stop what ``tjpipe up --detach`` left running; a real node's containers, mounts and network go too."""
+    node_dir = paths.kube_work / "node"
+    if not (node_dir / "containerd.toml").exists():
+        return stop_from_pid_files(paths.logs)
+    from tjpipe.local import realnode
+    from tjpipe.local.toolchain import node_binaries_paths
+
+    realnode.remove_all_pods(node_dir)  # while containerd still runs
+    stopped = stop_from_pid_files(paths.logs)
+    realnode.forget_host_dirs(node_dir)
+    realnode.teardown_network(node_binaries_paths().kube_proxy)
+    return stopped

@@ -330,16 +330,25 @@ def _build_in_wrapper_module(
 
 
 def _go_build(
-    *, go: str, module_dir: Path, package: str, ldflags: str, output: Path, progress: Callable[[str], None]
+    *,
+    go: str,
+    module_dir: Path,
+    package: str,
+    ldflags: str,
+    output: Path,
+    progress: Callable[[str], None],
+    cgo: bool = False,
+    tags: Sequence[str] = (),
 ) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     partial_output = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    tag_flags = ["-tags", ",".join(tags)] if tags else []
     try:
         _run_go(
-            [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(partial_output), package],
+            [go, "build", "-v", "-trimpath", *tag_flags, "-ldflags", ldflags, "-o", str(partial_output), package],
             cwd=module_dir,
             progress=progress,
-            extra_env={"CGO_ENABLED": "0"},
+            extra_env={"CGO_ENABLED": "1" if cgo else "0"},
         )
         os.replace(partial_output, output)
     finally:
@@ -646,3 +655,170 @@ def ensure_cluster_binaries(*, progress: Callable[[str], None]) -> ClusterBinari
                 progress=progress,
             )
     return binaries
+
+
+# ------------------------------------------------------------------------------------------- a real node
+
+CONTAINERD_VERSION = "2.4.2"
+RUNC_VERSION = "1.5.3"
+CNI_PLUGINS_VERSION = "1.10.0"
+COREDNS_VERSION = "1.15.0"
+
+_CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+_RUNC_MODULE = "github.com/opencontainers/runc"
+_CNI_PLUGINS_MODULE = "github.com/containernetworking/plugins"
+_COREDNS_MODULE = "github.com/coredns/coredns"
+
+CNI_PLUGINS = {
+    "bridge": "plugins/main/bridge",
+    "host-local": "plugins/ipam/host-local",
+    "loopback": "plugins/main/loopback",
+    "portmap": "plugins/meta/portmap",
+}
+"""The CNI plugins the real node's network uses, by binary name: a bridge on the host with addresses from a
+local range, each pod's loopback, and host ports."""
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    """What makes one real node (``tjpipe.local.realnode``): the kubelet and kube-proxy of the apiserver's
+    release, containerd with its runc shim and ``ctr``, runc, the CNI plugins, and CoreDNS."""
+
+    kubelet: Path
+    kube_proxy: Path
+    containerd: Path
+    containerd_shim: Path
+    ctr: Path
+    runc: Path
+    cni_dir: Path
+    coredns: Path
+
+    def all(self) -> dict[str, Path]:
+        named = {
+            "kubelet": self.kubelet,
+            "kube-proxy": self.kube_proxy,
+            "containerd": self.containerd,
+            "containerd-shim-runc-v2": self.containerd_shim,
+            "ctr": self.ctr,
+            "runc": self.runc,
+            "coredns": self.coredns,
+        }
+        return named | {f"cni {name}": self.cni_dir / name for name in CNI_PLUGINS}
+
+
+def node_binaries_paths() -> NodeBinaries:
+    bin_dir = cache_root() / "bin"
+    containerd = bin_dir / f"containerd-v{CONTAINERD_VERSION}"
+    return NodeBinaries(
+        kubelet=bin_dir / f"kubelet-v{KUBERNETES_VERSION}" / "kubelet",
+        kube_proxy=bin_dir / f"kube-proxy-v{KUBERNETES_VERSION}" / "kube-proxy",
+        containerd=containerd / "containerd",
+        containerd_shim=containerd / "containerd-shim-runc-v2",
+        ctr=containerd / "ctr",
+        runc=bin_dir / f"runc-v{RUNC_VERSION}-seccomp" / "runc",
+        cni_dir=bin_dir / f"cni-plugins-v{CNI_PLUGINS_VERSION}",
+        coredns=bin_dir / f"coredns-v{COREDNS_VERSION}" / "coredns",
+    )
+
+
+def ensure_node_binaries(*, progress: Callable[[str], None]) -> NodeBinaries:
+    """Return the real node's binaries, building whichever is missing first (each from its own Go module).
+
+    The kubelet and kube-proxy share one wrapper module like the other Kubernetes commands; containerd's
+    three commands share another; runc is the one built with cgo (its ``nsenter`` part is C) and with the
+    ``seccomp`` tag, linked to the system's libseccomp: containerd gives every pod sandbox a seccomp profile,
+    which a runc without seccomp refuses. Its headers must be there to build it (``libseccomp-dev``).
+    """
+    binaries = node_binaries_paths()
+    missing = [name for name, path in binaries.all().items() if not _is_executable(path)]
+    if not missing:
+        return binaries
+    go = _go_command(missing=f"the real node's {', '.join(missing)} not built yet")
+    if "runc" in missing and not Path("/usr/include/seccomp.h").exists():
+        raise ToolchainMissing("building runc needs libseccomp's headers: apt-get install -y libseccomp-dev")
+    with _exclusive_file_lock(cache_root() / "bin" / ".build.lock", progress=progress):
+        build_node_binaries(go=go, binaries=binaries, progress=progress)
+    return binaries
+
+
+def build_node_binaries(*, go: str, binaries: NodeBinaries, progress: Callable[[str], None]) -> dict[str, float]:
+    """Build what is missing of ``binaries``; the seconds each group took (the cold-build figures)."""
+    took: dict[str, float] = {}
+    groups: list[tuple[str, str, str, dict[str, tuple[str, Path]], str, Sequence[str] | None]] = [
+        (
+            "containerd",
+            _CONTAINERD_MODULE,
+            f"v{CONTAINERD_VERSION}",
+            {
+                "containerd": (f"{_CONTAINERD_MODULE}/cmd/containerd", binaries.containerd),
+                "containerd-shim-runc-v2": (
+                    f"{_CONTAINERD_MODULE}/cmd/containerd-shim-runc-v2",
+                    binaries.containerd_shim,
+                ),
+                "ctr": (f"{_CONTAINERD_MODULE}/cmd/ctr", binaries.ctr),
+            },
+            f"-s -w -X {_CONTAINERD_MODULE}/version.Version=v{CONTAINERD_VERSION} "
+            f"-X {_CONTAINERD_MODULE}/version.Package={_CONTAINERD_MODULE}",
+            None,
+        ),
+        (
+            "runc",
+            _RUNC_MODULE,
+            f"v{RUNC_VERSION}",
+            {"runc": (_RUNC_MODULE, binaries.runc)},
+            f"-s -w -X main.version={RUNC_VERSION}",
+            ("seccomp",),  # cgo, with these tags
+        ),
+        (
+            "cni-plugins",
+            _CNI_PLUGINS_MODULE,
+            f"v{CNI_PLUGINS_VERSION}",
+            {
+                name: (f"{_CNI_PLUGINS_MODULE}/{package}", binaries.cni_dir / name)
+                for name, package in CNI_PLUGINS.items()
+            },
+            f"-s -w -X {_CNI_PLUGINS_MODULE}/pkg/utils/buildversion.BuildVersion=v{CNI_PLUGINS_VERSION}",
+            None,
+        ),
+        (
+            "coredns",
+            _COREDNS_MODULE,
+            f"v{COREDNS_VERSION}",
+            {"coredns": (_COREDNS_MODULE, binaries.coredns)},
+            "-s -w",
+            None,
+        ),
+    ]
+    for group, module, version, commands, ldflags, cgo_tags in groups:
+        wanted = {name: entry for name, entry in commands.items() if not _is_executable(entry[1])}
+        if not wanted:
+            continue
+        started = time.monotonic()
+        progress(f"building {', '.join(wanted)} {version} from Go modules (first time only)…")
+        module_dir = _fresh_build_dir(f"{group}-{version}")
+        _run_go([go, "mod", "init", f"local/tjpipe-{group}"], cwd=module_dir, progress=progress)
+        _run_go([go, "get", f"{module}@{version}"], cwd=module_dir, progress=progress)
+        for name, (package, output) in wanted.items():
+            progress(f"compiling {name}")
+            _go_build(
+                go=go,
+                module_dir=module_dir,
+                package=package,
+                ldflags=ldflags,
+                output=output,
+                progress=progress,
+                cgo=cgo_tags is not None,
+                tags=cgo_tags or (),
+            )
+        shutil.rmtree(module_dir, ignore_errors=True)
+        took[group] = time.monotonic() - started
+        progress(f"{', '.join(wanted)} {version} built in {took[group]:.0f}s")
+    kubernetes = {"kubelet": binaries.kubelet, "kube-proxy": binaries.kube_proxy}
+    still_missing = {name: path for name, path in kubernetes.items() if not _is_executable(path)}
+    if still_missing:
+        started = time.monotonic()
+        _build_kubernetes_commands(
+            go=go, outputs=still_missing, estimate="several minutes on 2 cores", progress=progress
+        )
+        took["kubelet+kube-proxy"] = time.monotonic() - started
+    return took

@@ -1,0 +1,212 @@
+"""``tjpipe up --real-node``: one real Kubernetes node, and the demo's training code reporting from its pod.
+
+What a user runs (``bash scripts/node-images.sh``, then ``tjpipe up --real-node --demo --detach``), in a fresh
+working directory: the node registers with the kubelet of the apiserver's release, the demo TrainJob's pod runs
+the training image under containerd and runc with an address on the node's bridge, the training script reports
+its progress with the Kubeflow SDK from inside the container (only what Trainer's plugin gave the pod), and that
+progress lands in ``status.trainerStatus``; ``tjpipe down`` then leaves no process, container or bridge behind.
+
+Where the machine cannot run a node (not root, no Docker engine for the images, a missing command) the test
+skips with the reason, and fails where ``CI=true`` (``tests/needs.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client import CoreV1Api, CustomObjectsApi
+from needs import unavailable
+
+from tjpipe.local import realnode, toolchain
+from tjpipe.local.kubeapi import new_api_client
+
+pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(2400)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tjpipe(*args: str, cwd: Path, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "KUBECONFIG")}
+    return subprocess.run(
+        [sys.executable, "-m", "tjpipe", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def node_images() -> None:
+    """The node's images (tools/node_images.py; cached, so a warm run takes seconds)."""
+    try:
+        realnode.preflight(images=False)
+    except realnode.NodeUnavailable as exc:
+        unavailable(str(exc))
+    engine = subprocess.run(["docker", "info"], capture_output=True, check=False) if _has("docker") else None
+    if engine is None or engine.returncode != 0:
+        unavailable("the real node's images are built with Docker, and no Docker engine answers `docker info`")
+    built = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "node_images.py")], capture_output=True, text=True, check=False
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+
+
+def _has(command: str) -> bool:
+    import shutil
+
+    return shutil.which(command) is not None
+
+
+def test_a_trainjob_runs_on_the_real_node_and_reports_its_progress_from_the_pod(
+    node_images: None, tmp_path: Path
+) -> None:
+    toolchain.ensure_node_binaries(progress=print)
+    state = tmp_path / ".tjpipe"
+    try:
+        up = _tjpipe("up", "--real-node", "--demo", "--detach", cwd=tmp_path)
+        assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-4000:]
+        assert f"real node {realnode.NODE_NAME} Ready" in up.stderr
+        with new_api_client(state / "kubeconfig") as api:
+            core = CoreV1Api(api)
+            node: Any = core.read_node(realnode.NODE_NAME)
+            assert node.status.node_info.kubelet_version == f"v{toolchain.KUBERNETES_VERSION}"
+            assert node.status.node_info.container_runtime_version == f"containerd://{toolchain.CONTAINERD_VERSION}"
+            assert [a.address for a in node.status.addresses if a.type == "InternalIP"] == [realnode.NODE_IP]
+            status = _wait_for_complete(CustomObjectsApi(api), timeout=600)
+            progress = status.get("trainerStatus") or {}
+            # Written by the pod's last report: the script retries until its 100 % goes out.
+            assert progress.get("progressPercentage") == 100, status
+            metrics = {m["name"]: m["value"] for m in progress.get("metrics") or []}
+            assert float(metrics["loss"]) < 0.05 and metrics["step"] == "12", progress
+            pods: Any = core.list_namespaced_pod("tjpipe-demo", label_selector="jobset.sigs.k8s.io/jobset-name=mnist")
+            assert len(pods.items) == 1
+            pod = pods.items[0]
+            assert pod.status.phase == "Succeeded"
+            assert pod.spec.node_name == realnode.NODE_NAME
+            assert pod.status.pod_ip.startswith(realnode.NODE_IP.rsplit(".", 1)[0] + ".")
+            (container,) = pod.status.container_statuses
+            assert container.container_id.startswith("containerd://")
+            assert container.image == realnode.TRAINING_IMAGE or container.image.endswith(realnode.TRAINING_IMAGE)
+            # The logs come from the kubelet, through the apiserver (its client certificate).
+            logs = core.read_namespaced_pod_log(pod.metadata.name, "tjpipe-demo")
+            assert "progress reports: True" in logs, logs
+            assert "step 12/12" in logs and "done: loss" in logs, logs
+            _check_a_service_by_its_dns_name(core)
+        _check_the_history_shows_the_pods_progress(up.stderr + up.stdout, pod_name=pod.metadata.name)
+    finally:
+        down = _tjpipe("down", cwd=tmp_path, timeout=300)
+    assert down.returncode == 0, down.stderr
+    leftovers = subprocess.run(["ip", "link", "show", realnode.BRIDGE], capture_output=True, check=False)
+    assert leftovers.returncode != 0, "the node's bridge is still there after tjpipe down"
+    assert not list((state / "logs").glob("*.pid"))
+    # No runc shim of this node's containerd is left waiting (the echo pod was still running at down).
+    socket = str(realnode.containerd_socket(state / "kube" / "node"))
+    shims = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*{socket}"], capture_output=True, text=True)
+    assert shims.stdout.split() == [], "runc shims left after tjpipe down"
+    # Nothing mounted or kept outside the state folder (the kubelet's root, containerd's socket folder).
+    assert [p for p in realnode.host_dirs(state / "kube" / "node") if p.exists()] == []
+
+
+def _wait_for_complete(custom: CustomObjectsApi, *, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        trainjob: Any = custom.get_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "tjpipe-demo", "trainjobs", "mnist"
+        )
+        status = trainjob.get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        if conditions.get("Complete") == "True" or conditions.get("Failed") == "True":
+            break
+        time.sleep(1)
+    conditions = {c["type"]: c for c in status.get("conditions") or []}
+    assert conditions.get("Complete", {}).get("status") == "True", status
+    return status
+
+
+_SERVER = "import http.server as h; h.ThreadingHTTPServer(('', 8080), h.SimpleHTTPRequestHandler).serve_forever()"
+_CLIENT = """
+import socket, urllib.request
+print("service address", socket.gethostbyname("echo.tjpipe-demo.svc.cluster.local"))
+with urllib.request.urlopen("http://echo.tjpipe-demo.svc.cluster.local:8080/", timeout=20) as answer:
+    print("status", answer.status)
+try:
+    socket.gethostbyname("example.com")
+    print("outside name: resolved")
+except socket.gaierror:
+    print("outside name: not resolved")
+"""
+
+
+def _check_a_service_by_its_dns_name(core: CoreV1Api) -> None:
+    """A pod reaches another through a Service's name: CoreDNS answers it, kube-proxy's rules lead to the pod;
+    a name outside the cluster resolves to nothing (CoreDNS has no upstream: no query leaves the machine)."""
+    image = realnode.TRAINING_IMAGE
+    core.create_namespaced_pod(
+        "tjpipe-demo",
+        {
+            "metadata": {"name": "echo", "labels": {"app": "echo"}},
+            "spec": {"containers": [{"name": "server", "image": image, "command": ["python3", "-c", _SERVER]}]},
+        },
+    )
+    core.create_namespaced_service(
+        "tjpipe-demo", {"metadata": {"name": "echo"}, "spec": {"selector": {"app": "echo"}, "ports": [{"port": 8080}]}}
+    )
+    _wait_for_phase(core, "echo", {"Running"})
+    core.create_namespaced_pod(
+        "tjpipe-demo",
+        {
+            "metadata": {"name": "client"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "client", "image": image, "command": ["python3", "-c", _CLIENT]}],
+            },
+        },
+    )
+    phase = _wait_for_phase(core, "client", {"Succeeded", "Failed"})
+    logs = core.read_namespaced_pod_log("client", "tjpipe-demo")
+    assert phase == "Succeeded", logs
+    service: Any = core.read_namespaced_service("echo", "tjpipe-demo")
+    assert f"service address {service.spec.cluster_ip}" in logs, logs
+    assert "status 200" in logs and "outside name: not resolved" in logs, logs
+
+
+def _wait_for_phase(core: CoreV1Api, name: str, phases: set[str], *, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    phase = ""
+    while time.monotonic() < deadline:
+        pod: Any = core.read_namespaced_pod(name, "tjpipe-demo")
+        phase = pod.status.phase or ""
+        if phase in phases:
+            return phase
+        time.sleep(1)
+    raise AssertionError(f"pod {name} is {phase or 'Pending'} after {timeout:.0f}s, not {' or '.join(sorted(phases))}")
+
+
+def _check_the_history_shows_the_pods_progress(output: str, *, pod_name: str) -> None:
+    """The history server's progress series of the demo TrainJob: every report came from the training pod."""
+    import json
+    import re
+    import urllib.request
+
+    url = re.search(r"history UI:\s+(http://127\.0\.0\.1:\d+)", output)
+    token = re.search(r"log in with the stack's admin token: (\S+)", output)
+    assert url and token, output[-2000:]
+    request = urllib.request.Request(
+        f"{url.group(1)}/api/v1/namespaces/tjpipe-demo/trainjobs/mnist/progress",
+        headers={"Authorization": f"Bearer {token.group(1)}"},
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            series = json.load(answer)
+        points = series["points"]
+        if (points and points[-1]["progressPercentage"] == 100) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert series["pods"] == [pod_name], series
+    assert len(points) >= 2 and points[-1]["progressPercentage"] == 100, points
+    assert "loss" in series["metrics"], series
