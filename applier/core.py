@@ -261,12 +261,15 @@ def decide(
     see ``reads_live``), ``planned`` the encoded object without generated key material (what the digest is
     of), and ``stamp`` the cluster epoch the claims are made in (``applier.epoch``).
     """
-    digest = content_digest(planned)
     if type(message) in CREATE_ONLY:
+        digest = create_only_digest(message, planned)
         # Whom another cluster's (or an earlier epoch's) record names says nothing of this cluster's object.
         known = record if record is not None and record.cluster == stamp else None
+        if known is not None and already_created(message, known, digest=digest):
+            return Leave(resource_version=known.resource_version, reason=ALREADY_CREATED)
         created_for = known.created_for if known is not None else ""
         return Create(claim=_claim(message, digest, stamp, created_for=created_for), known=known)
+    digest = content_digest(planned)
     verdict = authorize_live(message, live)
     if not verdict.allowed:
         return Refuse(why=verdict.why)
@@ -305,6 +308,27 @@ def decide(
 
 def content_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()[:32]
+
+
+def create_only_digest(message: ObjectApply, planned: bytes) -> str:
+    """A create-only target's digest: its planned object, the TrainJob it is for and what sends its create
+    again (``recheck``), so that no plan for another TrainJob of the same name ever repeats it."""
+    recheck = message.recheck if isinstance(message, ApplySecret) else ""
+    if not recheck:
+        return content_digest(planned)
+    return content_digest(b"\0".join((planned, message.trainjob_uid.encode(), recheck.encode())))
+
+
+def already_created(message: ObjectApply, record: AppliedRecord, *, digest: str) -> bool:
+    """A create-only plan that repeats the one the ledger records as done: nothing is sent, not even the create.
+
+    The applier may not read a Secret, so a create answered 409 was the only way to learn it exists; it
+    was sent for every plan, and after a restart or a resync for every Secret there is. The plan's
+    ``recheck`` says when to send it again anyway (the TrainJob was changed by someone, so a Secret
+    deleted by hand is made again); a plan without one (an older planner's) is always created.
+    """
+    recheck = message.recheck if isinstance(message, ApplySecret) else ""
+    return bool(recheck) and record.state == "applied" and record.digest == digest
 
 
 def _claim(message: ApplyMessage, digest: str, stamp: str, *, created_for: str = "") -> AppliedRecord:

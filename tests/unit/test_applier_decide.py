@@ -322,3 +322,41 @@ def test_what_a_round_reads_before_deciding(
 ) -> None:
     """A component is always read, a status only when a record might still hold, a Secret never."""
     assert core.reads_live(message, record) is reads
+
+
+def _rechecked(recheck: str, *, uid: str = UID) -> m.ApplySecret:
+    return msgspec.structs.replace(secret(), recheck=recheck, trainjob_uid=uid)
+
+
+def _created(message: m.ApplySecret) -> m.AppliedRecord:
+    """The record the applier leaves after creating ``message``'s Secret (or finding it made, 409)."""
+    digest = core.create_only_digest(message, planned(message))
+    return msgspec.structs.replace(OLD_SECRET, digest=digest)
+
+
+def test_a_repeated_secret_plan_sends_nothing() -> None:
+    """After a restart or a resync every TrainJob is planned again; a Secret the ledger records as made
+    for this very plan is left without a create (which the API server would answer 409) or a ledger write."""
+    message = _rechecked("1/labels")
+    step = core.decide(message, _created(message), None, planned=planned(message), stamp=STAMP)
+    assert step == core.Leave(resource_version="", reason=core.ALREADY_CREATED)
+
+
+@pytest.mark.parametrize(
+    ("why", "record_of", "message"),
+    [
+        ("someone changed the TrainJob: a Secret deleted by hand is made again", "1/labels", _rechecked("2/labels")),
+        ("another TrainJob of the same name", "1/labels", _rechecked("1/labels", uid="another-uid")),
+        ("an older planner's plan carries no recheck", "", _rechecked("")),
+    ],
+)
+def test_a_secret_plan_is_created_again(why: str, record_of: str, message: m.ApplySecret) -> None:
+    record = _created(_rechecked(record_of))
+    step = core.decide(message, record, None, planned=planned(message), stamp=STAMP)
+    assert isinstance(step, core.Create), why
+
+
+def test_a_secret_claimed_but_not_created_is_created() -> None:
+    message = _rechecked("1/labels")
+    record = msgspec.structs.replace(_created(message), state="claimed")
+    assert isinstance(core.decide(message, record, None, planned=planned(message), stamp=STAMP), core.Create)
