@@ -175,17 +175,20 @@ the write needs; the ledger's ``created_for`` says whether the existing one is t
 (``existing``)."""
 
 
-def reads_live(message: ObjectApply, record: AppliedRecord | None) -> bool:
+def reads_live(message: ObjectApply, record: AppliedRecord | None, *, known_version: str = "") -> bool:
     """Whether a claim round reads the live target before ``decide``.
 
     A component is always read: whether it exists, and whose it is, decides everything, and not even a
     plan that saw the target absent moments ago is taken at its word (the API server has no create-only
     apply, so only a read tells an object of that name apart). A status is read only when the ledger has a
-    record it might still hold; a create-only target never is.
+    record it might still hold and the TrainJob's version is not known otherwise (``known_version``, what
+    the applier's watch of TrainJobs last said: ``status_by_version``); a create-only target never is.
     """
     if type(message) in CREATE_ONLY:
         return False
-    return record is not None or not message.target.subresource
+    if message.target.subresource:
+        return record is not None and not known_version
+    return True
 
 
 class Refuse(msgspec.Struct, frozen=True, kw_only=True):
@@ -253,13 +256,21 @@ next round."""
 
 
 def decide(
-    message: ObjectApply, record: AppliedRecord | None, live: bytes | None, *, planned: bytes, stamp: str
+    message: ObjectApply,
+    record: AppliedRecord | None,
+    live: bytes | None,
+    *,
+    planned: bytes,
+    stamp: str,
+    known_version: str = "",
 ) -> Step:
     """What a claim round does with a plan that is not stale (``is_stale``).
 
     ``record`` is the target's ledger record, ``live`` the live target as read (``None``: absent, or not read,
     see ``reads_live``), ``planned`` the encoded object without generated key material (what the digest is
-    of), and ``stamp`` the cluster epoch the claims are made in (``applier.epoch``).
+    of), ``stamp`` the cluster epoch the claims are made in (``applier.epoch``), and ``known_version`` the
+    TrainJob's resourceVersion as the applier's watch last saw it (``""``: not known), which a status not
+    read is judged by (``status_by_version``).
     """
     if type(message) in CREATE_ONLY:
         digest = create_only_digest(message, planned)
@@ -270,6 +281,8 @@ def decide(
         created_for = known.created_for if known is not None else ""
         return Create(claim=_claim(message, digest, stamp, created_for=created_for), known=known)
     digest = content_digest(planned)
+    if message.target.subresource and live is None and record is not None and known_version:
+        return status_by_version(message, record, digest=digest, stamp=stamp, known_version=known_version)
     verdict = authorize_live(message, live)
     if not verdict.allowed:
         return Refuse(why=verdict.why)
@@ -304,6 +317,29 @@ def decide(
     # A status carries its own precondition: the TrainJob version it was planned from.
     precondition = "" if subresource else state.resource_version
     return Write(claim=claim, precondition=precondition, before=state.resource_version)
+
+
+def status_by_version(
+    message: ObjectApply, record: AppliedRecord, *, digest: str, stamp: str, known_version: str
+) -> Step:
+    """A status with a ledger record, judged by the TrainJob version the watch last saw instead of a read.
+
+    The status apply is conditional on the version it was planned from, so the API server refuses one
+    planned from an older TrainJob (409) whatever is decided here; the read only saved that write. The
+    watch may lag behind the cluster but never runs ahead of it, so only a known version *newer* than the
+    planned one proves the plan outdated: the last write of this very plan moved the TrainJob on (a
+    repeat: the record advances, ``unchanged``, as ``still_applied`` would say), or another change did
+    (``SkipStatus``). Otherwise the status is written, and the server's precondition decides.
+    """
+    planned_from = planned_resource_version(message)
+    if planned_from and _version(known_version) > _version(planned_from):
+        if record.state == "applied" and record.digest == digest:
+            advanced = msgspec.structs.replace(
+                record, source_version=message.source_version, source_seq=message.source_seq, cluster=stamp
+            )
+            return Advance(record=advanced, resource_version=known_version)
+        return SkipStatus(claim=_claim(message, digest, stamp), resource_version=known_version)
+    return Write(claim=_claim(message, digest, stamp), precondition="", before=known_version)
 
 
 def content_digest(body: bytes) -> str:

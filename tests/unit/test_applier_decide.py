@@ -360,3 +360,41 @@ def test_a_secret_claimed_but_not_created_is_created() -> None:
     message = _rechecked("1/labels")
     record = msgspec.structs.replace(_created(message), state="claimed")
     assert isinstance(core.decide(message, record, None, planned=planned(message), stamp=STAMP), core.Create)
+
+
+@pytest.mark.parametrize(
+    ("why", "record", "known", "expected"),
+    [
+        (
+            "a repeat of the status last written, which moved the TrainJob on: the record advances, no read",
+            applied(status(), STATUS_LIVE),
+            "6",
+            core.Advance(
+                record=msgspec.structs.replace(applied(status(), STATUS_LIVE), source_version=40, source_seq=4),
+                resource_version="6",
+            ),
+        ),
+        (
+            "another status, planned from a TrainJob version the watch has seen pass: claimed, then skipped",
+            msgspec.structs.replace(applied(status(), STATUS_LIVE), digest="another-plan"),
+            "6",
+            core.SkipStatus(claim=claim(status()), resource_version="6"),
+        ),
+        (
+            "the watch has seen nothing newer (it may lag): written, the planned version the precondition",
+            msgspec.structs.replace(applied(status(), STATUS_LIVE), digest="another-plan"),
+            "5",
+            core.Write(claim=claim(status()), precondition="", before="5"),
+        ),
+    ],
+)
+def test_a_status_is_judged_by_the_watched_version_without_a_read(
+    why: str, record: m.AppliedRecord, known: str, expected: core.Step
+) -> None:
+    assert not core.reads_live(status(), record, known_version=known)
+    step = core.decide(status(), record, None, planned=planned(status()), stamp=STAMP, known_version=known)
+    assert step == expected, why
+
+
+def test_a_status_is_read_when_the_watch_does_not_know_the_trainjob() -> None:
+    assert core.reads_live(status(), applied(status(), STATUS_LIVE), known_version="")
