@@ -175,17 +175,20 @@ the write needs; the ledger's ``created_for`` says whether the existing one is t
 (``existing``)."""
 
 
-def reads_live(message: ObjectApply, record: AppliedRecord | None) -> bool:
+def reads_live(message: ObjectApply, record: AppliedRecord | None, *, known_version: str = "") -> bool:
     """Whether a claim round reads the live target before ``decide``.
 
     A component is always read: whether it exists, and whose it is, decides everything, and not even a
     plan that saw the target absent moments ago is taken at its word (the API server has no create-only
     apply, so only a read tells an object of that name apart). A status is read only when the ledger has a
-    record it might still hold; a create-only target never is.
+    record it might still hold and the TrainJob's version is not known otherwise (``known_version``, what
+    the applier's watch of TrainJobs last said: ``status_by_version``); a create-only target never is.
     """
     if type(message) in CREATE_ONLY:
         return False
-    return record is not None or not message.target.subresource
+    if message.target.subresource:
+        return record is not None and not known_version
+    return True
 
 
 class Refuse(msgspec.Struct, frozen=True, kw_only=True):
@@ -253,20 +256,33 @@ next round."""
 
 
 def decide(
-    message: ObjectApply, record: AppliedRecord | None, live: bytes | None, *, planned: bytes, stamp: str
+    message: ObjectApply,
+    record: AppliedRecord | None,
+    live: bytes | None,
+    *,
+    planned: bytes,
+    stamp: str,
+    known_version: str = "",
 ) -> Step:
     """What a claim round does with a plan that is not stale (``is_stale``).
 
     ``record`` is the target's ledger record, ``live`` the live target as read (``None``: absent, or not read,
     see ``reads_live``), ``planned`` the encoded object without generated key material (what the digest is
-    of), and ``stamp`` the cluster epoch the claims are made in (``applier.epoch``).
+    of), ``stamp`` the cluster epoch the claims are made in (``applier.epoch``), and ``known_version`` the
+    TrainJob's resourceVersion as the applier's watch last saw it (``""``: not known), which a status not
+    read is judged by (``status_by_version``).
     """
-    digest = content_digest(planned)
     if type(message) in CREATE_ONLY:
+        digest = create_only_digest(message, planned)
         # Whom another cluster's (or an earlier epoch's) record names says nothing of this cluster's object.
         known = record if record is not None and record.cluster == stamp else None
+        if known is not None and already_created(message, known, digest=digest):
+            return Leave(resource_version=known.resource_version, reason=ALREADY_CREATED)
         created_for = known.created_for if known is not None else ""
         return Create(claim=_claim(message, digest, stamp, created_for=created_for), known=known)
+    digest = content_digest(planned)
+    if message.target.subresource and live is None and record is not None and known_version:
+        return status_by_version(message, record, digest=digest, stamp=stamp, known_version=known_version)
     verdict = authorize_live(message, live)
     if not verdict.allowed:
         return Refuse(why=verdict.why)
@@ -303,8 +319,52 @@ def decide(
     return Write(claim=claim, precondition=precondition, before=state.resource_version)
 
 
+def status_by_version(
+    message: ObjectApply, record: AppliedRecord, *, digest: str, stamp: str, known_version: str
+) -> Step:
+    """A status with a ledger record, judged by the TrainJob version the watch last saw instead of a read.
+
+    The status apply is conditional on the version it was planned from, so the API server refuses one
+    planned from an older TrainJob (409) whatever is decided here; the read only saved that write. The
+    watch may lag behind the cluster but never runs ahead of it, so only a known version *newer* than the
+    planned one proves the plan outdated: the last write of this very plan moved the TrainJob on (a
+    repeat: the record advances, ``unchanged``, as ``still_applied`` would say), or another change did
+    (``SkipStatus``). Otherwise the status is written, and the server's precondition decides.
+    """
+    planned_from = planned_resource_version(message)
+    if planned_from and _version(known_version) > _version(planned_from):
+        if record.state == "applied" and record.digest == digest:
+            advanced = msgspec.structs.replace(
+                record, source_version=message.source_version, source_seq=message.source_seq, cluster=stamp
+            )
+            return Advance(record=advanced, resource_version=known_version)
+        return SkipStatus(claim=_claim(message, digest, stamp), resource_version=known_version)
+    return Write(claim=_claim(message, digest, stamp), precondition="", before=known_version)
+
+
 def content_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()[:32]
+
+
+def create_only_digest(message: ObjectApply, planned: bytes) -> str:
+    """A create-only target's digest: its planned object, the TrainJob it is for and what sends its create
+    again (``recheck``), so that no plan for another TrainJob of the same name ever repeats it."""
+    recheck = message.recheck if isinstance(message, ApplySecret) else ""
+    if not recheck:
+        return content_digest(planned)
+    return content_digest(b"\0".join((planned, message.trainjob_uid.encode(), recheck.encode())))
+
+
+def already_created(message: ObjectApply, record: AppliedRecord, *, digest: str) -> bool:
+    """A create-only plan that repeats the one the ledger records as done: nothing is sent, not even the create.
+
+    The applier may not read a Secret, so a create answered 409 was the only way to learn it exists; it
+    was sent for every plan, and after a restart or a resync for every Secret there is. The plan's
+    ``recheck`` says when to send it again anyway (the TrainJob was changed by someone, so a Secret
+    deleted by hand is made again); a plan without one (an older planner's) is always created.
+    """
+    recheck = message.recheck if isinstance(message, ApplySecret) else ""
+    return bool(recheck) and record.state == "applied" and record.digest == digest
 
 
 def _claim(message: ApplyMessage, digest: str, stamp: str, *, created_for: str = "") -> AppliedRecord:

@@ -46,9 +46,12 @@ class Fence:
         self.claims = claims
         self.trainjobs = trainjobs
 
-    async def apply(self, message: ObjectApply, resource: resources.Resource, planned: bytes) -> core.Done:
+    async def apply(
+        self, message: ObjectApply, resource: resources.Resource, planned: bytes, *, known_version: str = ""
+    ) -> core.Done:
         """One fenced apply (or create) of ``message``; ``planned`` is its encoded object, without generated
-        key material, which is never part of the digest."""
+        key material, which is never part of the digest; ``known_version`` is the TrainJob's resourceVersion
+        as the applier's watch last saw it (``core.status_by_version``), ``""`` when not known."""
         lkey = ledger_key(message.target)
         for round_ in range(CLAIM_ROUNDS):
             read = await self._round_record(message, lkey, round_)
@@ -57,8 +60,11 @@ class Fence:
             if isinstance(read, core.Done):
                 return read
             record, revision = read
-            live = await self._get(resource, message.target) if core.reads_live(message, record) else None
-            step = core.decide(message, record, live, planned=planned, stamp=self.claims.stamp())
+            reads = core.reads_live(message, record, known_version=known_version)
+            live = await self._get(resource, message.target) if reads else None
+            step = core.decide(
+                message, record, live, planned=planned, stamp=self.claims.stamp(), known_version=known_version
+            )
             done = await self._perform(step, message, resource, lkey, revision)
             if done is not None:
                 return done
@@ -115,6 +121,10 @@ class Fence:
             return core.Done(action="unchanged", resource_version=step.resource_version, reason=core.ALREADY_APPLIED)
         if isinstance(step, core.Adopt):
             return await self._adopt(step, message, resource, lkey, revision)
+        if isinstance(step, core.Write) and message.target.subresource:
+            # A status is written on condition of the TrainJob version it was planned from, which orders
+            # two plans of it whatever the ledger says: no claim first, only the record of what was written.
+            return await self._write(step, message, resource, lkey, revision)
         # Each of the other steps claims the target first; whoever claimed it meanwhile makes this round lose.
         claimed = await self.ledger.write(lkey, step.claim, revision=revision)
         if claimed is None:
@@ -192,7 +202,8 @@ class Fence:
     async def _write(
         self, step: core.Write, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
     ) -> core.Done | None:
-        """Apply the plan as claimed (``claimed``: the claim's revision), and record what the apply left."""
+        """Apply the plan as claimed (``claimed``: the claim's revision; for a status, the revision the round
+        read), and record what the apply left."""
         target = message.target
         try:
             resp = await self.kube.apply(
@@ -213,7 +224,12 @@ class Fence:
             resource_version=after,
             managed=core.managed_digest(resp.body, manager=message.field_manager, subresource=target.subresource),
         )
-        await self.ledger.write(lkey, done, revision=claimed)
+        if await self.ledger.write(lkey, done, revision=claimed) is None and target.subresource:
+            # Unclaimed, so the revision read may be out of date (a record this applier never read, after a
+            # restart): record it on the fresh one, unless a newer plan's record is there by now.
+            fresh, revision = await self.ledger.read_fresh(lkey)
+            if fresh is None or fresh.source_version <= done.source_version:
+                await self.ledger.write(lkey, done, revision=revision)
         return core.Done(action=core.outcome(resp.status, before=step.before, after=after), resource_version=after)
 
     async def _after_refusal(

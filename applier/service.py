@@ -234,7 +234,7 @@ class Applier:
             facts = await self.trainjobs.verify(message)
             if isinstance(message, DeleteComponent):
                 return await self.fence.delete(message, resource), facts
-            return await self.fence.apply(message, resource, body), facts
+            return await self.fence.apply(message, resource, body, known_version=facts.resource_version), facts
 
         return await self.retry_policy.call(once)
 

@@ -77,7 +77,8 @@ COMPONENT_KINDS: tuple[ComponentKind, ...] = (
     ),
     # Not watched at all: a role that may list or watch Secrets reads every Secret's data, whatever the
     # client asks for (RBAC has no metadata-only read). The applier keeps the record of the Secrets it
-    # created in its ledger; a deleted one is made again when its TrainJob is next planned.
+    # created in its ledger; a deleted one is made again when someone next changes its TrainJob
+    # (contracts.messages.ApplySecret.recheck).
     ComponentKind(message=ApplySecret, resource=resources.SECRET, watch=None),
     ComponentKind(message=ApplyPodGroup, resource=resources.POD_GROUP, watch=Watch()),
     ComponentKind(message=ApplyVolcanoPodGroup, resource=resources.VOLCANO_POD_GROUP, watch=Watch()),

@@ -230,6 +230,12 @@ derives that key from the TrainJob's UID, which every event carries, so it is no
 class ApplySecret(_Apply, frozen=True, kw_only=True, tag="secret"):
     object: Secret
     generate: SecretGenerator | None = None
+    recheck: str = ""
+    """What, when it changes, sends the create again although the ledger says the Secret was made: the
+    TrainJob's generation, labels and annotations (``planner.core.secret_recheck``). The applier may not read
+    a Secret, so a plan that repeats the last one it created costs nothing (no create answered 409 after a
+    restart or a resync), and a Secret deleted by hand is made again once someone changes its TrainJob.
+    An older planner sends none: every plan of it is created again, as before."""
 
 
 class ApplyPodGroup(_Apply, frozen=True, kw_only=True, tag="podgroup"):

@@ -12,6 +12,7 @@ components; the status is planned in every case.
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any
 
 import msgspec
@@ -75,7 +76,8 @@ def _plan_observed(event: TrainJobObserved, source_seq: int, framework: Framewor
     decision = _decide(event, framework)
     common = _Common.of(event, source_seq)
     absent = _seen_absent(event)
-    applies: list[ApplyMessage] = [_message(c, common, absent) for c in decision.components]
+    recheck = secret_recheck(job) if any(isinstance(c.object, Secret) for c in decision.components) else ""
+    applies: list[ApplyMessage] = [_message(c, common, absent, recheck) for c in decision.components]
     if decision.deletions:
         applies.extend(_deletion(d, common) for d in decision.deletions)
     desired = status_rules.desired_status(job, event.jobset, now=event.observed_at, updates=decision.conditions)
@@ -394,8 +396,11 @@ The TrainJob's status is not a component: ``_status_message`` builds it from the
 """
 
 
-def _message(component: Component, common: _Common, absent: frozenset[tuple[str, str]]) -> ApplyMessage:
-    """``absent``: the (kind, name) of components the observation shows do not exist (``_seen_absent``)."""
+def _message(
+    component: Component, common: _Common, absent: frozenset[tuple[str, str]], recheck: str = ""
+) -> ApplyMessage:
+    """``absent``: the (kind, name) of components the observation shows do not exist (``_seen_absent``);
+    ``recheck``: a Secret's ``secret_recheck``."""
     obj = component.object
     if isinstance(obj, ConfigMap | Secret):
         obj = _labelled(obj)
@@ -413,9 +418,24 @@ def _message(component: Component, common: _Common, absent: frozenset[tuple[str,
         trainjob_suspended=common.trainjob_suspended,
         observed_absent=(target.kind, target.name) in absent,
     )
-    if isinstance(message, ApplySecret) and component.generate is not None:
-        return msgspec.structs.replace(message, generate=component.generate)
+    if isinstance(message, ApplySecret):
+        return msgspec.structs.replace(message, generate=component.generate, recheck=recheck)
     return message
+
+
+def secret_recheck(job: TrainJob) -> str:
+    """What sends a Secret's create again although the applier made it already (``ApplySecret.recheck``).
+
+    Nothing may read or watch a Secret, so its deletion cannot be seen; it is made again when someone next
+    changes the TrainJob: its spec (``metadata.generation``: a resume, which makes the pods that mount it,
+    is one), its labels or its annotations. Status writes, the JobSet's progress, a restart of the pipeline
+    and a resync change none of them, so their plans of an existing Secret cost no request.
+    """
+    metadata = meta(job)
+    touched = msgspec.json.encode(
+        [or_default(metadata.labels, {}), or_default(metadata.annotations, {})], order="sorted"
+    )
+    return f"{or_default(metadata.generation, 0)}/{hashlib.sha256(touched).hexdigest()[:16]}"
 
 
 def _labelled(obj: ConfigMap | Secret) -> ConfigMap | Secret:

@@ -143,6 +143,18 @@ async def test_every_shipped_runtime_suspends_resumes_and_drops_a_removed_patch(
         await asyncio.sleep(IDLE_SECONDS)
         idle = pipeline.writes() - before
         assert total_writes(idle) == 0, idle.summary()
+
+        # A restart of the whole pipeline with everything settled costs no request: every TrainJob is listed
+        # and planned again, the MPI and Flux Secrets included, and the ledger says each was made already.
+        restart_from = pipeline.writes()
+        for service in ("watcher", "planner", "applier"):
+            pipeline.kill(service)
+        pipeline.start_all()
+        await services_ready(js)
+        await asyncio.sleep(IDLE_SECONDS)
+        restart = await quiet(pipeline, js) - restart_from
+        assert restart.all_writes() == {}, restart.all_writes()
+
         warnings = [e for e in pipeline.events() if e.get("type") == "Warning"]
         assert warnings == [], [(e["involvedObject"]["name"], e.get("message")) for e in warnings]
     finally:

@@ -322,3 +322,79 @@ def test_what_a_round_reads_before_deciding(
 ) -> None:
     """A component is always read, a status only when a record might still hold, a Secret never."""
     assert core.reads_live(message, record) is reads
+
+
+def _rechecked(recheck: str, *, uid: str = UID) -> m.ApplySecret:
+    return msgspec.structs.replace(secret(), recheck=recheck, trainjob_uid=uid)
+
+
+def _created(message: m.ApplySecret) -> m.AppliedRecord:
+    """The record the applier leaves after creating ``message``'s Secret (or finding it made, 409)."""
+    digest = core.create_only_digest(message, planned(message))
+    return msgspec.structs.replace(OLD_SECRET, digest=digest)
+
+
+def test_a_repeated_secret_plan_sends_nothing() -> None:
+    """After a restart or a resync every TrainJob is planned again; a Secret the ledger records as made
+    for this very plan is left without a create (which the API server would answer 409) or a ledger write."""
+    message = _rechecked("1/labels")
+    step = core.decide(message, _created(message), None, planned=planned(message), stamp=STAMP)
+    assert step == core.Leave(resource_version="", reason=core.ALREADY_CREATED)
+
+
+@pytest.mark.parametrize(
+    ("why", "record_of", "message"),
+    [
+        ("someone changed the TrainJob: a Secret deleted by hand is made again", "1/labels", _rechecked("2/labels")),
+        ("another TrainJob of the same name", "1/labels", _rechecked("1/labels", uid="another-uid")),
+        ("an older planner's plan carries no recheck", "", _rechecked("")),
+    ],
+)
+def test_a_secret_plan_is_created_again(why: str, record_of: str, message: m.ApplySecret) -> None:
+    record = _created(_rechecked(record_of))
+    step = core.decide(message, record, None, planned=planned(message), stamp=STAMP)
+    assert isinstance(step, core.Create), why
+
+
+def test_a_secret_claimed_but_not_created_is_created() -> None:
+    message = _rechecked("1/labels")
+    record = msgspec.structs.replace(_created(message), state="claimed")
+    assert isinstance(core.decide(message, record, None, planned=planned(message), stamp=STAMP), core.Create)
+
+
+@pytest.mark.parametrize(
+    ("why", "record", "known", "expected"),
+    [
+        (
+            "a repeat of the status last written, which moved the TrainJob on: the record advances, no read",
+            applied(status(), STATUS_LIVE),
+            "6",
+            core.Advance(
+                record=msgspec.structs.replace(applied(status(), STATUS_LIVE), source_version=40, source_seq=4),
+                resource_version="6",
+            ),
+        ),
+        (
+            "another status, planned from a TrainJob version the watch has seen pass: claimed, then skipped",
+            msgspec.structs.replace(applied(status(), STATUS_LIVE), digest="another-plan"),
+            "6",
+            core.SkipStatus(claim=claim(status()), resource_version="6"),
+        ),
+        (
+            "the watch has seen nothing newer (it may lag): written, the planned version the precondition",
+            msgspec.structs.replace(applied(status(), STATUS_LIVE), digest="another-plan"),
+            "5",
+            core.Write(claim=claim(status()), precondition="", before="5"),
+        ),
+    ],
+)
+def test_a_status_is_judged_by_the_watched_version_without_a_read(
+    why: str, record: m.AppliedRecord, known: str, expected: core.Step
+) -> None:
+    assert not core.reads_live(status(), record, known_version=known)
+    step = core.decide(status(), record, None, planned=planned(status()), stamp=STAMP, known_version=known)
+    assert step == expected, why
+
+
+def test_a_status_is_read_when_the_watch_does_not_know_the_trainjob() -> None:
+    assert core.reads_live(status(), applied(status(), STATUS_LIVE), known_version="")

@@ -439,3 +439,23 @@ def test_other_policies_are_left_alone() -> None:
     p = run(job, rt)
     assert [type(a) for a in components(p)] == [m.ApplyJobSet]
     assert "mpi" not in m.encode(components(p)[0]).decode()
+
+
+def test_the_secret_is_rechecked_only_when_someone_changes_the_trainjob() -> None:
+    """``ApplySecret.recheck``: the same for every plan of an unchanged TrainJob (its status, resourceVersion
+    and JobSet moving on, as after a restart or a resync), new when its spec, labels or annotations change."""
+
+    def recheck(job: Obj) -> str:
+        [secret] = [a for a in run(job, mpi_runtime()).applies if isinstance(a, m.ApplySecret)]
+        return secret.recheck
+
+    base = trainjob({"numNodes": 2})
+    base["metadata"].update(generation=1, resourceVersion="10")
+    moved_on = copy.deepcopy(base)
+    moved_on["metadata"]["resourceVersion"] = "42"
+    moved_on["status"] = {"conditions": [{"type": "Complete", "status": "False", "reason": "x", "message": "y"}]}
+    assert recheck(base) and recheck(moved_on) == recheck(base)
+    for path, value in (("generation", 2), ("labels", {"touched": "yes"}), ("annotations", {"a": "b"})):
+        changed = copy.deepcopy(base)
+        changed["metadata"][path] = value
+        assert recheck(changed) != recheck(base), path
