@@ -256,13 +256,17 @@ COMPONENTS: tuple[Row, ...] = (
 )
 """What every torch TrainJob's components cost, suspended or run."""
 
+OBSERVATIONS = Row(
+    "observation",
+    1,
+    "worst case: the TrainJob's addition, and each change to its components in a gathering window of its own",
+    once_each("component write"),
+)
+"""How many times the watcher can observe a TrainJob: its gathering is held exactly by its unit tests."""
+
 # fmt: off
 CREATION: tuple[Row, ...] = (
-    Row(
-        "observation", 1,
-        "worst case: the TrainJob's addition, and each change to its components in a gathering window of its own",
-        once_each("component write"),
-    ),
+    OBSERVATIONS,
     Row("stored in TJ_APPLY", 1, "the runtime snapshot once; the JobSet and the status per observation",
         (Per(2, "observation"),)),
     Row("apply messages for jobset", 0, "a suspended TrainJob's JobSet is planned again from the live one at each "
@@ -275,11 +279,7 @@ CREATION: tuple[Row, ...] = (
 Suspended condition written; no pod runs."""
 
 LIFECYCLE: tuple[Row, ...] = (
-    Row(
-        "observation", 1,
-        "worst case: the TrainJob's addition, and each change to its components in a gathering window of its own",
-        once_each("component write"),
-    ),
+    OBSERVATIONS,
     Row("stored in TJ_APPLY", 2, "the runtime snapshot and the JobSet once; the status per observation",
         once_each("observation")),
     Row("apply messages for jobset", 1, "planned once: a running JobSet's status changes re-plan nothing of it", (),
