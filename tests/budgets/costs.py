@@ -252,7 +252,6 @@ def measured(before: Snapshot, after: Snapshot, namespace: str) -> dict[str, int
             continue
         if request.user in PIPELINE_USERS:
             out[f"api {request.label}"] += 1
-            out["API write"] += request.verb not in READ_VERBS
             if (request.resource, request.subresource) == ("trainjobs", "status"):
                 out["status writes"] += request.verb in STATUS_WRITE_VERBS
         if request.namespace == namespace and request.resource in COMPONENT_RESOURCES:

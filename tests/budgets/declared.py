@@ -32,7 +32,6 @@ UNITS: Mapping[str, str] = {
     "echo": "an event caused only by the pipeline's own status write (marked so by the watcher)",
     "component write": "a write by anyone to a ConfigMap, JobSet, JobSet status, PodGroup or Secret of the "
     "TrainJob's namespace (the audit log): what the watcher can observe",
-    "API write": "a write the pipeline sent (the audit log): an apply, a status write",
     "second": "a second of the measured window, for what the services do on a clock",
 }
 """What rows are counted per, besides the other rows' own figures; each measured from the servers' records."""
@@ -208,9 +207,10 @@ BUS: tuple[Row, ...] = (
     Row(
         "stored in KV_tj_applied",
         1,
-        "the fence: a claim and a record per write, a record per apply message found unchanged, and the "
-        "TrainJob's seen key; a held status overtaken by a newer write skips the round",
-        once_each("API write", *APPLIED),
+        "the fence: a claim and a record per component write, a record per apply message (a status is recorded "
+        "once written, with no claim before: its write is conditional on the TrainJob's resourceVersion), and the "
+        "TrainJob's seen key; a held status overtaken by a newer write records nothing",
+        once_each("api configmaps APPLY", "api jobsets APPLY", *APPLIED),
     ),
     Row(
         "JetStream API DIRECT.GET.KV_tj_applied",
@@ -239,13 +239,6 @@ COMPONENTS: tuple[Row, ...] = (
         "one is not written",
         once_each("apply messages for jobset"),
         True,
-    ),
-    Row(
-        "api trainjobs GET",
-        0,
-        "the live TrainJob read before a status write that has a ledger record: the write is conditional on the "
-        "resourceVersion it was planned from",
-        once_each("status writes"),
     ),
     Row(
         "apply messages for trainjob-status",
