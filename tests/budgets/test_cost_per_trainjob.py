@@ -147,7 +147,8 @@ async def breakdown(p: Pipeline, name: str) -> tuple[dict[str, int], dict[str, A
         await nc.close()
     echoes = sum(1 for event in events if getattr(event, "echo", False))
     components = Counter(str(m.subject).rsplit(".", 1)[1].split("_", 1)[0] for m in applies)
-    units = {"observation": len(events) - echoes, "echo": echoes}
+    live = sum(1 for e in events if not getattr(e, "echo", True) and getattr(e, "runtime_source", "") != "snapshot")
+    units = {"observation": len(events) - echoes, "echo": echoes, "observation without the snapshot": live}
     units |= {f"apply messages for {component}": count for component, count in components.items()}
     return units, {
         "applies by target": dict(Counter(str(m.subject).rsplit(".", 1)[1] for m in applies)),
