@@ -1,16 +1,14 @@
-"""What the project says about itself wherever a person reads it: its version, and where its documentation is.
+"""What the project says about itself wherever a person reads it: its version, and where its guide is.
 
-One place for the documentation's address, so the history server's links (and anything else that points a
-reader at a page) change together when the site moves; a page is ``DOCS_BASE_URL`` plus its path on the site
-(``data-scientists/`` for ``docs/data-scientists.md``), as MkDocs builds it.
+The history server carries the data scientists' page itself (``static/guide.html``, generated from
+``docs/data-scientists.md`` by ``tools/gen_docs.py``), so the link its UI shows works wherever it runs, with no
+documentation site published anywhere and nothing fetched from elsewhere.
 """
 
 from __future__ import annotations
 
-DOCS_BASE_URL = "https://trainjob-pipeline.github.io/trainjob-pipeline/"
-"""The documentation site's root, ending in ``/``."""
-DATA_SCIENTISTS_PAGE = "data-scientists/"
-"""The page for the people who run TrainJobs and read their history (``docs/data-scientists.md``)."""
+DATA_SCIENTISTS_GUIDE = "/static/guide.html"
+"""Where the history server serves the page for the people who run TrainJobs and read their history."""
 
 
 def version() -> str:
@@ -22,7 +20,3 @@ def version() -> str:
         return installed("trainjob-pipeline")
     except PackageNotFoundError:
         return "unknown (not installed)"
-
-
-def docs_url(page: str = "") -> str:
-    return DOCS_BASE_URL + page

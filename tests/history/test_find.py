@@ -126,12 +126,14 @@ def test_the_page_shows_the_version_and_links_the_data_scientists_guide(sweep: S
     from tjpipe import about
 
     status, body, _ = get(f"{sweep.server.url}/api/v1/docs")
-    assert status == 200 and json.loads(body) == {"dataScientists": about.DOCS_BASE_URL + "data-scientists/"}
+    assert status == 200 and json.loads(body) == {"dataScientists": about.DATA_SCIENTISTS_GUIDE}
+    status, guide, _ = get(f"{sweep.server.url}{about.DATA_SCIENTISTS_GUIDE}")
+    assert status == 200 and b"<h1>For data scientists</h1>" in guide and b"kubectl -n my-team create token" in guide
     driver = browser(tmp_path)
     try:
         driver.get(sweep.server.url + "/")
         link = WebDriverWait(driver, 20).until(ec.visibility_of_element_located((By.ID, "docs-link")))
-        assert link.get_attribute("href") == about.DOCS_BASE_URL + "data-scientists/"
+        assert link.get_attribute("href") == sweep.server.url + about.DATA_SCIENTISTS_GUIDE
         assert not driver.find_element(By.ID, "version").text  # told only to whoever logged in
         log_in(driver, sweep.server.url, sweep.tokens["viewer"])
         shown = WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "version").text)

@@ -61,6 +61,7 @@ _STATIC = {
     "app.js": "text/javascript",
     "app.css": "text/css",
     "favicon.svg": "image/svg+xml",
+    "guide.html": "text/html",
 }
 
 
@@ -330,7 +331,7 @@ async def docs(request: web.Request) -> web.Response:
     it). The version is told only to a caller the API server accepts (``whoami``)."""
     from tjpipe import about
 
-    return _json({"dataScientists": about.docs_url(about.DATA_SCIENTISTS_PAGE)})
+    return _json({"dataScientists": about.DATA_SCIENTISTS_GUIDE})
 
 
 async def namespaces(request: web.Request) -> web.Response:

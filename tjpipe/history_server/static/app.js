@@ -883,7 +883,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); me = null; $("version").textContent = ""; showLogin(); });
   fetch("/api/v1/docs", { cache: "no-store" }).then((r) => r.ok ? r.json() : null).then((d) => {
-    if (!d || !/^https?:\/\//.test(d.dataScientists)) return;
+    if (!d || !/^\/static\/[\w-]+\.html$/.test(d.dataScientists)) return;
     $("docs-link").href = d.dataScientists;
     $("docs-link").hidden = false;
   }).catch(() => {});
