@@ -106,19 +106,6 @@ class ApplierSettings(ServiceSettings):
     0 writes every status at once."""
 
 
-@dataclass
-class ApplierStats:
-    actions: dict[str, int] = field(default_factory=dict)
-    retries: int = 0
-    dead_letters: int = 0
-    naks: int = 0
-    held: int = 0
-    """Paced statuses handed back to wait for their turn (``applier.pacing``)."""
-
-    def count(self, action: str) -> None:
-        self.actions[action] = self.actions.get(action, 0) + 1
-
-
 def _retry_policy(settings: ApplierSettings) -> retrying.Policy:
     """The transient-error policy with this applier's attempts and cap, honouring the server's Retry-After."""
     return dataclasses.replace(
@@ -144,7 +131,6 @@ class Applier:
         self.trusted_plans = trusted_plans
         self.js = js
         self.ledger = ledger
-        self.stats = ApplierStats()
         watched = (
             WatchedTrainJobs(kube, namespaces=settings.namespaces) if settings.trainjob_source == "watch" else None
         )
@@ -186,7 +172,6 @@ class Applier:
             await self._finish(msg, message, "skipped", 0, started, reason=core.STALE_PLAN)
             return
         if (wait := self.pacing.wait_for(message)) > 0:
-            self.stats.held += 1
             await msg.nak(delay=wait)  # its turn comes with the interval (applier.pacing)
             return
         try:
@@ -229,7 +214,6 @@ class Applier:
         async def once() -> tuple[core.Done, TrainJobFacts]:
             attempt.count += 1
             if attempt.count > 1:
-                self.stats.retries += 1
                 RETRIES.labels(tjpipe_service="applier").inc()
             facts = await self.trainjobs.verify(message)
             if isinstance(message, DeleteComponent):
@@ -245,7 +229,6 @@ class Applier:
         elif isinstance(exc, core.Unauthorized):
             await self._refuse(msg, message, exc.why, attempts, started)
         elif isinstance(exc, core.Held):
-            self.stats.naks += 1
             await msg.nak(delay=exc.delay)
         elif isinstance(exc, core.SettlingRefusal):
             if (msg.metadata.num_delivered or 1) >= core.SETTLING_DELIVERIES:
@@ -278,7 +261,6 @@ class Applier:
     async def _hand_back(self, msg: Msg, message: ApplyMessage, exc: core.TransientError) -> None:
         """Give a message that failed for now back to JetStream, with a delay that grows per delivery."""
         delay = retrying.TRANSIENT_REDELIVERY.delay(msg.metadata.num_delivered or 1)
-        self.stats.naks += 1
         log.warning(
             "%s: %s; handing back to JetStream for %.0fs",
             message.target,
@@ -350,7 +332,6 @@ class Applier:
             finished_at=time.time(),
             trace_id=message.trace_id,
         )
-        self.stats.count(action)
         APPLIES.labels(kind=message.target.kind, action=action).inc()
         STAGE_SECONDS.labels(stage="applier").observe(duration_ms / 1000)
         if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
@@ -376,7 +357,6 @@ class Applier:
             namespace, name = key.trainjob.namespace, key.trainjob.name
         else:
             namespace, name = subjects.trainjob_of_subject(msg.subject)
-        self.stats.dead_letters += 1
         DEAD_LETTERS.labels(stage="applier", reason=reason).inc()
         where = f"{key.target}: " if key is not None else ""
         await bus.dead_letter(

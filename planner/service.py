@@ -81,14 +81,6 @@ def framework_with(status_server: StatusServer | None) -> Framework:
     return FRAMEWORK if status_server is None else Framework(registry(status_server))
 
 
-@dataclass
-class PlannerStats:
-    events: int = 0
-    messages: int = 0
-    dead_letters: int = 0
-    warnings: dict[str, int] = field(default_factory=dict)
-
-
 def apply_message_id(message: ApplyMessage, payload: bytes) -> str:
     digest = hashlib.sha256(payload).hexdigest()[:16]
     return f"{message.trainjob_uid}:{component_of(message)}:{message.source_seq}:{digest}"
@@ -107,7 +99,6 @@ class Planner:
         self.js = js
         self.signer = signer
         self.trusted_events = trusted_events
-        self.stats = PlannerStats()
         self.framework = framework_of(settings)
         self.max_payload = DEFAULT_MAX_PAYLOAD
         """The server's max payload (headers and body); ``run_planner`` sets it from the connection."""
@@ -127,7 +118,6 @@ class Planner:
         if event is None:
             return
         result = plan(event, source_seq=seq, framework=self.framework)
-        self.stats.events += 1
         PLANS.labels(outcome="planned").inc()
         CONSUMER_LAG.labels(consumer=msg.metadata.consumer or "planner").set(msg.metadata.num_pending or 0)
         encoded = [(message, encode(message)) for message in result.applies]
@@ -166,7 +156,6 @@ class Planner:
         replacement = plan_too_large(event, source_seq=seq, sizes=sizes, max_payload=self.max_payload)
         await self._publish([(message, encode(message)) for message in replacement.applies])
         error = replacement.warnings[0]
-        self.stats.dead_letters += 1
         PLANS.labels(outcome="too-large").inc()
         DEAD_LETTERS.labels(stage="planner", reason="plan-too-large").inc()
         await bus.dead_letter(
@@ -201,10 +190,8 @@ class Planner:
                 pipelined=time.monotonic() >= self._synchronous_until,
                 retry=None,
             )
-        self.stats.messages += len(outgoing)
 
     async def _dead_letter(self, msg: Msg, error: str, *, reason: str) -> None:
-        self.stats.dead_letters += 1
         PLANS.labels(outcome="dead-letter").inc()
         DEAD_LETTERS.labels(stage="planner", reason=reason).inc()
         namespace, name = subjects.trainjob_of_subject(msg.subject)

@@ -29,7 +29,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -112,14 +112,6 @@ class WatcherSettings(ServiceSettings):
     """The flag and variable that set ``signing_key``, named when it cannot be used."""
 
 
-@dataclass
-class WatcherStats:
-    published: int = 0
-    duplicates: int = 0
-    publish_retries: int = 0
-    by_cause: dict[str, int] = field(default_factory=dict)
-
-
 class Watcher:
     def __init__(
         self, settings: WatcherSettings, kube: KubeClient, js: JetStreamContext, *, signer: signing.Signer
@@ -128,7 +120,6 @@ class Watcher:
         self.kube = kube
         self.js = js
         self.signer = signer
-        self.stats = WatcherStats()
         self._active: dict[Key, tuple[str, str] | None] = {}
         """Each cached TrainJob's active label (namespace, runtime), ``None`` when finished or not ours."""
         TRAINJOBS_ACTIVE.track(self._active_counts)
@@ -433,7 +424,6 @@ class Watcher:
         started = time.perf_counter()
 
         def retried(exc: BaseException, wait: float) -> None:
-            self.stats.publish_retries += 1
             if not publishing.is_refused(exc):  # a refusal is logged by publishing itself
                 log.warning("publish of %s/%s failed (%s); retrying in %.1fs", key[0], key[1], exc, wait)
 
@@ -459,11 +449,6 @@ class Watcher:
             return False
         EVENTS.labels(cause=cause.split()[0], outcome="duplicate" if ack.duplicate else "published").inc()
         STAGE_SECONDS.labels(stage="watcher").observe(time.perf_counter() - started)
-        if ack.duplicate:
-            self.stats.duplicates += 1
-        else:
-            self.stats.published += 1
-            self.stats.by_cause[cause.split()[0]] = self.stats.by_cause.get(cause.split()[0], 0) + 1
         log.info(
             "published %s/%s (%s)%s",
             key[0],
