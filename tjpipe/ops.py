@@ -551,9 +551,10 @@ class ReplayReport:
 def _comparable(message: ApplyMessage) -> Obj:
     """What a plan decided, without what only says when, why and in which format it was made (a plan
     recorded before messages carried ``wire_version`` decided what today's does), nor how soon the applier
-    may write it (``paced``: a status recorded before the applier paced statuses decided the same status)."""
+    may write it (``paced``: a status recorded before the applier paced statuses decided the same status), nor
+    when it sends a create-only Secret again (``recheck``: a Secret recorded before it decided the same Secret)."""
     body: Obj = msgspec.to_builtins(message)
-    for volatile in ("trace_id", "source_seq", "wire_version", "paced"):
+    for volatile in ("trace_id", "source_seq", "wire_version", "paced", "recheck"):
         body.pop(volatile, None)
     return body
 
