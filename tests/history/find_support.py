@@ -5,6 +5,7 @@ look for."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import msgspec
@@ -14,7 +15,7 @@ from contracts.messages import TrainJobObserved, encode
 from plumbing import bus
 
 from .progress_support import Story, progress_record
-from .support import _event, run_async
+from .support import _event, get, run_async, wait_until
 
 NLP = {"sweep": "lr", "team": "nlp"}
 SWEEP = {
@@ -71,3 +72,20 @@ def record_sweep(story: Story) -> None:
             await nc.close()
 
     run_async(publish)
+
+
+def indexed_sweep(story: Story) -> None:
+    """Until the history server's index holds every record of the sweep: each TrainJob in its final state with
+    its last loss. Its jobs show up with their first record; a test that read them then raced their last."""
+    url = f"{story.server.url}/api/v1/namespaces/{story.namespace}/trainjobs?limit=50"
+    want = {name: (state, str(losses[-1])) for name, (_, _, state, _, losses) in SWEEP.items()}
+
+    def indexed() -> bool:
+        items = json.loads(get(url, story.tokens["viewer"])[1] or b"{}").get("items") or []
+        seen = {
+            item["name"]: (item.get("state"), ((item.get("progress") or {}).get("metrics") or {}).get("loss"))
+            for item in items
+        }
+        return all(seen.get(name) == final for name, final in want.items())
+
+    wait_until(indexed, timeout=60, what="every record of the sweep in the history server's index")

@@ -18,9 +18,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-from .find_support import SWEEP, record_sweep
+from .find_support import SWEEP, indexed_sweep, record_sweep
 from .progress_support import Story
-from .support import browser, get, log_in, screenshot, wait_until
+from .support import browser, get, log_in, screenshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
@@ -30,12 +30,7 @@ FIVE = ["lr-1e-2", "lr-3e-3", "lr-1e-3", "lr-3e-4", "lr-1e-4"]
 @pytest.fixture(scope="module")
 def sweep(story: Story) -> Iterator[Story]:
     record_sweep(story)
-    url = f"{story.server.url}/api/v1/namespaces/{story.namespace}/trainjobs?labelSelector=sweep%3Dlr"
-    wait_until(
-        lambda: json.loads(get(url, story.tokens["viewer"])[1] or b"{}").get("total") == 5,
-        timeout=30,
-        what="the sweep in the history server's index",
-    )
+    indexed_sweep(story)
     yield story
 
 
