@@ -61,26 +61,10 @@ def test_the_site_carries_mermaid(site: Path) -> None:
 
 
 def test_a_diagram_renders_with_no_network(site: Path, tmp_path: Path) -> None:
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver_path is None:
-        unavailable("needs chromium and chromium-driver (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    from history.support import browser
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--host-resolver-rules=MAP * ~NOTFOUND",  # no name resolves: a CDN cannot be reached
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    # no name resolves: a CDN cannot be reached
+    driver = browser(tmp_path, arguments=("--host-resolver-rules=MAP * ~NOTFOUND",))
     try:
         driver.get((site / "index.html").as_uri())
         # mkdocs-material draws each diagram into a closed shadow root of a new div.mermaid that replaces the

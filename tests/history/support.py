@@ -144,12 +144,14 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
-def browser(tmp: Path, *, width: int = 1280, height: int = 900, phone: bool = False) -> Any:
+def browser(
+    tmp: Path, *, width: int = 1280, height: int = 900, phone: bool = False, arguments: tuple[str, ...] = ()
+) -> Any:
     """Debian's Chromium, headless, driven by its chromedriver, with a profile of its own and nothing that
     calls out (updates, sync, background networking); skips the test where either is not installed.
 
     ``phone``: the page is laid out as on a phone's screen of ``width`` CSS pixels (a headless window is
-    never narrower than 500)."""
+    never narrower than 500). ``arguments``: more of Chromium's flags."""
     import shutil
 
     from needs import unavailable
@@ -173,6 +175,7 @@ def browser(tmp: Path, *, width: int = 1280, height: int = 900, phone: bool = Fa
         "--no-first-run",
         f"--user-data-dir={tmp / 'chromium-profile'}",
         f"--window-size={width},{height}",
+        *arguments,
     ):
         options.add_argument(argument)
     if phone:
