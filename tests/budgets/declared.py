@@ -77,12 +77,13 @@ def once_each(*units: str) -> tuple[Per, ...]:
     return tuple(Per(1, unit) for unit in units)
 
 
-def verdict(costs: Mapping[str, int], rows: Iterable[Row], units: Mapping[str, int]) -> list[str]:
-    """Every row its figure breaks, and every figure no row names."""
+def verdict(costs: Mapping[str, int], rows: Iterable[Row]) -> list[str]:
+    """Every row its figure breaks, and every figure no row names. ``costs`` holds the units too: a row is
+    counted per a unit or per another row's figure, all measured in the same run."""
     table = {row.figure: row for row in rows}
     problems = []
     for row in table.values():
-        value, limit = costs.get(row.figure, 0), row.limit(units)
+        value, limit = costs.get(row.figure, 0), row.limit(costs)
         if value > limit or (row.exact and value != limit):
             problems.append(f"{row.figure}: {value}, budget {row.formula()} = {limit} ({row.reason})")
     problems += [
@@ -93,14 +94,14 @@ def verdict(costs: Mapping[str, int], rows: Iterable[Row], units: Mapping[str, i
     return problems
 
 
-def table(costs: Mapping[str, int], rows: Iterable[Row], units: Mapping[str, int]) -> str:
+def table(costs: Mapping[str, int], rows: Iterable[Row]) -> str:
     declared = {row.figure: row for row in rows}
     names = sorted(set(costs) | set(declared))
     width = max(len(name) for name in names)
     lines = []
     for name in names:
         row = declared.get(name)
-        budget = f"{row.formula()} = {row.limit(units)}" if row else "-"
+        budget = f"{row.formula()} = {row.limit(costs)}" if row else "-"
         lines.append(f"  {name:<{width}}  {costs.get(name, 0):>5}  {budget}")
     return "\n".join(lines)
 

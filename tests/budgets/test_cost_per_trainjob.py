@@ -161,9 +161,9 @@ def check(
 ) -> None:
     units, extra = found
     costs = {**costs, **units}
-    print(f"\n[budgets] {what}:\n{table(costs, rows, costs)}\n{json.dumps(extra, indent=1, default=str)}")
+    print(f"\n[budgets] {what}:\n{table(costs, rows)}\n{json.dumps(extra, indent=1, default=str)}")
     print(f"[budgets-json] {json.dumps({'what': what, 'costs': costs, **extra}, default=str)}")
-    problems = verdict(costs, rows, costs)
+    problems = verdict(costs, rows)
     assert not problems, f"{what} costs other than its budget (docs/cost-budgets.md):\n" + "\n".join(problems)
 
 
