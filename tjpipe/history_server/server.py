@@ -78,9 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--retention-policy",
         env="TJPIPE_HISTORY_RETENTION_POLICY",
         default="",
-        help="a YAML file (from a ConfigMap) saying how long each namespace's history is kept after a TrainJob "
-        "ended, and how many ended TrainJobs (tjpipe.history_server.retention); read again when it changes; "
-        "unset: the streams' own limits only",
+        help="a YAML file (mounted from a ConfigMap): how long each namespace's history is kept after a TrainJob "
+        "ended, and how many ended TrainJobs; read again when it changes; unset: the streams' own limits only",
     )
     env_flag(
         parser,
