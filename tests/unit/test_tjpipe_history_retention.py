@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,7 @@ from contracts import subjects
 from contracts.messages import ObjectKey, TrainJobDeleted, encode
 from tjpipe.history_server.index import HistoryIndex, Summary
 from tjpipe.history_server.rerun import RUN_AGAIN_OF, again, recorded_trainjob
-from tjpipe.history_server.retention import BadPolicy, Keep, Policy, expired, kept_until, parse_policy
+from tjpipe.history_server.retention import BadPolicy, Keep, Policy, Retention, expired, kept_until, parse_policy
 
 from .test_tjpipe_history_index import _observed, _stored
 
@@ -125,3 +126,19 @@ def test_run_again_takes_the_newest_recorded_spec_under_a_new_name() -> None:
         "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 2, "futureField": 1}},
     }
     assert recorded_trainjob([events[2]]) is None
+
+
+def test_the_policy_file_is_read_again_when_it_changes_and_a_bad_one_leaves_the_last_in_force(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "retention.yaml"
+    path.write_text("default: {keepFor: 1h}\n")
+    retention = Retention(path=path, stores=[])
+    assert retention.load().default.keep_for == 3600.0
+    path.write_text("default: {keepFor: 90m, maxTrainJobs: 5}\n")
+    assert retention.load().default == Keep(keep_for=5400.0, max_trainjobs=5)
+    path.write_text("default: {keepFor: for ever}\n")
+    assert retention.load().default == Keep(keep_for=5400.0, max_trainjobs=5)
+    assert "the previous retention policy stays in force" in caplog.text
+    with pytest.raises(BadPolicy):  # at start there is no previous one: the server does not start
+        Retention(path=path, stores=[]).load()
