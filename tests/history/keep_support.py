@@ -27,7 +27,7 @@ from contracts import subjects
 from contracts.messages import DeadLetter, ObjectKey, TrainJobDeleted, encode
 from plumbing import bus
 
-from .progress_support import _COMPLETE, _namespace, _publish_event, _running, progress_record
+from .progress_support import _COMPLETE, _namespace, _publish_event, _running, bind, progress_record
 from .support import Server, run_async, start_server
 
 SHORT = 8.0
@@ -84,19 +84,8 @@ async def publish(nats_url: str, creds: Path, namespace: str, name: str, *, dele
 
 
 def _bind(rbac: kube_client.RbacAuthorizationV1Api, namespace: str, rule: Any, sa: tuple[str, str]) -> None:
-    name = f"trainjobs-{sa[1]}"
-    rbac.create_namespaced_role(
-        namespace, kube_client.V1Role(metadata=kube_client.V1ObjectMeta(name=name), rules=[rule])
-    )
     subject = kube_client.RbacV1Subject(kind="ServiceAccount", namespace=sa[0], name=sa[1])
-    rbac.create_namespaced_role_binding(
-        namespace,
-        kube_client.V1RoleBinding(
-            metadata=kube_client.V1ObjectMeta(name=name),
-            role_ref=kube_client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=name),
-            subjects=[subject],
-        ),
-    )
+    bind(rbac, namespace, f"trainjobs-{sa[1]}", rule, subject)
 
 
 @pytest.fixture(scope="module")
