@@ -147,7 +147,9 @@ def kept_until(summary: Summary, keep: Keep) -> float | None:
 def expired(summaries: Iterable[Summary], policy: Policy, now: float) -> list[Summary]:
     """The TrainJobs whose history has expired at ``now``, the one that ended first first: those whose
     ``keepFor`` has passed, and in a namespace with more ended TrainJobs than its ``maxTrainJobs``, the ones
-    that ended first beyond that count. The one place that says what is gone, for every store."""
+    that ended first beyond that count. The one place that says what is gone, for every store.
+
+    Linear in the TrainJobs; only a namespace over its count is sorted (a sweep runs on the server's loop)."""
     ended: dict[str, list[Summary]] = {}
     for summary in summaries:
         if summary.ended_at:
@@ -155,11 +157,13 @@ def expired(summaries: Iterable[Summary], policy: Policy, now: float) -> list[Su
     out: list[Summary] = []
     for namespace, jobs in ended.items():
         keep = policy.of(namespace)
-        jobs.sort(key=lambda s: (-s.ended_at, s.name))  # the newest ended first: they are the ones kept
-        for rank, summary in enumerate(jobs):
-            until = kept_until(summary, keep)
-            if (until is not None and until <= now) or (keep.max_trainjobs is not None and rank >= keep.max_trainjobs):
-                out.append(summary)
+        cutoff = now - keep.keep_for if keep.keep_for is not None else float("-inf")
+        kept = [s for s in jobs if s.ended_at > cutoff]
+        if len(kept) < len(jobs):
+            out += [s for s in jobs if s.ended_at <= cutoff]
+        if keep.max_trainjobs is not None and len(kept) > keep.max_trainjobs:
+            kept.sort(key=lambda s: (-s.ended_at, s.name))  # the newest ended first: they are the ones kept
+            out += kept[keep.max_trainjobs :]
     out.sort(key=lambda s: (s.ended_at, s.namespace, s.name))
     return out
 
