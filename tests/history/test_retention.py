@@ -181,6 +181,9 @@ def test_run_again_creates_the_recorded_trainjob_under_a_new_name_with_the_calle
     assert "status" not in new or not new["status"].get("conditions")
     # The same name again: the API server's answer, passed on.
     assert post(url, kept.tokens["runner"], {"name": "finished-again"})[0] == 409
+    # A deleted TrainJob runs again from its record.
+    status, made = post(_job(kept, kept.mine, "deleted") + "/run-again", kept.tokens["runner"], {"name": "undeleted"})
+    assert status == 201, made
 
 
 def test_run_again_is_not_offered_to_a_viewer_and_refused_to_another_namespaces_user(kept: Kept) -> None:
