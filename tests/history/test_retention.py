@@ -22,6 +22,7 @@ from contracts import streams, subjects
 from plumbing import bus
 from plumbing.bus_history import read_stream
 from plumbing.kube import KubeConfig
+from tjpipe.history_server.index import Summary
 from tjpipe.history_server.rerun import RUN_AGAIN_OF, Creator, RunAgainError
 from tjpipe.history_server.retention import StreamRecords
 
@@ -152,7 +153,7 @@ def test_a_purge_removes_only_what_was_stored_before_the_sweep_looked(kept: Kept
             bounds = await store.bounds()
             await js.publish(subjects.event_subject(namespace, name), b'{"type":"trainjob.deleted"}')
             await recorded(2)
-            purged = await store.purge(namespace, name, bounds)
+            purged = await store.purge(Summary(namespace=namespace, name=name), bounds)
             return purged, len(await read_stream(js, history, subject))
         finally:
             await keeper.close()

@@ -198,8 +198,10 @@ class RecordStore(Protocol):
         """Where each of its streams (or buckets) ends now: what a purge after this may remove at most."""
         ...
 
-    async def purge(self, namespace: str, name: str, bounds: Mapping[str, int]) -> int:
-        """Remove the TrainJob's records stored before ``bounds``; how many went."""
+    async def purge(self, summary: Summary, bounds: Mapping[str, int]) -> int:
+        """Remove the records of the TrainJob ``summary`` names (its namespace and name; ``uid`` is the newest
+        TrainJob of that name, for a store keyed by it) stored before ``bounds``; how many went. Every
+        TrainJob of that name goes: the streams keep one subject per name."""
         ...
 
 
@@ -236,9 +238,9 @@ class StreamRecords:
             out[stream] = int(info.state.last_seq or 0) + 1
         return out
 
-    async def purge(self, namespace: str, name: str, bounds: Mapping[str, int]) -> int:
+    async def purge(self, summary: Summary, bounds: Mapping[str, int]) -> int:
         purged = 0
-        for stream, subject in _filters(namespace, name).items():
+        for stream, subject in _filters(summary.namespace, summary.name).items():
             upto = bounds.get(stream)
             if not upto or upto <= 1:
                 continue
@@ -312,7 +314,7 @@ class Retention:
                 continue
             try:
                 for store, bound in zip(self.stores, bounds, strict=True):
-                    self.purged_records += await store.purge(summary.namespace, summary.name, bound)
+                    self.purged_records += await store.purge(summary, bound)
             except Exception as exc:  # the bus away for a moment or a refusal: kept, tried again next sweep
                 log.warning("could not remove the history of %s/%s: %s", summary.namespace, summary.name, exc)
                 continue
