@@ -1,6 +1,6 @@
 """Who may do what on the bus: one NATS nkey identity per stage, and the server's authorization block.
 
-Why nkeys and not decentralized JWT accounts: the set of identities is fixed (seven, one per stage and role),
+Why nkeys and not decentralized JWT accounts: the set of identities is fixed (eight, one per stage and role),
 so JWT's one advantage, adding or changing users without touching the server's configuration, buys nothing
 here, while it costs an operator key, an account key, a resolver and signed JWTs to run and rotate. With
 nkeys the server configuration holds only public keys, the seeds never leave the process that uses them,
@@ -53,7 +53,8 @@ APPLIER = "applier"
 READER = "reader"
 DLQ_OPERATOR = "dlq-operator"
 STATUS_SERVER = "status-server"
-IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER)
+HISTORY_KEEPER = "history-keeper"
+IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER, HISTORY_KEEPER)
 SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER, "status-server": STATUS_SERVER}
 """``tjpipe`` service command → the identity it runs as."""
 
@@ -183,6 +184,14 @@ def permissions() -> dict[str, Permissions | None]:
                 f"{_API}.STREAM.INFO.{streams.PROGRESS.name}",
                 f"{_API}.DIRECT.GET.{streams.PROGRESS.name}",
             ),
+        ),
+        # The history server's retention (tjpipe.history_server.retention): purge what a namespace's policy
+        # expired from the record streams, by subject, and read how far each stream reaches. It reads no record:
+        # the decision is made on what the server read as ``reader``. A purge request's subject filter is in its
+        # body, which a permission cannot narrow, so this identity could purge any record; it is mounted
+        # into the history server only, and never into a stage that does the work.
+        HISTORY_KEEPER: Permissions(
+            publish=tuple(f"{_API}.STREAM.{verb}.{stream}" for stream in _RECORD_STREAMS for verb in ("INFO", "PURGE")),
         ),
         DLQ_OPERATOR: Permissions(
             publish=(

@@ -271,6 +271,22 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.STREAM.PURGE.TJ_PROGRESS",
         f"{API}.STREAM.MSG.DELETE.TJ_PROGRESS",
     ],
+    # It removes what a retention policy expired from the record streams: purges there and nothing else, no
+    # work stream, no read of any record, no publish.
+    "history-keeper": [
+        *MANAGEMENT,
+        "tj.ev.0.ns.name",
+        "tj.apply.0.ns.name.jobset",
+        "tj.result.0.ns.name.jobset",
+        "tj.progress.0.ns.name",
+        "tj.dlq.applier.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        f"{API}.DIRECT.GET.TJ_EVENTS_HISTORY",
+        f"{API}.DIRECT.GET.TJ_PROGRESS",
+        f"{API}.STREAM.MSG.DELETE.TJ_EVENTS_HISTORY",
+        f"{API}.STREAM.UPDATE.TJ_EVENTS_HISTORY",
+        f"{API}.STREAM.DELETE.TJ_PROGRESS",
+    ],
 }
 
 

@@ -60,6 +60,7 @@ STREAM_OF = {
     "reader": streams.RESULTS.name,
     "dlq-operator": streams.DLQ.name,
     "status-server": streams.PROGRESS.name,
+    "history-keeper": streams.EVENTS_HISTORY.name,
 }
 """A stream each identity may ask about: an API request answered in its inbox."""
 

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
     from tjpipe.history_server.fleet import FleetIndex
+    from tjpipe.history_server.rerun import Creator
+    from tjpipe.history_server.retention import Retention
     from tjpipe.ops import TimelineEntry
 
 log = logging.getLogger("tjpipe.history_server")
@@ -92,6 +94,11 @@ class Backend:
     stalled_after: float = 600.0
     """Seconds without a progress update after which a Running TrainJob is called stalled (0: never)."""
     clusters: dict[str, Scope] = field(default_factory=dict)
+    retention: Retention | None = None
+    """The per-namespace retention policy and what it purges (``--retention-policy``); ``None``: the streams'
+    limits only."""
+    creator: Creator | None = None
+    """Where Run again creates TrainJobs, with the caller's token (``None``: not offered)."""
 
     @property
     def fleet(self) -> bool:
@@ -108,6 +115,9 @@ def _error(status: int, message: str, **headers: str) -> web.HTTPException:
         401: web.HTTPUnauthorized,
         403: web.HTTPForbidden,
         404: web.HTTPNotFound,
+        409: web.HTTPConflict,
+        415: web.HTTPUnsupportedMediaType,
+        422: web.HTTPUnprocessableEntity,
         503: web.HTTPServiceUnavailable,
     }[status]
     return cls(text=body, content_type="application/json", headers=headers)
@@ -621,6 +631,121 @@ async def compare(request: web.Request) -> web.Response:
     return _json(compared)
 
 
+# ------------------------------------------------------------------------------- retention, run again
+
+
+async def retention(request: web.Request) -> web.Response:
+    """How long this TrainJob's history is kept (``tjpipe.history_server.retention``), as its page says it."""
+    from contracts import streams
+    from tjpipe.history_server.retention import retention_of
+
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await _require(request, "get", namespace, name)
+    backend, scope = request.app[BACKEND], _scope(request)
+    summary = scope.index.get(namespace, name)
+    if summary is None:
+        raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or no longer kept)")
+    policy = backend.retention.policy if backend.retention is not None else None
+    answer = retention_of(summary, policy, time.time())
+    try:
+        info = await backend.js.stream_info(streams.EVENTS_HISTORY.name)
+        answer["streamsKeepSeconds"] = float(info.config.max_age or 0) or None
+    except Exception:  # only a figure for the page: without it the page says less, nothing fails
+        answer["streamsKeepSeconds"] = None
+    return _json(answer)
+
+
+def _same_site(request: web.Request) -> None:
+    """A write comes from this server's own page: JSON (no HTML form can send it), from no other origin."""
+    from urllib.parse import urlsplit
+
+    if request.content_type != "application/json":
+        raise _error(415, "send the request as Content-Type: application/json")
+    origin = request.headers.get("Origin")
+    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none") or (
+        origin is not None and urlsplit(origin).netloc != request.host
+    ):
+        raise _error(403, "a write is accepted from this server's own page only")
+
+
+async def _run_again_allowed(request: web.Request, caller: Caller, namespace: str) -> bool:
+    return request.app[BACKEND].creator is not None and await _allowed(request, caller, "create", namespace)
+
+
+async def run_again_offer(request: web.Request) -> web.Response:
+    """Whether the caller may run this TrainJob again (a SubjectAccessReview: ``create`` TrainJobs in its
+    namespace), and a name for the new one."""
+    import secrets
+
+    from tjpipe.history_server.rerun import FINISHED
+
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    caller = await _require(request, "get", namespace, name)
+    summary = _scope(request).index.get(namespace, name)
+    return _json(
+        {
+            "allowed": await _run_again_allowed(request, caller, namespace),
+            "finished": summary is not None and summary.state in FINISHED,
+            "name": f"{name[:56]}-{secrets.token_hex(3)}",
+        }
+    )
+
+
+async def run_again(request: web.Request) -> web.Response:
+    """A new TrainJob from this one's recorded spec (``tjpipe.history_server.rerun``), created with the
+    caller's own token: 401, then the write's own rules (415, 403), 400, 403 unless the caller may ``get``
+    this TrainJob and ``create`` TrainJobs in its namespace, 409 unless it finished, then the API server's
+    answer."""
+    from contracts import streams, subjects
+    from plumbing.bus_history import read_stream
+    from tjpipe.history_server.rerun import FINISHED, RunAgainError, again, recorded_trainjob
+
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await _caller(request)
+    _same_site(request)
+    raw = await request.read()
+    body: dict[str, Any] = {}
+
+    def well_formed() -> None:
+        try:
+            decoded = msgspec.json.decode(raw or b"{}")
+        except msgspec.DecodeError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            raise _error(400, 'send {"name": "NEW-NAME"}')
+        body.update(decoded)
+        if not isinstance(body.get("name"), str) or not _valid_name(body["name"]):
+            raise _error(400, f"{body.get('name')!r} is not a TrainJob name (a DNS label of at most 63 characters)")
+
+    caller = await _require(request, "get", namespace, name, well_formed=well_formed)
+    backend, scope = request.app[BACKEND], _scope(request)
+    if not await _run_again_allowed(request, caller, namespace):
+        raise _error(403, f"{caller.username} may not create TrainJobs in namespace {namespace!r}")
+    summary = scope.index.get(namespace, name)
+    if summary is None or summary.state not in FINISHED:
+        raise _error(409, f"TrainJob {namespace}/{name} has not finished: run again what finished")
+    stored = await read_stream(
+        backend.js,
+        streams.EVENTS_HISTORY.name,
+        subjects.trainjob_events_filter(namespace, name),
+        start_time=_since(summary, scope),
+    )
+    recorded = recorded_trainjob([m.data for m in stored])
+    if recorded is None:
+        raise _error(404, f"no recorded spec of TrainJob {namespace}/{name}")
+    assert backend.creator is not None
+    try:
+        created = await backend.creator.create(
+            backend.session, _bearer(request), again(recorded, namespace, body["name"])
+        )
+    except RunAgainError as exc:
+        status = exc.status if exc.status in (400, 403, 409, 422) else 503
+        raise _error(status, f"the API server refused: {exc}") from None
+    meta = created.get("metadata") or {}
+    answer = {"namespace": meta.get("namespace", namespace), "name": meta.get("name"), "uid": meta.get("uid")}
+    return web.Response(status=201, text=json.dumps(answer), content_type="application/json")
+
+
 # ---------------------------------------------------------------------------------------- the fleet's
 
 
@@ -793,6 +918,9 @@ def make_app(backend: Backend) -> web.Application:
     app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/plans/{{seq}}", plan)
     if not backend.fleet:
         app.router.add_get(f"{API}/compare", compare)
+        app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/retention", retention)
+        app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/run-again", run_again_offer)
+        app.router.add_post(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/run-again", run_again)
     app.router.add_get("/", page)
     app.router.add_get("/static/{file}", static)
     return app

@@ -183,6 +183,9 @@ class Summary:
     """``created`` as Unix seconds (0: not known), what a time range compares."""
     nodes: int | None = None
     """``spec.trainer.numNodes`` as the owner set it (``None``: the runtime's)."""
+    ended_at: float = 0.0
+    """When it first showed Complete or Failed, or was deleted (0 while it lives): what retention counts from
+    (``tjpipe.history_server.retention``)."""
 
     def stalled_for(self, now: float, after: float) -> float | None:
         """Seconds without a progress update, when the job is Running, has reported progress before, and has
@@ -262,6 +265,7 @@ class HistoryIndex:
             if summary.state != "Deleted":
                 summary.state_since = stored.time
             summary.state = "Deleted"
+            summary.ended_at = summary.ended_at or stored.time
             return
         job = event.trainjob
         if job.metadata.uid != summary.uid:  # a new TrainJob of an old name starts its own story
@@ -277,6 +281,7 @@ class HistoryIndex:
         if state != summary.state or not summary.state_since:
             summary.state_since = stored.time
         summary.state = state
+        summary.ended_at = (summary.ended_at or stored.time) if state in ("Complete", "Failed") else 0.0
 
     def add_dead_letter(self, stored: StoredMessage) -> None:
         parts = stored.subject.split(".")
@@ -338,6 +343,13 @@ class HistoryIndex:
             if not jobs:
                 del self._namespaces[namespace]
         return gone
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop one TrainJob whose records were removed (``tjpipe.history_server.retention``)."""
+        jobs = self._namespaces.get(namespace, {})
+        jobs.pop(name, None)
+        if not jobs:
+            self._namespaces.pop(namespace, None)
 
     # ----------------------------------------------------------------------------------- the reads
 

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import signal
 import ssl
+from pathlib import Path
 from typing import Any
 
 from tjpipe.exits import UsageError
@@ -72,6 +73,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "server and CA, and a credential there that may create TokenReviews and SubjectAccessReviews); "
         "unset: this cluster's history",
     )
+    env_flag(
+        parser,
+        "--retention-policy",
+        env="TJPIPE_HISTORY_RETENTION_POLICY",
+        default="",
+        help="a YAML file (mounted from a ConfigMap): how long each namespace's history is kept after a TrainJob "
+        "ended, and how many ended TrainJobs; read again when it changes; unset: the streams' own limits only",
+    )
+    env_flag(
+        parser,
+        "--retention-creds",
+        env="TJPIPE_HISTORY_RETENTION_CREDS",
+        default="",
+        help="the history-keeper NATS identity's seed, which may purge the record streams: what removes the "
+        "history the retention policy expires (needed with --retention-policy)",
+    )
     env_list_flag(
         parser,
         "--scrape",
@@ -107,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
 
     listen = parse_listen(args.listen)
     tls = _tls(args)
+    for flag in ("retention_policy", "retention_creds"):
+        value = getattr(args, flag)
+        if value and not Path(value).expanduser().is_file():
+            raise UsageError(f"--{flag.replace('_', '-')} {value}: no such file")
     args.fleet = load_fleet_clusters(args.fleet_clusters) if args.fleet_clusters else ()
     json_logs = {"json": True, "text": False}.get(args.log_format)
     configure_logging(args.log_level, json_logs=json_logs)
@@ -126,6 +147,8 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
     from tjpipe.history_server.app import Backend, make_app
     from tjpipe.history_server.index import HistoryIndex
+    from tjpipe.history_server.rerun import Creator
+    from tjpipe.history_server.retention import BadPolicy, load_retention
     from tjpipe.nats_connection import connect_nats
 
     stop = asyncio.Event()
@@ -134,6 +157,11 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     members = getattr(args, "fleet", ())
+    if args.retention_policy and (members or not args.retention_creds):
+        raise UsageError(
+            "--retention-policy needs --retention-creds (the history-keeper identity), on one cluster's server"
+        )
+    creator = None
     if members:
         from tjpipe.fleet import HUB_READER
 
@@ -141,7 +169,9 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
         kubes = {m.name: KubeClient(m.credentials().load()) for m in members}
     else:
         nc = await connect_nats(args, "history-server", identity="reader")
-        kubes = {"": KubeClient(KubeConfig.load(args.kubeconfig, context=args.context))}
+        config = KubeConfig.load(args.kubeconfig, context=args.context)
+        kubes = {"": KubeClient(config)}
+        creator = Creator.of(config)
     session = aiohttp.ClientSession()
     backend = Backend(
         js=nc.jetstream(),
@@ -150,7 +180,21 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
         session=session,
         scrape=tuple(args.scrape or ()),
         stalled_after=max(0.0, args.stalled_after),
+        creator=creator,
     )
+    keeper = None
+    if args.retention_policy:
+        keeper = await connect_nats(
+            argparse.Namespace(**{**vars(args), "nats_creds": args.retention_creds}),
+            "history-keeper",
+            identity="history-keeper",
+        )
+        try:
+            backend.retention = load_retention(args.retention_policy, keeper)
+        except (OSError, BadPolicy) as exc:
+            await keeper.close()
+            await nc.close()
+            raise UsageError(f"--retention-policy {args.retention_policy}: {exc}") from None
     if members:
         fleet_scopes(backend, kubes, ttl=args.auth_cache_seconds)
     runner = web.AppRunner(make_app(backend), access_log=None, handle_signals=False)
@@ -170,6 +214,8 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
         await session.close()
         for kube in kubes.values():
             await kube.close()
+        if keeper is not None:
+            await keeper.close()
         await nc.close()
 
 
@@ -195,10 +241,17 @@ def fleet_scopes(backend: Any, kubes: dict[str, Any], *, ttl: float) -> None:
 
 
 async def keep_current(backend: Any, stop: asyncio.Event, *, every: float) -> None:
-    """Catch the index up now and every ``every`` seconds; ready after the first complete pass."""
+    """Catch the index up now and every ``every`` seconds; ready after the first complete pass. With a
+    retention policy, each pass then removes what expired: the stores' ends are taken before the index reads
+    on, so nothing that arrives meanwhile is removed (``tjpipe.history_server.retention``)."""
+    import time
+
     while not stop.is_set():
         try:
+            bounds = await backend.retention.bounds() if backend.retention is not None else None
             read = await backend.index.catch_up(backend.js)
+            if bounds is not None:
+                await backend.retention.sweep(backend.index, bounds, time.time())
         except Exception as exc:  # the bus away for a moment: serve what is known, try again next tick
             log.warning("could not read the streams: %s: %s", type(exc).__name__, exc)
         else:

@@ -345,6 +345,7 @@ function clearTimeline() {
   $("entries").querySelector("tbody").replaceChildren();
   $("detail").hidden = true;
   $("timeline-view").append($("detail"));
+  clearKeepAndRunAgain();
 }
 
 function clearList() {
@@ -384,6 +385,7 @@ async function renderTimeline(namespace, name, cluster = "", ticket = routeTicke
   drawStates(states, now);
   drawPicture(data.entries, states, now, progress);
   drawEntries(data.entries);
+  if (!cluster) drawKeepAndRunAgain(base, job, ticket).catch(fail);
 }
 
 function drawProgressNow(progress, job) {
@@ -910,3 +912,68 @@ document.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("hashchange", route);
   findFleet().catch(fail).finally(route);
 });
+
+// ------------------------------------------------------------------------------ how long it is kept; run again
+
+function clearKeepAndRunAgain() {
+  $("timeline-kept").textContent = "";
+  $("run-again").hidden = true;
+  $("run-again-said").replaceChildren();
+  $("run-again-said").className = "";
+}
+
+function keptText(kept, job) {
+  if (!kept.policy) {
+    return kept.streamsKeepSeconds ? `Kept as long as the pipeline's streams keep records: ${duration(kept.streamsKeepSeconds)} after each.` : "";
+  }
+  const most = kept.maxTrainJobs ? ` At most ${kept.maxTrainJobs} ended TrainJobs of this namespace are kept, the last to end.` : "";
+  if (kept.keptUntil != null) {
+    const when = `${day(kept.keptUntil)} ${clock(kept.keptUntil)} UTC`;
+    return (job.state === "Deleted" ? "Deleted from the cluster; its history is kept until " : "Kept until ") + when + ` (${duration(kept.keepForSeconds)} after it ended).` + most;
+  }
+  if (kept.keepForSeconds) return `Kept while it lives, and ${duration(kept.keepForSeconds)} after it ends.` + most;
+  return ("Kept as long as the pipeline's streams keep records." + most).trim();
+}
+
+async function drawKeepAndRunAgain(base, job, ticket) {
+  const [kept, offer] = await Promise.all([api(base + "/retention"), api(base + "/run-again")]);
+  if (!current(ticket)) return;
+  $("timeline-kept").textContent = keptText(kept, job);
+  // Offered only to whom the cluster lets create TrainJobs here, and only for one that finished.
+  if (!offer.allowed || !offer.finished) return;
+  $("run-again-name").value = offer.name;
+  $("run-again").hidden = false;
+  $("run-again").onsubmit = (e) => { e.preventDefault(); runAgain(base, ticket).catch(fail); };
+}
+
+async function runAgain(base, ticket) {
+  const said = $("run-again-said");
+  $("run-again-go").disabled = true;
+  try {
+    // The token in the header, the body as JSON: what the server requires of a write.
+    const response = await fetch(base + "/run-again", {
+      method: "POST",
+      headers: { "Authorization": "Bearer " + token(), "Content-Type": "application/json" },
+      body: JSON.stringify({ name: $("run-again-name").value.trim() }),
+      cache: "no-store",
+    });
+    if (response.status === 401) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      me = null;
+      showLogin("Your token was not accepted (expired or revoked?): log in again.");
+      return;
+    }
+    const answer = await response.json().catch(() => ({}));
+    if (!current(ticket)) return;
+    if (!response.ok) {
+      said.className = "error";
+      said.textContent = answer.error || response.statusText;
+      return;
+    }
+    said.className = "note";
+    said.replaceChildren("Created ", el("a", { id: "run-again-link", href: jobLink(answer), text: `${answer.namespace}/${answer.name}` }),
+      ": its history appears here once the pipeline sees it.");
+  } finally {
+    $("run-again-go").disabled = false;
+  }
+}
