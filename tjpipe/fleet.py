@@ -24,8 +24,9 @@ restricted to leaf connections, it may, from the member's side of the link:
   of its JetStream API (``$JSC.R.<cluster>.>``, a per-domain reply space the hub's ``js_api_reply_v2``
   feature flag gives): nothing onto the hub's work subjects, no request to the hub's or another member's
   JetStream API;
-- receive from the hub only the consumer-create requests for its record streams and their flow-control
-  replies: nothing of its work streams' subjects, no other API call.
+- receive from the hub only the consumer-create requests for its record streams and the flow-control
+  replies to its own consumers (``$JS.FC.<cluster>.…``, a per-domain form the member's ``js_ack_fc_v2``
+  feature flag gives): nothing of its work streams' subjects, no other API call, nothing of another member.
 
 The member adds ``deny_imports`` of its own work subjects on its side of the link; the hub's permissions
 are the boundary, the member's list is its own second wall.
@@ -91,12 +92,23 @@ def leaf_permissions(cluster: str) -> LeafPermissions:
         subscribe += [
             f"{api}.CONSUMER.CREATE.{spec.origin}",
             f"{api}.CONSUMER.CREATE.{spec.origin}.>",
-            f"$JS.FC.{spec.origin}.>",
+            flow_control_subjects(cluster, spec.origin),
         ]
     return LeafPermissions(
         publish=(f"$JSC.R.{cluster}.>", f"{fleet.DELIVER_PREFIX}.{cluster}.>"),
         subscribe=tuple(subscribe),
     )
+
+
+def flow_control_subjects(cluster: str, origin: str) -> str:
+    """The flow-control replies the hub sends the consumer it reads ``cluster``'s stream ``origin`` with.
+
+    A member's server names its JetStream domain (the cluster's name) in them, ``$JS.FC.<domain>.<account
+    hash>.<stream>.<consumer>.<id>``, because ``member_config`` turns on the server's second subject form
+    for acknowledgements and flow control (``js_ack_fc_v2``). In the first form, ``$JS.FC.<stream>.…``, the
+    subjects of every member's consumers on the same stream look alike, so each member's leaf user could
+    receive every other member's flow control."""
+    return f"$JS.FC.{fleet.check_cluster_name(cluster)}.*.{origin}.>"
 
 
 def reader_permissions() -> tuple[str, ...]:
@@ -365,6 +377,9 @@ def member_config(
     )
     return (
         f"jetstream {{\n  store_dir: {_q(store_dir)}\n  domain: {_q(cluster)}\n{limits}}}\n"
+        # Acknowledgement and flow-control subjects that name this member's domain, so that the hub's leaf
+        # permissions can give each member its own flow control only (``leaf_permissions``).
+        "feature_flags { js_ack_fc_v2: true }\n"
         "leafnodes {\n"
         f"  reconnect: {_q(f'{reconnect_seconds:g}s')}\n"
         "  remotes: [\n"

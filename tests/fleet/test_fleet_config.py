@@ -68,10 +68,15 @@ def test_the_sources_config_puts_each_members_name_in_its_transform() -> None:
 def test_the_leaf_user_of_one_member_names_no_other() -> None:
     rules = fleet.leaf_permissions("c1")
     assert rules.publish == ("$JSC.R.c1.>", "fleet-deliver.c1.>")
-    assert all(s.startswith(("$JS.c1.API.CONSUMER.CREATE.", "$JS.FC.")) for s in rules.subscribe)
+    assert all(s.startswith(("$JS.c1.API.CONSUMER.CREATE.", "$JS.FC.c1.*.")) for s in rules.subscribe)
     record_streams = {s.name for s in streams.RECORD_STREAMS}
     assert {s.split(".")[5] for s in rules.subscribe if s.startswith("$JS.c1.")} == record_streams
-    assert {s.split(".")[2] for s in rules.subscribe if s.startswith("$JS.FC.")} == record_streams
+    # Flow control in the form that names the member's domain (its server's js_ack_fc_v2), never the first
+    # form ($JS.FC.<stream>.…), which every member's consumers on the same stream share.
+    assert {s.split(".")[4] for s in rules.subscribe if s.startswith("$JS.FC.")} == record_streams
+    assert "js_ack_fc_v2: true" in fleet.member_config(
+        cluster="c1", store_dir="/data", hub_leaf_urls=["hub:7422"], leaf_seed="SU", ca_file="/ca.crt"
+    )
 
 
 def test_the_hub_config_holds_public_keys_only(tmp_path: Path) -> None:
