@@ -501,3 +501,109 @@ def write_member_config(path: Path, text: str) -> Path:
     """A member's fleet config holds its leaf seed: written with mode 0600."""
     write_private_file(path, text.encode())
     return path
+
+
+# ------------------------------------------------------------------------------------------------- gaps
+
+
+GAP_RANGES_KEPT = 5
+"""How many of a source's missing ranges are kept to show (the count covers them all)."""
+
+
+@dataclass(frozen=True)
+class SourceGap:
+    """Records of one member's stream that the hub's copy never got."""
+
+    stream: str
+    cluster: str
+    missing: int
+    """Origin sequences skipped between two copies the hub holds, less what the hub itself removed there."""
+    ranges: tuple[tuple[int, int], ...] = ()
+    """The first ranges of origin sequences with records missing, ``(first, last)``, oldest first (where the
+    hub removed copies too, a range may also hold records it did get)."""
+
+
+@dataclass
+class _SourceTrack:
+    hub_seq: int
+    origin_seq: int
+    missing: int = 0
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+
+class GapTracker:
+    """Counts, per fleet stream and member, the member's records the hub's copy skipped (pure; no I/O).
+
+    Why from the copies themselves: a source's lag is what the member still holds and the hub has not
+    copied, so a record the member's retention dropped while its link was cut is in no lag: after the
+    catch-up the lag is 0. But every copy keeps its origin sequence (``Nats-Stream-Source``), and a source
+    copies in origin order, so two consecutive copies of one member whose origin sequences jump by more than
+    one mean the records between were never copied: unless the hub itself removed copies stored between
+    the two (a subject's message limit, a deletion), which ``fold`` is told as the hub's deleted sequences,
+    and subtracts, so a gap is never over-reported. Before a member's first copy nothing is counted: the hub
+    cannot tell records it never got from copies that aged out, or from the history a member had before it
+    joined.
+    """
+
+    def __init__(self) -> None:
+        self.next_seq: dict[str, int] = {}
+        """Per fleet stream, the hub sequence to read from next."""
+        self._sources: dict[tuple[str, str], _SourceTrack] = {}
+
+    def fold(self, stream: str, hub_seq: int, cluster: str, origin_seq: int, deleted: Sequence[int]) -> None:
+        """One copy, read in the hub's order; ``deleted`` is the fleet stream's removed sequences, sorted."""
+        import bisect
+
+        self.next_seq[stream] = max(self.next_seq.get(stream, 1), hub_seq + 1)
+        track = self._sources.get((stream, cluster))
+        if track is None:
+            self._sources[(stream, cluster)] = _SourceTrack(hub_seq, origin_seq)
+            return
+        skipped = origin_seq - track.origin_seq - 1
+        if skipped > 0:
+            removed_here = bisect.bisect_left(deleted, hub_seq) - bisect.bisect_right(deleted, track.hub_seq)
+            lost = skipped - removed_here
+            if lost > 0:
+                track.missing += lost
+                if len(track.ranges) < GAP_RANGES_KEPT:
+                    track.ranges.append((track.origin_seq + 1, origin_seq - 1))
+        # A smaller origin sequence is a member whose stream started again (its store wiped): counted from
+        # there on, with nothing lost.
+        track.hub_seq, track.origin_seq = hub_seq, origin_seq
+
+    def gaps(self) -> list[SourceGap]:
+        return [
+            SourceGap(stream=stream, cluster=cluster, missing=track.missing, ranges=tuple(track.ranges))
+            for (stream, cluster), track in sorted(self._sources.items())
+        ]
+
+
+async def source_gaps(
+    js: JetStreamContext, tracker: GapTracker | None = None, *, timeout: float = 5.0, page: int = 2048
+) -> list[SourceGap]:
+    """Every member's records that a fleet stream's copy skipped, read from the copies (``GapTracker``).
+
+    With the same ``tracker`` each call reads only the copies stored since the last (what a monitor does);
+    without, it reads every fleet stream from its start. Needs stream info and direct gets of the fleet
+    streams only (the ``fleet-reader`` identity)."""
+    from plumbing.bus_history import read_stream
+
+    tracker = tracker if tracker is not None else GapTracker()
+    nc = js._nc
+    for spec in fleet.FLEET_STREAMS:
+        reply = await nc.request(
+            f"$JS.API.STREAM.INFO.{spec.name}", json.dumps({"deleted_details": True}).encode(), timeout=timeout
+        )
+        info = json.loads(reply.data)
+        if "error" in info:
+            continue
+        deleted = sorted(int(seq) for seq in (info.get("state") or {}).get("deleted") or [])
+        while True:
+            start = tracker.next_seq.get(spec.name, 1)
+            copies = await read_stream(js, spec.name, f"{fleet.PREFIX}.>", start_seq=start, limit=page)
+            for copy in copies:
+                cluster, _ = fleet.cluster_of(copy.subject)
+                tracker.fold(spec.name, copy.seq, cluster, copy.origin_seq, deleted)
+            if len(copies) < page:
+                break
+    return tracker.gaps()

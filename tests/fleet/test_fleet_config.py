@@ -121,3 +121,25 @@ def test_a_member_config_has_its_domain_its_remote_and_its_own_wall() -> None:
         cluster="c1", store_dir="/d", hub_leaf_urls=["h:7422"], leaf_seed="S", ca_file="/c", enabled=False
     )
     assert "disabled: true" in cut
+
+
+def test_the_gap_tracker_counts_what_a_member_skipped_and_not_what_the_hub_removed() -> None:
+    tracker = fleet.GapTracker()
+    fold = tracker.fold
+    # c1's copies at hub sequences 1, 2, 5 with origin 1, 2, 10: 7 never copied (3..9). c2's in between.
+    fold("F", 1, "c1", 1, [])
+    fold("F", 2, "c1", 2, [])
+    fold("F", 3, "c2", 1, [])
+    fold("F", 4, "c2", 2, [])
+    fold("F", 5, "c1", 10, [])
+    # c2: origin 2 → 6 with hub sequences 6 and 7 removed by the hub itself (a subject's limit): those two may
+    # have been c2's copies of 3..5, so only one is counted lost (never more than it can know).
+    fold("F", 8, "c2", 6, [6, 7])
+    # c1's stream started again (its store wiped): nothing lost, counted from there.
+    fold("F", 9, "c1", 1, [6, 7])
+    fold("F", 10, "c1", 2, [6, 7])
+    # A member's first copy (origin 500): what came before it is not counted (aged out, or before it joined).
+    fold("G", 1, "c1", 500, [])
+    gaps = {(g.stream, g.cluster): (g.missing, g.ranges) for g in tracker.gaps()}
+    assert gaps == {("F", "c1"): (7, ((3, 9),)), ("F", "c2"): (1, ((3, 5),)), ("G", "c1"): (0, ())}
+    assert tracker.next_seq == {"F": 11, "G": 2}
