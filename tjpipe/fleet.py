@@ -5,8 +5,8 @@ keeps its own JetStream under its own domain. A client of the member that asks `
 the member's JetStream whether the hub is there or not, so the member's watcher, planner and applier plan
 and apply exactly as a lone cluster does, link or no link; the link only ever carries copies of records.
 
-Why the hub pulls (stream sources) rather than the member pushes: a fleet stream at the hub lists every
-member's record stream as a source in the member's domain (``external.api = $JS.<cluster>.API``). The
+Why the hub pulls (stream sources) rather than the member pushes: a member's fleet stream at the hub has
+the member's record stream as its source, in the member's domain (``external.api = $JS.<cluster>.API``). The
 hub's stream leader asks the member's JetStream for a consumer starting after the last record it holds
 from that member, so a member that was away is caught up from where it left off, and the hub drops
 anything at or below that position: nothing lost (within the member's own retention), nothing twice. The
@@ -38,6 +38,7 @@ TLS (a leaf may land on any of them), and every member lists them all.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -66,8 +67,9 @@ LEAF_PREFIX = "leaf-"
 DUPLICATE_WINDOW_SECONDS = 0.1
 """A fleet stream's window for ``Nats-Msg-Id`` duplicates: the shortest the server takes (100 ms).
 
-Sourcing already stores each origin record once (by the origin's sequence); a longer window would only let
-a record of one member whose id equals another member's be dropped as its duplicate."""
+Sourcing already stores each origin record once (by the origin's sequence); a longer window would only drop
+a member's record whose id repeats one of its own a little earlier. Each member's copies are in streams of
+their own, so no member's ids can make another's records look like duplicates."""
 
 
 @dataclass(frozen=True)
@@ -111,15 +113,14 @@ def flow_control_subjects(cluster: str, origin: str) -> str:
     return f"$JS.FC.{fleet.check_cluster_name(cluster)}.*.{origin}.>"
 
 
-def reader_permissions() -> tuple[str, ...]:
-    """The hub reader's publish allow-list: stream info and direct gets on the fleet streams only."""
-    out: list[str] = []
+def reader_permissions(members: Sequence[str]) -> tuple[str, ...]:
+    """The hub reader's publish allow-list: the fleet streams' names, and stream info and direct gets on each
+    member's fleet streams only."""
+    out = ["$JS.API.STREAM.NAMES"]
     for spec in fleet.FLEET_STREAMS:
-        out += [
-            f"$JS.API.STREAM.INFO.{spec.name}",
-            f"$JS.API.DIRECT.GET.{spec.name}",
-            f"$JS.API.DIRECT.GET.{spec.name}.>",
-        ]
+        for cluster in members:
+            name = fleet.fleet_stream(spec.origin, cluster)
+            out += [f"$JS.API.STREAM.INFO.{name}", f"$JS.API.DIRECT.GET.{name}", f"$JS.API.DIRECT.GET.{name}.>"]
     return tuple(out)
 
 
@@ -240,7 +241,7 @@ def hub_authorization(creds: FleetCredentials, members: Sequence[str]) -> str:
     lines.append(f"    {{nkey: {_q(creds.public_key(creds.hub_seed(HUB_ADMIN)))}}}  # {HUB_ADMIN}")
     lines.append(
         f"    {{nkey: {_q(reader_key)}, permissions: {{"
-        f"publish: {{allow: {_list(reader_permissions())}}}, subscribe: {{allow: {_list(inboxes)}}}}}}}"
+        f"publish: {{allow: {_list(reader_permissions(members))}}}, subscribe: {{allow: {_list(inboxes)}}}}}}}"
         f"  # {HUB_READER}"
     )
     for cluster in members:
@@ -397,32 +398,24 @@ def member_config(
 # ------------------------------------------------------------------------------------------ fleet streams
 
 
-def fleet_stream_config(
-    spec: fleet.FleetStreamSpec, members: Sequence[str], *, replicas: int = 3
-) -> js_api.StreamConfig:
-    """``spec`` at the hub: no subjects of its own, one source per member with its name in every subject."""
-    sources = []
-    for cluster in members:
-        src, dest = fleet.transform(fleet.check_cluster_name(cluster), spec)
-        sources.append(
-            js_api.StreamSource(
-                name=spec.origin,
-                external=js_api.ExternalStream(
-                    api=fleet.api_prefix(cluster), deliver=fleet.deliver_subject(cluster, spec)
-                ),
-                subject_transforms=[js_api.SubjectTransform(src=src, dest=dest)],
-            )
-        )
-    max_bytes = spec.member_max_bytes * len(members) if spec.member_max_bytes > 0 else -1
+def fleet_stream_config(spec: fleet.FleetStreamSpec, cluster: str, *, replicas: int = 3) -> js_api.StreamConfig:
+    """Member ``cluster``'s stream of kind ``spec`` at the hub: no subjects of its own, that member's record
+    stream as its one source with the cluster's name in every subject, and the member's quota as its limit."""
+    src, dest = fleet.transform(fleet.check_cluster_name(cluster), spec)
+    source = js_api.StreamSource(
+        name=spec.origin,
+        external=js_api.ExternalStream(api=fleet.api_prefix(cluster), deliver=fleet.deliver_subject(cluster, spec)),
+        subject_transforms=[js_api.SubjectTransform(src=src, dest=dest)],
+    )
     return js_api.StreamConfig(
-        name=spec.name,
+        name=fleet.fleet_stream(spec.origin, cluster),
         description=spec.description,
         subjects=[],
-        sources=sources or None,
+        sources=[source],
         retention=js_api.RetentionPolicy.LIMITS,
         storage=js_api.StorageType.FILE,
         max_age=spec.max_age_seconds,
-        max_bytes=max_bytes,
+        max_bytes=spec.member_max_bytes if spec.member_max_bytes > 0 else -1,
         max_msgs_per_subject=spec.max_msgs_per_subject,
         discard=js_api.DiscardPolicy.OLD,
         duplicate_window=DUPLICATE_WINDOW_SECONDS,
@@ -432,15 +425,32 @@ def fleet_stream_config(
 
 
 async def setup_fleet_streams(js: JetStreamContext, members: Sequence[str], *, replicas: int = 3) -> None:
-    """Create or update every fleet stream with one source per member (hub admin identity; idempotent).
+    """Create or update each member's fleet streams (hub admin identity; idempotent).
 
-    A member added later is one more source: the others keep their position. A source's identity at the
-    server is its origin stream, API prefix and transform, so renaming a member copies its history again.
+    A member added later is its own streams: the others' are not touched. A source's identity at the server
+    is its origin stream, API prefix and transform, so renaming a member copies its history again.
     """
     for spec in fleet.FLEET_STREAMS:
-        config = fleet_stream_config(spec, members, replicas=replicas)
+        for cluster in members:
+            config = fleet_stream_config(spec, cluster, replicas=replicas)
+            await until_done(functools.partial(put_stream, js, config), what=f"setting up fleet stream {config.name}")
 
-        await until_done(functools.partial(put_stream, js, config), what=f"setting up fleet stream {spec.name}")
+
+async def fleet_streams(js: JetStreamContext, *, timeout: float = 5.0) -> list[tuple[fleet.FleetStreamSpec, str]]:
+    """``(kind, cluster)`` of every member's fleet stream at the hub, by the streams' names."""
+    nc = js._nc
+    names: list[str] = []
+    while True:
+        reply = await nc.request("$JS.API.STREAM.NAMES", json.dumps({"offset": len(names)}).encode(), timeout=timeout)
+        page = json.loads(reply.data)
+        if "error" in page:
+            raise RuntimeError(f"listing the hub's streams: {page['error'].get('description', page['error'])}")
+        names += page.get("streams") or []
+        if not page.get("streams") or len(names) >= int(page.get("total") or 0):
+            break
+    found = [fleet.stream_of(name) for name in names]
+    order = {spec.name: i for i, spec in enumerate(fleet.FLEET_STREAMS)}
+    return sorted((f for f in found if f is not None), key=lambda f: (order[f[0].name], f[1]))
 
 
 @dataclass(frozen=True)
@@ -456,26 +466,26 @@ class SourceState:
 
 
 async def source_states(js: JetStreamContext, *, timeout: float = 5.0) -> list[SourceState]:
-    """Every fleet stream's sources as the hub sees them (lag in records, last activity, error).
+    """Every member's fleet stream's source as the hub sees it (lag in records, last activity, error).
 
-    Read from the raw stream info: the client library's source state leaves out ``external``, which is
-    the only thing that tells two members' sources of the same origin stream apart.
+    ``stream`` is the kind (``FLEET_RESULTS``), ``cluster`` the member, as the stream's name says.
     """
     nc = js._nc
     out: list[SourceState] = []
-    for spec in fleet.FLEET_STREAMS:
-        reply = await nc.request(f"$JS.API.STREAM.INFO.{spec.name}", b"", timeout=timeout)
+    for spec, cluster in await fleet_streams(js, timeout=timeout):
+        reply = await nc.request(
+            f"$JS.API.STREAM.INFO.{fleet.fleet_stream(spec.origin, cluster)}", b"", timeout=timeout
+        )
         info = json.loads(reply.data)
         if "error" in info:
             continue
         for state in info.get("sources") or []:
-            api = str((state.get("external") or {}).get("api", ""))
             active = state.get("active")
             error = state.get("error") or {}
             out.append(
                 SourceState(
                     stream=spec.name,
-                    cluster=api.split(".")[1] if api.count(".") >= 2 else "",
+                    cluster=cluster,
                     lag=int(state.get("lag") or 0),
                     active_seconds=None if active is None or active < 0 else active / 1e9,
                     error=str(error.get("description", "")) if error else "",
@@ -581,7 +591,8 @@ class GapTracker:
 async def source_gaps(
     js: JetStreamContext, tracker: GapTracker | None = None, *, timeout: float = 5.0, page: int = 2048
 ) -> list[SourceGap]:
-    """Every member's records that a fleet stream's copy skipped, read from the copies (``GapTracker``).
+    """Every member's records that its fleet streams skipped, read from the copies (``GapTracker``); each
+    gap's ``stream`` is the kind (``FLEET_RESULTS``).
 
     With the same ``tracker`` each call reads only the copies stored since the last (what a monitor does);
     without, it reads every fleet stream from its start. Needs stream info and direct gets of the fleet
@@ -590,20 +601,24 @@ async def source_gaps(
 
     tracker = tracker if tracker is not None else GapTracker()
     nc = js._nc
-    for spec in fleet.FLEET_STREAMS:
+    for spec, cluster in await fleet_streams(js, timeout=timeout):
+        name = fleet.fleet_stream(spec.origin, cluster)
         reply = await nc.request(
-            f"$JS.API.STREAM.INFO.{spec.name}", json.dumps({"deleted_details": True}).encode(), timeout=timeout
+            f"$JS.API.STREAM.INFO.{name}", json.dumps({"deleted_details": True}).encode(), timeout=timeout
         )
         info = json.loads(reply.data)
         if "error" in info:
             continue
         deleted = sorted(int(seq) for seq in (info.get("state") or {}).get("deleted") or [])
         while True:
-            start = tracker.next_seq.get(spec.name, 1)
-            copies = await read_stream(js, spec.name, f"{fleet.PREFIX}.>", start_seq=start, limit=page)
+            start = tracker.next_seq.get(name, 1)
+            copies = await read_stream(js, name, fleet.fleet_subject(cluster, ">"), start_seq=start, limit=page)
             for copy in copies:
-                cluster, _ = fleet.cluster_of(copy.subject)
-                tracker.fold(spec.name, copy.seq, cluster, copy.origin_seq, deleted)
+                tracker.fold(name, copy.seq, cluster, copy.origin_seq, deleted)
             if len(copies) < page:
                 break
-    return tracker.gaps()
+    out = []
+    for gap in tracker.gaps():
+        kind = fleet.stream_of(gap.stream)
+        out.append(dataclasses.replace(gap, stream=kind[0].name) if kind else gap)
+    return out

@@ -82,7 +82,7 @@ def add_fleet_command(sub: Any, nats_client: Callable[[argparse.ArgumentParser],
     _out(member)
 
     setup = commands.add_parser(
-        "setup", help="create or update the hub's fleet streams, one source per member; needs the fleet-admin seed"
+        "setup", help="create or update each member's fleet streams at the hub; needs the fleet-admin seed"
     )
     _members(setup)
     nats_client(setup)

@@ -43,26 +43,36 @@ def test_the_hub_keeps_each_members_trainjobs_to_the_same_share_of_the_progress_
     """A subject at the hub is one member's one TrainJob, so the member's per-subject limit holds there as well:
     one member's flood of one TrainJob drops that TrainJob's own oldest copies, never another's."""
     (spec,) = [s for s in fleet_contract.FLEET_STREAMS if s.origin == streams.PROGRESS.name]
-    config = fleet.fleet_stream_config(spec, ["c1", "c2"]).as_dict()
+    config = fleet.fleet_stream_config(spec, "c1").as_dict()
     assert config["max_msgs_per_subject"] == streams.PROGRESS.max_msgs_per_subject > 0
 
 
 def test_the_sources_config_puts_each_members_name_in_its_transform() -> None:
     spec = fleet_contract.FLEET_STREAMS[0]
-    config = fleet.fleet_stream_config(spec, ["c1", "c2"]).as_dict()
-    assert config["subjects"] == [] and config["num_replicas"] == 3
-    assert [
-        (s["name"], s["external"]["api"], s["external"]["deliver"], s["subject_transforms"]) for s in config["sources"]
-    ] == [
-        (
-            spec.origin,
-            f"$JS.{c}.API",
-            f"fleet-deliver.{c}.{spec.origin}",
-            [{"src": "tj.ev.>", "dest": f"fleet.{c}.tj.ev.>"}],
-        )
-        for c in ("c1", "c2")
-    ]
-    assert config["max_bytes"] == 2 * spec.member_max_bytes
+    for c in ("c1", "c2"):
+        config = fleet.fleet_stream_config(spec, c).as_dict()
+        assert config["name"] == f"{spec.name}_{c}" == fleet_contract.fleet_stream(spec.origin, c)
+        assert config["subjects"] == [] and config["num_replicas"] == 3
+        assert [
+            (s["name"], s["external"]["api"], s["external"]["deliver"], s["subject_transforms"])
+            for s in config["sources"]
+        ] == [
+            (
+                spec.origin,
+                f"$JS.{c}.API",
+                f"fleet-deliver.{c}.{spec.origin}",
+                [{"src": "tj.ev.>", "dest": f"fleet.{c}.tj.ev.>"}],
+            )
+        ]
+        # Each member's quota at the hub: its own stream's byte limit, the member stream's own.
+        assert config["max_bytes"] == spec.member_max_bytes > 0
+
+
+def test_a_fleet_streams_name_says_its_kind_and_member_and_nothing_else_passes() -> None:
+    for spec in fleet_contract.FLEET_STREAMS:
+        assert fleet_contract.stream_of(fleet_contract.fleet_stream(spec.origin, "prod-eu")) == (spec, "prod-eu")
+    for name in ("FLEET_RESULTS", "FLEET_RESULTS_", "FLEET_RESULTS_hub", "FLEET_RESULTS_C1", "TJ_RESULTS", "KV_x"):
+        assert fleet_contract.stream_of(name) is None, name
 
 
 def test_the_leaf_user_of_one_member_names_no_other() -> None:

@@ -24,11 +24,10 @@ from contracts import fleet as fleet_contract
 from contracts import streams, subjects
 from fleet.support import (
     EVENTS_FLEET,
-    NAMESPACE,
     RESULTS_FLEET,
     Fleet,
-    Member,
     hub_records,
+    publish_large_results,
     publish_records,
     until_hub_holds,
 )
@@ -226,19 +225,6 @@ def test_leaf_permissions_name_only_the_members_own_subjects() -> None:
     assert not any(subject.startswith(("tj.", "$JS.API", "$KV")) for subject in rules.publish + rules.subscribe)
 
 
-async def _publish_results(member: Member, *, count: int, size: int) -> None:
-    """``count`` results of ``size`` bytes each, as the applier records them: enough bytes that the member's
-    JetStream asks the hub's source for flow control (it does past 1 MiB unanswered)."""
-    applier = await member.connect("applier")
-    try:
-        js = applier.jetstream()
-        for n in range(count):
-            body = json.dumps({"cluster": member.cluster, "n": n, "pad": "x" * size}).encode()
-            await js.publish(subjects.result_subject(NAMESPACE, f"big-{n % 5}", "jobset"), body)
-    finally:
-        await applier.close()
-
-
 async def test_a_members_leaf_seed_gets_no_flow_control_of_another_member(fleet_servers: Fleet) -> None:
     """Each member's server names its domain in its consumers' flow control (``$JS.FC.<cluster>.…``) and each
     leaf user may receive only its own: a rogue with c1's seed asking for c2's flow control, every member's,
@@ -261,8 +247,8 @@ async def test_a_members_leaf_seed_gets_no_flow_control_of_another_member(fleet_
         before = len(await hub_records(fleet_servers, RESULTS_FLEET))
         count = 600
         await asyncio.gather(
-            _publish_results(fleet_servers.members["c1"], count=count, size=5000),
-            _publish_results(fleet_servers.members["c2"], count=count, size=5000),
+            publish_large_results(fleet_servers.members["c1"], count=count, size=5000),
+            publish_large_results(fleet_servers.members["c2"], count=count, size=5000),
         )
         held = await until_hub_holds(fleet_servers, RESULTS_FLEET, before + 2 * count, timeout=60)
         assert len(held) == before + 2 * count

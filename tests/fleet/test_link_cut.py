@@ -100,7 +100,8 @@ async def test_losing_the_fleet_streams_leader_loses_and_doubles_nothing(fleet_s
     total = {cluster: before.get(cluster, 0) for cluster in ("c1", "c2")}
     nc = await fleet_servers.hub_connect()
     try:
-        leader = (await nc.jetstream().stream_info(EVENTS_FLEET)).cluster.leader  # type: ignore[union-attr]
+        c1_events = fleet_contract.fleet_stream(streams.EVENTS_HISTORY.name, "c1")
+        leader = (await nc.jetstream().stream_info(c1_events)).cluster.leader  # type: ignore[union-attr]
     finally:
         await nc.close()
     index = fleet_servers.hub.names.index(leader)
