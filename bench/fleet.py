@@ -112,11 +112,12 @@ async def _copied(hub: Any, members: dict[str, Any]) -> _Copied:
     """The hub's copy of each member's record streams (``members``: cluster → a connection to its bus)."""
     out = _Copied()
     for spec in fleet_contract.FLEET_STREAMS:
-        stored = await bus_history.read_stream(hub.jetstream(), spec.name, f"{fleet_contract.PREFIX}.>")
-        out.hub_records += len(stored)
-        at_hub = {(fleet_contract.cluster_of(m.subject)[0], m.origin_seq): m.time for m in stored}
-        out.hub_bytes += (await hub.jetstream().stream_info(spec.name)).state.bytes
         for cluster, nc in members.items():
+            name = fleet_contract.fleet_stream(spec.origin, cluster)
+            stored = await bus_history.read_stream(hub.jetstream(), name, f"{fleet_contract.PREFIX}.>")
+            out.hub_records += len(stored)
+            at_hub = {(fleet_contract.cluster_of(m.subject)[0], m.origin_seq): m.time for m in stored}
+            out.hub_bytes += (await hub.jetstream().stream_info(name)).state.bytes
             js = nc.jetstream()
             out.member_bytes += (await js.stream_info(spec.origin)).state.bytes
             for record in await bus_history.read_stream(js, spec.origin, ">"):

@@ -5,8 +5,8 @@ keeps its own JetStream under its own domain. A client of the member that asks `
 the member's JetStream whether the hub is there or not, so the member's watcher, planner and applier plan
 and apply exactly as a lone cluster does, link or no link; the link only ever carries copies of records.
 
-Why the hub pulls (stream sources) rather than the member pushes: a fleet stream at the hub lists every
-member's record stream as a source in the member's domain (``external.api = $JS.<cluster>.API``). The
+Why the hub pulls (stream sources) rather than the member pushes: a member's fleet stream at the hub has
+the member's record stream as its source, in the member's domain (``external.api = $JS.<cluster>.API``). The
 hub's stream leader asks the member's JetStream for a consumer starting after the last record it holds
 from that member, so a member that was away is caught up from where it left off, and the hub drops
 anything at or below that position: nothing lost (within the member's own retention), nothing twice. The
@@ -24,8 +24,9 @@ restricted to leaf connections, it may, from the member's side of the link:
   of its JetStream API (``$JSC.R.<cluster>.>``, a per-domain reply space the hub's ``js_api_reply_v2``
   feature flag gives): nothing onto the hub's work subjects, no request to the hub's or another member's
   JetStream API;
-- receive from the hub only the consumer-create requests for its record streams and their flow-control
-  replies: nothing of its work streams' subjects, no other API call.
+- receive from the hub only the consumer-create requests for its record streams and the flow-control
+  replies to its own consumers (``$JS.FC.<cluster>.…``, a per-domain form the member's ``js_ack_fc_v2``
+  feature flag gives): nothing of its work streams' subjects, no other API call, nothing of another member.
 
 The member adds ``deny_imports`` of its own work subjects on its side of the link; the hub's permissions
 are the boundary, the member's list is its own second wall.
@@ -37,6 +38,7 @@ TLS (a leaf may land on any of them), and every member lists them all.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -65,8 +67,9 @@ LEAF_PREFIX = "leaf-"
 DUPLICATE_WINDOW_SECONDS = 0.1
 """A fleet stream's window for ``Nats-Msg-Id`` duplicates: the shortest the server takes (100 ms).
 
-Sourcing already stores each origin record once (by the origin's sequence); a longer window would only let
-a record of one member whose id equals another member's be dropped as its duplicate."""
+Sourcing already stores each origin record once (by the origin's sequence); a longer window would only drop
+a member's record whose id repeats one of its own a little earlier. Each member's copies are in streams of
+their own, so no member's ids can make another's records look like duplicates."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def leaf_permissions(cluster: str) -> LeafPermissions:
         subscribe += [
             f"{api}.CONSUMER.CREATE.{spec.origin}",
             f"{api}.CONSUMER.CREATE.{spec.origin}.>",
-            f"$JS.FC.{spec.origin}.>",
+            flow_control_subjects(cluster, spec.origin),
         ]
     return LeafPermissions(
         publish=(f"$JSC.R.{cluster}.>", f"{fleet.DELIVER_PREFIX}.{cluster}.>"),
@@ -99,15 +102,25 @@ def leaf_permissions(cluster: str) -> LeafPermissions:
     )
 
 
-def reader_permissions() -> tuple[str, ...]:
-    """The hub reader's publish allow-list: stream info and direct gets on the fleet streams only."""
-    out: list[str] = []
+def flow_control_subjects(cluster: str, origin: str) -> str:
+    """The flow-control replies the hub sends the consumer it reads ``cluster``'s stream ``origin`` with.
+
+    A member's server names its JetStream domain (the cluster's name) in them, ``$JS.FC.<domain>.<account
+    hash>.<stream>.<consumer>.<id>``, because ``member_config`` turns on the server's second subject form
+    for acknowledgements and flow control (``js_ack_fc_v2``). In the first form, ``$JS.FC.<stream>.…``, the
+    subjects of every member's consumers on the same stream look alike, so each member's leaf user could
+    receive every other member's flow control."""
+    return f"$JS.FC.{fleet.check_cluster_name(cluster)}.*.{origin}.>"
+
+
+def reader_permissions(members: Sequence[str]) -> tuple[str, ...]:
+    """The hub reader's publish allow-list: the fleet streams' names, and stream info and direct gets on each
+    member's fleet streams only."""
+    out = ["$JS.API.STREAM.NAMES"]
     for spec in fleet.FLEET_STREAMS:
-        out += [
-            f"$JS.API.STREAM.INFO.{spec.name}",
-            f"$JS.API.DIRECT.GET.{spec.name}",
-            f"$JS.API.DIRECT.GET.{spec.name}.>",
-        ]
+        for cluster in members:
+            name = fleet.fleet_stream(spec.origin, cluster)
+            out += [f"$JS.API.STREAM.INFO.{name}", f"$JS.API.DIRECT.GET.{name}", f"$JS.API.DIRECT.GET.{name}.>"]
     return tuple(out)
 
 
@@ -228,7 +241,7 @@ def hub_authorization(creds: FleetCredentials, members: Sequence[str]) -> str:
     lines.append(f"    {{nkey: {_q(creds.public_key(creds.hub_seed(HUB_ADMIN)))}}}  # {HUB_ADMIN}")
     lines.append(
         f"    {{nkey: {_q(reader_key)}, permissions: {{"
-        f"publish: {{allow: {_list(reader_permissions())}}}, subscribe: {{allow: {_list(inboxes)}}}}}}}"
+        f"publish: {{allow: {_list(reader_permissions(members))}}}, subscribe: {{allow: {_list(inboxes)}}}}}}}"
         f"  # {HUB_READER}"
     )
     for cluster in members:
@@ -365,6 +378,9 @@ def member_config(
     )
     return (
         f"jetstream {{\n  store_dir: {_q(store_dir)}\n  domain: {_q(cluster)}\n{limits}}}\n"
+        # Acknowledgement and flow-control subjects that name this member's domain, so that the hub's leaf
+        # permissions can give each member its own flow control only (``leaf_permissions``).
+        "feature_flags { js_ack_fc_v2: true }\n"
         "leafnodes {\n"
         f"  reconnect: {_q(f'{reconnect_seconds:g}s')}\n"
         "  remotes: [\n"
@@ -382,32 +398,24 @@ def member_config(
 # ------------------------------------------------------------------------------------------ fleet streams
 
 
-def fleet_stream_config(
-    spec: fleet.FleetStreamSpec, members: Sequence[str], *, replicas: int = 3
-) -> js_api.StreamConfig:
-    """``spec`` at the hub: no subjects of its own, one source per member with its name in every subject."""
-    sources = []
-    for cluster in members:
-        src, dest = fleet.transform(fleet.check_cluster_name(cluster), spec)
-        sources.append(
-            js_api.StreamSource(
-                name=spec.origin,
-                external=js_api.ExternalStream(
-                    api=fleet.api_prefix(cluster), deliver=fleet.deliver_subject(cluster, spec)
-                ),
-                subject_transforms=[js_api.SubjectTransform(src=src, dest=dest)],
-            )
-        )
-    max_bytes = spec.member_max_bytes * len(members) if spec.member_max_bytes > 0 else -1
+def fleet_stream_config(spec: fleet.FleetStreamSpec, cluster: str, *, replicas: int = 3) -> js_api.StreamConfig:
+    """Member ``cluster``'s stream of kind ``spec`` at the hub: no subjects of its own, that member's record
+    stream as its one source with the cluster's name in every subject, and the member's quota as its limit."""
+    src, dest = fleet.transform(fleet.check_cluster_name(cluster), spec)
+    source = js_api.StreamSource(
+        name=spec.origin,
+        external=js_api.ExternalStream(api=fleet.api_prefix(cluster), deliver=fleet.deliver_subject(cluster, spec)),
+        subject_transforms=[js_api.SubjectTransform(src=src, dest=dest)],
+    )
     return js_api.StreamConfig(
-        name=spec.name,
+        name=fleet.fleet_stream(spec.origin, cluster),
         description=spec.description,
         subjects=[],
-        sources=sources or None,
+        sources=[source],
         retention=js_api.RetentionPolicy.LIMITS,
         storage=js_api.StorageType.FILE,
         max_age=spec.max_age_seconds,
-        max_bytes=max_bytes,
+        max_bytes=spec.member_max_bytes if spec.member_max_bytes > 0 else -1,
         max_msgs_per_subject=spec.max_msgs_per_subject,
         discard=js_api.DiscardPolicy.OLD,
         duplicate_window=DUPLICATE_WINDOW_SECONDS,
@@ -417,15 +425,32 @@ def fleet_stream_config(
 
 
 async def setup_fleet_streams(js: JetStreamContext, members: Sequence[str], *, replicas: int = 3) -> None:
-    """Create or update every fleet stream with one source per member (hub admin identity; idempotent).
+    """Create or update each member's fleet streams (hub admin identity; idempotent).
 
-    A member added later is one more source: the others keep their position. A source's identity at the
-    server is its origin stream, API prefix and transform, so renaming a member copies its history again.
+    A member added later is its own streams: the others' are not touched. A source's identity at the server
+    is its origin stream, API prefix and transform, so renaming a member copies its history again.
     """
     for spec in fleet.FLEET_STREAMS:
-        config = fleet_stream_config(spec, members, replicas=replicas)
+        for cluster in members:
+            config = fleet_stream_config(spec, cluster, replicas=replicas)
+            await until_done(functools.partial(put_stream, js, config), what=f"setting up fleet stream {config.name}")
 
-        await until_done(functools.partial(put_stream, js, config), what=f"setting up fleet stream {spec.name}")
+
+async def fleet_streams(js: JetStreamContext, *, timeout: float = 5.0) -> list[tuple[fleet.FleetStreamSpec, str]]:
+    """``(kind, cluster)`` of every member's fleet stream at the hub, by the streams' names."""
+    nc = js._nc
+    names: list[str] = []
+    while True:
+        reply = await nc.request("$JS.API.STREAM.NAMES", json.dumps({"offset": len(names)}).encode(), timeout=timeout)
+        page = json.loads(reply.data)
+        if "error" in page:
+            raise RuntimeError(f"listing the hub's streams: {page['error'].get('description', page['error'])}")
+        names += page.get("streams") or []
+        if not page.get("streams") or len(names) >= int(page.get("total") or 0):
+            break
+    found = [fleet.stream_of(name) for name in names]
+    order = {spec.name: i for i, spec in enumerate(fleet.FLEET_STREAMS)}
+    return sorted((f for f in found if f is not None), key=lambda f: (order[f[0].name], f[1]))
 
 
 @dataclass(frozen=True)
@@ -441,26 +466,26 @@ class SourceState:
 
 
 async def source_states(js: JetStreamContext, *, timeout: float = 5.0) -> list[SourceState]:
-    """Every fleet stream's sources as the hub sees them (lag in records, last activity, error).
+    """Every member's fleet stream's source as the hub sees it (lag in records, last activity, error).
 
-    Read from the raw stream info: the client library's source state leaves out ``external``, which is
-    the only thing that tells two members' sources of the same origin stream apart.
+    ``stream`` is the kind (``FLEET_RESULTS``), ``cluster`` the member, as the stream's name says.
     """
     nc = js._nc
     out: list[SourceState] = []
-    for spec in fleet.FLEET_STREAMS:
-        reply = await nc.request(f"$JS.API.STREAM.INFO.{spec.name}", b"", timeout=timeout)
+    for spec, cluster in await fleet_streams(js, timeout=timeout):
+        reply = await nc.request(
+            f"$JS.API.STREAM.INFO.{fleet.fleet_stream(spec.origin, cluster)}", b"", timeout=timeout
+        )
         info = json.loads(reply.data)
         if "error" in info:
             continue
         for state in info.get("sources") or []:
-            api = str((state.get("external") or {}).get("api", ""))
             active = state.get("active")
             error = state.get("error") or {}
             out.append(
                 SourceState(
                     stream=spec.name,
-                    cluster=api.split(".")[1] if api.count(".") >= 2 else "",
+                    cluster=cluster,
                     lag=int(state.get("lag") or 0),
                     active_seconds=None if active is None or active < 0 else active / 1e9,
                     error=str(error.get("description", "")) if error else "",
@@ -486,3 +511,114 @@ def write_member_config(path: Path, text: str) -> Path:
     """A member's fleet config holds its leaf seed: written with mode 0600."""
     write_private_file(path, text.encode())
     return path
+
+
+# ------------------------------------------------------------------------------------------------- gaps
+
+
+GAP_RANGES_KEPT = 5
+"""How many of a source's missing ranges are kept to show (the count covers them all)."""
+
+
+@dataclass(frozen=True)
+class SourceGap:
+    """Records of one member's stream that the hub's copy never got."""
+
+    stream: str
+    cluster: str
+    missing: int
+    """Origin sequences skipped between two copies the hub holds, less what the hub itself removed there."""
+    ranges: tuple[tuple[int, int], ...] = ()
+    """The first ranges of origin sequences with records missing, ``(first, last)``, oldest first (where the
+    hub removed copies too, a range may also hold records it did get)."""
+
+
+@dataclass
+class _SourceTrack:
+    hub_seq: int
+    origin_seq: int
+    missing: int = 0
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+
+class GapTracker:
+    """Counts, per fleet stream and member, the member's records the hub's copy skipped (pure; no I/O).
+
+    Why from the copies themselves: a source's lag is what the member still holds and the hub has not
+    copied, so a record the member's retention dropped while its link was cut is in no lag: after the
+    catch-up the lag is 0. But every copy keeps its origin sequence (``Nats-Stream-Source``), and a source
+    copies in origin order, so two consecutive copies of one member whose origin sequences jump by more than
+    one mean the records between were never copied: unless the hub itself removed copies stored between
+    the two (a subject's message limit, a deletion), which ``fold`` is told as the hub's deleted sequences,
+    and subtracts, so a gap is never over-reported. Before a member's first copy nothing is counted: the hub
+    cannot tell records it never got from copies that aged out, or from the history a member had before it
+    joined.
+    """
+
+    def __init__(self) -> None:
+        self.next_seq: dict[str, int] = {}
+        """Per fleet stream, the hub sequence to read from next."""
+        self._sources: dict[tuple[str, str], _SourceTrack] = {}
+
+    def fold(self, stream: str, hub_seq: int, cluster: str, origin_seq: int, deleted: Sequence[int]) -> None:
+        """One copy, read in the hub's order; ``deleted`` is the fleet stream's removed sequences, sorted."""
+        import bisect
+
+        self.next_seq[stream] = max(self.next_seq.get(stream, 1), hub_seq + 1)
+        track = self._sources.get((stream, cluster))
+        if track is None:
+            self._sources[(stream, cluster)] = _SourceTrack(hub_seq, origin_seq)
+            return
+        skipped = origin_seq - track.origin_seq - 1
+        if skipped > 0:
+            removed_here = bisect.bisect_left(deleted, hub_seq) - bisect.bisect_right(deleted, track.hub_seq)
+            lost = skipped - removed_here
+            if lost > 0:
+                track.missing += lost
+                if len(track.ranges) < GAP_RANGES_KEPT:
+                    track.ranges.append((track.origin_seq + 1, origin_seq - 1))
+        # A smaller origin sequence is a member whose stream started again (its store wiped): counted from
+        # there on, with nothing lost.
+        track.hub_seq, track.origin_seq = hub_seq, origin_seq
+
+    def gaps(self) -> list[SourceGap]:
+        return [
+            SourceGap(stream=stream, cluster=cluster, missing=track.missing, ranges=tuple(track.ranges))
+            for (stream, cluster), track in sorted(self._sources.items())
+        ]
+
+
+async def source_gaps(
+    js: JetStreamContext, tracker: GapTracker | None = None, *, timeout: float = 5.0, page: int = 2048
+) -> list[SourceGap]:
+    """Every member's records that its fleet streams skipped, read from the copies (``GapTracker``); each
+    gap's ``stream`` is the kind (``FLEET_RESULTS``).
+
+    With the same ``tracker`` each call reads only the copies stored since the last (what a monitor does);
+    without, it reads every fleet stream from its start. Needs stream info and direct gets of the fleet
+    streams only (the ``fleet-reader`` identity)."""
+    from plumbing.bus_history import read_stream
+
+    tracker = tracker if tracker is not None else GapTracker()
+    nc = js._nc
+    for spec, cluster in await fleet_streams(js, timeout=timeout):
+        name = fleet.fleet_stream(spec.origin, cluster)
+        reply = await nc.request(
+            f"$JS.API.STREAM.INFO.{name}", json.dumps({"deleted_details": True}).encode(), timeout=timeout
+        )
+        info = json.loads(reply.data)
+        if "error" in info:
+            continue
+        deleted = sorted(int(seq) for seq in (info.get("state") or {}).get("deleted") or [])
+        while True:
+            start = tracker.next_seq.get(name, 1)
+            copies = await read_stream(js, name, fleet.fleet_subject(cluster, ">"), start_seq=start, limit=page)
+            for copy in copies:
+                tracker.fold(name, copy.seq, cluster, copy.origin_seq, deleted)
+            if len(copies) < page:
+                break
+    out = []
+    for gap in tracker.gaps():
+        kind = fleet.stream_of(gap.stream)
+        out.append(dataclasses.replace(gap, stream=kind[0].name) if kind else gap)
+    return out

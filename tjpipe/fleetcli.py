@@ -82,13 +82,29 @@ def add_fleet_command(sub: Any, nats_client: Callable[[argparse.ArgumentParser],
     _out(member)
 
     setup = commands.add_parser(
-        "setup", help="create or update the hub's fleet streams, one source per member; needs the fleet-admin seed"
+        "setup", help="create or update each member's fleet streams at the hub; needs the fleet-admin seed"
     )
     _members(setup)
     nats_client(setup)
 
-    status = commands.add_parser("status", help="each fleet stream's copy of each member: lag, last contact, error")
+    status = commands.add_parser(
+        "status",
+        help="each fleet stream's copy of each member: lag, records it never got (lost), last contact, error",
+    )
     nats_client(status)
+
+    monitor = commands.add_parser(
+        "monitor",
+        help="serve each member's lag and lost records at the hub as metrics (tjpipe_fleet_source_lag, "
+        "tjpipe_fleet_source_gap_records); needs the fleet-reader seed",
+    )
+    monitor.add_argument(
+        "--metrics-port", type=int, default=9090, help="serve /metrics, /healthz and /readyz here (default 9090)"
+    )
+    monitor.add_argument(
+        "--interval", type=float, default=30.0, help="seconds between two reads of the fleet streams (default 30)"
+    )
+    nats_client(monitor)
 
 
 def _folder(parser: argparse.ArgumentParser) -> None:
@@ -249,13 +265,63 @@ async def _on_hub(args: argparse.Namespace) -> int:
     nc = await connect_nats(args, f"fleet-{args.fleet_command}")
     try:
         js = nc.jetstream()
+        if args.fleet_command == "monitor":
+            await _monitor(js, port=args.metrics_port, interval=args.interval)
+            return 0
         if args.fleet_command == "setup":
             await fleet.setup_fleet_streams(js, members)
             _say(f"fleet streams set up, sourcing {', '.join(members)}")
+        gaps = {(gap.stream, gap.cluster): gap for gap in await fleet.source_gaps(js)}
+        lost = False
         for state in await fleet.source_states(js):
             contact = "not connected" if state.active_seconds is None else f"{state.active_seconds:.1f}s ago"
             error = f", error: {state.error}" if state.error else ""
-            print(f"{state.stream}\t{state.cluster}\tlag {state.lag}\tlast contact {contact}{error}", flush=True)
+            gap = gaps.get((state.stream, state.cluster))
+            missing = gap.missing if gap else 0
+            lost = lost or missing > 0
+            ranges = f" (origin {', '.join(f'{a}-{b}' for a, b in gap.ranges)})" if gap and missing else ""
+            copied = f"lag {state.lag}\tlost {missing}{ranges}"
+            print(f"{state.stream}\t{state.cluster}\t{copied}\tlast contact {contact}{error}", flush=True)
+        if lost:
+            _say(
+                "the hub's copy lacks records a member no longer holds (its retention passed while its link was "
+                "cut): they are not at the hub; see docs/operating.md, TjpipeFleetRecordsLost"
+            )
     finally:
         await nc.close()
     return 0
+
+
+async def _monitor(js: Any, *, port: int, interval: float, host: str = "0.0.0.0") -> None:
+    """Every ``interval`` seconds: each source's lag and the records its copy never got, as gauges.
+
+    The copies are read once from the start, then only what the hub stored since (``fleet.GapTracker``)."""
+    import logging
+
+    import nats.errors
+
+    from plumbing import observability
+    from tjpipe import fleet
+
+    log = logging.getLogger("tjpipe.fleet.monitor")
+    health = observability.HealthServer(port=port, host=host, service="fleet-monitor")
+    read = asyncio.Event()
+    health.add_check("fleet streams read", read.is_set)
+    await health.start()
+    tracker = fleet.GapTracker()
+    try:
+        while True:
+            try:
+                states = await fleet.source_states(js)
+                lost = {(gap.stream, gap.cluster): gap.missing for gap in await fleet.source_gaps(js, tracker)}
+                for state in states:
+                    observability.FLEET_SOURCE_LAG.labels(state.stream, state.cluster).set(state.lag)
+                    lost.setdefault((state.stream, state.cluster), 0)  # a source with no copy yet lost nothing
+                for (stream, cluster), missing in lost.items():
+                    observability.FLEET_SOURCE_GAP.labels(stream, cluster).set(missing)
+                read.set()
+            except (TimeoutError, nats.errors.Error) as exc:  # the next round tries again; /readyz shows one worked
+                log.warning("reading the fleet streams failed: %s", exc)
+            await asyncio.sleep(interval)
+    finally:
+        await health.stop()

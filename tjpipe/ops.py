@@ -68,7 +68,7 @@ class Records:
     the hub's fleet streams.
 
     The one place that maps a cluster to where the hub keeps its records, following ``contracts.fleet``:
-    a member's record stream ``TJ_X`` is the fleet stream ``FLEET_X``, and a record the member stored as
+    a member's record stream ``TJ_X`` is the fleet stream ``FLEET_X_<cluster>``, and a record the member stored as
     ``S`` is stored there as ``fleet.<cluster>.S``. The cluster's name is a literal token of every subject
     read, never a wildcard, so a read about one cluster can only ever return that cluster's records.
     """
@@ -78,7 +78,7 @@ class Records:
     def stream(self, name: str) -> str:
         from contracts import fleet
 
-        return fleet.FLEET_OF[name] if self.cluster else name
+        return fleet.fleet_stream(name, self.cluster) if self.cluster else name
 
     def subject(self, subject: str) -> str:
         from contracts import fleet

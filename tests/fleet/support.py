@@ -43,10 +43,30 @@ async def publish_records(member: Member, *, start: int, count: int, tag: str = 
         await applier.close()
 
 
-async def hub_records(servers: Fleet, stream: str) -> list[bus_history.StoredMessage]:
+async def publish_large_results(member: Member, *, count: int, size: int) -> None:
+    """``count`` results of about ``size`` bytes each, as the applier records them, over 50 TrainJobs: bytes
+    enough to make the member's JetStream ask the hub for flow control (past 1 MiB unanswered), or to pass a
+    member's quota at the hub."""
+    applier = await member.connect("applier")
+    try:
+        js = applier.jetstream()
+        for n in range(count):
+            body = json.dumps({"cluster": member.cluster, "n": n, "pad": "x" * size}).encode()
+            await js.publish(subjects.result_subject(NAMESPACE, f"big-{n % 50}", "jobset"), body)
+    finally:
+        await applier.close()
+
+
+async def hub_records(servers: Fleet, kind: str) -> list[bus_history.StoredMessage]:
+    """The hub's copies of one kind of record (``FLEET_EVENTS_HISTORY``), every member's stream of it in turn."""
+    (origin,) = [spec.origin for spec in fleet_contract.FLEET_STREAMS if spec.name == kind]
     reader = await servers.hub_connect(fleet.HUB_READER)
     try:
-        return await bus_history.read_stream(reader.jetstream(), stream, f"{fleet_contract.PREFIX}.>")
+        out: list[bus_history.StoredMessage] = []
+        for cluster in servers.members:
+            name = fleet_contract.fleet_stream(origin, cluster)
+            out += await bus_history.read_stream(reader.jetstream(), name, f"{fleet_contract.PREFIX}.>")
+        return out
     finally:
         await reader.close()
 

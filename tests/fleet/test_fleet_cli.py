@@ -72,4 +72,5 @@ def test_setup_and_status_on_the_hub(fleet_servers: Fleet, capsys: pytest.Captur
     assert {(row[0], row[1]) for row in rows} == {
         (spec.name, cluster) for spec in fleet_contract.FLEET_STREAMS for cluster in ("c1", "c2")
     }
-    assert not [row for row in rows if "not connected" in row[3] or len(row) > 4]
+    # Connected, nothing lost, no error: stream, cluster, lag, lost, last contact.
+    assert not [row for row in rows if row[3] != "lost 0" or "not connected" in row[4] or len(row) > 5]

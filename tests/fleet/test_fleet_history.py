@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from contracts import fleet as fleet_contract
+from contracts import streams
 from fleet.support import EVENTS_FLEET, NAMESPACE, RESULTS_FLEET, Fleet, check_exact, publish_records, until_hub_holds
 from plumbing import bus, bus_history
 from tjpipe import fleet
@@ -48,13 +49,11 @@ async def test_hub_config_streams_have_no_subjects_a_member_could_publish_on(fle
     try:
         js = nc.jetstream()
         for spec in fleet_contract.FLEET_STREAMS:
-            info = await js.stream_info(spec.name)
-            assert not info.config.subjects
-            assert info.config.num_replicas == 3
-            assert sorted(s.external.api for s in info.config.sources or [] if s.external) == [
-                "$JS.c1.API",
-                "$JS.c2.API",
-            ]
+            for cluster in ("c1", "c2"):
+                info = await js.stream_info(fleet_contract.fleet_stream(spec.origin, cluster))
+                assert not info.config.subjects
+                assert info.config.num_replicas == 3
+                assert [s.external.api for s in info.config.sources or [] if s.external] == [f"$JS.{cluster}.API"]
     finally:
         await nc.close()
 
@@ -76,9 +75,15 @@ async def test_the_fleet_reader_reads_the_fleet_streams_and_changes_nothing(flee
     )
     try:
         js = reader.jetstream()
-        records = await bus_history.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.c1.>")
+        c1_events = fleet_contract.fleet_stream(streams.EVENTS_HISTORY.name, "c1")
+        records = await bus_history.read_stream(js, c1_events, f"{fleet_contract.PREFIX}.c1.>")
         assert records and all(fleet_contract.cluster_of(r.subject)[0] == "c1" for r in records)
-        for subject in (f"$JS.API.STREAM.PURGE.{EVENTS_FLEET}", f"$JS.API.CONSUMER.CREATE.{EVENTS_FLEET}"):
+        for subject in (
+            f"$JS.API.STREAM.PURGE.{c1_events}",
+            f"$JS.API.CONSUMER.CREATE.{c1_events}",
+            # The shared stream of every member that earlier releases had: nothing to read there.
+            f"$JS.API.STREAM.INFO.{EVENTS_FLEET}",
+        ):
             await reader.publish(subject, b"{}", reply=reader.new_inbox())
             await reader.flush()
             for _ in range(40):
@@ -86,6 +91,6 @@ async def test_the_fleet_reader_reads_the_fleet_streams_and_changes_nothing(flee
                     break
                 await asyncio.sleep(0.025)
             assert any(subject.lower() in refusal.lower() for refusal in bus.refusals(reader)), subject
-        assert len(await bus_history.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.>")) >= len(records)
+        assert len(await bus_history.read_stream(js, c1_events, f"{fleet_contract.PREFIX}.>")) >= len(records)
     finally:
         await reader.close()

@@ -42,7 +42,7 @@ HUB_WITHIN = 240.0
 to about two minutes between attempts (docs/fleet.md)."""
 LINK_WITHIN = 60.0
 """How long the member's server may take to show its leaf link down or up again after a reload."""
-EVENTS_FLEET = fleet_contract.FLEET_OF[streams.EVENTS_HISTORY.name]
+EVENTS_HISTORY = streams.EVENTS_HISTORY.name
 
 
 def complete(p: Pipeline, names: list[str]) -> list[str]:
@@ -107,11 +107,16 @@ class HubView:
         await until_async(check, timeout=timeout, what="every TrainJob Complete at the hub", interval=1.0)
 
 
-async def hub_records(world: World, stream: str) -> list[bus_history.StoredMessage]:
-    """A fleet stream's records, by direct get as ``fleet-reader``."""
+async def hub_records(world: World, origin: str) -> list[bus_history.StoredMessage]:
+    """The hub's copies of every member's record stream ``origin`` (each member's fleet stream of it), by
+    direct get as ``fleet-reader``."""
     reader = await world.fleet.hub_connect(fleet.HUB_READER)
     try:
-        return await bus_history.read_stream(reader.jetstream(), stream, f"{fleet_contract.PREFIX}.>")
+        out: list[bus_history.StoredMessage] = []
+        for cluster in CLUSTERS:
+            name = fleet_contract.fleet_stream(origin, cluster)
+            out += await bus_history.read_stream(reader.jetstream(), name, f"{fleet_contract.PREFIX}.>")
+        return out
     finally:
         await reader.close()
 
@@ -133,7 +138,7 @@ async def hub_holds_everything(world: World) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
     problems = []
     for origin in RECORD_STREAMS:
-        at_hub = origin_seqs(await hub_records(world, fleet_contract.FLEET_OF[origin]))
+        at_hub = origin_seqs(await hub_records(world, origin))
         held = {}
         for cluster in CLUSTERS:
             first, mine = await member_records(world, cluster, origin)
@@ -152,8 +157,7 @@ async def lags(world: World, *, cut_at: float | None = None) -> dict[str, list[f
     out: dict[str, list[float]] = {}
     for origin in RECORD_STREAMS:
         at_hub = {
-            (fleet_contract.cluster_of(r.subject)[0], r.origin_seq): r.time
-            for r in await hub_records(world, fleet_contract.FLEET_OF[origin])
+            (fleet_contract.cluster_of(r.subject)[0], r.origin_seq): r.time for r in await hub_records(world, origin)
         }
         for cluster in CLUSTERS:
             for record in (await member_records(world, cluster, origin))[1]:
@@ -221,7 +225,7 @@ async def test_a_member_cut_off_for_a_minute_under_load_keeps_completing_and_the
     await until_async(lambda: _caught_up(world), timeout=HUB_WITHIN, what="the hub caught up before the cut")
     c1.server.set_link(False, timeout=LINK_WITHIN)
     cut_started = time.time()
-    before = origin_seqs(await hub_records(world, EVENTS_FLEET))
+    before = origin_seqs(await hub_records(world, EVENTS_HISTORY))
 
     # The load: RATE TrainJobs a second in each member for CUT_SECONDS, the same names in both.
     names: list[str] = []
@@ -245,7 +249,7 @@ async def test_a_member_cut_off_for_a_minute_under_load_keeps_completing_and_the
     # Still cut off: c1 completes every one of them, and nothing of it has reached the hub.
     await all_complete(c1.pipe, names, what="c1's TrainJobs Complete while its link is down")
     assert c1.server.leaf_count() == 0, "c1's leaf link came back before the test healed it"
-    during = origin_seqs(await hub_records(world, EVENTS_FLEET))
+    during = origin_seqs(await hub_records(world, EVENTS_HISTORY))
     c1_before, c1_during = before.get("c1", []), during.get("c1", [])
     assert c1_during == c1_before, f"c1's events reached the hub while cut: {len(c1_before)} → {len(c1_during)}"
     assert len(during.get("c2", [])) > len(before.get("c2", [])), "c2's events stopped reaching the hub meanwhile"

@@ -201,6 +201,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.DIRECT.GET.{EVENTS}",
         f"{API}.STREAM.MSG.GET.{DLQ}",
         "$JS.ACK.TJ_EVENTS.planner-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_EVENTS.planner-p0.1.1.1.1.0",  # the second form (a fleet member's server)
     ],
     "planner": [
         *management_but(f"{API}.STREAM.PURGE.{EVENTS}"),
@@ -215,6 +216,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.DIRECT.GET.KV_tj_applied.$KV.tj_applied.ns.jobset.name",
         f"{API}.DIRECT.GET.{EVENTS}",
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_APPLY.applier-p0.1.1.1.1.0",  # the second form (a fleet member's server)
     ],
     "applier": [
         *management_but(f"{API}.STREAM.PURGE.{APPLY}"),
@@ -228,6 +230,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.CONSUMER.MSG.NEXT.{EVENTS}.planner-p0",
         f"{API}.DIRECT.GET.{APPLY}",
         "$JS.ACK.TJ_EVENTS.planner-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_EVENTS.planner-p0.1.1.1.1.0",  # the second form (a fleet member's server)
     ],
     "reader": [
         *MANAGEMENT,
@@ -242,6 +245,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.STREAM.MSG.DELETE.{DLQ}",
         f"{API}.DIRECT.GET.KV_tj_applied.$KV.tj_applied.ns.jobset.name",
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_APPLY.applier-p0.1.1.1.1.0",  # the second form (a fleet member's server)
         # The work streams hold only what waits to be done; the record is in the history streams.
         f"{API}.DIRECT.GET.{EVENTS}",
         f"{API}.DIRECT.GET.{APPLY}",
@@ -256,6 +260,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.STREAM.MSG.DELETE.{EVENTS}",
         f"{API}.STREAM.MSG.DELETE.{APPLY}",
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_APPLY.applier-p0.1.1.1.1.0",  # the second form (a fleet member's server)
     ],
     # It records progress and reads back only the progress history it writes (to write what a crashed replica
     # left pending): no other stream, and nothing it could change there.

@@ -846,8 +846,8 @@ async def fleet_trainjobs(request: web.Request) -> web.Response:
 
 async def fleet_health(request: web.Request) -> web.Response:
     """What the index holds per cluster, for each cluster named whose API server lets the caller list TrainJobs
-    cluster-wide there (the counts are the whole cluster's); how full the hub's fleet streams are (they hold
-    every member's records) only to a caller who may list cluster-wide in every cluster of the fleet."""
+    cluster-wide there (the counts are the whole cluster's); how full each member's fleet streams are (against its
+    quota) only to a caller who may list cluster-wide in every cluster of the fleet."""
     from contracts import fleet
 
     answers = await _accepted(request)
@@ -862,14 +862,22 @@ async def fleet_health(request: web.Request) -> web.Response:
         return _json({"fleet": True, "streams": [], "index": index, "ready": backend.ready})
     usage: list[dict[str, Any]] = []
     for spec in fleet.FLEET_STREAMS:
-        try:
-            info = await backend.js.stream_info(spec.name)
-        except Exception as exc:
-            usage.append({"stream": spec.name, "error": type(exc).__name__})
-            continue
-        usage.append(
-            {"stream": spec.name, "messages": int(info.state.messages or 0), "bytes": int(info.state.bytes or 0)}
-        )
+        for cluster in backend.clusters:  # each member's copies in a stream of its own, within its quota
+            name = fleet.fleet_stream(spec.origin, cluster)
+            try:
+                info = await backend.js.stream_info(name)
+            except Exception as exc:
+                usage.append({"stream": name, "cluster": cluster, "error": type(exc).__name__})
+                continue
+            usage.append(
+                {
+                    "stream": name,
+                    "cluster": cluster,
+                    "messages": int(info.state.messages or 0),
+                    "bytes": int(info.state.bytes or 0),
+                    "maxBytes": int(info.config.max_bytes or -1),
+                }
+            )
     return _json({"fleet": True, "streams": usage, "index": index, "ready": backend.ready})
 
 

@@ -15,11 +15,12 @@ token it is asked to review, so a token for cluster A is sent to A alone (the cl
 and the fleet-wide list asks only the clusters named in its ``cluster`` parameters (every cluster of the
 fleet when none is named, for a token all of them accept, as an OIDC token may be).
 
-Why one index per cluster: the hub's fleet streams hold every member's records under
-``fleet.<cluster>.<the member's subject>``; the index folds each record into its cluster's own
+Why one index per cluster: the hub keeps each member's records in fleet streams of that member's own
+(``contracts.fleet.fleet_stream``), under ``fleet.<cluster>.<the member's subject>``; the index reads only the
+streams of the clusters it is configured for, and folds each record into its cluster's own
 ``HistoryIndex`` with the subject the member gave it, so the per-namespace reads, the pruning and the
 states are exactly the single-cluster server's, and no summary can be filed under another cluster. Records
-of a cluster the server is not configured for are not indexed: nobody could be authorized for them.
+of a cluster the server is not configured for are not read: nobody could be authorized for them.
 """
 
 from __future__ import annotations
@@ -175,7 +176,9 @@ class FleetIndex:
     def reset(self) -> None:
         for index in self.clusters.values():
             index.reset()
-        self.next_seq = {fleet.FLEET_OF[spec.name]: 1 for spec, _, _ in _FOLDS}
+        self.next_seq = {
+            fleet.fleet_stream(spec.name, cluster): 1 for spec, _, _ in _FOLDS for cluster in self.clusters
+        }
 
     def __len__(self) -> int:
         return sum(len(index) for index in self.clusters.values())
@@ -194,20 +197,22 @@ class FleetIndex:
 
         from plumbing.bus_history import read_stream
 
+        # Each member's copies are in streams of its own (contracts.fleet.fleet_stream).
         firsts: dict[str, int] = {}
         folds: list[tuple[str, str, str, str]] = []
-        for spec, origin_filter, method in _FOLDS:
-            name = fleet.FLEET_OF[spec.name]
-            try:
-                info = await js.stream_info(name)
-            except nats.js.errors.NotFoundError:
-                if spec is not streams.PROGRESS:
-                    raise
-                continue
-            firsts[name] = int(info.state.first_seq or 0)
-            if int(info.state.last_seq or 0) + 1 < self.next_seq[name]:
-                self.reset()  # purged or made anew below our position: start over, so nothing counts twice
-            folds.append((name, fleet.fleet_subject("*", origin_filter), spec.name, method))
+        for cluster in self.clusters:
+            for spec, origin_filter, method in _FOLDS:
+                name = fleet.fleet_stream(spec.name, cluster)
+                try:
+                    info = await js.stream_info(name)
+                except nats.js.errors.NotFoundError:
+                    if spec is not streams.PROGRESS:
+                        raise
+                    continue
+                firsts[name] = int(info.state.first_seq or 0)
+                if int(info.state.last_seq or 0) + 1 < self.next_seq[name]:
+                    self.reset()  # purged or made anew below our position: start over, so nothing counts twice
+                folds.append((name, fleet.fleet_subject(cluster, origin_filter), spec.name, method))
         read = 0
         for name, subject, origin, method in folds:
             while True:
@@ -220,10 +225,11 @@ class FleetIndex:
                 self.next_seq[name] = page[-1].seq + 1
                 if len(page) < READ_PAGE:
                     break
-        progress = firsts.get(fleet.FLEET_OF[streams.PROGRESS.name])
-        for index in self.clusters.values():
+        for cluster, index in self.clusters.items():
             index.prune(
-                firsts[fleet.FLEET_OF[streams.EVENTS_HISTORY.name]], firsts[fleet.FLEET_OF[streams.DLQ.name]], progress
+                firsts[fleet.fleet_stream(streams.EVENTS_HISTORY.name, cluster)],
+                firsts[fleet.fleet_stream(streams.DLQ.name, cluster)],
+                firsts.get(fleet.fleet_stream(streams.PROGRESS.name, cluster)),
             )
         return read
 
