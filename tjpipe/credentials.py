@@ -1,6 +1,6 @@
 """Who may do what on the bus: one NATS nkey identity per stage, and the server's authorization block.
 
-Why nkeys and not decentralized JWT accounts: the set of identities is fixed (seven, one per stage and role),
+Why nkeys and not decentralized JWT accounts: the set of identities is fixed (eight, one per stage and role),
 so JWT's one advantage, adding or changing users without touching the server's configuration, buys nothing
 here, while it costs an operator key, an account key, a resolver and signed JWTs to run and rotate. With
 nkeys the server configuration holds only public keys, the seeds never leave the process that uses them,
@@ -53,7 +53,8 @@ APPLIER = "applier"
 READER = "reader"
 DLQ_OPERATOR = "dlq-operator"
 STATUS_SERVER = "status-server"
-IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER)
+LOG_KEEPER = "log-keeper"
+IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER, LOG_KEEPER)
 SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER, "status-server": STATUS_SERVER}
 """``tjpipe`` service command → the identity it runs as."""
 
@@ -124,6 +125,12 @@ def _read_streams() -> list[str]:
     return allow
 
 
+def _read_logs() -> list[str]:
+    """Read the kept logs (``contracts.streams.LOGS``) by name with direct gets, as the records are read."""
+    stream = streams.LOGS.stream
+    return [f"{_API}.STREAM.INFO.{stream}", f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.>"]
+
+
 def _consumer_info() -> list[str]:
     """Read the stages' durables' state (pending and unacknowledged counts) and the work streams' sizes (the
     backlog) for pipeline health; an info request changes nothing and shows no message."""
@@ -174,7 +181,10 @@ def permissions() -> dict[str, Permissions | None]:
                 *(f"{_API}.STREAM.INFO.{spec.name}" for spec in streams.ALL_STREAMS if spec.name != streams.APPLY.name),
             ),
         ),
-        READER: Permissions(publish=(*read_allow, *_consumer_info())),
+        READER: Permissions(publish=(*read_allow, *_consumer_info(), *_read_logs())),
+        # The history server's capture of pods' logs writes new objects into the logs bucket: chunks and their
+        # descriptions, nothing else. It cannot read the bucket (the reader does), purge it, or touch a stream.
+        LOG_KEEPER: Permissions(publish=(f"{streams.LOGS.chunks}.>", f"{streams.LOGS.meta}.>")),
         # The status server records the progress pods report, and reads those records back (direct gets only,
         # no consumer) to write what a crashed replica accepted but had not written yet. No other stream.
         STATUS_SERVER: Permissions(

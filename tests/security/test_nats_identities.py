@@ -44,6 +44,7 @@ pytestmark = pytest.mark.nats
 
 API = "$JS.API"
 EVENTS, APPLY, RESULTS, DLQ = (s.name for s in (streams.EVENTS, streams.APPLY, streams.RESULTS, streams.DLQ))
+LOGS = streams.LOGS.stream
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +272,23 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.STREAM.PURGE.TJ_PROGRESS",
         f"{API}.STREAM.MSG.DELETE.TJ_PROGRESS",
     ],
+    # It adds objects to the logs bucket: it cannot read them back, remove or purge any, or touch a stream.
+    "log-keeper": [
+        *MANAGEMENT,
+        "tj.ev.0.ns.name",
+        "tj.apply.0.ns.name.jobset",
+        "tj.progress.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        f"{API}.DIRECT.GET.{LOGS}",
+        f"{API}.DIRECT.GET.{LOGS}.$O.tj_logs.M.eA==",
+        f"{API}.STREAM.MSG.GET.{LOGS}",
+        f"{API}.STREAM.INFO.{LOGS}",
+        f"{API}.STREAM.PURGE.{LOGS}",
+        f"{API}.STREAM.DELETE.{LOGS}",
+        f"{API}.STREAM.MSG.DELETE.{LOGS}",
+        f"{API}.CONSUMER.CREATE.{LOGS}",
+        f"{API}.DIRECT.GET.TJ_EVENTS_HISTORY",
+    ],
 }
 
 
@@ -489,6 +507,28 @@ async def test_the_reader_reads_every_stream_and_the_dlq_operator_retries(
         assert all(d.seq != ack.seq for d in await ops.dead_letters(js))
     finally:
         await operator.close()
+
+
+async def test_the_log_keeper_adds_logs_the_reader_reads_them_and_the_admin_deletes_one_trainjobs(
+    clients: dict[str, Client],
+) -> None:
+    from plumbing import object_store
+
+    keeper, reader, admin = clients["log-keeper"], clients["reader"], clients["admin"]
+    mine, other = "local/team-a/uid-1/", "local/team-a/uid-2/"
+    for prefix in (mine, other):
+        await object_store.put(keeper.nc.jetstream(), streams.LOGS, prefix + "manifest", b"x" * 300_000)
+    found = await object_store.get(reader.nc.jetstream(), streams.LOGS, mine + "manifest")
+    assert found is not None and found.complete and found.data == b"x" * 300_000
+    # The reader may not write there, nor the status server (or anyone but the log-keeper).
+    for identity in ("reader", "status-server", "watcher"):
+        assert await clients[identity].refused_publish("$O.tj_logs.M.eA=="), identity
+        assert await clients[identity].refused_publish("$O.tj_logs.C.x"), identity
+    assert await keeper.refused_subscribe("$O.tj_logs.>")
+    # One TrainJob's logs go, by its prefix; another's stay.
+    assert await object_store.delete_prefix(admin.nc.jetstream(), streams.LOGS, mine) == [mine + "manifest"]
+    assert await object_store.get(reader.nc.jetstream(), streams.LOGS, mine + "manifest") is None
+    assert await object_store.get(reader.nc.jetstream(), streams.LOGS, other + "manifest") is not None
 
 
 # --------------------------------------------------------------------------------------- the config itself
