@@ -72,6 +72,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "server and CA, and a credential there that may create TokenReviews and SubjectAccessReviews); "
         "unset: this cluster's history",
     )
+    env_flag(
+        parser,
+        "--logs-creds",
+        env="TJPIPE_HISTORY_LOGS_CREDS",
+        default="",
+        help="the log-keeper NATS identity's seed: with it the server keeps TrainJobs' pod logs in the logs "
+        "bucket when they finish or when a page asks (its ServiceAccount then needs pods list, pods/log get and "
+        "jobsets get); unset: it serves the logs kept, and keeps none",
+    )
     env_list_flag(
         parser,
         "--scrape",
@@ -153,6 +162,20 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     )
     if members:
         fleet_scopes(backend, kubes, ttl=args.auth_cache_seconds)
+    writer = None
+    if not members:
+        from tjpipe.history_server.capture import LogKeeper
+
+        if args.logs_creds:
+            from tjpipe.credentials import LOG_KEEPER
+
+            keeper_args = argparse.Namespace(**{**vars(args), "nats_creds": args.logs_creds})
+            writer = await connect_nats(keeper_args, "history-server-logs", identity=LOG_KEEPER)
+        backend.logs = LogKeeper(
+            kube=kubes[""] if writer is not None else None,
+            reader=backend.js,
+            writer=writer.jetstream() if writer is not None else None,
+        )
     runner = web.AppRunner(make_app(backend), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, listen[0], listen[1], ssl_context=tls)
@@ -170,6 +193,8 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
         await session.close()
         for kube in kubes.values():
             await kube.close()
+        if writer is not None:
+            await writer.close()
         await nc.close()
 
 
@@ -202,6 +227,8 @@ async def keep_current(backend: Any, stop: asyncio.Event, *, every: float) -> No
         except Exception as exc:  # the bus away for a moment: serve what is known, try again next tick
             log.warning("could not read the streams: %s: %s", type(exc).__name__, exc)
         else:
+            if backend.logs is not None:
+                backend.logs.notice(backend.index.summaries())
             if not backend.ready:
                 log.info("history index ready: %d TrainJob(s)", len(backend.index))
             elif read:

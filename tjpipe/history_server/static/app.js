@@ -384,6 +384,7 @@ async function renderTimeline(namespace, name, cluster = "", ticket = routeTicke
   drawStates(states, now);
   drawPicture(data.entries, states, now, progress);
   drawEntries(data.entries);
+  if (typeof drawLogs === "function") drawLogs(base, job).catch(fail);  // logs.js
 }
 
 function drawProgressNow(progress, job) {
