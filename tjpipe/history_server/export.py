@@ -11,12 +11,10 @@ The messages' headers (signatures, trace ids) are left out: they say how a recor
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from contracts import streams, subjects
 from contracts.messages import ObjectKey
 from tjpipe.history_server import logs as core
 
@@ -58,33 +56,9 @@ async def record_lines(
     uid: str,
 ) -> tuple[list[bytes], int]:
     """The file's lines, and how many records of the streams it holds (0: the streams hold none)."""
-    import nats.js.errors
+    from tjpipe.ops import read_records
 
-    from tjpipe.ops import read_stream
-
-    ns, name = key.namespace, key.name
-
-    async def progress() -> list[StoredMessage]:
-        try:
-            return await read_stream(
-                js, streams.PROGRESS.name, subjects.trainjob_progress_filter(ns, name), where=where, start_time=since
-            )
-        except nats.js.errors.NotFoundError:
-            return []
-
-    reads = await asyncio.gather(
-        read_stream(
-            js, streams.EVENTS_HISTORY.name, subjects.trainjob_events_filter(ns, name), where=where, start_time=since
-        ),
-        read_stream(
-            js, streams.APPLY_HISTORY.name, subjects.trainjob_apply_filter(ns, name), where=where, start_time=since
-        ),
-        read_stream(
-            js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), where=where, start_time=since
-        ),
-        read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", where=where, start_time=since),
-        progress(),
-    )
+    reads = await read_records(js, key, since=since, where=where)
     records = sorted(
         (
             (stored.time, i, stored.seq, _stored(kind, stored))
@@ -98,7 +72,7 @@ async def record_lines(
     lines = [_line({"record": "trainjob", "exportedAt": time.time(), **about})]
     lines += [_line(r[3]) for r in records]
     if keeper is not None and uid:
-        manifest = await keeper.manifest(ns, uid)
+        manifest = await keeper.manifest(key.namespace, uid)
         if manifest is not None:
             lines.append(_line({"record": "logs", **(core.manifest_json(manifest) or {})}))
             for piece in manifest.pieces:
