@@ -79,6 +79,8 @@ def test_a_running_trainjobs_logs_are_kept_on_request_and_a_finished_ones_not_ag
     assert status == 200, body
     assert json.loads(body)["kept"]["reason"] == "requested"
     assert kept.logs("run")["kept"]["reason"] == "requested"
+    status, body = _post(_job(kept, "run", "/logs/capture"), kept.tokens["viewer"])
+    assert status == 409 and b"just kept" in body, body  # each capture reads every pod's log again: not at once
     status, body = _post(_job(kept, "sim", "/logs/capture"), kept.tokens["viewer"])
     assert status == 409, body
 

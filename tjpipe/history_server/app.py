@@ -719,6 +719,9 @@ async def capture_logs(request: web.Request) -> web.Response:
         kept = await keeper.manifest(namespace, summary.uid)
         if kept is not None and kept.reason == "finished":
             raise _error(409, f"TrainJob {namespace}/{name} has finished: its logs were kept then")
+    wait = keeper.wait_before_request(summary.uid)
+    if wait > 0:
+        raise _error(409, f"the logs of TrainJob {namespace}/{name} were just kept; ask again in {wait:.0f} s")
     manifest = await keeper.capture(namespace, name, summary.uid, reason="requested")
     return _json({"kept": logs.manifest_json(manifest)})
 

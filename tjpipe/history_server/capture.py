@@ -55,6 +55,8 @@ CATCH_UP_SECONDS = 900.0
 """At start, TrainJobs that finished this long ago at most are captured; older ones were before this server."""
 CONCURRENT = 4
 """Captures at once: each reads its pods' logs one after another."""
+REQUEST_EVERY = 30.0
+"""Seconds between two captures a page asks for, per TrainJob: each reads every pod's log again."""
 NEWEST_LINES = 20000
 """Lines of a long log's end asked for, to keep its newest part."""
 
@@ -80,6 +82,7 @@ class LogKeeper:
         self.clock = clock
         self._since = clock() - CATCH_UP_SECONDS
         self._attempted: set[str] = set()
+        self._requested: dict[str, float] = {}
         self._running: dict[str, asyncio.Task[logs.LogManifest]] = {}
         self._slots = asyncio.Semaphore(CONCURRENT)
         self.captures = 0
@@ -107,7 +110,7 @@ class LogKeeper:
             return
         since, self._since = self._since, self.clock()
         for s in summaries:
-            if s.state in FINISHED and s.uid and s.uid not in self._attempted and s.state_since >= since - 5.0:
+            if s.state_since >= since - 5.0 and s.state in FINISHED and s.uid and s.uid not in self._attempted:
                 self._attempted.add(s.uid)
                 asyncio.get_running_loop().create_task(self._finished(s.namespace, s.name, s.uid))
 
@@ -124,6 +127,15 @@ class LogKeeper:
             await LOG_CAPTURE.call(attempt, retried)
         except Exception as exc:  # the bus or the API server away for longer: said once, the page shows no capture
             log.warning("could not keep the logs of TrainJob %s/%s: %s: %s", namespace, name, type(exc).__name__, exc)
+
+    def wait_before_request(self, uid: str) -> float:
+        """Seconds before a page may ask for this TrainJob's logs again (0: now); counts the asking when 0."""
+        now = self.clock()
+        self._requested = {u: t for u, t in self._requested.items() if now - t < REQUEST_EVERY}
+        if uid in self._requested:
+            return REQUEST_EVERY - (now - self._requested[uid])
+        self._requested[uid] = now
+        return 0.0
 
     async def capture(self, namespace: str, name: str, uid: str, *, reason: str) -> logs.LogManifest:
         """Capture now, or join the capture of this uid already under way."""
