@@ -26,6 +26,7 @@ UNREACHABLE = "unreachable"
 NO_CONTAINERS = "no-containers"
 NO_JOBSET = "no-jobset"
 REFUSED = "refused"
+TOO_MANY = "too-many-pods"
 
 
 class LogPiece(msgspec.Struct, frozen=True, kw_only=True):

@@ -209,18 +209,23 @@ class LogKeeper:
         assert self.kube is not None
         try:
             body = await self.kube.get(JOBSET, namespace=namespace, name=name)
+            if body is None:
+                gone = "the TrainJob's JobSet is gone, and its pods with it"
+                return [], logs.MissingLog(why=logs.NO_JOBSET, detail=gone)
+            jobset = json.loads(body)
+            if not core.owned_by(jobset, uid):
+                detail = f"JobSet {namespace}/{name} is not this TrainJob's (another TrainJob of the same name owns it)"
+                return [], logs.MissingLog(why=logs.NO_JOBSET, detail=detail)
+            pods: list[dict[str, Any]] = []
+            selector = f"{LABEL_JOBSET_NAME}={name}"
+            async for page in self.kube.list_pages(POD, namespace=namespace, label_selector=selector):
+                pods += [p for p in (msgspec.json.decode(raw) for raw in page.items) if core.of_jobset(p, jobset)]
+            return pods, None
         except KubeApiError as exc:
-            return [], logs.MissingLog(why=logs.UNREACHABLE, detail=core.redact(f"{exc.status} {exc.message}")[0][:300])
-        if body is None:
-            return [], logs.MissingLog(why=logs.NO_JOBSET, detail="the TrainJob's JobSet is gone, and its pods with it")
-        jobset = json.loads(body)
-        if not core.owned_by(jobset, uid):
-            detail = f"JobSet {namespace}/{name} is not this TrainJob's (another TrainJob of the same name owns it)"
-            return [], logs.MissingLog(why=logs.NO_JOBSET, detail=detail)
-        pods: list[dict[str, Any]] = []
-        async for page in self.kube.list_pages(POD, namespace=namespace, label_selector=f"{LABEL_JOBSET_NAME}={name}"):
-            pods += [p for p in (msgspec.json.decode(raw) for raw in page.items) if core.of_jobset(p, jobset)]
-        return pods, None
+            if exc.status not in (401, 403):
+                raise  # the API server away: the capture is tried again
+            detail = core.redact(f"{exc.status} {exc.message}")[0][:300]
+            return [], logs.MissingLog(why=logs.REFUSED, detail=detail)
 
     async def _read(self, namespace: str, target: core.Target) -> tuple[bytes, bool]:
         assert self.kube is not None

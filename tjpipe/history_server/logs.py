@@ -115,7 +115,7 @@ def plan(pods: Iterable[Mapping[str, Any]]) -> Plan:
         return Plan((), (logs.MissingLog(why=logs.POD_GONE, detail=why),), False)
     for pod in ordered[MOST_PODS:]:
         name = str(pod["metadata"]["name"])
-        missing.append(logs.MissingLog(pod=name, why=logs.REFUSED, detail=f"more than {MOST_PODS} pods: not read"))
+        missing.append(logs.MissingLog(pod=name, why=logs.TOO_MANY, detail=f"more than {MOST_PODS} pods: not read"))
     for pod in ordered[:MOST_PODS]:
         meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
         name = str(meta.get("name", ""))
@@ -158,7 +158,8 @@ WHY = {
     logs.UNREACHABLE: "the node's kubelet could not be reached",
     logs.NO_CONTAINERS: "this cluster runs no containers",
     logs.NO_JOBSET: "the TrainJob's JobSet is gone",
-    logs.REFUSED: "not read",
+    logs.REFUSED: "the history server may not read it",
+    logs.TOO_MANY: f"a capture reads {MOST_PODS} pods at most",
 }
 """Each reason in a user's words (the page says the same)."""
 
