@@ -81,7 +81,10 @@ class LogKeeper:
         self.spec = spec
         self.clock = clock
         self._since = clock() - CATCH_UP_SECONDS
-        self._attempted: set[str] = set()
+        self._attempted: dict[str, float] = {}
+        """uid → when its capture at finish began; forgotten after ``CATCH_UP_SECONDS``, when no pass can match
+        the TrainJob's finish any more."""
+        self._tasks: set[asyncio.Task[None]] = set()
         self._requested: dict[str, float] = {}
         self._running: dict[str, asyncio.Task[logs.LogManifest]] = {}
         self._slots = asyncio.Semaphore(CONCURRENT)
@@ -109,10 +112,13 @@ class LogKeeper:
         if not self.captures_logs:
             return
         since, self._since = self._since, self.clock()
+        self._attempted = {u: t for u, t in self._attempted.items() if self._since - t < CATCH_UP_SECONDS}
         for s in summaries:
             if s.state_since >= since - 5.0 and s.state in FINISHED and s.uid and s.uid not in self._attempted:
-                self._attempted.add(s.uid)
-                asyncio.get_running_loop().create_task(self._finished(s.namespace, s.name, s.uid))
+                self._attempted[s.uid] = self._since
+                task = asyncio.get_running_loop().create_task(self._finished(s.namespace, s.name, s.uid))
+                self._tasks.add(task)  # the loop keeps a weak reference only
+                task.add_done_callback(self._tasks.discard)
 
     async def _finished(self, namespace: str, name: str, uid: str) -> None:
         async def attempt() -> None:
