@@ -19,7 +19,11 @@ async function drawLogs(base, job) {
   try {
     data = await api(base + "/logs");
   } catch (error) {
-    if (error instanceof HttpError && error.status === 404) { $("logs-note").textContent = error.message + "."; return; }
+    if (error instanceof HttpError && error.status === 404) {
+      // At a fleet's hub there is no logs bucket: each cluster keeps its pods' logs on its own bus.
+      $("logs-note").textContent = job.cluster ? "Logs are kept on each cluster's own history server, not in the fleet's." : error.message + ".";
+      return;
+    }
     throw error;
   }
   if (!logsView || logsView.base !== base) return;
