@@ -37,7 +37,7 @@ from tjpipe.settings import (
 )
 
 if TYPE_CHECKING:
-    from contracts.streams import StreamSpec
+    from contracts.streams import BucketSpec, StreamSpec
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -840,6 +840,16 @@ def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...]
         raise SettingsError(f"stream settings (TJPIPE_STREAM_REPLICAS, TJPIPE_<STREAM>_MAX_*): {exc}") from None
 
 
+def _bucket_settings(environ: Mapping[str, str]) -> tuple[BucketSpec, ...]:
+    """The object store buckets with the limits ``environ`` sets (``TJPIPE_LOGS_MAX_AGE``, ``..._MAX_BYTES``)."""
+    from contracts import streams
+
+    try:
+        return streams.configured_buckets(environ)
+    except ValueError as exc:
+        raise SettingsError(f"bucket settings (TJPIPE_LOGS_MAX_*): {exc}") from None
+
+
 async def _bus_setup(args: argparse.Namespace) -> int:
     from plumbing import bus_setup
     from tjpipe.nats_connection import connect_nats
@@ -851,7 +861,7 @@ async def _bus_setup(args: argparse.Namespace) -> int:
     nc = await connect_nats(args, "bus-setup")
     try:
         specs, replicas = args.bus
-        await bus_setup.setup_bus(nc.jetstream(), specs, replicas=replicas)
+        await bus_setup.setup_bus(nc.jetstream(), specs, replicas=replicas, buckets=_bucket_settings(os.environ))
     finally:
         await nc.close()
     console.print("bus set up: streams, per-partition consumers, KV buckets")

@@ -54,7 +54,8 @@ READER = "reader"
 DLQ_OPERATOR = "dlq-operator"
 STATUS_SERVER = "status-server"
 HISTORY_KEEPER = "history-keeper"
-IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER, HISTORY_KEEPER)
+LOG_KEEPER = "log-keeper"
+IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER, HISTORY_KEEPER, LOG_KEEPER)
 SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER, "status-server": STATUS_SERVER}
 """``tjpipe`` service command → the identity it runs as."""
 
@@ -130,6 +131,12 @@ def _read_streams() -> list[str]:
     return allow
 
 
+def _read_logs() -> list[str]:
+    """Read the kept logs (``contracts.streams.LOGS``) by name with direct gets, as the records are read."""
+    stream = streams.LOGS.stream
+    return [f"{_API}.STREAM.INFO.{stream}", f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.>"]
+
+
 def _consumer_info() -> list[str]:
     """Read the stages' durables' state (pending and unacknowledged counts) and the work streams' sizes (the
     backlog) for pipeline health; an info request changes nothing and shows no message."""
@@ -180,7 +187,10 @@ def permissions() -> dict[str, Permissions | None]:
                 *(f"{_API}.STREAM.INFO.{spec.name}" for spec in streams.ALL_STREAMS if spec.name != streams.APPLY.name),
             ),
         ),
-        READER: Permissions(publish=(*read_allow, *_consumer_info())),
+        READER: Permissions(publish=(*read_allow, *_consumer_info(), *_read_logs())),
+        # The history server's capture of pods' logs writes new objects into the logs bucket: chunks and their
+        # descriptions, nothing else. It cannot read the bucket (the reader does), purge it, or touch a stream.
+        LOG_KEEPER: Permissions(publish=(f"{streams.LOGS.chunks}.>", f"{streams.LOGS.meta}.>")),
         # The status server records the progress pods report, and reads those records back (direct gets only,
         # no consumer) to write what a crashed replica accepted but had not written yet. No other stream.
         STATUS_SERVER: Permissions(
@@ -195,8 +205,15 @@ def permissions() -> dict[str, Permissions | None]:
         # the decision is made on what the server read as ``reader``. A purge request's subject filter is in its
         # body, which a permission cannot narrow, so this identity could purge any record; it is mounted
         # into the history server only, and never into a stage that does the work.
+        # It removes what the retention policy expired: purges of the record streams by subject, and the kept
+        # logs of those TrainJobs (their descriptions marked deleted, their chunks purged; the server finds them
+        # as reader). It reads no record and no log.
         HISTORY_KEEPER: Permissions(
-            publish=tuple(f"{_API}.STREAM.{verb}.{stream}" for stream in _RECORD_STREAMS for verb in ("INFO", "PURGE")),
+            publish=(
+                *(f"{_API}.STREAM.{verb}.{stream}" for stream in _RECORD_STREAMS for verb in ("INFO", "PURGE")),
+                f"{_API}.STREAM.PURGE.{streams.LOGS.stream}",
+                f"{streams.LOGS.meta}.>",
+            ),
         ),
         DLQ_OPERATOR: Permissions(
             publish=(

@@ -354,6 +354,29 @@ def progress_csv(points: Iterable[ProgressPoint]) -> str:
     return buffer.getvalue()
 
 
+async def read_records(
+    js: JetStreamContext, key: ObjectKey, *, since: float | None = None, progress: bool = True, where: Records = LOCAL
+) -> tuple[list[StoredMessage], list[StoredMessage], list[StoredMessage], list[StoredMessage], list[StoredMessage]]:
+    """One TrainJob's stored records, stream by stream: events, plans, results, dead letters and (with
+    ``progress``) progress updates, each oldest first. The streams are read at once: each read waits on the
+    server, none on another."""
+    ns, name = key.namespace, key.name
+    events, plans, results, letters, updates = await asyncio.gather(
+        read_stream(
+            js, streams.EVENTS_HISTORY.name, subjects.trainjob_events_filter(ns, name), where=where, start_time=since
+        ),
+        read_stream(
+            js, streams.APPLY_HISTORY.name, subjects.trainjob_apply_filter(ns, name), where=where, start_time=since
+        ),
+        read_stream(
+            js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), where=where, start_time=since
+        ),
+        read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", where=where, start_time=since),
+        _read_progress(js, key, since, where) if progress else _nothing(),
+    )
+    return events, plans, results, letters, updates
+
+
 async def history(
     js: JetStreamContext,
     key: ObjectKey,
@@ -373,25 +396,11 @@ async def history(
     was cut off can be much later, and in another order across streams), and an event's place in the
     member's work stream, which its plans name (``fleet_event_numbers``).
     """
-    ns, name = key.namespace, key.name
     entries: list[TimelineEntry] = []
     previous: TrainJobObserved | None = None
-    # The four record streams are read at once: each read waits on the server, none on another. Events and
-    # plans are named by their place in the work stream (what a plan's source_seq and a dead letter's
-    # stream_seq refer to).
-    events, plans, results, letters, updates = await asyncio.gather(
-        read_stream(
-            js, streams.EVENTS_HISTORY.name, subjects.trainjob_events_filter(ns, name), where=where, start_time=since
-        ),
-        read_stream(
-            js, streams.APPLY_HISTORY.name, subjects.trainjob_apply_filter(ns, name), where=where, start_time=since
-        ),
-        read_stream(
-            js, streams.RESULTS.name, subjects.trainjob_results_filter(ns, name), where=where, start_time=since
-        ),
-        read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.*.{ns}.{name}", where=where, start_time=since),
-        _read_progress(js, key, since, where) if progress else _nothing(),
-    )
+    # Events and plans are named by their place in the work stream (what a plan's source_seq and a dead
+    # letter's stream_seq refer to).
+    events, plans, results, letters, updates = await read_records(js, key, since=since, progress=progress, where=where)
     fleet = bool(where.cluster)
     numbers = fleet_event_numbers(plans) if fleet else {}
 

@@ -257,7 +257,7 @@ ENVIRONMENT_ONLY = {
 
 
 def _environment_only_settings() -> str:
-    from contracts.streams import ALL_STREAMS
+    from contracts.streams import ALL_STREAMS, BUCKETS
 
     out = [
         "\n## Variables without a flag\n\n",
@@ -276,6 +276,15 @@ def _environment_only_settings() -> str:
             "bus-setup, up",
         )
         rows[prefix + "MAX_BYTES"] = (f"`{_size(spec.max_bytes)}`", f"the byte limit of `{spec.name}`", "bus-setup, up")
+    for bucket in BUCKETS:
+        prefix = f"TJPIPE_{bucket.name.removeprefix('tj_').upper()}_"
+        what = f"the object store bucket `{bucket.name}`"
+        rows[prefix + "MAX_AGE"] = (
+            f"`{_days(bucket.max_age_seconds)}`",
+            f"how long {what} keeps an object",
+            "bus-setup, up",
+        )
+        rows[prefix + "MAX_BYTES"] = (f"`{_size(bucket.max_bytes)}`", f"the byte limit of {what}", "bus-setup, up")
     for env, (default, meaning, readers) in sorted(rows.items()):
         out.append(f"| `{env}` | {default} | {_cell(meaning)} | {readers} |\n")
     return "".join(out)
@@ -479,13 +488,23 @@ def streams_table() -> str:
             f"| `{spec.name}` | {kind} | `{_subject_shape(spec)}` | {keeps} | {_size(spec.max_bytes)} | {at_limit} | "
             f"`{prefix}MAX_AGE`, `{prefix}MAX_BYTES` |\n"
         )
+    for bucket in streams.BUCKETS:
+        prefix = f"TJPIPE_{bucket.name.removeprefix('tj_').upper()}_"
+        at_limit = "drops its oldest objects" if bucket.discard == "old" else "refuses new objects"
+        out.append(
+            f"| `{bucket.stream}` | object store bucket `{bucket.name}`: {bucket.description[0].lower()}"
+            f"{bucket.description[1:]} | `{bucket.chunks}.<id>`, `{bucket.meta}.<name>` | "
+            f"{_days(bucket.max_age_seconds)} | {_size(bucket.max_bytes)} | {at_limit} | "
+            f"`{prefix}MAX_AGE`, `{prefix}MAX_BYTES` |\n"
+        )
     records = [s for s in streams.RECORD_STREAMS if s.max_bytes > 0]
     total = sum(s.max_bytes for s in records)
+    kept = total + sum(b.max_bytes for b in streams.BUCKETS if b.max_bytes > 0)
     windows = {s.duplicate_window_seconds for s in streams.ALL_STREAMS}
     window = f"{min(windows) / 60:g}-minute" if len(windows) == 1 else "per stream"
     out.append(
         f"\n{len(streams.ALL_STREAMS)} streams, file storage, {window} duplicate window. The record streams' "
-        f"default byte limits add up to {_size(total)}.\n"
+        f"default byte limits add up to {_size(total)}, {_size(kept)} with the object store buckets'.\n"
     )
     return "".join(out)
 

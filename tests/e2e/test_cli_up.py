@@ -72,7 +72,7 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
             f"{identity}.nk": 0o600
             for identity in (
                 *("admin", "watcher", "planner", "applier", "reader", "dlq-operator", "status-server"),
-                "history-keeper",
+                *("history-keeper", "log-keeper"),
             )
         }
         _check_demo_jobset(state)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import aiohttp
     from nats.js import JetStreamContext
 
+    from tjpipe.history_server.capture import LogKeeper
     from tjpipe.history_server.fleet import FleetIndex
     from tjpipe.history_server.rerun import Creator
     from tjpipe.history_server.retention import Retention
@@ -64,6 +65,7 @@ _STATIC = {
     "app.css": "text/css",
     "favicon.svg": "image/svg+xml",
     "guide.html": "text/html",
+    "logs.js": "text/javascript",
 }
 
 
@@ -99,6 +101,8 @@ class Backend:
     limits only."""
     creator: Creator | None = None
     """Where Run again creates TrainJobs, with the caller's token (``None``: not offered)."""
+    logs: LogKeeper | None = None
+    """Reads the kept pod logs, and captures them when the server has the log-keeper identity."""
 
     @property
     def fleet(self) -> bool:
@@ -746,6 +750,133 @@ async def run_again(request: web.Request) -> web.Response:
     return web.Response(status=201, text=json.dumps(answer), content_type="application/json")
 
 
+# ------------------------------------------------------------------------------------ logs and export
+
+LOG_TAIL_LINES = 200
+LOG_TAIL_MOST = 5000
+
+
+async def _kept(request: web.Request) -> tuple[str, str, Any, LogKeeper]:
+    """The TrainJob a logs request names, authorized as its page is (``get``), with its summary."""
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await _require(request, "get", namespace, name)
+    keeper = request.app[BACKEND].logs
+    summary = _scope(request).index.get(namespace, name)
+    if keeper is None:
+        raise _error(404, "this history server keeps no logs")
+    if summary is None or not summary.uid:
+        raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
+    return namespace, name, summary, keeper
+
+
+async def trainjob_logs(request: web.Request) -> web.Response:
+    """What is kept of the TrainJob's pod logs (the newest capture's manifest: each container's log, and what
+    is missing and why), and whether this server captures logs at all."""
+    from tjpipe.history_server import logs
+    from tjpipe.history_server.capture import FINISHED
+
+    namespace, name, summary, keeper = await _kept(request)
+    manifest = await keeper.manifest(namespace, summary.uid)
+    return _json(
+        {
+            "trainjob": _about(summary, namespace, name, request.app[BACKEND]),
+            "captures": keeper.captures_logs,
+            "finished": summary.state in FINISHED,
+            "kept": logs.manifest_json(manifest),
+        }
+    )
+
+
+async def trainjob_log(request: web.Request) -> web.Response:
+    """One container's kept log: its last ``?tail=N`` lines as JSON, or (``?output=download``) the whole of it."""
+    from tjpipe.history_server import logs
+
+    namespace, name, summary, keeper = await _kept(request)
+    pod, container = request.match_info["pod"], request.match_info["container"]
+    output = request.query.get("output", "tail")
+    if output not in ("tail", "download"):
+        raise _error(400, f"unknown output {output!r}; one of tail, download")
+    try:
+        lines = int(request.query.get("tail", LOG_TAIL_LINES))
+    except ValueError:
+        raise _error(400, "tail must be a whole number of lines") from None
+    if not 1 <= lines <= LOG_TAIL_MOST:
+        raise _error(400, f"tail must be 1 to {LOG_TAIL_MOST} lines")
+    manifest = await keeper.manifest(namespace, summary.uid)
+    piece = next((p for p in (manifest.pieces if manifest else ()) if (p.pod, p.container) == (pod, container)), None)
+    if piece is None:
+        raise _error(404, f"no log of container {container!r} of pod {pod!r} is kept for TrainJob {namespace}/{name}")
+    read = await keeper.text(piece)
+    if read is None:
+        raise _error(404, f"the log of {pod}/{container} is no longer kept (older than the logs bucket keeps)")
+    text = read.data.decode("utf-8", errors="replace")
+    if output == "download":
+        return web.Response(
+            text=text,
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{namespace}_{name}_{pod}_{container}.log"'},
+        )
+    shown, total = logs.tail(text, lines)
+    return _json(
+        {
+            "pod": pod,
+            "container": container,
+            "lines": shown,
+            "totalLines": total,
+            "complete": read.complete,
+            "truncated": piece.truncated,
+            "redacted": piece.redacted,
+        }
+    )
+
+
+async def capture_logs(request: web.Request) -> web.Response:
+    """Keep the TrainJob's pod logs now (while it runs; a finished one's were kept when it finished)."""
+    from tjpipe.history_server import logs
+    from tjpipe.history_server.capture import FINISHED
+
+    namespace, name, summary, keeper = await _kept(request)
+    if not keeper.captures_logs:
+        raise _error(503, "this history server does not capture logs (it has no log-keeper identity)")
+    if summary.state in FINISHED:
+        kept = await keeper.manifest(namespace, summary.uid)
+        if kept is not None and kept.reason == "finished":
+            raise _error(409, f"TrainJob {namespace}/{name} has finished: its logs were kept then")
+    wait = keeper.wait_before_request(summary.uid)
+    if wait > 0:
+        raise _error(409, f"the logs of TrainJob {namespace}/{name} were just kept; ask again in {wait:.0f} s")
+    manifest = await keeper.capture(namespace, name, summary.uid, reason="requested")
+    return _json({"kept": logs.manifest_json(manifest)})
+
+
+async def export(request: web.Request) -> web.Response:
+    """The TrainJob's whole record as one JSON-lines file (``tjpipe.history_server.export``)."""
+    from tjpipe.history_server.export import record_lines
+
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await _require(request, "get", namespace, name)
+    backend, scope = request.app[BACKEND], _scope(request)
+    summary = scope.index.get(namespace, name)
+    lines, records = await record_lines(
+        backend.js,
+        ObjectKey(namespace=namespace, name=name),
+        about=_about(summary, namespace, name, backend, scope.cluster),
+        since=_since(summary, scope),
+        where=scope.records,
+        keeper=backend.logs if not scope.cluster else None,
+        uid=summary.uid if summary is not None else "",
+    )
+    if not records and summary is None:
+        raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
+    filename = f"{scope.cluster}_{namespace}_{name}.jsonl" if scope.cluster else f"{namespace}_{name}.jsonl"
+    return web.Response(
+        body=b"".join(lines),
+        content_type="application/x-ndjson",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
 # ---------------------------------------------------------------------------------------- the fleet's
 
 
@@ -929,6 +1060,12 @@ def make_app(backend: Backend) -> web.Application:
         app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/retention", retention)
         app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/run-again", run_again_offer)
         app.router.add_post(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/run-again", run_again)
+    app.router.add_get(f"{base}/namespaces/{{namespace}}/trainjobs/{{name}}/export", export)
+    if not backend.fleet:  # a cluster's logs are in its own bus's bucket, not at the hub
+        job = f"{API}/namespaces/{{namespace}}/trainjobs/{{name}}"
+        app.router.add_get(f"{job}/logs", trainjob_logs)
+        app.router.add_post(f"{job}/logs/capture", capture_logs)
+        app.router.add_get(f"{job}/logs/{{pod}}/{{container}}", trainjob_log)
     app.router.add_get("/", page)
     app.router.add_get("/static/{file}", static)
     return app

@@ -52,6 +52,7 @@ from contracts.streams import parse_duration
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
+    from nats.js import JetStreamContext
 
     from tjpipe.history_server.index import HistoryIndex, Summary
 
@@ -253,6 +254,33 @@ class StreamRecords:
         return purged
 
 
+class KeptLogs:
+    """The pods' logs kept in the logs bucket (``contracts.logs``), stored under the TrainJob's uid: the objects
+    of the newest TrainJob of the name are found with the server's read-only connection (``reader``), then
+    marked deleted and their chunks purged by the keeper, which may not read a log. An object store has no
+    sequence bound per TrainJob (a capture is written whole), so ``bounds`` names none."""
+
+    def __init__(self, nc: Client, reader: JetStreamContext) -> None:
+        self._nc, self._reader = nc, reader
+
+    async def bounds(self) -> dict[str, int]:
+        return {}
+
+    async def purge(self, summary: Summary, bounds: Mapping[str, int]) -> int:
+        from contracts import logs
+        from plumbing import object_store
+
+        if not summary.uid:
+            return 0
+        where = logs.prefix("", summary.namespace, summary.uid)
+        try:
+            found = await object_store.find_prefix(self._reader, streams.LOGS, where)
+            gone = await object_store.delete_found(self._nc.jetstream(), streams.LOGS, found)
+        except Exception as exc:  # a permission, a bus without the logs bucket: said, and tried next sweep
+            raise PurgeRefused(f"{streams.LOGS.stream}: {type(exc).__name__}: {exc}") from None
+        return len(gone)
+
+
 # ----------------------------------------------------------------------------------- the sweep
 
 
@@ -326,9 +354,9 @@ class Retention:
         return gone
 
 
-def load_retention(path: str, nc: Client) -> Retention:
+def load_retention(path: str, nc: Client, reader: JetStreamContext) -> Retention:
     """The retention of ``--retention-policy``, checked now so that a bad file stops the server at start."""
     found = Path(os.path.expanduser(path))
-    retention = Retention(path=found, stores=[StreamRecords(nc)])
+    retention = Retention(path=found, stores=[StreamRecords(nc), KeptLogs(nc, reader)])
     retention.load()
     return retention

@@ -89,6 +89,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the history-keeper NATS identity's seed, which may purge the record streams: what removes the "
         "history the retention policy expires (needed with --retention-policy)",
     )
+    env_flag(
+        parser,
+        "--logs-creds",
+        env="TJPIPE_HISTORY_LOGS_CREDS",
+        default="",
+        help="the log-keeper NATS identity's seed: with it the server keeps TrainJobs' pod logs in the logs "
+        "bucket when they finish or when a page asks (its ServiceAccount then needs pods list, pods/log get and "
+        "jobsets get); unset: it serves the logs kept, and keeps none",
+    )
     env_list_flag(
         parser,
         "--scrape",
@@ -190,13 +199,27 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
             identity="history-keeper",
         )
         try:
-            backend.retention = load_retention(args.retention_policy, keeper)
+            backend.retention = load_retention(args.retention_policy, keeper, backend.js)
         except (OSError, BadPolicy) as exc:
             await keeper.close()
             await nc.close()
             raise UsageError(f"--retention-policy {args.retention_policy}: {exc}") from None
     if members:
         fleet_scopes(backend, kubes, ttl=args.auth_cache_seconds)
+    writer = None
+    if not members:
+        from tjpipe.history_server.capture import LogKeeper
+
+        if args.logs_creds:
+            from tjpipe.credentials import LOG_KEEPER
+
+            keeper_args = argparse.Namespace(**{**vars(args), "nats_creds": args.logs_creds})
+            writer = await connect_nats(keeper_args, "history-server-logs", identity=LOG_KEEPER)
+        backend.logs = LogKeeper(
+            kube=kubes[""] if writer is not None else None,
+            reader=backend.js,
+            writer=writer.jetstream() if writer is not None else None,
+        )
     runner = web.AppRunner(make_app(backend), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, listen[0], listen[1], ssl_context=tls)
@@ -216,6 +239,8 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
             await kube.close()
         if keeper is not None:
             await keeper.close()
+        if writer is not None:
+            await writer.close()
         await nc.close()
 
 
@@ -255,6 +280,8 @@ async def keep_current(backend: Any, stop: asyncio.Event, *, every: float) -> No
         except Exception as exc:  # the bus away for a moment: serve what is known, try again next tick
             log.warning("could not read the streams: %s: %s", type(exc).__name__, exc)
         else:
+            if backend.logs is not None:
+                backend.logs.notice(backend.index.summaries())
             if not backend.ready:
                 log.info("history index ready: %d TrainJob(s)", len(backend.index))
             elif read:

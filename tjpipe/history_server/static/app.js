@@ -386,6 +386,7 @@ async function renderTimeline(namespace, name, cluster = "", ticket = routeTicke
   drawPicture(data.entries, states, now, progress);
   drawEntries(data.entries);
   if (!cluster) drawKeepAndRunAgain(base, job, ticket).catch(fail);
+  if (typeof drawLogs === "function") drawLogs(base, job).catch(fail);  // logs.js
 }
 
 function drawProgressNow(progress, job) {
