@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import msgspec
 from nats.aio.msg import Msg
@@ -37,7 +36,8 @@ from applier.claims import NewerClaims
 from applier.epoch import ClusterEpoch
 from applier.fence import Fence
 from applier.ledger import Ledger, seen_key
-from applier.pacing import DEFAULT_INTERVAL_SECONDS, StatusPacing
+from applier.pacing import StatusPacing
+from applier.settings import ApplierSettings
 from applier.trainjobs import TrainJobFacts, TrainJobs, WatchedTrainJobs
 from contracts import resources, streams, subjects
 from contracts.messages import (
@@ -64,46 +64,11 @@ from plumbing.observability import (
     count_transitions,
 )
 from plumbing.partitions import consume_partitioned, default_replica_id
-from plumbing.runner import ServiceSettings, started
+from plumbing.runner import started
 from plumbing.stream_usage import StreamUsage
 from plumbing.tasks import cancel_and_wait
-from plumbing.work_trim import SWEEP_SECONDS
 
 log = logging.getLogger("applier")
-
-
-@dataclass
-class ApplierSettings(ServiceSettings):
-    kubeconfig: str | None = None
-    kube_context: str | None = None
-    batch: int = 32
-    concurrency: int = 16
-    attempts: int = 5
-    """In-process attempts for transient errors before the message goes back to JetStream."""
-    max_backoff_seconds: float = 8.0
-    replica: str = field(default_factory=default_replica_id)
-    lease_ttl: float = 6.0
-    work_sweep_seconds: float = SWEEP_SECONDS
-    """How often the work stream is looked at for finished work the server kept (``plumbing.work_trim``)."""
-    namespaces: tuple[str, ...] = ()
-    """Namespaces whose TrainJobs the checks' watch follows (the watcher's ``TJPIPE_NAMESPACES``); empty: all.
-    A TrainJob elsewhere is read for each check, as far as RBAC lets the applier read it."""
-    trainjob_source: str = "watch"
-    """Where the TrainJob checks answer from: ``watch`` (a watch of TrainJobs, reading one only when the
-    watch does not know it by the message's uid) or ``get`` (a read per TrainJob every few seconds)."""
-    trainjob_cache_seconds: float = 5.0
-    """How long a TrainJob verified by a read is trusted without reading it again."""
-    cluster_id: str = ""
-    """What tells this cluster's ledger claims from another's; empty: the kube-system namespace's uid."""
-    stale_claim_grace_seconds: float = 330.0
-    """How long a ledger claim newer than the cluster may hold a target before it is deemed corrupt and
-    overwritten: a bit over the watcher's resync (5 min), since every resync brings a plan at least as new
-    as any genuine claim."""
-    trusted_plan_keys: str | None = None
-    """The planner public keys an apply message must be signed with: a file, or a directory of ``*.pub``."""
-    status_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
-    """At most one write of a running TrainJob's Jobs' counts per this many seconds (``applier.pacing``);
-    0 writes every status at once."""
 
 
 def _retry_policy(settings: ApplierSettings) -> retrying.Policy:
@@ -422,7 +387,7 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
                 streams.APPLIER,
                 applier.handle_batch,
                 role="applier",
-                replica=settings.replica,
+                replica=settings.replica or default_replica_id(),
                 batch=settings.batch,
                 lease_ttl=settings.lease_ttl,
                 work_sweep_seconds=settings.work_sweep_seconds,

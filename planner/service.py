@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -32,11 +31,11 @@ from planner.core import FRAMEWORK, plan, plan_too_large
 from planner.framework import Framework
 from planner.plugins import registry
 from planner.plugins.trainjobstatus import StatusServer
+from planner.settings import PlannerSettings
 from plumbing import bus, intake, publishing, retrying, signing
 from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
 from plumbing.partitions import consume_partitioned, default_replica_id
-from plumbing.runner import ServiceSettings, started
-from plumbing.work_trim import SWEEP_SECONDS
+from plumbing.runner import started
 
 log = logging.getLogger("planner")
 
@@ -45,27 +44,6 @@ HEADER_ALLOWANCE = 1024
 """Room kept for an apply message's headers (message id, trace id, signature) under the max payload."""
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 SYNCHRONOUS_AFTER_REFUSAL_SECONDS = 60.0
-
-
-@dataclass
-class PlannerSettings(ServiceSettings):
-    batch: int = 64
-    replica: str = field(default_factory=default_replica_id)
-    lease_ttl: float = 6.0
-    work_sweep_seconds: float = SWEEP_SECONDS
-    """How often the work stream is looked at for finished work the server kept (``plumbing.work_trim``)."""
-    signing_key: str | None = None
-    """The planner's ed25519 private key (PEM); every apply message is signed with it."""
-    signing_key_setting: str = "--signing-key / TJPIPE_SIGNING_KEY"
-    """The flag and variable that set ``signing_key``, named when it cannot be used."""
-    trusted_event_keys: str | None = None
-    """The watcher public keys an event must be signed with: a file, or a directory of ``*.pub``."""
-    trainjob_status: bool = False
-    """Trainer's ``TrainJobStatus`` feature gate: the TrainJobStatus plugin is registered only when on."""
-    status_server_url: str = ""
-    """Where the pods reach the status server, ``https://host:port`` (with ``trainjob_status``)."""
-    status_server_ca: str = ""
-    """The PEM text of the CA that signs the status server's certificate (with ``trainjob_status``)."""
 
 
 def framework_of(settings: PlannerSettings) -> Framework:
@@ -249,7 +227,7 @@ async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
             streams.PLANNER,
             planner.handle_batch,
             role="planner",
-            replica=settings.replica,
+            replica=settings.replica or default_replica_id(),
             batch=settings.batch,
             lease_ttl=settings.lease_ttl,
             work_sweep_seconds=settings.work_sweep_seconds,
