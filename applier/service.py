@@ -13,7 +13,7 @@ parallel up to a bound, sharing one connection pool to the API server.
 This module is the shell around three parts, each in a file of its own and read in this order: intake
 (``plumbing.intake``: the planner's signature verified, the message decoded, or a dead letter), then
 authorization (``applier.authorize``'s check of the message, then ``applier.trainjobs``' of the TrainJob
-it names, as it reads it), then the fenced write (``applier.fence``, doing what ``core.decide``
+it names, as it reads it), then the fenced write (``applier.fence``, doing what ``claim_round.decide``
 answers; claims newer than the plan in ``applier.claims``). What stays here is what every message needs
 whatever its outcome: the retry tiers, the result, the metrics, the ack.
 """
@@ -31,14 +31,15 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from applier import authorize, core
+from applier import authorize, errors, outcomes, trainjob_condition
 from applier.claims import NewerClaims
 from applier.epoch import ClusterEpoch
 from applier.fence import Fence
 from applier.ledger import Ledger, seen_key
 from applier.pacing import StatusPacing
 from applier.settings import ApplierSettings
-from applier.trainjobs import TrainJobFacts, TrainJobs, WatchedTrainJobs
+from applier.trainjob_watch import TrainJobFacts, WatchedTrainJobs
+from applier.trainjobs import TrainJobs
 from contracts import resources, streams, subjects
 from contracts.messages import (
     ApplyAction,
@@ -75,8 +76,8 @@ def _retry_policy(settings: ApplierSettings) -> retrying.Policy:
     """The transient-error policy with this applier's attempts and cap, honouring the server's Retry-After."""
     return dataclasses.replace(
         retrying.TRANSIENT_API_ERROR.with_limits(attempts=settings.attempts, maximum=settings.max_backoff_seconds),
-        retry_on=(core.TransientError,),
-        wait_at_least=lambda exc: exc.retry_after if isinstance(exc, core.TransientError) else None,
+        retry_on=(errors.TransientError,),
+        wait_at_least=lambda exc: exc.retry_after if isinstance(exc, errors.TransientError) else None,
     )
 
 
@@ -134,7 +135,7 @@ class Applier:
             await self._refuse(msg, message, verdict.why, 0, started)
             return
         if self.pacing.superseded(message):
-            await self._finish(msg, message, "skipped", 0, started, reason=core.STALE_PLAN)
+            await self._finish(msg, message, "skipped", 0, started, reason=outcomes.STALE_PLAN)
             return
         if (wait := self.pacing.wait_for(message)) > 0:
             await msg.nak(delay=wait)  # its turn comes with the interval (applier.pacing)
@@ -154,7 +155,7 @@ class Applier:
             return
         if done.action in ("created", "configured"):
             self.pacing.wrote(message)
-        if done.action in ("created", "configured", "unchanged") and core.condition_names(
+        if done.action in ("created", "configured", "unchanged") and trainjob_condition.condition_names(
             message, facts.applier_condition
         ):
             await self.trainjobs.clear_condition(message)
@@ -173,10 +174,10 @@ class Applier:
 
     async def _attempt(
         self, message: ApplyMessage, resource: resources.Resource, body: bytes, attempt: _Attempts
-    ) -> tuple[core.Done, TrainJobFacts]:
+    ) -> tuple[outcomes.Done, TrainJobFacts]:
         """The in-process retry tier: authorize, then one fenced write, again while it fails for now."""
 
-        async def once() -> tuple[core.Done, TrainJobFacts]:
+        async def once() -> tuple[outcomes.Done, TrainJobFacts]:
             attempt.count += 1
             if attempt.count > 1:
                 RETRIES.labels(tjpipe_service="applier").inc()
@@ -189,25 +190,25 @@ class Applier:
 
     async def _not_done(self, msg: Msg, message: ApplyMessage, exc: Exception, attempts: int, started: float) -> None:
         """Finish a message whose attempts ended in an error, by the error's kind."""
-        if isinstance(exc, core.TrainJobGone):
+        if isinstance(exc, errors.TrainJobGone):
             await self._finish(msg, message, "skipped", attempts, started, reason=f"{exc.why}: nothing to do")
-        elif isinstance(exc, core.Unauthorized):
+        elif isinstance(exc, errors.Unauthorized):
             await self._refuse(msg, message, exc.why, attempts, started)
-        elif isinstance(exc, core.Held):
+        elif isinstance(exc, errors.Held):
             await msg.nak(delay=exc.delay)
-        elif isinstance(exc, core.SettlingRefusal):
-            if (msg.metadata.num_delivered or 1) >= core.SETTLING_DELIVERIES:
+        elif isinstance(exc, errors.SettlingRefusal):
+            if (msg.metadata.num_delivered or 1) >= errors.SETTLING_DELIVERIES:
                 await self._fail_permanently(msg, message, exc.permanent, attempts, started)
             else:
                 await self._hand_back(msg, message, exc)
-        elif isinstance(exc, core.TransientError):
+        elif isinstance(exc, errors.TransientError):
             await self._hand_back(msg, message, exc)
-        elif isinstance(exc, core.PermanentError):
+        elif isinstance(exc, errors.PermanentError):
             await self._fail_permanently(msg, message, exc, attempts, started)
         else:  # pragma: no cover - _handle_decoded catches only the kinds above
             raise exc
 
-    async def _count_lifecycle(self, message: ApplyMessage, facts: TrainJobFacts, done: core.Done) -> None:
+    async def _count_lifecycle(self, message: ApplyMessage, facts: TrainJobFacts, done: outcomes.Done) -> None:
         """The ``kubeflow_trainer_*`` counts this message accounts for, each made by exactly one applier.
 
         Created: the first applier to record the TrainJob's uid in the ledger (compare-and-set) counts it.
@@ -223,7 +224,7 @@ class Applier:
         if isinstance(message, ApplyTrainJobStatus) and done.action in ("created", "configured"):
             count_transitions(message.transitions, namespace=namespace, runtime=facts.runtime)
 
-    async def _hand_back(self, msg: Msg, message: ApplyMessage, exc: core.TransientError) -> None:
+    async def _hand_back(self, msg: Msg, message: ApplyMessage, exc: errors.TransientError) -> None:
         """Give a message that failed for now back to JetStream, with a delay that grows per delivery."""
         delay = retrying.TRANSIENT_REDELIVERY.delay(msg.metadata.num_delivered or 1)
         log.warning(
@@ -236,7 +237,7 @@ class Applier:
         await msg.nak(delay=delay)
 
     async def _fail_permanently(
-        self, msg: Msg, message: ApplyMessage, exc: core.PermanentError, attempts: int, started: float
+        self, msg: Msg, message: ApplyMessage, exc: errors.PermanentError, attempts: int, started: float
     ) -> None:
         """A dead letter, the reason on the TrainJob, a ``failed`` result, and the message terminated."""
         await self._dead_letter(msg, reason="permanent", error=exc.reason, key=message)
@@ -342,7 +343,7 @@ class Applier:
             log.exception("unexpected failure handling %s", msg.subject)
 
 
-_NOT_DONE = (core.TrainJobGone, core.Unauthorized, core.Held, core.TransientError, core.PermanentError)
+_NOT_DONE = (errors.TrainJobGone, errors.Unauthorized, errors.Held, errors.TransientError, errors.PermanentError)
 """How an attempt ends without a ``Done``: each is finished its own way (``Applier._not_done``)."""
 
 
