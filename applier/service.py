@@ -15,7 +15,10 @@ This module is the shell around three parts, each in a file of its own and read 
 authorization (``applier.authorize``'s check of the message, then ``applier.trainjobs``' of the TrainJob
 it names, as it reads it), then the fenced write (``applier.fence``, doing what ``claim_round.decide``
 answers; claims newer than the plan in ``applier.claims``). What stays here is what every message needs
-whatever its outcome: the retry tiers, the result, the metrics, the ack.
+whatever its outcome: the retry tiers, and which way it ends. A message travels as one
+``plumbing.delivery.Delivery`` (the message, its decoded form, its attempts, when its work started), and
+ends one of three ways, each written once: ``applier.results.finish`` (result, ack),
+``applier.results.fail`` (dead letter, ``failed`` result, terminate) or ``Delivery.retry`` (handed back).
 """
 
 from __future__ import annotations
@@ -31,38 +34,29 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from applier import authorize, errors, outcomes, trainjob_condition
+from applier import authorize, errors, outcomes, results, trainjob_condition
 from applier.claims import NewerClaims
 from applier.epoch import ClusterEpoch
 from applier.fence import Fence
-from applier.ledger import Ledger, seen_key
+from applier.ledger import Ledger
 from applier.pacing import StatusPacing
 from applier.settings import ApplierSettings
 from applier.trainjob_watch import TrainJobFacts, WatchedTrainJobs
 from applier.trainjobs import TrainJobs
-from contracts import resources, streams, subjects
+from contracts import resources, streams
 from contracts.messages import (
-    ApplyAction,
     ApplyMessage,
-    ApplyResult,
     ApplyTrainJobStatus,
     DeleteComponent,
     Target,
-    component_of,
     decode_apply,
-    encode,
 )
-from plumbing import bus, intake, publishing, retrying, signing
+from plumbing import intake, retrying, signing
+from plumbing.delivery import Delivery
 from plumbing.kube import KubeClient, KubeConfig
 from plumbing.observability import (
-    APPLIES,
-    DEAD_LETTERS,
-    END_TO_END,
     RETRIES,
-    STAGE_SECONDS,
-    TRAINJOBS_CREATED,
     UNAUTHORIZED,
-    count_transitions,
 )
 from plumbing.partitions import consume_partitioned, default_replica_id
 from plumbing.runner import started
@@ -114,44 +108,38 @@ class Applier:
     # ------------------------------------------------------------------------------------------ intake
 
     async def handle(self, msg: Msg) -> None:
+        delivery: Delivery[ApplyMessage] = Delivery(msg, stage="applier", js=self.js)
         # First of all: only a plan the planner signed is read, let alone applied.
-        message = await intake.admit(
-            msg,
-            keyring=self.trusted_plans,
-            decode=decode_apply,
-            reject=lambda reason, error: self._dead_letter(msg, reason=reason, error=error, key=None),
-        )
+        message = await intake.admit(delivery, keyring=self.trusted_plans, decode=decode_apply)
         if message is None:
             return
         lock = self._locks.setdefault(self._key(message.target), asyncio.Lock())
         async with self._slots, lock, self._heartbeat(msg):
-            await self._handle_decoded(msg, message)
+            delivery.started = time.perf_counter()  # its work starts with its turn, not with the wait for it
+            await self._handle_decoded(delivery)
 
-    async def _handle_decoded(self, msg: Msg, message: ApplyMessage) -> None:
-        started = time.perf_counter()
+    async def _handle_decoded(self, delivery: Delivery[ApplyMessage]) -> None:
+        message = delivery.message
         body = b"{}" if isinstance(message, DeleteComponent) else msgspec.json.encode(message.object)
         verdict = authorize.authorize_message(message, body)
         if not verdict.allowed:
-            await self._refuse(msg, message, verdict.why, 0, started)
+            await self._refuse(delivery, verdict.why)
             return
         if self.pacing.superseded(message):
-            await self._finish(msg, message, "skipped", 0, started, reason=outcomes.STALE_PLAN)
+            await results.finish(delivery, "skipped", reason=outcomes.STALE_PLAN)
             return
         if (wait := self.pacing.wait_for(message)) > 0:
-            await msg.nak(delay=wait)  # its turn comes with the interval (applier.pacing)
+            await delivery.retry(wait)  # its turn comes with the interval (applier.pacing)
             return
         try:
             resource = resources.resource_for(message.target.api_version, message.target.kind)
         except LookupError as exc:
-            await self._dead_letter(msg, reason="permanent", error=str(exc), key=message)
-            await self._finish(msg, message, "failed", 0, started, reason=str(exc), ack=False)
-            await msg.term()
+            await results.fail(delivery, kind="permanent", error=str(exc), result=str(exc))
             return
-        attempt = _Attempts()
         try:
-            done, facts = await self._attempt(message, resource, body, attempt)
+            done, facts = await self._attempt(delivery, resource, body)
         except _NOT_DONE as exc:
-            await self._not_done(msg, message, exc, attempt.count, started)
+            await self._not_done(delivery, exc)
             return
         if done.action in ("created", "configured"):
             self.pacing.wrote(message)
@@ -159,27 +147,20 @@ class Applier:
             message, facts.applier_condition
         ):
             await self.trainjobs.clear_condition(message)
-        await self._count_lifecycle(message, facts, done)
-        await self._finish(
-            msg,
-            message,
-            done.action,
-            attempt.count,
-            started,
-            resource_version=done.resource_version,
-            reason=done.reason,
-        )
+        await results.count_lifecycle(self.ledger, message, facts, done)
+        await results.finish(delivery, done.action, resource_version=done.resource_version, reason=done.reason)
 
     # ------------------------------------------------------------------------------------------ the work
 
     async def _attempt(
-        self, message: ApplyMessage, resource: resources.Resource, body: bytes, attempt: _Attempts
+        self, delivery: Delivery[ApplyMessage], resource: resources.Resource, body: bytes
     ) -> tuple[outcomes.Done, TrainJobFacts]:
         """The in-process retry tier: authorize, then one fenced write, again while it fails for now."""
+        message = delivery.message
 
         async def once() -> tuple[outcomes.Done, TrainJobFacts]:
-            attempt.count += 1
-            if attempt.count > 1:
+            delivery.attempts += 1
+            if delivery.attempts > 1:
                 RETRIES.labels(tjpipe_service="applier").inc()
             facts = await self.trainjobs.verify(message)
             if isinstance(message, DeleteComponent):
@@ -188,45 +169,30 @@ class Applier:
 
         return await self.retry_policy.call(once)
 
-    async def _not_done(self, msg: Msg, message: ApplyMessage, exc: Exception, attempts: int, started: float) -> None:
-        """Finish a message whose attempts ended in an error, by the error's kind."""
+    async def _not_done(self, delivery: Delivery[ApplyMessage], exc: Exception) -> None:
+        """End a message whose attempts ended in an error, by the error's kind."""
         if isinstance(exc, errors.TrainJobGone):
-            await self._finish(msg, message, "skipped", attempts, started, reason=f"{exc.why}: nothing to do")
+            await results.finish(delivery, "skipped", reason=f"{exc.why}: nothing to do")
         elif isinstance(exc, errors.Unauthorized):
-            await self._refuse(msg, message, exc.why, attempts, started)
+            await self._refuse(delivery, exc.why)
         elif isinstance(exc, errors.Held):
-            await msg.nak(delay=exc.delay)
+            await delivery.retry(exc.delay)
         elif isinstance(exc, errors.SettlingRefusal):
-            if (msg.metadata.num_delivered or 1) >= errors.SETTLING_DELIVERIES:
-                await self._fail_permanently(msg, message, exc.permanent, attempts, started)
+            if delivery.deliveries >= errors.SETTLING_DELIVERIES:
+                await self._fail_permanently(delivery, exc.permanent)
             else:
-                await self._hand_back(msg, message, exc)
+                await self._hand_back(delivery, exc)
         elif isinstance(exc, errors.TransientError):
-            await self._hand_back(msg, message, exc)
+            await self._hand_back(delivery, exc)
         elif isinstance(exc, errors.PermanentError):
-            await self._fail_permanently(msg, message, exc, attempts, started)
+            await self._fail_permanently(delivery, exc)
         else:  # pragma: no cover - _handle_decoded catches only the kinds above
             raise exc
 
-    async def _count_lifecycle(self, message: ApplyMessage, facts: TrainJobFacts, done: outcomes.Done) -> None:
-        """The ``kubeflow_trainer_*`` counts this message accounts for, each made by exactly one applier.
-
-        Created: the first applier to record the TrainJob's uid in the ledger (compare-and-set) counts it.
-        A status change: the applier whose write made it; the write was conditional on the TrainJob version
-        the planner saw without the condition, so no other write can make the same change.
-        """
-        namespace = message.trainjob.namespace
-        try:
-            if await self.ledger.first_sight(seen_key(namespace, message.trainjob.name), facts.uid):
-                TRAINJOBS_CREATED.labels(namespace, facts.runtime).inc()
-        except Exception as exc:  # the bus failed just now: a metric is not worth a redelivery
-            log.warning("%s: could not record the TrainJob in the ledger: %s", message.trainjob, exc)
-        if isinstance(message, ApplyTrainJobStatus) and done.action in ("created", "configured"):
-            count_transitions(message.transitions, namespace=namespace, runtime=facts.runtime)
-
-    async def _hand_back(self, msg: Msg, message: ApplyMessage, exc: errors.TransientError) -> None:
+    async def _hand_back(self, delivery: Delivery[ApplyMessage], exc: errors.TransientError) -> None:
         """Give a message that failed for now back to JetStream, with a delay that grows per delivery."""
-        delay = retrying.TRANSIENT_REDELIVERY.delay(msg.metadata.num_delivered or 1)
+        message = delivery.message
+        delay = retrying.TRANSIENT_REDELIVERY.delay(delivery.deliveries)
         log.warning(
             "%s: %s; handing back to JetStream for %.0fs",
             message.target,
@@ -234,31 +200,26 @@ class Applier:
             delay,
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
         )
-        await msg.nak(delay=delay)
+        await delivery.retry(delay)
 
-    async def _fail_permanently(
-        self, msg: Msg, message: ApplyMessage, exc: errors.PermanentError, attempts: int, started: float
-    ) -> None:
-        """A dead letter, the reason on the TrainJob, a ``failed`` result, and the message terminated."""
-        await self._dead_letter(msg, reason="permanent", error=exc.reason, key=message)
+    async def _fail_permanently(self, delivery: Delivery[ApplyMessage], exc: errors.PermanentError) -> None:
+        """The reason told on the TrainJob, then the message failed for good."""
+        message = delivery.message
         await self.trainjobs.explain(message, exc.reason)
         if exc.api_reason and not isinstance(message, ApplyTrainJobStatus | DeleteComponent):
             # The API server refused the component (e.g. a webhook's 422): say so on the TrainJob.
             await self.trainjobs.set_condition(message, reason=exc.api_reason, text=exc.api_message or exc.reason)
-        await self._finish(msg, message, "failed", attempts, started, reason=exc.reason, ack=False)
-        await msg.term()
+        await results.fail(delivery, kind="permanent", error=exc.reason, result=exc.reason)
 
-    async def _refuse(self, msg: Msg, message: ApplyMessage, why: str, attempts: int, started: float) -> None:
+    async def _refuse(self, delivery: Delivery[ApplyMessage], why: str) -> None:
         """Nothing is written for a message no TrainJob justifies, not even an Event on the TrainJob."""
-        UNAUTHORIZED.labels(kind=message.target.kind).inc()
-        await self._dead_letter(msg, reason="unauthorized", error=why, key=message)
-        await self._finish(msg, message, "failed", attempts, started, reason=f"unauthorized: {why}", ack=False)
-        await msg.term()
-
-    # ------------------------------------------------------------------------------------- bookkeeping
+        UNAUTHORIZED.labels(kind=delivery.message.target.kind).inc()
+        await results.fail(delivery, kind="unauthorized", error=why, result=f"unauthorized: {why}")
 
     @contextlib.asynccontextmanager
     async def _heartbeat(self, msg: Msg) -> AsyncIterator[None]:
+        """While a message is worked on, JetStream is told so, so that it is not delivered again meanwhile."""
+
         async def beat() -> None:
             while True:
                 await asyncio.sleep(streams.APPLIER.ack_wait_seconds / 3)
@@ -270,64 +231,6 @@ class Applier:
             yield
         finally:
             task.cancel()
-
-    async def _finish(
-        self,
-        msg: Msg,
-        message: ApplyMessage,
-        action: ApplyAction,
-        attempts: int,
-        started: float,
-        *,
-        resource_version: str = "",
-        reason: str = "",
-        ack: bool = True,
-    ) -> None:
-        component = component_of(message)
-        duration_ms = (time.perf_counter() - started) * 1000
-        result = ApplyResult(
-            trainjob=message.trainjob,
-            target=message.target,
-            component=component,
-            source_seq=message.source_seq,
-            action=action,
-            attempts=attempts,
-            duration_ms=round(duration_ms, 3),
-            resource_version=resource_version,
-            reason=reason,
-            finished_at=time.time(),
-            trace_id=message.trace_id,
-        )
-        APPLIES.labels(kind=message.target.kind, action=action).inc()
-        STAGE_SECONDS.labels(stage="applier").observe(duration_ms / 1000)
-        if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
-            END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
-        subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
-        outgoing = publishing.Outgoing(subject, encode(result), {bus.TRACE_ID: message.trace_id})
-        await publishing.publish(self.js, [outgoing], stream=streams.RESULTS.name)
-        log.info(
-            "%s %s (%d attempt%s, %.1f ms)%s",
-            action,
-            message.target,
-            attempts,
-            "" if attempts == 1 else "s",
-            duration_ms,
-            f": {reason}" if reason else "",
-            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id, "action": action},
-        )
-        if ack:
-            await msg.ack()
-
-    async def _dead_letter(self, msg: Msg, *, reason: str, error: str, key: ApplyMessage | None) -> None:
-        if key is not None:
-            namespace, name = key.trainjob.namespace, key.trainjob.name
-        else:
-            namespace, name = subjects.trainjob_of_subject(msg.subject)
-        DEAD_LETTERS.labels(stage="applier", reason=reason).inc()
-        where = f"{key.target}: " if key is not None else ""
-        await bus.dead_letter(
-            self.js, msg, stage="applier", reason=reason, error=where + error, namespace=namespace, name=name
-        )
 
     # ----------------------------------------------------------------------------------------------- run
 
@@ -344,14 +247,7 @@ class Applier:
 
 
 _NOT_DONE = (errors.TrainJobGone, errors.Unauthorized, errors.Held, errors.TransientError, errors.PermanentError)
-"""How an attempt ends without a ``Done``: each is finished its own way (``Applier._not_done``)."""
-
-
-class _Attempts:
-    """How many attempts a message has had so far, told to its result however it ends."""
-
-    def __init__(self) -> None:
-        self.count = 0
+"""How an attempt ends without a ``Done``: each is ended its own way (``Applier._not_done``)."""
 
 
 async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
