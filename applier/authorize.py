@@ -7,7 +7,7 @@ checks that a real TrainJob managed by this controller justifies the write. Each
 written (not even an Event on the TrainJob). This module holds the check of the message alone
 (``authorize_message``), made before anything is read. The later checks sit where their facts are read:
 the TrainJob the message names in ``applier.trainjobs`` (``authorize_trainjob``), and the live target in
-the claim round (``live_target.authorize_live``; a create-only target, which is never read, is judged from the
+the claim round (``claim_round.authorize_live``; a create-only target, which is never read, is judged from the
 ledger by ``api_answers.existing``).
 """
 

@@ -1,29 +1,26 @@
 """One claim round, as ``applier.fence`` walks it: whether the plan is stale (``is_stale``), whether the
-live target is read (``reads_live``), and ``decide``, which answers with one ``Step`` out of a closed set
-that the fence performs. What the live target holds is judged in ``applier.live_target``; what the API
-server's answer makes of the round, in ``applier.api_answers``. Pure: no I/O.
+live target is read (``reads_live``), and ``decide``, which answers with one ``Step`` (``applier.steps``)
+that the fence performs. The small functions ``decide`` is made of follow it in the order it calls them
+(``authorize_live``, ``still_applied``, ``policy_allows``, ``status_outdated``; whether the live object
+already holds the plan is ``applier.live_holds``'), each with the reason it exists, so that one round reads
+down one file. What the API server's answer makes of the round is ``applier.api_answers``'. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import msgspec
 
-from applier.live_target import (
-    authorize_live,
-    held_state,
-    live_state,
-    managed_digest,
-    owned_label_patch,
-    planned_resource_version,
-    policy_allows,
-    resource_version_number,
-    status_outdated,
-    still_applied,
-)
+from applier import objects
+from applier.errors import ALLOWED, Verdict
+from applier.live_holds import held_state
+from applier.objects import resource_version_number
 from applier.outcomes import ALREADY_CREATED
-from contracts.messages import AppliedRecord, ApplyMessage, ApplySecret, ObjectApply
+from applier.steps import Adopt, Advance, Create, Leave, Refuse, SkipStatus, Step, Write
+from contracts import labels
+from contracts.messages import AppliedRecord, ApplyMessage, ApplySecret, ApplyTrainJobStatus, ObjectApply
 
 
 def is_stale(record: AppliedRecord | None, message: ApplyMessage) -> bool:
@@ -57,70 +54,6 @@ def reads_live(message: ObjectApply, record: AppliedRecord | None, *, known_vers
     if message.target.subresource:
         return record is not None and not known_version
     return True
-
-
-class Refuse(msgspec.Struct, frozen=True, kw_only=True):
-    """The live target is controlled by something other than this TrainJob: nothing is written or taken over."""
-
-    why: str
-
-
-class Advance(msgspec.Struct, frozen=True, kw_only=True):
-    """The record is this very plan and the live object still holds it (``still_applied``): only the record
-    moves on to this message (compare-and-set); the outcome is ``unchanged``."""
-
-    record: AppliedRecord
-    resource_version: str
-
-
-class Leave(msgspec.Struct, frozen=True, kw_only=True):
-    """The policy leaves the live object as it is (``policy_allows``); ``skipped``, and why. With ``label``,
-    the merge patch that adds this pipeline's missing label first (``owned_label_patch``)."""
-
-    resource_version: str
-    reason: str
-    label: bytes | None = None
-
-
-class Adopt(msgspec.Struct, frozen=True, kw_only=True):
-    """The live object already holds the plan (``held_state``): ``record`` is written as applied
-    (compare-and-set) and nothing else, but for this pipeline's label when ``label`` says it lacks it."""
-
-    record: AppliedRecord
-    label: bool = False
-
-
-class Create(msgspec.Struct, frozen=True, kw_only=True):
-    """A create-only target (``CREATE_ONLY``): ``claim`` it, then create it; it is never read or patched.
-
-    ``known`` is the record as this cluster made it (``None`` if none, or another history's): whom it says
-    the object was created for judges a create answered 409 (``existing``).
-    """
-
-    claim: AppliedRecord
-    known: AppliedRecord | None = None
-
-
-class SkipStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """A status planned from another TrainJob version than the live one (``status_outdated``): ``claim`` the
-    target, then skip it; a newer plan carries the newer status."""
-
-    claim: AppliedRecord
-    resource_version: str
-
-
-class Write(msgspec.Struct, frozen=True, kw_only=True):
-    """``claim`` the target, then apply the plan, on condition of ``precondition`` (the live resourceVersion
-    read, ``""`` for none); ``before`` is the resourceVersion the outcome is told from (``outcome``)."""
-
-    claim: AppliedRecord
-    precondition: str
-    before: str
-
-
-Step = Refuse | Advance | Leave | Adopt | Create | SkipStatus | Write
-"""What one claim round does; ``applier.fence`` performs each, and any compare-and-set it loses starts the
-next round."""
 
 
 def decide(
@@ -244,3 +177,109 @@ def _claim(message: ApplyMessage, digest: str, stamp: str, *, created_for: str =
         created_for=created_for,
         cluster=stamp,
     )
+
+
+# ------------------------------------------------------------------ what decide asks of the live target
+
+
+def authorize_live(message: ApplyMessage, live: bytes | None) -> Verdict:
+    """An existing target is written (or deleted) only when this TrainJob controls it: nothing is taken over."""
+    if live is None or isinstance(message, ApplyTrainJobStatus):
+        return ALLOWED
+    refs = [r for r in objects.read(live).metadata.ownerReferences if r.controller is True]
+    if any(r.uid == message.trainjob_uid for r in refs):
+        return ALLOWED
+    owner = f"{refs[0].kind} {refs[0].name}" if refs else "nobody"
+    return Verdict(False, f"existing {message.target} is controlled by {owner}, not by TrainJob {message.trainjob}")
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What the applier needs to know about the live target to honour a policy."""
+
+    exists: bool
+    suspended: bool = False
+    resource_version: str = ""
+
+
+def live_state(raw: bytes | None) -> LiveState:
+    if raw is None:
+        return LiveState(exists=False)
+    live = objects.read(raw)
+    suspended = live.spec.suspend is True
+    return LiveState(exists=True, suspended=suspended, resource_version=live.metadata.resourceVersion)
+
+
+def still_applied(record: AppliedRecord, live_raw: bytes | None, message: ObjectApply, *, digest: str) -> bool:
+    """The ledger's applied record is this very plan, and the live object still holds what it applied.
+
+    Then nothing needs writing: the record only advances to this message's source version.
+    """
+    return (
+        live_raw is not None
+        and record.state == "applied"
+        and record.digest == digest
+        and managed_digest(live_raw, manager=message.field_manager, subresource=message.target.subresource)
+        == record.managed
+    )
+
+
+def managed_digest(raw: bytes, *, manager: str, subresource: str | None) -> str:
+    """Digest of the fields ``manager`` owns by Apply on this object (or its subresource).
+
+    It changes when anyone else takes over or removes a field we set, and not when others touch only
+    their own fields (a controller writing status, say); it is empty when we own nothing there.
+    """
+    for entry in objects.read(raw).metadata.managedFields:
+        if entry.manager == manager and entry.operation == "Apply" and entry.subresource == (subresource or ""):
+            return hashlib.sha256(bytes(entry.fieldsV1)).hexdigest()[:32]
+    return ""
+
+
+def policy_allows(message: ApplyMessage, live: LiveState) -> tuple[bool, str]:
+    """Whether the message may be applied to this live state, and why not when it may not."""
+    if message.policy == "always" or not live.exists:
+        return True, ""
+    if message.policy == "if-absent":
+        return False, "exists already; created once and never changed"
+    if live.suspended or message.trainjob_suspended:
+        return True, ""
+    return False, "running and not suspended; left as it is"
+
+
+def owned_label_patch(message: ApplyMessage, live_raw: bytes | None) -> bytes | None:
+    """A merge patch adding this pipeline's label to an existing, unlabelled object, or None.
+
+    An ``if-absent`` object is never changed once it exists, but one made before the label existed (by
+    Trainer, or an older version of this pipeline) would stay invisible to the watcher, which selects
+    ConfigMaps by that label. So the label alone is added, once; nothing the object holds is touched.
+    Secrets never get here: they are create-only (``CREATE_ONLY``), never read or patched.
+    """
+    kind = message.target.kind
+    if live_raw is None or message.policy != "if-absent" or kind not in labels.LABELLED_KINDS:
+        return None
+    if objects.read(live_raw).metadata.labels.get(labels.MANAGED_BY_LABEL) == labels.MANAGED_BY:
+        return None
+    return OWNED_LABEL_PATCH
+
+
+OWNED_LABEL_PATCH = msgspec.json.encode({"metadata": {"labels": {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}}})
+"""The JSON merge patch that adds this pipeline's label and nothing else."""
+
+
+def status_outdated(message: ObjectApply, *, live_version: str | None) -> bool:
+    """A status planned from another TrainJob version than the live one: a newer plan carries the newer status.
+
+    ``live_version`` is the live TrainJob's resourceVersion, ``None`` if it was not read.
+    """
+    planned_from = planned_resource_version(message)
+    return bool(
+        message.target.subresource and live_version is not None and planned_from and planned_from != live_version
+    )
+
+
+def planned_resource_version(message: ApplyMessage) -> str:
+    """The resourceVersion a message's object carries as its precondition, if any."""
+    meta = getattr(getattr(message, "object", None), "metadata", msgspec.UNSET)
+    value = getattr(meta, "resource_version", msgspec.UNSET) if meta is not msgspec.UNSET else msgspec.UNSET
+    return value if isinstance(value, str) else ""

@@ -22,7 +22,7 @@ from typing import Any, assert_never
 
 import msgspec
 
-from applier import api_answers, claim_round, errors, live_target, outcomes, secrets
+from applier import api_answers, claim_round, errors, outcomes, secrets, steps
 from applier.claims import NewerClaim, NewerClaims
 from applier.ledger import Ledger, ledger_key
 from applier.objects import resource_version
@@ -105,25 +105,25 @@ class Fence:
             raise _api_error(exc) from exc
 
     async def _perform(
-        self, step: claim_round.Step, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
+        self, step: steps.Step, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
     ) -> outcomes.Done | None:
         """Carry out one round's step; ``None``: a compare-and-set or a conditional write lost, look again."""
-        if isinstance(step, claim_round.Refuse):
+        if isinstance(step, steps.Refuse):
             raise errors.Unauthorized(step.why)
-        if isinstance(step, claim_round.Leave):
+        if isinstance(step, steps.Leave):
             if step.label is None:
                 return outcomes.Done(action="skipped", resource_version=step.resource_version, reason=step.reason)
             labelled = await self._label(message, resource, step.label)
             return outcomes.Done(action="skipped", resource_version=labelled, reason=step.reason)
-        if isinstance(step, claim_round.Advance):
+        if isinstance(step, steps.Advance):
             if await self.ledger.write(lkey, step.record, revision=revision) is None:
                 return None
             return outcomes.Done(
                 action="unchanged", resource_version=step.resource_version, reason=outcomes.ALREADY_APPLIED
             )
-        if isinstance(step, claim_round.Adopt):
+        if isinstance(step, steps.Adopt):
             return await self._adopt(step, message, resource, lkey, revision)
-        if isinstance(step, claim_round.Write) and message.target.subresource:
+        if isinstance(step, steps.Write) and message.target.subresource:
             # A status is written on condition of the TrainJob version it was planned from, which orders
             # two plans of it whatever the ledger says: no claim first, only the record of what was written.
             return await self._write(step, message, resource, lkey, revision)
@@ -131,17 +131,17 @@ class Fence:
         claimed = await self.ledger.write(lkey, step.claim, revision=revision)
         if claimed is None:
             return None
-        if isinstance(step, claim_round.SkipStatus):
+        if isinstance(step, steps.SkipStatus):
             return outcomes.Done(action="skipped", resource_version=step.resource_version, reason=outcomes.STALE_STATUS)
-        if isinstance(step, claim_round.Create):
+        if isinstance(step, steps.Create):
             return await self._create(step, message, resource, lkey, claimed)
-        if isinstance(step, claim_round.Write):
+        if isinstance(step, steps.Write):
             return await self._write(step, message, resource, lkey, claimed)
         assert_never(step)
 
     async def _label(self, message: ObjectApply, resource: resources.Resource, patch: bytes) -> str:
-        """Label an existing ``if-absent`` object (see ``live_target.owned_label_patch``), or one Trainer made that
-        otherwise holds the plan (``live_target.held_state``); its new resourceVersion.
+        """Label an existing ``if-absent`` object (see ``claim_round.owned_label_patch``), or one Trainer made that
+        otherwise holds the plan (``live_holds.held_state``); its new resourceVersion.
 
         A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
         ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
@@ -161,19 +161,19 @@ class Fence:
         return resource_version(resp.body)
 
     async def _adopt(
-        self, step: claim_round.Adopt, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
+        self, step: steps.Adopt, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
     ) -> outcomes.Done | None:
         """Record a live object that already is the plan; write nothing but the label one Trainer made lacks."""
         record = step.record
         if step.label:
-            labelled = await self._label(message, resource, live_target.OWNED_LABEL_PATCH)
+            labelled = await self._label(message, resource, claim_round.OWNED_LABEL_PATCH)
             record = msgspec.structs.replace(record, resource_version=labelled)
         if await self.ledger.write(lkey, record, revision=revision) is None:
             return None
         return outcomes.Done(action="unchanged", resource_version=record.resource_version, reason=outcomes.ALREADY_HELD)
 
     async def _create(
-        self, step: claim_round.Create, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
+        self, step: steps.Create, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
     ) -> outcomes.Done:
         """Create a create-only target as claimed. Only a 201 makes it this TrainJob's: a create answered 409
         is judged by the record as it was before the claim (``api_answers.existing``)."""
@@ -202,7 +202,7 @@ class Fence:
         return outcomes.Done(action="created", resource_version=after)
 
     async def _write(
-        self, step: claim_round.Write, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
+        self, step: steps.Write, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
     ) -> outcomes.Done | None:
         """Apply the plan as claimed (``claimed``: the claim's revision; for a status, the revision the round
         read), and record what the apply left."""
@@ -224,7 +224,7 @@ class Fence:
             step.claim,
             state="applied",
             resource_version=after,
-            managed=live_target.managed_digest(
+            managed=claim_round.managed_digest(
                 resp.body, manager=message.field_manager, subresource=target.subresource
             ),
         )
@@ -250,7 +250,7 @@ class Fence:
         if refusal == "skip-if-created-concurrently":
             raw = await self._get(resource, message.target)
             if raw is not None:
-                rv = live_target.live_state(raw).resource_version
+                rv = claim_round.live_state(raw).resource_version
                 return outcomes.Done(action="skipped", resource_version=rv, reason=outcomes.CREATED_CONCURRENTLY)
         raise _api_error(exc) from exc
 
@@ -269,7 +269,7 @@ class Fence:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
             if raw is None:
                 return outcomes.Done(action="skipped", reason="already gone")
-            verdict = live_target.authorize_live(message, raw)
+            verdict = claim_round.authorize_live(message, raw)
             if not verdict.allowed:
                 raise errors.Unauthorized(verdict.why)
             await self.kube.delete(resource, namespace=target.namespace, name=target.name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from applier.live_target import resource_version_number
+from applier.objects import resource_version_number
 from contracts.messages import AppliedRecord
 
 

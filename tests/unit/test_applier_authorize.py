@@ -1,5 +1,5 @@
 """What a message may write: the message's own check (``applier.authorize``), the TrainJob check
-(``applier.trainjobs``), the live-object and create-only checks (``applier.live_target``,
+(``applier.trainjobs``), the live-object and create-only checks (``applier.claim_round``,
 ``applier.api_answers``); the applier's condition (``applier.trainjob_condition``) and poisoned ledger claims
 (``applier.poisoned_claims``).
 
@@ -20,7 +20,6 @@ from applier import (
     authorize,
     claim_round,
     errors,
-    live_target,
     poisoned_claims,
     trainjob_condition,
     trainjob_watch,
@@ -205,8 +204,8 @@ def test_trainjob_facts_from_the_live_object() -> None:
 def test_an_existing_object_is_written_only_when_controlled(owners: list[dict[str, object]], allowed: bool) -> None:
     msg = msgspec.structs.replace(of_type(m.ApplyJobSet), trainjob_uid="uid-1")
     live = msgspec.json.encode({"metadata": {"ownerReferences": owners}})
-    assert live_target.authorize_live(msg, live).allowed is allowed
-    assert live_target.authorize_live(msg, None).allowed
+    assert claim_round.authorize_live(msg, live).allowed is allowed
+    assert claim_round.authorize_live(msg, None).allowed
 
 
 def test_condition_bodies() -> None:

@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 import msgspec
 import pytest
 
-from applier import claim_round, live_target, outcomes
+from applier import claim_round, outcomes, steps
 from contracts import labels
 from contracts import messages as m
 from contracts.jobset import JobSet
@@ -132,7 +132,7 @@ def applied(
     message: m.ObjectApply, live_raw: bytes, *, source_version: int = 30, cluster: str = STAMP
 ) -> m.AppliedRecord:
     """The record of an earlier apply of this very plan, whose managed fields the live object still shows."""
-    managed = live_target.managed_digest(live_raw, manager="trainer", subresource=message.target.subresource)
+    managed = claim_round.managed_digest(live_raw, manager="trainer", subresource=message.target.subresource)
     return m.AppliedRecord(
         source_version=source_version,
         source_seq=3,
@@ -145,7 +145,7 @@ def applied(
 
 
 def adopted(message: m.ObjectApply, live_raw: bytes) -> m.AppliedRecord:
-    managed = live_target.managed_digest(live_raw, manager="trainer", subresource=None)
+    managed = claim_round.managed_digest(live_raw, manager="trainer", subresource=None)
     return msgspec.structs.replace(claim(message), state="applied", resource_version="7", managed=managed)
 
 
@@ -159,20 +159,20 @@ OLD_SECRET = m.AppliedRecord(
 )
 
 # (what the row shows, message, ledger record, live object, the step decided)
-TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, claim_round.Step]] = [
+TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, steps.Step]] = [
     (
         "a live target another owner controls is refused",
         jobset(),
         None,
         live(jobset(), owner_uid="someone-else"),
-        claim_round.Refuse(why="existing JobSet ns/tj is controlled by TrainJob tj, not by TrainJob ns/tj"),
+        steps.Refuse(why="existing JobSet ns/tj is controlled by TrainJob tj, not by TrainJob ns/tj"),
     ),
     (
         "the applied record is this plan and the live object still holds it: the record advances",
         jobset(),
         applied(jobset(), HELD),
         HELD,
-        claim_round.Advance(
+        steps.Advance(
             record=msgspec.structs.replace(applied(jobset(), HELD), source_version=40, source_seq=4),
             resource_version="7",
         ),
@@ -182,7 +182,7 @@ TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, clai
         jobset(),
         applied(jobset(), HELD, cluster="cluster-a/0"),
         HELD,
-        claim_round.Advance(
+        steps.Advance(
             record=msgspec.structs.replace(applied(jobset(), HELD), source_version=40, source_seq=4),
             resource_version="7",
         ),
@@ -192,24 +192,24 @@ TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, clai
         jobset("while-suspended"),
         None,
         RUNNING,
-        claim_round.Leave(resource_version="7", reason="running and not suspended; left as it is"),
+        steps.Leave(resource_version="7", reason="running and not suspended; left as it is"),
     ),
     (
         "if-absent and the object exists with the label: left as it is",
         configmap(),
         None,
         live(configmap()),
-        claim_round.Leave(resource_version="7", reason="exists already; created once and never changed"),
+        steps.Leave(resource_version="7", reason="exists already; created once and never changed"),
     ),
     (
         "if-absent and the object exists without the label: only the label is added",
         configmap(),
         None,
         UNLABELLED,
-        claim_round.Leave(
+        steps.Leave(
             resource_version="7",
             reason="exists already; created once and never changed; labelled",
-            label=live_target.OWNED_LABEL_PATCH,
+            label=claim_round.OWNED_LABEL_PATCH,
         ),
     ),
     (
@@ -217,77 +217,77 @@ TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, clai
         jobset(),
         None,
         HELD,
-        claim_round.Adopt(record=adopted(jobset(), HELD)),
+        steps.Adopt(record=adopted(jobset(), HELD)),
     ),
     (
         "the live object holds the plan but for the label: recorded, and the label added",
         configmap("always"),
         None,
         UNLABELLED,
-        claim_round.Adopt(record=adopted(configmap("always"), UNLABELLED), label=True),
+        steps.Adopt(record=adopted(configmap("always"), UNLABELLED), label=True),
     ),
     (
         "a Secret with no record: created, for nobody known",
         secret(),
         None,
         None,
-        claim_round.Create(claim=claim(secret())),
+        steps.Create(claim=claim(secret())),
     ),
     (
         "a Secret this cluster's record says was created for this TrainJob: the claim keeps that",
         secret(),
         OLD_SECRET,
         None,
-        claim_round.Create(claim=claim(secret(), created_for=UID), known=OLD_SECRET),
+        steps.Create(claim=claim(secret(), created_for=UID), known=OLD_SECRET),
     ),
     (
         "a Secret whose record is another cluster's: what it names is not believed",
         secret(),
         msgspec.structs.replace(OLD_SECRET, cluster="cluster-b/1"),
         None,
-        claim_round.Create(claim=claim(secret())),
+        steps.Create(claim=claim(secret())),
     ),
     (
         "a status planned from another TrainJob version than the live one: claimed, then skipped",
         status(planned_from="4"),
         msgspec.structs.replace(applied(status(planned_from="4"), STATUS_LIVE), managed="other"),
         STATUS_LIVE,
-        claim_round.SkipStatus(claim=claim(status(planned_from="4")), resource_version="5"),
+        steps.SkipStatus(claim=claim(status(planned_from="4")), resource_version="5"),
     ),
     (
         "an absent target: claimed and written with no precondition",
         jobset(),
         None,
         None,
-        claim_round.Write(claim=claim(jobset()), precondition="", before=""),
+        steps.Write(claim=claim(jobset()), precondition="", before=""),
     ),
     (
         "a live target that differs from the plan: written on condition of the version read",
         jobset(),
         None,
         CHANGED,
-        claim_round.Write(claim=claim(jobset()), precondition="7", before="7"),
+        steps.Write(claim=claim(jobset()), precondition="7", before="7"),
     ),
     (
         "a record of another plan: written, even though the live object looks the same",
         jobset(),
         msgspec.structs.replace(applied(jobset(), CHANGED), digest="another-plan"),
         CHANGED,
-        claim_round.Write(claim=claim(jobset()), precondition="7", before="7"),
+        steps.Write(claim=claim(jobset()), precondition="7", before="7"),
     ),
     (
         "a status of the live TrainJob version: written, its own version the precondition",
         status(),
         msgspec.structs.replace(applied(status(), STATUS_LIVE), managed="other"),
         STATUS_LIVE,
-        claim_round.Write(claim=claim(status()), precondition="", before="5"),
+        steps.Write(claim=claim(status()), precondition="", before="5"),
     ),
     (
         "a status with no record is not read: written",
         status(),
         None,
         None,
-        claim_round.Write(claim=claim(status()), precondition="", before=""),
+        steps.Write(claim=claim(status()), precondition="", before=""),
     ),
 ]
 
@@ -296,13 +296,13 @@ TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, clai
     ("message", "record", "live_raw", "expected"), [row[1:] for row in TABLE], ids=[row[0] for row in TABLE]
 )
 def test_decide(
-    message: m.ObjectApply, record: m.AppliedRecord | None, live_raw: bytes | None, expected: claim_round.Step
+    message: m.ObjectApply, record: m.AppliedRecord | None, live_raw: bytes | None, expected: steps.Step
 ) -> None:
     assert claim_round.decide(message, record, live_raw, planned=planned(message), stamp=STAMP) == expected
 
 
 def test_the_table_covers_every_step() -> None:
-    assert {type(row[-1]) for row in TABLE} == set(get_args(claim_round.Step))
+    assert {type(row[-1]) for row in TABLE} == set(get_args(steps.Step))
 
 
 @pytest.mark.parametrize(
@@ -339,7 +339,7 @@ def test_a_repeated_secret_plan_sends_nothing() -> None:
     for this very plan is left without a create (which the API server would answer 409) or a ledger write."""
     message = _rechecked("1/labels")
     step = claim_round.decide(message, _created(message), None, planned=planned(message), stamp=STAMP)
-    assert step == claim_round.Leave(resource_version="", reason=outcomes.ALREADY_CREATED)
+    assert step == steps.Leave(resource_version="", reason=outcomes.ALREADY_CREATED)
 
 
 @pytest.mark.parametrize(
@@ -353,15 +353,13 @@ def test_a_repeated_secret_plan_sends_nothing() -> None:
 def test_a_secret_plan_is_created_again(why: str, record_of: str, message: m.ApplySecret) -> None:
     record = _created(_rechecked(record_of))
     step = claim_round.decide(message, record, None, planned=planned(message), stamp=STAMP)
-    assert isinstance(step, claim_round.Create), why
+    assert isinstance(step, steps.Create), why
 
 
 def test_a_secret_claimed_but_not_created_is_created() -> None:
     message = _rechecked("1/labels")
     record = msgspec.structs.replace(_created(message), state="claimed")
-    assert isinstance(
-        claim_round.decide(message, record, None, planned=planned(message), stamp=STAMP), claim_round.Create
-    )
+    assert isinstance(claim_round.decide(message, record, None, planned=planned(message), stamp=STAMP), steps.Create)
 
 
 @pytest.mark.parametrize(
@@ -371,7 +369,7 @@ def test_a_secret_claimed_but_not_created_is_created() -> None:
             "a repeat of the status last written, which moved the TrainJob on: the record advances, no read",
             applied(status(), STATUS_LIVE),
             "6",
-            claim_round.Advance(
+            steps.Advance(
                 record=msgspec.structs.replace(applied(status(), STATUS_LIVE), source_version=40, source_seq=4),
                 resource_version="6",
             ),
@@ -380,18 +378,18 @@ def test_a_secret_claimed_but_not_created_is_created() -> None:
             "another status, planned from a TrainJob version the watch has seen pass: claimed, then skipped",
             msgspec.structs.replace(applied(status(), STATUS_LIVE), digest="another-plan"),
             "6",
-            claim_round.SkipStatus(claim=claim(status()), resource_version="6"),
+            steps.SkipStatus(claim=claim(status()), resource_version="6"),
         ),
         (
             "the watch has seen nothing newer (it may lag): written, the planned version the precondition",
             msgspec.structs.replace(applied(status(), STATUS_LIVE), digest="another-plan"),
             "5",
-            claim_round.Write(claim=claim(status()), precondition="", before="5"),
+            steps.Write(claim=claim(status()), precondition="", before="5"),
         ),
     ],
 )
 def test_a_status_is_judged_by_the_watched_version_without_a_read(
-    why: str, record: m.AppliedRecord, known: str, expected: claim_round.Step
+    why: str, record: m.AppliedRecord, known: str, expected: steps.Step
 ) -> None:
     assert not claim_round.reads_live(status(), record, known_version=known)
     step = claim_round.decide(status(), record, None, planned=planned(status()), stamp=STAMP, known_version=known)

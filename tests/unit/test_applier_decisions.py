@@ -1,12 +1,12 @@
 """The applier's pure decisions: error classes (``applier.errors``), apply policies against the live object and
-live state (``applier.live_target``), and outcome names (``applier.api_answers``)."""
+live state (``applier.claim_round``), and outcome names (``applier.api_answers``)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from applier import api_answers, errors, live_target
+from applier import api_answers, claim_round, errors, live_holds
 from contracts import labels
 from contracts import messages as m
 from contracts.jobset import JobSet
@@ -82,9 +82,9 @@ def jobset_message(policy: m.ApplyPolicy, *, suspend: bool | None) -> m.ApplyJob
     )
 
 
-ABSENT = live_target.LiveState(exists=False)
-RUNNING = live_target.LiveState(exists=True, suspended=False, resource_version="3")
-SUSPENDED = live_target.LiveState(exists=True, suspended=True, resource_version="3")
+ABSENT = claim_round.LiveState(exists=False)
+RUNNING = claim_round.LiveState(exists=True, suspended=False, resource_version="3")
+SUSPENDED = claim_round.LiveState(exists=True, suspended=True, resource_version="3")
 
 
 @pytest.mark.parametrize(
@@ -107,50 +107,50 @@ SUSPENDED = live_target.LiveState(exists=True, suspended=True, resource_version=
     ],
 )
 def test_policy_allows(
-    policy: m.ApplyPolicy, trainjob_suspended: bool | None, live: live_target.LiveState, allowed: bool
+    policy: m.ApplyPolicy, trainjob_suspended: bool | None, live: claim_round.LiveState, allowed: bool
 ) -> None:
-    ok, why = live_target.policy_allows(jobset_message(policy, suspend=trainjob_suspended), live)
+    ok, why = claim_round.policy_allows(jobset_message(policy, suspend=trainjob_suspended), live)
     assert ok is allowed
     assert (why == "") is allowed
 
 
 def test_policy_reasons() -> None:
-    _, why = live_target.policy_allows(jobset_message("if-absent", suspend=False), RUNNING)
+    _, why = claim_round.policy_allows(jobset_message("if-absent", suspend=False), RUNNING)
     assert "exists" in why
-    _, why = live_target.policy_allows(jobset_message("while-suspended", suspend=False), RUNNING)
+    _, why = claim_round.policy_allows(jobset_message("while-suspended", suspend=False), RUNNING)
     assert "not suspended" in why
 
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        (None, live_target.LiveState(exists=False)),
-        (b"{}", live_target.LiveState(exists=True, suspended=False, resource_version="")),
+        (None, claim_round.LiveState(exists=False)),
+        (b"{}", claim_round.LiveState(exists=True, suspended=False, resource_version="")),
         (
             b'{"metadata":{"resourceVersion":"12","name":"tj"},"spec":{"suspend":true,"replicatedJobs":[]}}',
-            live_target.LiveState(exists=True, suspended=True, resource_version="12"),
+            claim_round.LiveState(exists=True, suspended=True, resource_version="12"),
         ),
         (
             b'{"metadata":{"resourceVersion":"13"},"spec":{"suspend":false}}',
-            live_target.LiveState(exists=True, suspended=False, resource_version="13"),
+            claim_round.LiveState(exists=True, suspended=False, resource_version="13"),
         ),
         (
             b'{"metadata":{"resourceVersion":"14"},"spec":{"suspend":null}}',
-            live_target.LiveState(exists=True, suspended=False, resource_version="14"),
+            claim_round.LiveState(exists=True, suspended=False, resource_version="14"),
         ),
         (
             b'{"kind":"ConfigMap","metadata":{"resourceVersion":"15"},"data":{"a":"b"}}',
-            live_target.LiveState(exists=True, suspended=False, resource_version="15"),
+            claim_round.LiveState(exists=True, suspended=False, resource_version="15"),
         ),
     ],
 )
-def test_live_state(raw: bytes | None, expected: live_target.LiveState) -> None:
-    assert live_target.live_state(raw) == expected
+def test_live_state(raw: bytes | None, expected: claim_round.LiveState) -> None:
+    assert claim_round.live_state(raw) == expected
 
 
 def test_live_state_rejects_garbage() -> None:
     with pytest.raises(msgspec.DecodeError):
-        live_target.live_state(b"not json")
+        claim_round.live_state(b"not json")
 
 
 @pytest.mark.parametrize(
@@ -237,34 +237,32 @@ def _planned(*, metadata: bool = True, node_selector: dict[str, str] | None = No
 
 
 def test_a_plan_the_live_object_already_holds_needs_no_write() -> None:
-    assert live_target.held_state(_planned(), _live_jobset(), manager="trainer") == "held"
+    assert live_holds.held_state(_planned(), _live_jobset(), manager="trainer") == "held"
 
 
 def test_a_plan_that_would_add_or_change_a_value_is_written() -> None:
-    assert live_target.held_state(_planned(node_selector={"pool": "a"}), _live_jobset(), manager="trainer") == "differs"
+    assert live_holds.held_state(_planned(node_selector={"pool": "a"}), _live_jobset(), manager="trainer") == "differs"
     planned, live = _planned(node_selector={"pool": "b"}), _live_jobset(node_selector={"pool": "a"})
-    assert live_target.held_state(planned, live, manager="trainer") == "differs"
+    assert live_holds.held_state(planned, live, manager="trainer") == "differs"
 
 
 def test_a_plan_that_stops_sending_an_owned_field_is_written() -> None:
     """The apply would remove it: Trainer's entry owns the empty pod-template metadata the plan leaves out."""
-    assert live_target.held_state(_planned(metadata=False), _live_jobset(), manager="trainer") == "differs"
+    assert live_holds.held_state(_planned(metadata=False), _live_jobset(), manager="trainer") == "differs"
 
 
 def test_a_port_the_plan_sends_without_its_defaulted_protocol_is_the_item_the_owner_keys_with_tcp() -> None:
     """The replay of a plan made before the JobSet was seen (no protocol) against one re-planned from it (TCP)."""
-    assert live_target.held_state(_planned(protocol=False), _live_jobset(), manager="trainer") == "held"
+    assert live_holds.held_state(_planned(protocol=False), _live_jobset(), manager="trainer") == "held"
 
 
 def test_a_list_item_the_owner_keys_by_another_value_than_the_default_is_written() -> None:
     """Trainer owns a UDP port; a plan without a protocol would replace it with a TCP one."""
-    assert (
-        live_target.held_state(_planned(protocol=False), _live_jobset(protocol="UDP"), manager="trainer") == "differs"
-    )
+    assert live_holds.held_state(_planned(protocol=False), _live_jobset(protocol="UDP"), manager="trainer") == "differs"
 
 
 def test_fields_another_manager_owns_do_not_matter() -> None:
-    assert live_target.held_state(_planned(metadata=False), _live_jobset(), manager="someone-else") == "held"
+    assert live_holds.held_state(_planned(metadata=False), _live_jobset(), manager="someone-else") == "held"
 
 
 def _config_map(*, labels: dict[str, str] | None, data: str = "a b") -> bytes:
@@ -275,6 +273,6 @@ def _config_map(*, labels: dict[str, str] | None, data: str = "a b") -> bytes:
 def test_an_object_trainer_made_that_lacks_only_the_label_gets_the_label_alone() -> None:
     ours = {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}
     planned = _config_map(labels=ours)
-    assert live_target.held_state(planned, _config_map(labels=None), manager="trainer") == "held-unlabelled"
-    assert live_target.held_state(planned, _config_map(labels=ours), manager="trainer") == "held"
-    assert live_target.held_state(planned, _config_map(labels=None, data="other"), manager="trainer") == "differs"
+    assert live_holds.held_state(planned, _config_map(labels=None), manager="trainer") == "held-unlabelled"
+    assert live_holds.held_state(planned, _config_map(labels=ours), manager="trainer") == "held"
+    assert live_holds.held_state(planned, _config_map(labels=None, data="other"), manager="trainer") == "differs"

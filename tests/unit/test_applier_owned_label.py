@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import yaml
 
-from applier.live_target import owned_label_patch
+from applier.claim_round import owned_label_patch
 from contracts import labels
 from contracts import messages as m
 from contracts.kube import ConfigMap, ObjectMeta, Secret

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from applier import api_answers, live_target
+from applier import api_answers, claim_round
 from contracts import messages as m
 from contracts.kube import Secret
 from contracts.trainer import TrainJob
@@ -88,7 +88,7 @@ def _status_planned_from(version: str) -> m.ApplyTrainJobStatus:
     ],
 )
 def test_status_outdated(message: m.ObjectApply, live_version: str | None, expected: bool) -> None:
-    assert live_target.status_outdated(message, live_version=live_version) is expected
+    assert claim_round.status_outdated(message, live_version=live_version) is expected
 
 
 def test_still_applied_only_when_the_record_is_this_plan_and_the_live_object_holds_it() -> None:
@@ -101,11 +101,11 @@ def test_still_applied_only_when_the_record_is_this_plan_and_the_live_object_hol
             }
         }
     )
-    managed = live_target.managed_digest(live, manager=message.field_manager, subresource=None)
+    managed = claim_round.managed_digest(live, manager=message.field_manager, subresource=None)
     record = m.AppliedRecord(source_version=1, source_seq=1, digest="d1", state="applied", managed=managed)
-    assert live_target.still_applied(record, live, message, digest="d1")
-    assert not live_target.still_applied(record, live, message, digest="d2")  # another plan's content
-    assert not live_target.still_applied(msgspec.structs.replace(record, state="claimed"), live, message, digest="d1")
-    assert not live_target.still_applied(record, None, message, digest="d1")  # the object is gone
+    assert claim_round.still_applied(record, live, message, digest="d1")
+    assert not claim_round.still_applied(record, live, message, digest="d2")  # another plan's content
+    assert not claim_round.still_applied(msgspec.structs.replace(record, state="claimed"), live, message, digest="d1")
+    assert not claim_round.still_applied(record, None, message, digest="d1")  # the object is gone
     changed = live.replace(b'"f:data":{}', b'"f:data":{"f:x":{}}')
-    assert not live_target.still_applied(record, changed, message, digest="d1")  # someone changed our fields
+    assert not claim_round.still_applied(record, changed, message, digest="d1")  # someone changed our fields
