@@ -1,13 +1,15 @@
 """``tjpipe``: run one service, or the whole local stack.
 
 Every setting is a flag with an environment variable behind it (NATS_URL, KUBECONFIG, TJPIPE_NAMESPACES,
-TJPIPE_LOG_LEVEL), so the same names work on a command line, in docker-compose and in a Deployment.
+TJPIPE_LOG_LEVEL), so the same names work on a command line, in docker-compose and in a Deployment. A
+service's settings are declared once, on its settings dataclass (``plumbing.configuration``), and its
+command's flags are made from them (``SERVICE_SETTINGS``).
 
 This module is the shell: it declares the commands and hands each to the module that does it (a service,
-``tjpipe.local.stack`` for ``up``, ``tjpipe.demo`` for what the demo prints, ``tjpipe.opscli`` for the operator
-commands, ``tjpipe.nats_connection`` for reaching NATS). Imports sit inside the functions on purpose, here
-and in ``opscli``: parsing, ``--help`` and shell completion load argparse, rich and the settings only, and a
-command loads the NATS or kubernetes client, or a service, when it runs.
+``tjpipe.local.stack`` for ``up``, ``tjpipe.demo`` for what the demo prints, ``tjpipe.operator_commands``
+for the operator commands, ``tjpipe.nats_connection`` for reaching NATS). Imports sit inside the functions
+on purpose, here and in ``operator_commands``: parsing, ``--help`` and shell completion load argparse, rich
+and the settings only, and a command loads the NATS or kubernetes client, or a service, when it runs.
 """
 
 from __future__ import annotations
@@ -209,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", action="append", required=True, help="a DNS name or IP address the certificate is for (repeatable)"
     )
 
-    from tjpipe.fleetcli import add_fleet_command
+    from tjpipe.fleet_command import add_fleet_command
 
     add_fleet_command(sub, _nats_client)
     _add_operator_commands(sub)
@@ -573,7 +575,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run(args)
     if command == "fleet":
-        from tjpipe.fleetcli import run_fleet
+        from tjpipe.fleet_command import run_fleet
 
         return run_fleet(args)
     if command == "nats-tls":
@@ -583,9 +585,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         hosts = ", ".join(args.host)
         console.print(f"NATS TLS: {', '.join(str(p) for p in written.values())} for {hosts}", markup=False, emoji=False)
         return 0
-    from tjpipe import opscli
+    from tjpipe import operator_commands
 
-    return opscli.run(command, args)
+    return operator_commands.run(command, args)
 
 
 # ------------------------------------------------------------------------------------------- services
@@ -666,7 +668,7 @@ def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...]
 async def _bus_setup(args: argparse.Namespace) -> int:
     from plumbing import bus_setup
     from tjpipe.nats_connection import connect_nats
-    from tjpipe.opscli import route_logs
+    from tjpipe.operator_commands import route_logs
 
     # Like the operator commands: a refused identity or no NATS within --connect-timeout is one error line,
     # and the NATS client's warnings (a disconnect at close) show only with --debug.
@@ -909,7 +911,7 @@ def _keys(args: argparse.Namespace) -> int:
             removed = folder.retire(args.stage, args.key_id)
             print(f"{args.stage} key {args.key_id} is no longer trusted (removed {removed})")
         elif args.output != "text":
-            from tjpipe.opscli import emit
+            from tjpipe.operator_commands import emit
 
             rows = [
                 {"stage": s, "signs_with": folder.current_key_id(s), "trusted": list(folder.trusted_key_ids(s))}

@@ -1,7 +1,7 @@
 """How a ``tjpipe`` command reaches NATS: the connection flags, what they turn into, and the connection itself.
 
 One module for all of it, so the flags a command declares and the code that reads them cannot drift apart,
-and so the CLI's modules (``cli``, ``opscli``, ``history_server``) all import it instead of each other.
+and so the CLI's modules (``cli``, ``operator_commands``, ``history_server``) all import it instead of each other.
 A connection that does not come up is one ``tjpipe.exits`` error that says why, within ``--connect-timeout``.
 """
 

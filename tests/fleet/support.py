@@ -11,7 +11,7 @@ from nats.aio.client import Client as NATS
 from contracts import fleet as fleet_contract
 from contracts import streams, subjects
 from plumbing import bus, bus_history, bus_setup
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.local.fleet import LocalFleet as Fleet
 from tjpipe.local.fleet import LocalMember as Member
 
@@ -44,7 +44,7 @@ async def publish_records(member: Member, *, start: int, count: int, tag: str = 
 
 
 async def hub_records(servers: Fleet, stream: str) -> list[bus_history.StoredMessage]:
-    reader = await servers.hub_connect(fleet.HUB_READER)
+    reader = await servers.hub_connect(fleet_nats.HUB_READER)
     try:
         return await bus_history.read_stream(reader.jetstream(), stream, f"{fleet_contract.PREFIX}.>")
     finally:

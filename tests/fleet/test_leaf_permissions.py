@@ -23,7 +23,7 @@ import pytest
 from contracts import fleet as fleet_contract
 from contracts import streams, subjects
 from fleet.support import EVENTS_FLEET, Fleet, hub_records, publish_records
-from tjpipe import fleet
+from tjpipe import fleet_nats
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]
 
@@ -211,7 +211,7 @@ async def _stream_state(url: str, seed: Path, stream: str) -> tuple[int, int, in
 
 
 def test_leaf_permissions_name_only_the_members_own_subjects() -> None:
-    rules = fleet.leaf_permissions("c1")
+    rules = fleet_nats.leaf_permissions("c1")
     assert all("c1" in subject or subject.startswith("$JS.FC.") for subject in rules.publish + rules.subscribe)
     assert not any(subject.startswith(("tj.", "$JS.API", "$KV")) for subject in rules.publish + rules.subscribe)
 
