@@ -95,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
         add_settings(service, *types, stages=STAGE_SETTINGS if command == "controller" else None)
     settings.add_status_server_flags(sub.choices["status-server"])
 
+    _add_local_stack_commands(sub)
+    _add_bus_commands(sub)
+    from tjpipe.fleet_command import add_fleet_command
+
+    add_fleet_command(sub, _nats_client)
+    _add_operator_commands(sub)
+    _debug_flag_everywhere(parser)
+    _name_docs_pages(parser)
+    return parser
+
+
+def _add_local_stack_commands(sub: Any) -> None:
+    """``tjpipe up`` and ``tjpipe demo``: the stack on this machine, and the demo on a running cluster."""
     up = sub.add_parser(
         "up",
         help="run the embedded local stack: NATS, a simulated cluster (kube-apiserver, controllers, scheduler, JobSet, "
@@ -168,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     _kube(demo)
     demo.add_argument("--timeout", type=_positive_seconds, default=600.0, help="give up after this many seconds")
 
+
+def _add_bus_commands(sub: Any) -> None:
+    """``tjpipe bus-setup``, ``nats-credentials`` and ``nats-tls``: the bus, its identities and its certificate."""
     setup = sub.add_parser(
         "bus-setup",
         help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
@@ -210,14 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument(
         "--host", action="append", required=True, help="a DNS name or IP address the certificate is for (repeatable)"
     )
-
-    from tjpipe.fleet_command import add_fleet_command
-
-    add_fleet_command(sub, _nats_client)
-    _add_operator_commands(sub)
-    _debug_flag_everywhere(parser)
-    _name_docs_pages(parser)
-    return parser
 
 
 DOCS_PAGES = {
