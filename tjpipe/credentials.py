@@ -90,7 +90,7 @@ def _consume_durables(spec: streams.ConsumerSpec) -> list[str]:
             f"{_API}.CONSUMER.MSG.NEXT.{spec.stream}.{durable}",
             f"$JS.ACK.{spec.stream}.{durable}.>",
             # The same acknowledgement in the server's second form, which names the JetStream domain and
-            # account first (a fleet member's server uses it, ``tjpipe.fleet.member_config``). The stream
+            # account first (a fleet member's server uses it, ``tjpipe.fleet_nats.member_config``). The stream
             # and durable tokens sit where the first form has its counters, so neither form matches the
             # other's subjects.
             f"$JS.ACK.*.*.{spec.stream}.{durable}.>",

@@ -11,7 +11,7 @@ from nats.aio.client import Client as NATS
 from contracts import fleet as fleet_contract
 from contracts import streams, subjects
 from plumbing import bus, bus_history, bus_setup
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.local.fleet import LocalFleet as Fleet
 from tjpipe.local.fleet import LocalMember as Member
 
@@ -60,7 +60,7 @@ async def publish_large_results(member: Member, *, count: int, size: int) -> Non
 async def hub_records(servers: Fleet, kind: str) -> list[bus_history.StoredMessage]:
     """The hub's copies of one kind of record (``FLEET_EVENTS_HISTORY``), every member's stream of it in turn."""
     (origin,) = [spec.origin for spec in fleet_contract.FLEET_STREAMS if spec.name == kind]
-    reader = await servers.hub_connect(fleet.HUB_READER)
+    reader = await servers.hub_connect(fleet_nats.HUB_READER)
     try:
         out: list[bus_history.StoredMessage] = []
         for cluster in servers.members:

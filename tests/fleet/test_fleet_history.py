@@ -17,7 +17,7 @@ from contracts import fleet as fleet_contract
 from contracts import streams
 from fleet.support import EVENTS_FLEET, NAMESPACE, RESULTS_FLEET, Fleet, check_exact, publish_records, until_hub_holds
 from plumbing import bus, bus_history
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.local.natsd import nats_server_binary
 from tjpipe.nats_server import get_json
 
@@ -35,7 +35,7 @@ async def test_both_members_records_at_the_hub_once_each_under_their_names(fleet
         assert job0 == {"c1", "c2"}
     nc = await fleet_servers.hub_connect()
     try:
-        states = await fleet.wait_caught_up(nc.jetstream(), timeout=10)
+        states = await fleet_nats.wait_caught_up(nc.jetstream(), timeout=10)
     finally:
         await nc.close()
     assert {(s.stream, s.cluster) for s in states} == {
@@ -71,7 +71,7 @@ def test_every_server_of_the_fleet_runs_the_nats_server_we_ship(fleet_servers: F
 
 async def test_the_fleet_reader_reads_the_fleet_streams_and_changes_nothing(fleet_servers: Fleet) -> None:
     reader = await bus.connect(
-        fleet_servers.hub.url, name="fleet-test-reader", creds=fleet_servers.creds.hub_seed(fleet.HUB_READER)
+        fleet_servers.hub.url, name="fleet-test-reader", creds=fleet_servers.creds.hub_seed(fleet_nats.HUB_READER)
     )
     try:
         js = reader.jetstream()

@@ -31,7 +31,7 @@ from fleet.support import (
     publish_records,
     until_hub_holds,
 )
-from tjpipe import fleet
+from tjpipe import fleet_nats
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]
 
@@ -220,7 +220,7 @@ async def _stream_state(url: str, seed: Path, stream: str) -> tuple[int, int, in
 
 
 def test_leaf_permissions_name_only_the_members_own_subjects() -> None:
-    rules = fleet.leaf_permissions("c1")
+    rules = fleet_nats.leaf_permissions("c1")
     assert all(".c1." in subject for subject in rules.publish + rules.subscribe)
     assert not any(subject.startswith(("tj.", "$JS.API", "$KV")) for subject in rules.publish + rules.subscribe)
 

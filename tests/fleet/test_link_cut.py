@@ -30,7 +30,7 @@ from fleet.support import (
     until_hub_holds,
 )
 from plumbing import bus_setup
-from tjpipe import fleet, fleetcli
+from tjpipe import fleet_command, fleet_nats
 from tjpipe.cli import main
 from tjpipe.local.procs import free_port, http_ok, wait_until
 
@@ -157,12 +157,12 @@ async def test_a_cut_longer_than_the_members_retention_is_reported_as_lost(
         mine = [r.origin_seq for r in records if fleet_contract.cluster_of(r.subject)[0] == "c1"]
         last_before_cut = mine[-6]
 
-        reader = await fleet_servers.hub_connect(fleet.HUB_READER)
+        reader = await fleet_servers.hub_connect(fleet_nats.HUB_READER)
         try:
             js = reader.jetstream()
-            states = {(s.stream, s.cluster): s for s in await fleet.wait_caught_up(js, timeout=CATCH_UP_SECONDS)}
+            states = {(s.stream, s.cluster): s for s in await fleet_nats.wait_caught_up(js, timeout=CATCH_UP_SECONDS)}
             assert states[(results_fleet, "c1")].lag == 0  # what the source itself says: nothing to see
-            gaps = {(g.stream, g.cluster): g for g in await fleet.source_gaps(js)}
+            gaps = {(g.stream, g.cluster): g for g in await fleet_nats.source_gaps(js)}
             assert gaps[(results_fleet, "c1")].missing == 20
             assert gaps[(results_fleet, "c1")].ranges == ((last_before_cut + 1, last_before_cut + 20),)
             assert {key: g.missing for key, g in gaps.items() if key != (results_fleet, "c1")} == {
@@ -171,7 +171,7 @@ async def test_a_cut_longer_than_the_members_retention_is_reported_as_lost(
 
             # The monitor's metric, as Prometheus would scrape it.
             port = free_port()
-            task = asyncio.create_task(fleetcli._monitor(js, port=port, interval=0.5, host="127.0.0.1"))
+            task = asyncio.create_task(fleet_command._monitor(js, port=port, interval=0.5, host="127.0.0.1"))
             try:
                 url = f"http://127.0.0.1:{port}"
                 await asyncio.to_thread(
@@ -199,7 +199,7 @@ async def test_a_cut_longer_than_the_members_retention_is_reported_as_lost(
             "--nats-url",
             fleet_servers.hub.url,
             "--nats-creds",
-            str(fleet_servers.creds.hub_seed(fleet.HUB_READER)),
+            str(fleet_servers.creds.hub_seed(fleet_nats.HUB_READER)),
         ]
         capsys.readouterr()
         assert await asyncio.to_thread(main, ["fleet", "status", *url_and_creds]) == 0

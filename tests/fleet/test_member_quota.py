@@ -17,7 +17,7 @@ from contracts import fleet as fleet_contract
 from contracts import streams
 from fleet.support import RESULTS_FLEET, Fleet, hub_records, publish_large_results, publish_records
 from plumbing import bus_setup
-from tjpipe import fleet
+from tjpipe import fleet_nats
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(150)]
 
@@ -32,10 +32,10 @@ async def test_a_member_flooding_the_hub_leaves_another_members_records_intact(f
         js = admin.jetstream()
         for cluster in ("c1", "c2"):
             small = msgspec.structs.replace(spec, member_max_bytes=QUOTA)
-            await bus_setup.put_stream(js, fleet.fleet_stream_config(small, cluster))
+            await bus_setup.put_stream(js, fleet_nats.fleet_stream_config(small, cluster))
 
         await publish_records(c2, start=0, count=20)
-        await fleet.wait_caught_up(js, timeout=60)
+        await fleet_nats.wait_caught_up(js, timeout=60)
         before = [(r.seq, r.subject, r.data) for r in await hub_records(fleet_servers, RESULTS_FLEET)]
         before_c2 = [r for r in before if fleet_contract.cluster_of(r[1])[0] == "c2"]
         assert len(before_c2) == 20
@@ -46,7 +46,7 @@ async def test_a_member_flooding_the_hub_leaves_another_members_records_intact(f
             c1_last = (await c1_admin.jetstream().stream_info(streams.RESULTS.name)).state.last_seq
         finally:
             await c1_admin.close()
-        states = await fleet.wait_caught_up(js, timeout=60)
+        states = await fleet_nats.wait_caught_up(js, timeout=60)
         c1_stream = await js.stream_info(fleet_contract.fleet_stream(streams.RESULTS.name, "c1"))
         after = await hub_records(fleet_servers, RESULTS_FLEET)
     finally:
@@ -60,9 +60,9 @@ async def test_a_member_flooding_the_hub_leaves_another_members_records_intact(f
     assert mine[-1].origin_seq == c1_last
     assert 0 < len(mine) < 300
     assert {(s.stream, s.cluster): s.lag for s in states}[(RESULTS_FLEET, "c1")] == 0
-    reader = await fleet_servers.hub_connect(fleet.HUB_READER)
+    reader = await fleet_servers.hub_connect(fleet_nats.HUB_READER)
     try:
-        gaps = {(g.stream, g.cluster): g.missing for g in await fleet.source_gaps(reader.jetstream())}
+        gaps = {(g.stream, g.cluster): g.missing for g in await fleet_nats.source_gaps(reader.jetstream())}
     finally:
         await reader.close()
     assert gaps[(RESULTS_FLEET, "c1")] == 0

@@ -23,7 +23,7 @@ from faults.support import Pipeline, condition_of, trainjob, until, until_async
 from contracts import fleet as fleet_contract
 from contracts import streams
 from plumbing import bus_history
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.history_server.fleet import FleetIndex
 
 from .support import CLUSTERS, NAMESPACE, RECORD_STREAMS, World, copy_problems, origin_seqs
@@ -79,7 +79,7 @@ class HubView:
         self.index = FleetIndex(CLUSTERS)
 
     async def catch_up(self) -> None:
-        reader = await self.world.fleet.hub_connect(fleet.HUB_READER)
+        reader = await self.world.fleet.hub_connect(fleet_nats.HUB_READER)
         try:
             await self.index.catch_up(reader.jetstream())
         finally:
@@ -110,7 +110,7 @@ class HubView:
 async def hub_records(world: World, origin: str) -> list[bus_history.StoredMessage]:
     """The hub's copies of every member's record stream ``origin`` (each member's fleet stream of it), by
     direct get as ``fleet-reader``."""
-    reader = await world.fleet.hub_connect(fleet.HUB_READER)
+    reader = await world.fleet.hub_connect(fleet_nats.HUB_READER)
     try:
         out: list[bus_history.StoredMessage] = []
         for cluster in CLUSTERS:
@@ -281,7 +281,7 @@ async def test_a_member_cut_off_for_a_minute_under_load_keeps_completing_and_the
 async def _caught_up(world: World) -> bool:
     nc = await world.fleet.hub_connect()
     try:
-        await fleet.wait_caught_up(nc.jetstream(), timeout=30)
+        await fleet_nats.wait_caught_up(nc.jetstream(), timeout=30)
     finally:
         await nc.close()
     return True

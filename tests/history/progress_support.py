@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
-from applier.core import STALE_STATUS
+from applier.outcomes import STALE_STATUS
 from contracts import subjects
 from contracts.messages import ApplyResult, ObjectKey, Target, component_of, encode
 from contracts.progress import ProgressReported, encode_progress

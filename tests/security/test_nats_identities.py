@@ -29,7 +29,7 @@ from contracts.messages import DeadLetter, encode
 from plumbing import bus, bus_history, bus_setup, object_store
 from plumbing.partitions import PartitionLeases, open_lease_bucket
 from plumbing.pull import StreamingPull
-from tjpipe import ops
+from tjpipe import history_tools
 from tjpipe.credentials import (
     IDENTITIES,
     Credentials,
@@ -513,19 +513,19 @@ async def test_the_reader_reads_every_stream_and_the_dlq_operator_retries(
         for spec in streams.RECORD_STREAMS:
             await js.stream_info(spec.name)
             await bus_history.read_stream(js, spec.name, spec.subjects[0] if spec.subjects else ">")
-        assert any(d.seq == ack.seq for d in await ops.dead_letters(js))
+        assert any(d.seq == ack.seq for d in await history_tools.dead_letters(js))
         with pytest.raises(Exception):  # noqa: B017 - refused by the server; surfaces as a timeout
-            await ops.retry_dead_letter(js, ack.seq)
+            await history_tools.retry_dead_letter(js, ack.seq)
     finally:
         await reader.close()
 
     operator = await bus.connect(server.url, name="dlq-operator", creds=creds.seed_file("dlq-operator"))
     try:
         js = operator.jetstream()
-        assert await ops.retry_dead_letter(js, ack.seq) == original
+        assert await history_tools.retry_dead_letter(js, ack.seq) == original
         stored = await until_recorded(js, streams.APPLY_HISTORY.name, original)
         assert [m.data for m in stored] == [b"the plan"]
-        assert all(d.seq != ack.seq for d in await ops.dead_letters(js))
+        assert all(d.seq != ack.seq for d in await history_tools.dead_letters(js))
     finally:
         await operator.close()
 

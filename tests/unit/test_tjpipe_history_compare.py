@@ -7,7 +7,7 @@ import csv
 import io
 
 from tjpipe.history_server.compare import Run, comparison, comparison_csv, shared_metrics
-from tjpipe.ops import ProgressPoint, TimelineEntry
+from tjpipe.history_tools import ProgressPoint, TimelineEntry
 
 
 def _event(time: float, state: str, reason: str = "") -> TimelineEntry:

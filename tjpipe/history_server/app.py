@@ -36,7 +36,7 @@ from tjpipe.history_server import story
 from tjpipe.history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
 from tjpipe.history_server.find import BadQuery, Query, find, query_of
 from tjpipe.history_server.index import HistoryIndex
-from tjpipe.ops import LOCAL, Records
+from tjpipe.history_tools import LOCAL, Records
 
 if TYPE_CHECKING:
     import aiohttp
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from tjpipe.history_server.fleet import FleetIndex
     from tjpipe.history_server.rerun import Creator
     from tjpipe.history_server.retention import Retention
-    from tjpipe.ops import TimelineEntry
+    from tjpipe.history_tools import TimelineEntry
 
 log = logging.getLogger("tjpipe.history_server")
 
@@ -240,14 +240,14 @@ async def _require(
 
 
 def _valid_namespace(text: str) -> bool:
-    from tjpipe.opscli import valid_namespace
+    from tjpipe.operator_commands import valid_namespace
 
     return valid_namespace(text)
 
 
 def _valid_name(text: str) -> bool:
     from tjpipe.exits import UsageError
-    from tjpipe.opscli import trainjob_key
+    from tjpipe.operator_commands import trainjob_key
 
     try:
         trainjob_key(f"default/{text}", None)
@@ -392,7 +392,7 @@ def _entry(e: TimelineEntry, text: str) -> dict[str, Any]:
 
 
 async def history(request: web.Request) -> web.Response:
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     await _require(request, "get", namespace, name)
@@ -400,7 +400,7 @@ async def history(request: web.Request) -> web.Response:
     summary = scope.index.get(namespace, name)
     since = _since(summary, scope)
     key = ObjectKey(namespace=namespace, name=name)
-    entries = await ops.history(backend.js, key, since=since, progress=False, where=scope.records)
+    entries = await history_tools.history(backend.js, key, since=since, progress=False, where=scope.records)
     if not entries and summary is None:
         raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
     limit = _limit(request, TIMELINE_LIMIT)
@@ -440,7 +440,7 @@ def _since(summary: Any, scope: Scope) -> float | None:
 async def progress(request: web.Request) -> web.Response:
     """The TrainJob's training progress over time: every update its pods reported, oldest first, as JSON or
     (``?output=csv``) as a spreadsheet's CSV file, one row per update and one column per metric."""
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     await _require(request, "get", namespace, name)
@@ -451,7 +451,7 @@ async def progress(request: web.Request) -> web.Response:
     backend, scope = request.app[BACKEND], _scope(request)
     summary = scope.index.get(namespace, name)
     key = ObjectKey(namespace=namespace, name=name)
-    points = await ops.progress_series(backend.js, key, since=_since(summary, scope), where=scope.records)
+    points = await history_tools.progress_series(backend.js, key, since=_since(summary, scope), where=scope.records)
     if not points and summary is None:
         raise _error(404, f"no history for TrainJob {namespace}/{name} (wrong name, or older than the streams keep)")
     shown = points[-limit:]
@@ -460,7 +460,7 @@ async def progress(request: web.Request) -> web.Response:
             f"{scope.cluster}_{namespace}_{name}_progress.csv" if scope.cluster else f"{namespace}_{name}_progress.csv"
         )
         return web.Response(
-            text=ops.progress_csv(shown),
+            text=history_tools.progress_csv(shown),
             content_type="text/csv",
             charset="utf-8",
             headers={"Content-Disposition": f'attachment; filename="{filename}"'},
@@ -488,13 +488,13 @@ def _seq(text: str | None, what: str) -> int:
 
 
 async def _plans(request: web.Request, seqs: list[int]) -> dict[int, list[Any]]:
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     await _require(request, "get", namespace, name)
     backend, scope = request.app[BACKEND], _scope(request)
     since = _since(scope.index.get(namespace, name), scope)
-    found = await ops.plans_of(
+    found = await history_tools.plans_of(
         backend.js, ObjectKey(namespace=namespace, name=name), seqs, since=since, where=scope.records
     )
     for seq in seqs:
@@ -512,7 +512,7 @@ def _shown(message: Any) -> dict[str, Any]:
 
 async def plan(request: web.Request) -> web.Response:
     """Every component planned from one event, as YAML documents (``?output=json`` for JSON)."""
-    from tjpipe.opscli import to_yaml_all
+    from tjpipe.operator_commands import to_yaml_all
 
     seq = _seq(request.match_info["seq"], "the plan's event")
     messages = (await _plans(request, [seq]))[seq]
@@ -528,13 +528,13 @@ _WHEN_PLANNED = frozenset({"observed_at", "source_version"})
 
 async def plan_diff(request: web.Request) -> web.Response:
     """What changed between the plans made from two events of one TrainJob, field by field per component."""
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     old, new = _seq(request.query.get("from"), "from"), _seq(request.query.get("to"), "to")
     found = await _plans(request, [old, new])
     changed = {
         component: kept
-        for component, diffs in ops.compare_plans(found[old], found[new]).items()
+        for component, diffs in history_tools.compare_plans(found[old], found[new]).items()
         if (kept := [d for d in diffs if d[0] not in _WHEN_PLANNED])
     }
     return _json(
@@ -565,7 +565,7 @@ async def compare(request: web.Request) -> web.Response:
     (``?trainjob=NS/NAME&trainjob=NS/NAME``), or those of one namespace a label selector finds
     (``?namespace=NS&labelSelector=...``, the newest 10); as JSON, or ``?output=csv``. Every TrainJob is
     authorized as its own page is (``get``; a selector's namespace also ``list``): one refused, all refused."""
-    from tjpipe import ops
+    from tjpipe import history_tools
     from tjpipe.history_server.compare import LEAST, MOST, Run, comparison, comparison_csv
 
     caller = await _caller(request)
@@ -608,8 +608,8 @@ async def compare(request: web.Request) -> web.Response:
         key = ObjectKey(namespace=namespace, name=name)
         since = _since(summary, scope)
         entries, points = await asyncio.gather(
-            ops.history(backend.js, key, since=since, progress=False, where=scope.records),
-            ops.progress_series(backend.js, key, since=since, where=scope.records),
+            history_tools.history(backend.js, key, since=since, progress=False, where=scope.records),
+            history_tools.progress_series(backend.js, key, since=since, where=scope.records),
         )
         if not entries and not points and summary is None:
             raise _error(404, f"no history for TrainJob {namespace}/{name}")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tjpipe.history_server import story
 
 if TYPE_CHECKING:
-    from tjpipe.ops import ProgressPoint, TimelineEntry
+    from tjpipe.history_tools import ProgressPoint, TimelineEntry
 
 MOST = 10
 LEAST = 2

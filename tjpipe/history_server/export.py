@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from plumbing.bus_history import StoredMessage
     from tjpipe.history_server.capture import LogKeeper
-    from tjpipe.ops import Records
+    from tjpipe.history_tools import Records
 
 
 def _line(value: dict[str, Any]) -> bytes:
@@ -56,7 +56,7 @@ async def record_lines(
     uid: str,
 ) -> tuple[list[bytes], int]:
     """The file's lines, and how many records of the streams it holds (0: the streams hold none)."""
-    from tjpipe.ops import read_records
+    from tjpipe.history_tools import read_records
 
     reads = await read_records(js, key, since=since, where=where)
     records = sorted(

@@ -9,7 +9,7 @@ streams' retention and no larger. Why its own decoder: only the metadata, the ru
 conditions matter here, so the rest of an event (the TrainJob's pod templates, the runtime, the JobSet) is
 skipped by the parser instead of being built into objects and thrown away.
 
-One TrainJob's timeline is not kept here: it is read from the streams on demand (``tjpipe.ops.history``,
+One TrainJob's timeline is not kept here: it is read from the streams on demand (``tjpipe.history_tools.history``,
 the same code ``tjpipe history`` runs), starting at the time the index saw that TrainJob's first event.
 
 Training progress (``TJ_PROGRESS``, written by the status server) is folded in the same way, keeping the

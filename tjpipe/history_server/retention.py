@@ -118,7 +118,7 @@ def parse_policy(text: str, source: str = "the retention policy") -> Policy:
     """A policy from its YAML (or JSON) text; ``BadPolicy`` naming what is wrong."""
     import yaml
 
-    from tjpipe.opscli import valid_namespace
+    from tjpipe.operator_commands import valid_namespace
 
     try:
         raw = yaml.safe_load(text) or {}
@@ -287,7 +287,7 @@ class KeptLogs:
 def valid_key(namespace: str, name: str) -> bool:
     """Both are Kubernetes names (so neither holds a subject wildcard or a dot): what a purge filter may name."""
     from tjpipe.exits import UsageError
-    from tjpipe.opscli import trainjob_key
+    from tjpipe.operator_commands import trainjob_key
 
     try:
         trainjob_key(f"{namespace}/{name}", None)

@@ -172,7 +172,7 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
         )
     creator = None
     if members:
-        from tjpipe.fleet import HUB_READER
+        from tjpipe.fleet_nats import HUB_READER
 
         nc = await connect_nats(args, "history-server", identity=HUB_READER)
         kubes = {m.name: KubeClient(m.credentials().load()) for m in members}
@@ -250,7 +250,7 @@ def fleet_scopes(backend: Any, kubes: dict[str, Any], *, ttl: float) -> None:
     from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
     from tjpipe.history_server.app import Scope
     from tjpipe.history_server.fleet import FleetIndex
-    from tjpipe.ops import Records
+    from tjpipe.history_tools import Records
 
     index = FleetIndex(tuple(kubes))
     backend.index = index

@@ -1,7 +1,7 @@
 """A TrainJob's timeline told in its owner's words: what state the job was in and when, and one plain line per
 record, with the pipeline's own wording kept for whoever opens a record.
 
-Why apart from ``tjpipe.ops.history``: that timeline is the operator's (``tjpipe history`` prints it), in
+Why apart from ``tjpipe.history_tools.history``: that timeline is the operator's (``tjpipe history`` prints it), in
 the pipeline's terms, resource versions, apply policies and stream sequences, which is what an operator
 debugging the pipeline needs. A data scientist opening the history server asks other questions, "when did
 my job start running, how long did it run, why did it stop", so this module reads the same entries and
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tjpipe.ops import TimelineEntry
+    from tjpipe.history_tools import TimelineEntry
 
 SUCCESS = frozenset({"created", "configured", "unchanged", "deleted"})
 """Apply outcomes that did what the plan asked; ``skipped`` and ``failed`` did not."""

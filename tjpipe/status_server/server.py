@@ -48,10 +48,11 @@ from contracts.messages import ObjectKey, UnsupportedVersion
 from contracts.progress import STATUS_FIELD_MANAGER, ProgressReported, decode_progress, encode_progress
 from contracts.resources import TRAINJOB
 from plumbing import bus_history, retrying
+from plumbing.configuration import ServiceSettings
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import REGISTRY
 from plumbing.publishing import publish_stored
-from plumbing.runner import ServiceSettings, started
+from plumbing.runner import started
 from plumbing.tls_serving import TlsServing
 from tjpipe.status_server import core
 from tjpipe.status_server.auth import MAX_REVIEWS, Authorizer, Busy, Caller, Gone, Refused

@@ -1,4 +1,4 @@
-"""``tjpipe fleet``: the files a fleet's servers run with, and its hub's fleet streams (``tjpipe.fleet``).
+"""``tjpipe fleet``: the files a fleet's servers run with, and its hub's fleet streams (``tjpipe.fleet_nats``).
 
 Why files and not a running controller: a hub and each member are nats-servers configured by their operators
 (a Secret, a ConfigMap, a file on a host), so the command writes what goes there, once per hub server and
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from tjpipe.fleet import HubTls
+    from tjpipe.fleet_nats import HubTls
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -28,10 +28,10 @@ TLS_DIR = "tls"
 
 def add_fleet_command(sub: Any, nats_client: Callable[[argparse.ArgumentParser], None]) -> None:
     """``tjpipe fleet credentials|hub-config|member-config|setup|status``; ``nats_client`` adds the NATS flags."""
-    fleet = sub.add_parser(
+    fleet_parser = sub.add_parser(
         "fleet", help="a fleet: the hub's and members' NATS files, and the hub's streams of every member's history"
     )
-    commands = fleet.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
+    commands = fleet_parser.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
 
     creds = commands.add_parser(
         "credentials",
@@ -118,7 +118,7 @@ def _members(parser: argparse.ArgumentParser) -> None:
 
 
 def _size(value: str) -> str:
-    from tjpipe.fleet import check_store_size
+    from tjpipe.fleet_nats import check_store_size
 
     try:
         return check_store_size(value)
@@ -145,12 +145,12 @@ def _tls_paths(args: argparse.Namespace, cert: Path, key: Path, ca: Path) -> tup
 
 
 def _client_tls(folder: str | None) -> HubTls | None:
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
 
     if not folder:
         return None
     folder = folder.rstrip("/")
-    return fleet.HubTls(cert_file=f"{folder}/tls.crt", key_file=f"{folder}/tls.key", ca_file=f"{folder}/ca.crt")
+    return fleet_nats.HubTls(cert_file=f"{folder}/tls.crt", key_file=f"{folder}/tls.key", ca_file=f"{folder}/ca.crt")
 
 
 def _out(parser: argparse.ArgumentParser) -> None:
@@ -180,18 +180,18 @@ def _say(line: str) -> None:
 
 
 def _credentials(args: argparse.Namespace) -> int:
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
 
-    creds = fleet.generate_fleet_credentials(args.dir, args.member)
+    creds = fleet_nats.generate_fleet_credentials(args.dir, args.member)
     authorization = args.dir / AUTHORIZATION_FILE
-    authorization.write_text(fleet.hub_authorization(creds, args.member))
+    authorization.write_text(fleet_nats.hub_authorization(creds, args.member))
     _say(f"hub seeds in {args.dir / 'hub'}; leaf seeds in {args.dir / 'members'} (one per member, for it alone)")
     for cluster in args.member:
-        _say(f"  {fleet.leaf_identity(cluster)}: {creds.public_key(creds.leaf_seed(cluster))}")
+        _say(f"  {fleet_nats.leaf_identity(cluster)}: {creds.public_key(creds.leaf_seed(cluster))}")
     _say(f"hub authorization block (public keys only): {authorization}")
     tls = args.dir / TLS_DIR
     if args.hub_host and not (tls / "ca.crt").is_file():
-        fleet.write_fleet_tls(tls, args.hub_host, args.member)
+        fleet_nats.write_fleet_tls(tls, args.hub_host, args.member)
         _say(f"leaf link CA, hub and member certificates in {tls}")
     elif args.hub_host:
         _say(f"{tls} kept: its CA signs only the members it was made for (delete it to make a new one)")
@@ -199,13 +199,13 @@ def _credentials(args: argparse.Namespace) -> int:
 
 
 def _hub_config(args: argparse.Namespace) -> int:
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
 
-    creds = fleet.FleetCredentials(args.dir)
+    creds = fleet_nats.FleetCredentials(args.dir)
     tls = args.dir / TLS_DIR
     cert, key, ca = _tls_paths(args, tls / "hub.crt", tls / "hub.key", tls / "ca.crt")
-    text = fleet.hub_config(
-        fleet.HubServer(
+    text = fleet_nats.hub_config(
+        fleet_nats.HubServer(
             name=args.name,
             client_listen=args.listen,
             monitor_listen=args.monitor,
@@ -214,26 +214,26 @@ def _hub_config(args: argparse.Namespace) -> int:
             store_dir=args.store_dir,
             routes=tuple(args.route),
         ),
-        tls=fleet.HubTls(cert_file=cert, key_file=key, ca_file=ca, verify_clients=True),
-        authorization=fleet.hub_authorization(creds, args.member),
+        tls=fleet_nats.HubTls(cert_file=cert, key_file=key, ca_file=ca, verify_clients=True),
+        authorization=fleet_nats.hub_authorization(creds, args.member),
         route_password=args.route_password_file.read_text().strip(),
         client_tls=_client_tls(args.client_tls),
     )
-    fleet.write_member_config(args.out, text)
+    fleet_nats.write_member_config(args.out, text)
     _say(f"hub server {args.name}: {args.out}")
     return 0
 
 
 def _member_config(args: argparse.Namespace) -> int:
     from contracts.fleet import check_cluster_name
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
 
-    creds = fleet.FleetCredentials(args.dir)
+    creds = fleet_nats.FleetCredentials(args.dir)
     tls = args.dir / TLS_DIR
     members = tls / "members"
     check_cluster_name(args.cluster)
     cert, key, ca = _tls_paths(args, members / f"{args.cluster}.crt", members / f"{args.cluster}.key", tls / "ca.crt")
-    text = fleet.member_config(
+    text = fleet_nats.member_config(
         cluster=args.cluster,
         store_dir=args.store_dir,
         hub_leaf_urls=args.hub,
@@ -243,7 +243,7 @@ def _member_config(args: argparse.Namespace) -> int:
         max_memory_store=args.max_memory_store,
         max_file_store=args.max_file_store,
     )
-    fleet.write_member_config(args.out, text)
+    fleet_nats.write_member_config(args.out, text)
     _say(f"member {args.cluster}: {args.out} (holds its leaf seed: keep it as private as a seed)")
     return 0
 
@@ -256,9 +256,9 @@ def _existing(path: Path) -> Path:
 
 async def _on_hub(args: argparse.Namespace) -> int:
     from contracts.fleet import check_cluster_name
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
     from tjpipe.nats_connection import connect_nats
-    from tjpipe.opscli import route_logs
+    from tjpipe.operator_commands import route_logs
 
     route_logs(debug=args.debug)
     members = [check_cluster_name(cluster) for cluster in getattr(args, "member", None) or []]
@@ -269,11 +269,11 @@ async def _on_hub(args: argparse.Namespace) -> int:
             await _monitor(js, port=args.metrics_port, interval=args.interval)
             return 0
         if args.fleet_command == "setup":
-            await fleet.setup_fleet_streams(js, members)
+            await fleet_nats.setup_fleet_streams(js, members)
             _say(f"fleet streams set up, sourcing {', '.join(members)}")
-        gaps = {(gap.stream, gap.cluster): gap for gap in await fleet.source_gaps(js)}
+        gaps = {(gap.stream, gap.cluster): gap for gap in await fleet_nats.source_gaps(js)}
         lost = False
-        for state in await fleet.source_states(js):
+        for state in await fleet_nats.source_states(js):
             contact = "not connected" if state.active_seconds is None else f"{state.active_seconds:.1f}s ago"
             error = f", error: {state.error}" if state.error else ""
             gap = gaps.get((state.stream, state.cluster))
@@ -295,25 +295,25 @@ async def _on_hub(args: argparse.Namespace) -> int:
 async def _monitor(js: Any, *, port: int, interval: float, host: str = "0.0.0.0") -> None:
     """Every ``interval`` seconds: each source's lag and the records its copy never got, as gauges.
 
-    The copies are read once from the start, then only what the hub stored since (``fleet.GapTracker``)."""
+    The copies are read once from the start, then only what the hub stored since (``fleet_nats.GapTracker``)."""
     import logging
 
     import nats.errors
 
     from plumbing import observability
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
 
     log = logging.getLogger("tjpipe.fleet.monitor")
     health = observability.HealthServer(port=port, host=host, service="fleet-monitor")
     read = asyncio.Event()
     health.add_check("fleet streams read", read.is_set)
     await health.start()
-    tracker = fleet.GapTracker()
+    tracker = fleet_nats.GapTracker()
     try:
         while True:
             try:
-                states = await fleet.source_states(js)
-                lost = {(gap.stream, gap.cluster): gap.missing for gap in await fleet.source_gaps(js, tracker)}
+                states = await fleet_nats.source_states(js)
+                lost = {(gap.stream, gap.cluster): gap.missing for gap in await fleet_nats.source_gaps(js, tracker)}
                 for state in states:
                     observability.FLEET_SOURCE_LAG.labels(state.stream, state.cluster).set(state.lag)
                     lost.setdefault((state.stream, state.cluster), 0)  # a source with no copy yet lost nothing

@@ -1,6 +1,6 @@
 """The operator commands' terminal side: argument checks, tables, YAML and JSON, exit codes.
 
-Kept apart from ``tjpipe.ops`` so that the logic is testable without a terminal and the output formats
+Kept apart from ``tjpipe.history_tools`` so that the logic is testable without a terminal and the output formats
 can change without touching it.
 
 Two rules keep the output trustworthy. Machine-readable output (``-o json|yaml``, ``plan``'s manifests) is
@@ -38,7 +38,7 @@ from tjpipe.nats_connection import connect_nats
 
 if TYPE_CHECKING:
     from planner.framework import Framework
-    from tjpipe.ops import StoredDeadLetter
+    from tjpipe.history_tools import StoredDeadLetter
 
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
@@ -85,10 +85,10 @@ def route_logs(*, debug: bool) -> None:
 
 
 def records_of(cluster: str | None) -> Any:
-    """``--cluster``: that member cluster's records at the fleet's hub (``tjpipe.ops.Records``), checked
+    """``--cluster``: that member cluster's records at the fleet's hub (``tjpipe.history_tools.Records``), checked
     as a cluster name, so it can only ever be one literal subject token; without it, the bus's own."""
     from contracts.fleet import FleetNameError, check_cluster_name
-    from tjpipe.ops import LOCAL, Records
+    from tjpipe.history_tools import LOCAL, Records
 
     if cluster is None:
         return LOCAL
@@ -101,7 +101,7 @@ def records_of(cluster: str | None) -> Any:
 async def _connect(args: argparse.Namespace, command: str) -> Any:
     """The bus, as ``fleet-reader`` when the records read are a fleet cluster's (its inbox is its own)."""
     if getattr(args, "where", None) is not None and args.where.cluster:
-        from tjpipe.fleet import HUB_READER
+        from tjpipe.fleet_nats import HUB_READER
 
         return await connect_nats(args, command, identity=HUB_READER)
     return await connect_nats(args, command)
@@ -234,10 +234,10 @@ def _unanswered_read(exc: Exception) -> Failure:
 
 
 async def _history(js: Any, args: argparse.Namespace) -> int:
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     key: ObjectKey = args.key
-    entries = await ops.history(js, key, where=args.where)
+    entries = await history_tools.history(js, key, where=args.where)
     where = f" in cluster {args.where.cluster}" if args.where.cluster else ""
     if not entries:
         raise Failure(f"no history for TrainJob {key}{where} (wrong name, or older than the streams keep)")
@@ -259,7 +259,7 @@ async def _history(js: Any, args: argparse.Namespace) -> int:
     for column in ("time (UTC)", "stream", "seq", "kind", "what"):
         table.add_column(column)
     colour = {"event": "cyan", "plan": "white", "result": "green", "dead-letter": "red", "progress": "magenta"}
-    for e in entries if args.every_progress else ops.fold_progress(entries):
+    for e in entries if args.every_progress else history_tools.fold_progress(entries):
         what = e.summary
         if e.kind == "event" and e.detail.get("changed"):
             what += "\n  changed: " + ", ".join(e.detail["changed"][:8])
@@ -288,7 +288,7 @@ def _framework(args: argparse.Namespace) -> Framework:
 
 
 async def _replay(js: Any, args: argparse.Namespace) -> int:
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     key: ObjectKey | None = args.key
     since: float | None = args.since_time
@@ -296,7 +296,7 @@ async def _replay(js: Any, args: argparse.Namespace) -> int:
     if args.all and sys.stderr.isatty():
         with Progress(console=err, transient=True) as bar:
             task = bar.add_task("replaying events", total=None)
-            report = await ops.replay(
+            report = await history_tools.replay(
                 js,
                 key=None,
                 since=since,
@@ -306,7 +306,7 @@ async def _replay(js: Any, args: argparse.Namespace) -> int:
                 where=args.where,
             )
     else:
-        report = await ops.replay(
+        report = await history_tools.replay(
             js, key=key, since=since, from_seq=args.from_seq, framework=framework, where=args.where
         )
     changed = [e for e in report.events if e.changed]
@@ -393,11 +393,11 @@ def _recorded_trainjob(args: argparse.Namespace) -> list[Any]:
     async def read() -> Any:
         import nats.errors
 
-        from tjpipe import ops
+        from tjpipe import history_tools
 
         nc = await _connect(args, "plan")
         try:
-            return await ops.recorded_observation(nc.jetstream(), key, where=args.where)
+            return await history_tools.recorded_observation(nc.jetstream(), key, where=args.where)
         except LookupError:
             where = f" in cluster {args.cluster}" if args.cluster else ""
             raise Failure(
@@ -413,7 +413,7 @@ def _recorded_trainjob(args: argparse.Namespace) -> list[Any]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     if args.cluster and not args.from_history:
         raise UsageError("--cluster names the member cluster whose history --from-history reads")
@@ -464,7 +464,7 @@ def _plan(args: argparse.Namespace) -> int:
                 "is not in the cluster"
             )
     try:
-        messages = ops.preview(trainjob, runtime, framework=_framework(args))
+        messages = history_tools.preview(trainjob, runtime, framework=_framework(args))
     except msgspec.ValidationError as exc:
         raise UsageError(f"{where}: not a valid TrainJob or runtime: {exc}") from None
     if reader is None or not args.server_dry_run:
@@ -548,7 +548,7 @@ class _ClusterReader:
     def dry_run_diff(self, messages: list[Any], output: str) -> int:
         from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-        from tjpipe import ops
+        from tjpipe import history_tools
 
         rows: list[dict[str, Any]] = []
         for message in messages:
@@ -581,7 +581,7 @@ class _ClusterReader:
             applied = self._call(apply)
             diffs = [
                 d
-                for d in ops.field_diff(_strip(live), _strip(applied))
+                for d in history_tools.field_diff(_strip(live), _strip(applied))
                 if not d[0].startswith("metadata.managedFields")
             ]
             result = "created" if live is None else ("changed" if diffs else "unchanged")
@@ -661,9 +661,9 @@ def _letter_row(item: StoredDeadLetter, *, decode_payload: bool) -> dict[str, An
 
 
 async def _dlq(js: Any, args: argparse.Namespace) -> int:
-    from tjpipe import ops
+    from tjpipe import history_tools
 
-    letters = await ops.dead_letters(js)
+    letters = await history_tools.dead_letters(js)
     if args.dlq_command == "list":
         if args.output != "table":
             emit([_letter_row(i, decode_payload=False) for i in letters], args.output)
@@ -703,7 +703,7 @@ async def _dlq(js: Any, args: argparse.Namespace) -> int:
         if seq not in known:
             raise Failure(f"no dead letter with sequence {seq}")
         try:
-            subject = await ops.retry_dead_letter(js, seq)
+            subject = await history_tools.retry_dead_letter(js, seq)
         except (nats.errors.TimeoutError, TimeoutError):
             # NATS never answers a request its permissions refuse; the silence is the refusal.
             raise Failure(

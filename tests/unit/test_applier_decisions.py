@@ -1,11 +1,13 @@
-"""``applier.core``: error classes, apply policies against the live object, live state and outcome names."""
+"""The applier's pure decisions: error classes (``applier.errors``), apply policies against the live object and
+live state (``applier.claim_round``), and outcome names (``applier.api_answers``)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from applier import core
+from applier import api_answers, claim_round, errors, live_holds
+from contracts import labels
 from contracts import messages as m
 from contracts.jobset import JobSet
 
@@ -14,25 +16,25 @@ KEY = m.ObjectKey(namespace="ns", name="tj")
 
 @pytest.mark.parametrize("status", [0, 408, 409, 425, 429, 500, 502, 503, 504, 599])
 def test_transient_statuses(status: int) -> None:
-    err = core.classify(status, "Reason", "try later", retry_after=2.5)
-    assert isinstance(err, core.TransientError)
+    err = errors.classify(status, "Reason", "try later", retry_after=2.5)
+    assert isinstance(err, errors.TransientError)
     assert err.retry_after == 2.5
 
 
 def test_transient_retry_after_defaults_to_none_and_text() -> None:
-    err = core.classify(429, "TooManyRequests", "slow down")
-    assert isinstance(err, core.TransientError)
+    err = errors.classify(429, "TooManyRequests", "slow down")
+    assert isinstance(err, errors.TransientError)
     assert err.retry_after is None
     assert err.reason == "429 TooManyRequests: slow down"
-    conn = core.classify(0, "", "connection refused")
-    assert isinstance(conn, core.TransientError)
+    conn = errors.classify(0, "", "connection refused")
+    assert isinstance(conn, errors.TransientError)
     assert conn.reason == "connection refused"
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 406, 410, 413, 415, 422])
 def test_permanent_statuses(status: int) -> None:
-    err = core.classify(status, "Invalid", "spec.replicatedJobs: field is immutable", retry_after=3)
-    assert isinstance(err, core.PermanentError)
+    err = errors.classify(status, "Invalid", "spec.replicatedJobs: field is immutable", retry_after=3)
+    assert isinstance(err, errors.PermanentError)
     assert err.reason == f"{status} Invalid: spec.replicatedJobs: field is immutable"
     assert "CRD" not in err.reason
 
@@ -42,26 +44,26 @@ def test_jobsets_refusal_over_a_claim_being_collected_settles_then_is_permanent(
         'admission webhook "vjobset.kb.io" denied the request: spec.volumeClaimPolicies[0].retentionPolicy.'
         'whenDeleted: Invalid value: "Delete": retentionPolicy must be retain when PVC exists'
     )
-    err = core.classify(422, "Invalid", text)
-    assert isinstance(err, core.SettlingRefusal) and isinstance(err, core.TransientError)
+    err = errors.classify(422, "Invalid", text)
+    assert isinstance(err, errors.SettlingRefusal) and isinstance(err, errors.TransientError)
     assert err.permanent.api_reason == "Invalid" and err.permanent.api_message == text
     assert err.permanent.reason == f"422 Invalid: {text}"
     # Another refusal of the same JobSet, by the same webhook, does not settle by itself.
-    other = core.classify(422, "Invalid", "spec does not match existing PVC x-initializer in namespace ns")
-    assert type(other) is core.PermanentError
-    assert type(core.classify(400, "BadRequest", text)) is core.PermanentError
+    other = errors.classify(422, "Invalid", "spec does not match existing PVC x-initializer in namespace ns")
+    assert type(other) is errors.PermanentError
+    assert type(errors.classify(400, "BadRequest", text)) is errors.PermanentError
 
 
 def test_404_missing_resource_type_mentions_the_crd() -> None:
-    err = core.classify(404, "NotFound", "the server could not find the requested resource")
-    assert isinstance(err, core.PermanentError)
+    err = errors.classify(404, "NotFound", "the server could not find the requested resource")
+    assert isinstance(err, errors.PermanentError)
     assert "CRD" in err.reason
     assert err.reason.startswith("404 NotFound: the server could not find the requested resource")
 
 
 def test_404_missing_object_does_not_mention_the_crd() -> None:
-    err = core.classify(404, "NotFound", 'jobsets.jobset.x-k8s.io "tj" not found')
-    assert isinstance(err, core.PermanentError)
+    err = errors.classify(404, "NotFound", 'jobsets.jobset.x-k8s.io "tj" not found')
+    assert isinstance(err, errors.PermanentError)
     assert "CRD" not in err.reason
 
 
@@ -80,9 +82,9 @@ def jobset_message(policy: m.ApplyPolicy, *, suspend: bool | None) -> m.ApplyJob
     )
 
 
-ABSENT = core.LiveState(exists=False)
-RUNNING = core.LiveState(exists=True, suspended=False, resource_version="3")
-SUSPENDED = core.LiveState(exists=True, suspended=True, resource_version="3")
+ABSENT = claim_round.LiveState(exists=False)
+RUNNING = claim_round.LiveState(exists=True, suspended=False, resource_version="3")
+SUSPENDED = claim_round.LiveState(exists=True, suspended=True, resource_version="3")
 
 
 @pytest.mark.parametrize(
@@ -105,50 +107,50 @@ SUSPENDED = core.LiveState(exists=True, suspended=True, resource_version="3")
     ],
 )
 def test_policy_allows(
-    policy: m.ApplyPolicy, trainjob_suspended: bool | None, live: core.LiveState, allowed: bool
+    policy: m.ApplyPolicy, trainjob_suspended: bool | None, live: claim_round.LiveState, allowed: bool
 ) -> None:
-    ok, why = core.policy_allows(jobset_message(policy, suspend=trainjob_suspended), live)
+    ok, why = claim_round.policy_allows(jobset_message(policy, suspend=trainjob_suspended), live)
     assert ok is allowed
     assert (why == "") is allowed
 
 
 def test_policy_reasons() -> None:
-    _, why = core.policy_allows(jobset_message("if-absent", suspend=False), RUNNING)
+    _, why = claim_round.policy_allows(jobset_message("if-absent", suspend=False), RUNNING)
     assert "exists" in why
-    _, why = core.policy_allows(jobset_message("while-suspended", suspend=False), RUNNING)
+    _, why = claim_round.policy_allows(jobset_message("while-suspended", suspend=False), RUNNING)
     assert "not suspended" in why
 
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        (None, core.LiveState(exists=False)),
-        (b"{}", core.LiveState(exists=True, suspended=False, resource_version="")),
+        (None, claim_round.LiveState(exists=False)),
+        (b"{}", claim_round.LiveState(exists=True, suspended=False, resource_version="")),
         (
             b'{"metadata":{"resourceVersion":"12","name":"tj"},"spec":{"suspend":true,"replicatedJobs":[]}}',
-            core.LiveState(exists=True, suspended=True, resource_version="12"),
+            claim_round.LiveState(exists=True, suspended=True, resource_version="12"),
         ),
         (
             b'{"metadata":{"resourceVersion":"13"},"spec":{"suspend":false}}',
-            core.LiveState(exists=True, suspended=False, resource_version="13"),
+            claim_round.LiveState(exists=True, suspended=False, resource_version="13"),
         ),
         (
             b'{"metadata":{"resourceVersion":"14"},"spec":{"suspend":null}}',
-            core.LiveState(exists=True, suspended=False, resource_version="14"),
+            claim_round.LiveState(exists=True, suspended=False, resource_version="14"),
         ),
         (
             b'{"kind":"ConfigMap","metadata":{"resourceVersion":"15"},"data":{"a":"b"}}',
-            core.LiveState(exists=True, suspended=False, resource_version="15"),
+            claim_round.LiveState(exists=True, suspended=False, resource_version="15"),
         ),
     ],
 )
-def test_live_state(raw: bytes | None, expected: core.LiveState) -> None:
-    assert core.live_state(raw) == expected
+def test_live_state(raw: bytes | None, expected: claim_round.LiveState) -> None:
+    assert claim_round.live_state(raw) == expected
 
 
 def test_live_state_rejects_garbage() -> None:
     with pytest.raises(msgspec.DecodeError):
-        core.live_state(b"not json")
+        claim_round.live_state(b"not json")
 
 
 @pytest.mark.parametrize(
@@ -163,7 +165,7 @@ def test_live_state_rejects_garbage() -> None:
     ],
 )
 def test_outcome(status: int, before: str, after: str, expected: m.ApplyAction) -> None:
-    assert core.outcome(status, before=before, after=after) == expected
+    assert api_answers.outcome(status, before=before, after=after) == expected
 
 
 # ------------------------------------------------------------------------------ held_state (takeover)
@@ -235,32 +237,32 @@ def _planned(*, metadata: bool = True, node_selector: dict[str, str] | None = No
 
 
 def test_a_plan_the_live_object_already_holds_needs_no_write() -> None:
-    assert core.held_state(_planned(), _live_jobset(), manager="trainer") == "held"
+    assert live_holds.held_state(_planned(), _live_jobset(), manager="trainer") == "held"
 
 
 def test_a_plan_that_would_add_or_change_a_value_is_written() -> None:
-    assert core.held_state(_planned(node_selector={"pool": "a"}), _live_jobset(), manager="trainer") == "differs"
+    assert live_holds.held_state(_planned(node_selector={"pool": "a"}), _live_jobset(), manager="trainer") == "differs"
     planned, live = _planned(node_selector={"pool": "b"}), _live_jobset(node_selector={"pool": "a"})
-    assert core.held_state(planned, live, manager="trainer") == "differs"
+    assert live_holds.held_state(planned, live, manager="trainer") == "differs"
 
 
 def test_a_plan_that_stops_sending_an_owned_field_is_written() -> None:
     """The apply would remove it: Trainer's entry owns the empty pod-template metadata the plan leaves out."""
-    assert core.held_state(_planned(metadata=False), _live_jobset(), manager="trainer") == "differs"
+    assert live_holds.held_state(_planned(metadata=False), _live_jobset(), manager="trainer") == "differs"
 
 
 def test_a_port_the_plan_sends_without_its_defaulted_protocol_is_the_item_the_owner_keys_with_tcp() -> None:
     """The replay of a plan made before the JobSet was seen (no protocol) against one re-planned from it (TCP)."""
-    assert core.held_state(_planned(protocol=False), _live_jobset(), manager="trainer") == "held"
+    assert live_holds.held_state(_planned(protocol=False), _live_jobset(), manager="trainer") == "held"
 
 
 def test_a_list_item_the_owner_keys_by_another_value_than_the_default_is_written() -> None:
     """Trainer owns a UDP port; a plan without a protocol would replace it with a TCP one."""
-    assert core.held_state(_planned(protocol=False), _live_jobset(protocol="UDP"), manager="trainer") == "differs"
+    assert live_holds.held_state(_planned(protocol=False), _live_jobset(protocol="UDP"), manager="trainer") == "differs"
 
 
 def test_fields_another_manager_owns_do_not_matter() -> None:
-    assert core.held_state(_planned(metadata=False), _live_jobset(), manager="someone-else") == "held"
+    assert live_holds.held_state(_planned(metadata=False), _live_jobset(), manager="someone-else") == "held"
 
 
 def _config_map(*, labels: dict[str, str] | None, data: str = "a b") -> bytes:
@@ -269,8 +271,8 @@ def _config_map(*, labels: dict[str, str] | None, data: str = "a b") -> bytes:
 
 
 def test_an_object_trainer_made_that_lacks_only_the_label_gets_the_label_alone() -> None:
-    ours = {core.labels.MANAGED_BY_LABEL: core.labels.MANAGED_BY}
+    ours = {labels.MANAGED_BY_LABEL: labels.MANAGED_BY}
     planned = _config_map(labels=ours)
-    assert core.held_state(planned, _config_map(labels=None), manager="trainer") == "held-unlabelled"
-    assert core.held_state(planned, _config_map(labels=ours), manager="trainer") == "held"
-    assert core.held_state(planned, _config_map(labels=None, data="other"), manager="trainer") == "differs"
+    assert live_holds.held_state(planned, _config_map(labels=None), manager="trainer") == "held-unlabelled"
+    assert live_holds.held_state(planned, _config_map(labels=ours), manager="trainer") == "held"
+    assert live_holds.held_state(planned, _config_map(labels=None, data="other"), manager="trainer") == "differs"
