@@ -469,7 +469,7 @@ def _add_operator_commands(sub: Any) -> None:
     add_settings(history_server, ProcessSettings, only=("log_level", "log_format"))
     _nats_client(history_server)
     _kube(history_server)
-    from tjpipe.history_server.server import add_arguments
+    from history_server.server import add_arguments
 
     add_arguments(history_server)
 
@@ -579,7 +579,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "nats-credentials":
         return _nats_credentials(args)
     if command == "history-server":
-        from tjpipe.history_server.server import run
+        from history_server.server import run
 
         return run(args)
     if command == "fleet":
@@ -631,7 +631,7 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
     if command == "controller":
         return _run_controller(args)
     if command == "status-server":
-        from tjpipe.status_server.server import run_status_server
+        from status_server.server import run_status_server
 
         return run_service(settings.status_server(args), run_status_server)
     from planner.webhook import run_webhook

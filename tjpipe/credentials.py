@@ -200,7 +200,7 @@ def permissions() -> dict[str, Permissions | None]:
                 f"{_API}.DIRECT.GET.{streams.PROGRESS.name}",
             ),
         ),
-        # The history server's retention (tjpipe.history_server.retention): purge what a namespace's policy
+        # The history server's retention (history_server.retention): purge what a namespace's policy
         # expired from the record streams, by subject, and read how far each stream reaches. It reads no record:
         # the decision is made on what the server read as ``reader``. A purge request's subject filter is in its
         # body, which a permission cannot narrow, so this identity could purge any record; it is mounted

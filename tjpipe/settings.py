@@ -38,7 +38,7 @@ from watcher.settings import WatcherSettings
 if TYPE_CHECKING:
     from planner.plugins.trainjobstatus import StatusServer
     from plumbing.bus import TlsFiles
-    from tjpipe.status_server.server import StatusServerSettings
+    from status_server.server import StatusServerSettings
 
 S = TypeVar("S")
 
@@ -473,7 +473,7 @@ def webhook(args: argparse.Namespace) -> WebhookSettings:
 
 
 def status_server(args: argparse.Namespace) -> StatusServerSettings:
-    from tjpipe.status_server.server import StatusServerSettings
+    from status_server.server import StatusServerSettings
 
     _serving_pair(args, "--tls-cert/--tls-key, TJPIPE_STATUS_SERVER_TLS_*")
     if not args.coalesce_seconds > 0:
@@ -488,7 +488,7 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
         raise SettingsError(
             f"--max-clock-skew / TJPIPE_STATUS_MAX_CLOCK_SKEW: must be 0 or more, got {args.max_clock_skew}"
         )
-    from tjpipe.status_server.core import Rate
+    from status_server.core import Rate
 
     def rate(text: str, flag: str) -> Rate:
         try:

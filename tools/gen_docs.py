@@ -586,7 +586,7 @@ def changelog_page() -> str:
 
 # --- the warnings the services log -----------------------------------------------------------------------
 
-SERVICE_PACKAGES = ("watcher", "planner", "applier", "plumbing", "tjpipe")
+SERVICE_PACKAGES = ("watcher", "planner", "applier", "plumbing", "tjpipe", "history_server", "status_server")
 PRINTF = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfig]")
 
 
@@ -646,7 +646,7 @@ def guide_html() -> str:
 
 
 FILES: dict[str, Callable[[], str]] = {
-    "tjpipe/history_server/static/guide.html": guide_html,
+    "history_server/static/guide.html": guide_html,
 }
 """Generated files outside the site, by their path in the repository."""
 

@@ -35,8 +35,8 @@ from nats.aio.client import Client as NATS
 from needs import unavailable
 
 from contracts import fleet as fleet_contract
+from history_server.fleet import FleetIndex
 from plumbing import bus, bus_history
-from tjpipe.history_server.fleet import FleetIndex
 from tjpipe.local import compose
 from tjpipe.local.procs import free_port
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tjpipe.history_server.retention import parse_policy
+from history_server.retention import parse_policy
 from tjpipe.local.kustomize import kustomize_build
 
 from . import REPO, cli_env_names

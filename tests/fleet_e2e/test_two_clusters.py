@@ -2,7 +2,7 @@
 every record of both, each under its cluster's name, through a minute with one member cut off under load.
 
 What is asserted is behaviour: TrainJobs reach Trainer's Complete in each cluster; the hub's fleet streams,
-read the way the fleet's history server reads them (``tjpipe.history_server.fleet.FleetIndex``, as
+read the way the fleet's history server reads them (``history_server.fleet.FleetIndex``, as
 ``fleet-reader``), show each TrainJob Complete under its own cluster, and the same namespace and name in both
 clusters as two TrainJobs; while c1's leaf link is down, c1 keeps building and completing TrainJobs and
 nothing of it reaches the hub; once the link is back, every record of every record stream of both members
@@ -22,9 +22,9 @@ from faults.support import Pipeline, condition_of, trainjob, until, until_async
 
 from contracts import fleet as fleet_contract
 from contracts import streams
+from history_server.fleet import FleetIndex
 from plumbing import bus_history
 from tjpipe import fleet_nats
-from tjpipe.history_server.fleet import FleetIndex
 
 from .support import CLUSTERS, NAMESPACE, RECORD_STREAMS, World, copy_problems, origin_seqs
 

@@ -19,12 +19,12 @@ import pytest
 from kubernetes import client as kube_client
 
 from contracts import streams, subjects
+from history_server.index import Summary
+from history_server.rerun import RUN_AGAIN_OF, Creator, RunAgainError
+from history_server.retention import StreamRecords
 from plumbing import bus
 from plumbing.bus_history import read_stream
 from plumbing.kube import KubeConfig
-from tjpipe.history_server.index import Summary
-from tjpipe.history_server.rerun import RUN_AGAIN_OF, Creator, RunAgainError
-from tjpipe.history_server.retention import StreamRecords
 
 from .keep_support import SHORT, Kept, publish
 from .support import get, run_async

@@ -554,8 +554,8 @@ async def test_the_log_keeper_adds_logs_the_reader_reads_them_and_the_admin_dele
 async def test_the_history_keeper_removes_an_expired_trainjobs_logs_without_reading_any(
     clients: dict[str, Client],
 ) -> None:
-    from tjpipe.history_server.index import Summary
-    from tjpipe.history_server.retention import KeptLogs
+    from history_server.index import Summary
+    from history_server.retention import KeptLogs
 
     keeper, reader = clients["history-keeper"], clients["reader"]
     mine, other = "local/team-k/uid-9/", "local/team-k/uid-8/"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 
-from tjpipe.history_server.compare import Run, comparison, comparison_csv, shared_metrics
+from history_server.compare import Run, comparison, comparison_csv, shared_metrics
 from tjpipe.history_tools import ProgressPoint, TimelineEntry
 
 

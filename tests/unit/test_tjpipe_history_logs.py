@@ -1,4 +1,4 @@
-"""What a capture of pod logs keeps, decided from the live cluster's objects alone (``tjpipe.history_server.logs``),
+"""What a capture of pod logs keeps, decided from the live cluster's objects alone (``history_server.logs``),
 the bucket's names and limits (``contracts.logs``, ``contracts.streams``), and the log-keeper's NATS rights."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from contracts import logs, streams
+from history_server import logs as core
 from tjpipe import credentials
-from tjpipe.history_server import logs as core
 
 UID = "3f1c2d4e-0000-4000-8000-000000000001"
 JOBSET = {"metadata": {"name": "mnist", "uid": "js-uid", "ownerReferences": [{"kind": "TrainJob", "uid": UID}]}}

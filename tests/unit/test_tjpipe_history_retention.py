@@ -9,9 +9,9 @@ import pytest
 
 from contracts import subjects
 from contracts.messages import ObjectKey, TrainJobDeleted, encode
-from tjpipe.history_server.index import HistoryIndex, Summary
-from tjpipe.history_server.rerun import RUN_AGAIN_OF, again, recorded_trainjob
-from tjpipe.history_server.retention import BadPolicy, Keep, Policy, Retention, expired, kept_until, parse_policy
+from history_server.index import HistoryIndex, Summary
+from history_server.rerun import RUN_AGAIN_OF, again, recorded_trainjob
+from history_server.retention import BadPolicy, Keep, Policy, Retention, expired, kept_until, parse_policy
 
 from .test_tjpipe_history_index import _observed, _stored
 

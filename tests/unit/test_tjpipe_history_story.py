@@ -14,10 +14,10 @@ from contracts import subjects
 from contracts.messages import ObjectKey, TrainJobObserved, encode
 from contracts.progress import ProgressReported, encode_progress
 from contracts.trainer import Metric, TrainerStatus, TrainJob
+from history_server import story
+from history_server.index import HistoryIndex
 from plumbing.bus_history import StoredMessage
 from tjpipe import history_tools
-from tjpipe.history_server import story
-from tjpipe.history_server.index import HistoryIndex
 from tjpipe.history_tools import ProgressPoint, TimelineEntry, trainjob_state
 
 COMPLETE = {"type": "Complete", "status": "True", "reason": "AllJobsCompleted", "message": "jobset completed"}

@@ -54,8 +54,8 @@ from plumbing.observability import REGISTRY
 from plumbing.publishing import publish_stored
 from plumbing.runner import started
 from plumbing.tls_serving import TlsServing
-from tjpipe.status_server import core
-from tjpipe.status_server.auth import MAX_REVIEWS, Authorizer, Busy, Caller, Gone, Refused
+from status_server import core
+from status_server.auth import MAX_REVIEWS, Authorizer, Busy, Caller, Gone, Refused
 
 log = logging.getLogger(__name__)
 

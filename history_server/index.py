@@ -185,7 +185,7 @@ class Summary:
     """``spec.trainer.numNodes`` as the owner set it (``None``: the runtime's)."""
     ended_at: float = 0.0
     """When it first showed Complete or Failed, or was deleted (0 while it lives): what retention counts from
-    (``tjpipe.history_server.retention``)."""
+    (``history_server.retention``)."""
 
     def stalled_for(self, now: float, after: float) -> float | None:
         """Seconds without a progress update, when the job is Running, has reported progress before, and has
@@ -345,7 +345,7 @@ class HistoryIndex:
         return gone
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop one TrainJob whose records were removed (``tjpipe.history_server.retention``)."""
+        """Drop one TrainJob whose records were removed (``history_server.retention``)."""
         jobs = self._namespaces.get(namespace, {})
         jobs.pop(name, None)
         if not jobs:
@@ -366,7 +366,7 @@ class HistoryIndex:
 
     def summaries(self) -> Iterable[Summary]:
         """Every TrainJob, namespaces in name order, each namespace's in the order the index first saw them:
-        unsorted, for a query that orders what it found itself (``tjpipe.history_server.find``)."""
+        unsorted, for a query that orders what it found itself (``history_server.find``)."""
         return itertools.chain.from_iterable(self._namespaces[ns].values() for ns in self.namespaces())
 
     def namespace_summaries(self, namespace: str) -> Iterable[Summary]:

@@ -9,7 +9,7 @@ logs are read from the cluster with the server's ServiceAccount, whose RBAC adds
 The server reads them back as ``reader``. Without ``--logs-creds`` it captures nothing and serves what the
 bucket holds.
 
-What is read is decided by the live cluster alone (``tjpipe.history_server.logs``): the event that says a
+What is read is decided by the live cluster alone (``history_server.logs``): the event that says a
 TrainJob finished names only the TrainJob, and the pods are those of the JobSet the API server says that
 TrainJob owns now. A capture that finds nothing to read (the JobSet gone, the pods deleted, the kubelet
 away) is stored too, as a manifest that says what is missing and why.
@@ -35,18 +35,18 @@ from contracts import logs
 from contracts.jobset import LABEL_JOBSET_NAME
 from contracts.resources import JOBSET, Resource
 from contracts.streams import LOGS, BucketSpec
+from history_server import logs as core
 from plumbing import object_store
 from plumbing.kube import KubeApiError
 from plumbing.retrying import LOG_CAPTURE
-from tjpipe.history_server import logs as core
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
+    from history_server.index import Summary
     from plumbing.kube import KubeClient
-    from tjpipe.history_server.index import Summary
 
-log = logging.getLogger("tjpipe.history_server.logs")
+log = logging.getLogger("history_server.logs")
 
 POD = Resource(api_version="v1", kind="Pod", plural="pods")
 FINISHED = frozenset({"Complete", "Failed", "Deleted"})

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from contracts import fleet, streams, subjects
+from history_server.index import READ_PAGE, HistoryIndex
 from plumbing.kube import CredentialSource, KubeConfig
-from tjpipe.history_server.index import READ_PAGE, HistoryIndex
 from tjpipe.settings import SettingsError
 
 if TYPE_CHECKING:

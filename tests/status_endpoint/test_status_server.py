@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
+from status_server import core
 from tjpipe.credentials import Credentials
-from tjpipe.status_server import core
 
 from .support import (
     GROUP,

@@ -12,7 +12,7 @@ Security Policy that lets the page load and call nothing but this server.
 
 At a fleet's hub (``--fleet-clusters``) the same handlers answer under ``/api/v1/clusters/{cluster}``: the
 cluster is the first thing a path names, its own API server authorizes the request
-(``tjpipe.history_server.fleet``), its own index lists, and its records are read from the hub's fleet
+(``history_server.fleet``), its own index lists, and its records are read from the hub's fleet
 streams under its name only. A single cluster's server keeps the paths without a cluster.
 """
 
@@ -32,23 +32,23 @@ import msgspec
 from aiohttp import web
 
 from contracts.messages import ObjectKey, component_of
-from tjpipe.history_server import story
-from tjpipe.history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
-from tjpipe.history_server.find import BadQuery, Query, find, query_of
-from tjpipe.history_server.index import HistoryIndex
+from history_server import story
+from history_server.access import Authorizer, Caller, Unauthenticated, Unavailable
+from history_server.find import BadQuery, Query, find, query_of
+from history_server.index import HistoryIndex
 from tjpipe.history_tools import LOCAL, Records
 
 if TYPE_CHECKING:
     import aiohttp
     from nats.js import JetStreamContext
 
-    from tjpipe.history_server.capture import LogKeeper
-    from tjpipe.history_server.fleet import FleetIndex
-    from tjpipe.history_server.rerun import Creator
-    from tjpipe.history_server.retention import Retention
+    from history_server.capture import LogKeeper
+    from history_server.fleet import FleetIndex
+    from history_server.rerun import Creator
+    from history_server.retention import Retention
     from tjpipe.history_tools import TimelineEntry
 
-log = logging.getLogger("tjpipe.history_server")
+log = logging.getLogger("history_server")
 
 API = "/api/v1"
 LIST_LIMIT = 1000
@@ -280,7 +280,7 @@ def list_answer(
     stalled_after: float,
     cluster_of: Callable[[Any], str] = lambda _: "",
 ) -> dict[str, Any]:
-    """The list's answer to a query (``tjpipe.history_server.find``: label selector, runtime, state, time range,
+    """The list's answer to a query (``history_server.find``: label selector, runtime, state, time range,
     a newest-metric condition, name, sort and page) over summaries the caller may read, each of the cluster
     ``cluster_of`` names (at a fleet's hub): what the handlers run after authorization, and what
     ``bench.history_find`` times."""
@@ -548,7 +548,7 @@ async def plan_diff(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     """Pipeline-wide figures (no namespace's records): any user the API server knows may read them."""
-    from tjpipe.history_server.health import pipeline_health
+    from history_server.health import pipeline_health
 
     await _caller(request)
     backend = request.app[BACKEND]
@@ -561,12 +561,12 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def compare(request: web.Request) -> web.Response:
-    """2 to 10 TrainJobs compared (``tjpipe.history_server.compare``): named one by one
+    """2 to 10 TrainJobs compared (``history_server.compare``): named one by one
     (``?trainjob=NS/NAME&trainjob=NS/NAME``), or those of one namespace a label selector finds
     (``?namespace=NS&labelSelector=...``, the newest 10); as JSON, or ``?output=csv``. Every TrainJob is
     authorized as its own page is (``get``; a selector's namespace also ``list``): one refused, all refused."""
+    from history_server.compare import LEAST, MOST, Run, comparison, comparison_csv
     from tjpipe import history_tools
-    from tjpipe.history_server.compare import LEAST, MOST, Run, comparison, comparison_csv
 
     caller = await _caller(request)
     scope = _scope(request)
@@ -639,9 +639,9 @@ async def compare(request: web.Request) -> web.Response:
 
 
 async def retention(request: web.Request) -> web.Response:
-    """How long this TrainJob's history is kept (``tjpipe.history_server.retention``), as its page says it."""
+    """How long this TrainJob's history is kept (``history_server.retention``), as its page says it."""
     from contracts import streams
-    from tjpipe.history_server.retention import retention_of
+    from history_server.retention import retention_of
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     await _require(request, "get", namespace, name)
@@ -681,7 +681,7 @@ async def run_again_offer(request: web.Request) -> web.Response:
     namespace), and a name for the new one."""
     import secrets
 
-    from tjpipe.history_server.rerun import FINISHED
+    from history_server.rerun import FINISHED
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     caller = await _require(request, "get", namespace, name)
@@ -696,13 +696,13 @@ async def run_again_offer(request: web.Request) -> web.Response:
 
 
 async def run_again(request: web.Request) -> web.Response:
-    """A new TrainJob from this one's recorded spec (``tjpipe.history_server.rerun``), created with the
+    """A new TrainJob from this one's recorded spec (``history_server.rerun``), created with the
     caller's own token: 401, then the write's own rules (415, 403), 400, 403 unless the caller may ``get``
     this TrainJob and ``create`` TrainJobs in its namespace, 409 unless it finished, then the API server's
     answer."""
     from contracts import streams, subjects
+    from history_server.rerun import FINISHED, RunAgainError, again, recorded_trainjob
     from plumbing.bus_history import read_stream
-    from tjpipe.history_server.rerun import FINISHED, RunAgainError, again, recorded_trainjob
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     await _caller(request)
@@ -772,8 +772,8 @@ async def _kept(request: web.Request) -> tuple[str, str, Any, LogKeeper]:
 async def trainjob_logs(request: web.Request) -> web.Response:
     """What is kept of the TrainJob's pod logs (the newest capture's manifest: each container's log, and what
     is missing and why), and whether this server captures logs at all."""
-    from tjpipe.history_server import logs
-    from tjpipe.history_server.capture import FINISHED
+    from history_server import logs
+    from history_server.capture import FINISHED
 
     namespace, name, summary, keeper = await _kept(request)
     manifest = await keeper.manifest(namespace, summary.uid)
@@ -789,7 +789,7 @@ async def trainjob_logs(request: web.Request) -> web.Response:
 
 async def trainjob_log(request: web.Request) -> web.Response:
     """One container's kept log: its last ``?tail=N`` lines as JSON, or (``?output=download``) the whole of it."""
-    from tjpipe.history_server import logs
+    from history_server import logs
 
     namespace, name, summary, keeper = await _kept(request)
     pod, container = request.match_info["pod"], request.match_info["container"]
@@ -833,8 +833,8 @@ async def trainjob_log(request: web.Request) -> web.Response:
 
 async def capture_logs(request: web.Request) -> web.Response:
     """Keep the TrainJob's pod logs now (while it runs; a finished one's were kept when it finished)."""
-    from tjpipe.history_server import logs
-    from tjpipe.history_server.capture import FINISHED
+    from history_server import logs
+    from history_server.capture import FINISHED
 
     namespace, name, summary, keeper = await _kept(request)
     if not keeper.captures_logs:
@@ -851,8 +851,8 @@ async def capture_logs(request: web.Request) -> web.Response:
 
 
 async def export(request: web.Request) -> web.Response:
-    """The TrainJob's whole record as one JSON-lines file (``tjpipe.history_server.export``)."""
-    from tjpipe.history_server.export import record_lines
+    """The TrainJob's whole record as one JSON-lines file (``history_server.export``)."""
+    from history_server.export import record_lines
 
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     await _require(request, "get", namespace, name)
@@ -1016,7 +1016,7 @@ async def fleet_health(request: web.Request) -> web.Response:
 
 
 def _static(name: str) -> bytes:
-    return resources.files("tjpipe.history_server").joinpath("static", name).read_bytes()
+    return resources.files("history_server").joinpath("static", name).read_bytes()
 
 
 async def page(request: web.Request) -> web.Response:

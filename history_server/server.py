@@ -7,7 +7,7 @@ and SubjectAccessReviews, which is all its RBAC allows.
 
 At a fleet's hub (``--fleet-clusters FILE``) it connects to the hub's NATS as ``fleet-reader`` and reads
 the fleet streams; each member cluster in the file has its own API server and reviewer credential, and the
-server's own Kubernetes flags are not used (``tjpipe.history_server.fleet``).
+server's own Kubernetes flags are not used (``history_server.fleet``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from tjpipe.exits import UsageError
 
-log = logging.getLogger("tjpipe.history_server")
+log = logging.getLogger("history_server")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,8 +128,8 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from history_server.fleet import load_fleet_clusters
     from plumbing.runner import configure_logging
-    from tjpipe.history_server.fleet import load_fleet_clusters
 
     listen = parse_listen(args.listen)
     tls = _tls(args)
@@ -152,12 +152,12 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
     import aiohttp
     from aiohttp import web
 
+    from history_server.access import ClusterAuthorizer, KubePoster
+    from history_server.app import Backend, make_app
+    from history_server.index import HistoryIndex
+    from history_server.rerun import Creator
+    from history_server.retention import BadPolicy, load_retention
     from plumbing.kube import KubeClient, KubeConfig
-    from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
-    from tjpipe.history_server.app import Backend, make_app
-    from tjpipe.history_server.index import HistoryIndex
-    from tjpipe.history_server.rerun import Creator
-    from tjpipe.history_server.retention import BadPolicy, load_retention
     from tjpipe.nats_connection import connect_nats
 
     stop = asyncio.Event()
@@ -208,7 +208,7 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
         fleet_scopes(backend, kubes, ttl=args.auth_cache_seconds)
     writer = None
     if not members:
-        from tjpipe.history_server.capture import LogKeeper
+        from history_server.capture import LogKeeper
 
         if args.logs_creds:
             from tjpipe.credentials import LOG_KEEPER
@@ -247,9 +247,9 @@ async def serve(args: argparse.Namespace, listen: tuple[str, int], tls: ssl.SSLC
 def fleet_scopes(backend: Any, kubes: dict[str, Any], *, ttl: float) -> None:
     """Each member cluster's scope: its own authorizer (its API server, its reviewer, its own cache) and its
     part of one ``FleetIndex``; the backend then answers under ``/api/v1/clusters/{cluster}``."""
-    from tjpipe.history_server.access import ClusterAuthorizer, KubePoster
-    from tjpipe.history_server.app import Scope
-    from tjpipe.history_server.fleet import FleetIndex
+    from history_server.access import ClusterAuthorizer, KubePoster
+    from history_server.app import Scope
+    from history_server.fleet import FleetIndex
     from tjpipe.history_tools import Records
 
     index = FleetIndex(tuple(kubes))
@@ -268,7 +268,7 @@ def fleet_scopes(backend: Any, kubes: dict[str, Any], *, ttl: float) -> None:
 async def keep_current(backend: Any, stop: asyncio.Event, *, every: float) -> None:
     """Catch the index up now and every ``every`` seconds; ready after the first complete pass. With a
     retention policy, each pass then removes what expired: the stores' ends are taken before the index reads
-    on, so nothing that arrives meanwhile is removed (``tjpipe.history_server.retention``)."""
+    on, so nothing that arrives meanwhile is removed (``history_server.retention``)."""
     import time
 
     while not stop.is_set():

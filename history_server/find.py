@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tjpipe.history_server.index import STATES
+from history_server.index import STATES
 
 if TYPE_CHECKING:
-    from tjpipe.history_server.index import Summary
+    from history_server.index import Summary
 
 SORTS = ("lastSeen", "created", "name", "namespace", "state", "runtime", "cluster", "nodes", "progress")
 """What a list can be sorted by, besides ``metric:NAME`` (the newest value of a metric)."""

@@ -16,13 +16,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from contracts.messages import ObjectKey
-from tjpipe.history_server import logs as core
+from history_server import logs as core
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
+    from history_server.capture import LogKeeper
     from plumbing.bus_history import StoredMessage
-    from tjpipe.history_server.capture import LogKeeper
     from tjpipe.history_tools import Records
 
 

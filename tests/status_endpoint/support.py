@@ -30,6 +30,7 @@ from kubernetes.client import ApiClient
 from contracts import streams, subjects
 from contracts.progress import ProgressReported, decode_progress
 from plumbing import bus, bus_history
+from status_server import core
 from tjpipe.credentials import STATUS_SERVER, Credentials
 from tjpipe.keys.pki import write_serving_pki
 from tjpipe.local.crds import apply_objects
@@ -38,7 +39,6 @@ from tjpipe.local.kubeapi import LocalKube
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 from tjpipe.local.stack import nats_connect_options
 from tjpipe.private_files import write_private_file
-from tjpipe.status_server import core
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 SERVER_NAMESPACE = "trainjob-pipeline"

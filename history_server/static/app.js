@@ -113,7 +113,7 @@ function hashParams() {
 
 // ------------------------------------------------------------------------------------------- the list
 
-// The list's query: what the server filters, sorts and pages by (tjpipe.history_server.find), kept in the
+// The list's query: what the server filters, sorts and pages by (history_server.find), kept in the
 // address so a link reopens the same list. `id` is the form field that shows it.
 const FIND_FIELDS = [["state", "filter-state"], ["name", "filter-name"], ["labelSelector", "filter-labels"],
   ["runtime", "filter-runtime"], ["from", "filter-from"], ["to", "filter-to"], ["metric", "filter-metric"],

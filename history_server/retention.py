@@ -54,9 +54,9 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.js import JetStreamContext
 
-    from tjpipe.history_server.index import HistoryIndex, Summary
+    from history_server.index import HistoryIndex, Summary
 
-log = logging.getLogger("tjpipe.history_server.retention")
+log = logging.getLogger("history_server.retention")
 
 MOST_PER_SWEEP = 200
 """TrainJobs whose records one sweep removes at most; the rest wait for the next sweep."""

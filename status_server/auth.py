@@ -45,7 +45,7 @@ import msgspec
 
 from contracts.resources import JOBSET, TRAINJOB, Resource
 from plumbing.kube import KubeApiError, KubeClient
-from tjpipe.status_server import core
+from status_server import core
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tjpipe.history_server import story
+from history_server import story
 
 if TYPE_CHECKING:
     from tjpipe.history_tools import ProgressPoint, TimelineEntry
