@@ -30,7 +30,7 @@ from plumbing import bus
 from .progress_support import _COMPLETE, _namespace, _publish_event, _running, bind, progress_record
 from .support import Server, run_async, start_server
 
-SHORT = 8.0
+SHORT = 20.0  # long enough for a loaded machine to show the record before it expires
 """Seconds the ``short`` namespace keeps a TrainJob after it ended."""
 RUN = kube_client.V1PolicyRule(
     api_groups=["trainer.kubeflow.org"], resources=["trainjobs"], verbs=["get", "list", "create"]
