@@ -23,7 +23,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -427,7 +427,7 @@ def _about(summary: Any, namespace: str, name: str, backend: Backend, cluster: s
     return _item(summary, time.time(), backend.stalled_after, cluster)
 
 
-def _since(summary: Any, scope: Scope) -> float | None:
+def _since(summary: Any, scope: Scope | Records) -> float | None:
     """Where a TrainJob's records start, to skip reading older ones: the time the index saw its first.
 
     Not at a fleet's hub: there a record is stored when it arrives, and after a member was cut off its
@@ -560,13 +560,45 @@ async def health(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------------------------------ comparing
 
 
+async def compare_answer(
+    js: JetStreamContext, index: HistoryIndex, keys: Sequence[tuple[str, str]], *, now: float, where: Records = LOCAL
+) -> dict[str, Any]:
+    """The comparison of TrainJobs the caller may read: each one's history and progress read from the streams
+    at once, then ``history_server.compare.comparison``. What the handler runs once every TrainJob is
+    authorized, and what ``bench.history_compare`` times; a 404 when one has no record at all."""
+    from history_server.compare import Run, comparison
+    from tjpipe import history_tools
+
+    async def read(namespace: str, name: str) -> Run:
+        summary = index.get(namespace, name)
+        key = ObjectKey(namespace=namespace, name=name)
+        since = _since(summary, where)
+        entries, points = await asyncio.gather(
+            history_tools.history(js, key, since=since, progress=False, where=where),
+            history_tools.progress_series(js, key, since=since, where=where),
+        )
+        if not entries and not points and summary is None:
+            raise _error(404, f"no history for TrainJob {namespace}/{name}")
+        return Run(
+            namespace=namespace,
+            name=name,
+            runtime=summary.runtime if summary is not None else "",
+            nodes=summary.nodes if summary is not None else None,
+            labels=summary.labels if summary is not None else {},
+            entries=entries,
+            points=points,
+        )
+
+    runs = await asyncio.gather(*(read(ns, name) for ns, name in keys))
+    return comparison(runs, now)
+
+
 async def compare(request: web.Request) -> web.Response:
     """2 to 10 TrainJobs compared (``history_server.compare``): named one by one
     (``?trainjob=NS/NAME&trainjob=NS/NAME``), or those of one namespace a label selector finds
     (``?namespace=NS&labelSelector=...``, the newest 10); as JSON, or ``?output=csv``. Every TrainJob is
     authorized as its own page is (``get``; a selector's namespace also ``list``): one refused, all refused."""
-    from history_server.compare import LEAST, MOST, Run, comparison, comparison_csv
-    from tjpipe import history_tools
+    from history_server.compare import LEAST, MOST, comparison_csv
 
     caller = await _caller(request)
     scope = _scope(request)
@@ -603,28 +635,7 @@ async def compare(request: web.Request) -> web.Response:
     if refused:
         raise _error(403, f"{caller.username} may not get TrainJob {refused[0]} (trainjobs.trainer.kubeflow.org)")
 
-    async def read(namespace: str, name: str) -> Run:
-        summary = scope.index.get(namespace, name)
-        key = ObjectKey(namespace=namespace, name=name)
-        since = _since(summary, scope)
-        entries, points = await asyncio.gather(
-            history_tools.history(backend.js, key, since=since, progress=False, where=scope.records),
-            history_tools.progress_series(backend.js, key, since=since, where=scope.records),
-        )
-        if not entries and not points and summary is None:
-            raise _error(404, f"no history for TrainJob {namespace}/{name}")
-        return Run(
-            namespace=namespace,
-            name=name,
-            runtime=summary.runtime if summary is not None else "",
-            nodes=summary.nodes if summary is not None else None,
-            labels=summary.labels if summary is not None else {},
-            entries=entries,
-            points=points,
-        )
-
-    runs = await asyncio.gather(*(read(ns, name) for ns, name in keys))
-    compared = comparison(runs, time.time())
+    compared = await compare_answer(backend.js, scope.index, keys, now=time.time(), where=scope.records)
     if output == "csv":
         return web.Response(
             text=comparison_csv(compared),

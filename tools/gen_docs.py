@@ -626,11 +626,12 @@ def log_warnings() -> dict[str, str]:
 def guide_html() -> str:
     """The data scientists' page as a page of the history server's own (``/static/guide.html``), so the link in
     its UI works wherever it runs, with no documentation site published anywhere. Links to other pages of the
-    site become their text: the guide stands alone."""
+    site become their text, and its pictures are left out (the server serves none): the guide stands alone."""
     import markdown
 
     text = (DOCS / "data-scientists.md").read_text()
     text = re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)
+    text = re.sub(r"^!\[[^\]]*\]\([^)]*\)\n\n?", "", text, flags=re.M)
     text = re.sub(r"\[([^\]]+)\]\((?!https?:)[^)]*\)", r"\1", text)
     body = markdown.markdown(text, extensions=["tables", "fenced_code"])
     return (

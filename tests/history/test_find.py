@@ -111,6 +111,14 @@ def test_the_list_finds_sorts_and_keeps_the_query_in_its_address(sweep: Story, t
         assert "selector" in error.text
         assert driver.find_element(By.ID, "filter-labels").get_attribute("value") == "sweep in lr"
         assert not driver.find_elements(By.CSS_SELECTOR, "#trainjobs tbody tr")
+
+        # A user who may read none of it, opening the same search in the sweep's namespace, sees nothing of it.
+        driver.find_element(By.ID, "logout").click()
+        log_in(driver, sweep.server.url, sweep.tokens["outsider"])
+        driver.get(f"{sweep.server.url}/#/?namespace={sweep.namespace}&labelSelector=sweep%3Dlr&sort=metric%3Aloss")
+        wait.until(ec.text_to_be_present_in_element((By.ID, "list-note"), "No namespace in the history is readable"))
+        assert not driver.find_elements(By.CSS_SELECTOR, "#trainjobs tbody tr")
+        assert "lr-" not in driver.find_element(By.TAG_NAME, "main").text
     finally:
         driver.quit()
 

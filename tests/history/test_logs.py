@@ -146,3 +146,7 @@ def test_the_logs_stay_after_the_trainjob_and_its_pods_are_gone(
     answer = kept_logs.logs("sim")
     assert answer["trainjob"]["state"] == "Deleted"
     assert answer["kept"]["reason"] == "finished" and answer["kept"]["noContainers"] is True
+    # With the pods and the TrainJob gone, who may read what is still the namespace's to say.
+    for tail in ("/logs", "/export"):
+        status, body, _ = get(_job(kept_logs, "sim", tail), kept_logs.tokens["stranger"])
+        assert status == 403 and b"noContainers" not in body and b'"record"' not in body, (tail, body)

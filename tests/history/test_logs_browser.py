@@ -5,6 +5,7 @@ words, and a simulated cluster's TrainJob said to have no logs because the clust
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from .logs_support import DONE_LOG, Kept
-from .support import browser, log_in
+from .support import browser, log_in, screenshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
@@ -40,6 +41,8 @@ def test_the_logs_panel_shows_a_tail_downloads_the_log_and_exports_the_record(ke
         options = driver.find_elements(By.CSS_SELECTOR, "#logs-container option")
         assert [o.text.split(" (")[0] for o in options] == ["done-node-0-0 / node"]
         assert not driver.find_element(By.ID, "logs-capture").is_displayed()  # finished: kept already
+        driver.execute_script("document.getElementById('logs-panel').scrollIntoView({block: 'center'})")
+        screenshot(driver, "history-logs", tmp_path)
 
         wait.until(ec.element_to_be_clickable((By.ID, "logs-download"))).click()
         saved = downloads / f"{kept_logs.namespace}_done_done-node-0-0_node.log"
@@ -79,5 +82,26 @@ def test_the_panel_says_what_is_missing_and_that_a_simulated_cluster_runs_no_con
         _open(driver, kept_logs, "sim")
         WebDriverWait(driver, 20).until(lambda d: "runs no containers" in d.find_element(By.ID, "logs-note").text)
         assert driver.find_element(By.ID, "logs-missing").text == ""
+    finally:
+        driver.quit()
+
+
+def test_a_user_of_another_namespace_reads_no_log_and_exports_nothing_of_a_trainjob_whose_pods_are_gone(
+    kept_logs: Kept, tmp_path: Path
+) -> None:
+    from kubernetes import client as kube_client
+
+    pods = kube_client.CoreV1Api(kept_logs.api).list_namespaced_pod(kept_logs.namespace)
+    assert not [p for p in pods.items if p.metadata.name.startswith("done-")]  # only its kept log is left
+    driver = browser(tmp_path)
+    try:
+        log_in(driver, kept_logs.server.url, kept_logs.tokens["stranger"])
+        driver.get(f"{kept_logs.server.url}/#/ns/{kept_logs.namespace}/done")
+        WebDriverWait(driver, 20).until(ec.text_to_be_present_in_element((By.ID, "error"), "may not get"))
+        time.sleep(1)  # whatever the page would still ask for has been answered by now
+        assert not driver.find_element(By.ID, "logs-panel").is_displayed()
+        assert not driver.find_element(By.ID, "export-record").is_displayed()
+        body = driver.find_element(By.TAG_NAME, "body").text
+        assert "loss 0.083" not in body and "done-node-0-0" not in body
     finally:
         driver.quit()

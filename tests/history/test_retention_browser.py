@@ -77,6 +77,21 @@ def test_a_viewer_reads_how_long_it_is_kept_and_is_not_offered_run_again(kept: K
         driver.quit()
 
 
+def test_a_user_of_another_namespace_is_refused_the_page_and_offered_no_run_again(kept: Kept, tmp_path: Path) -> None:
+    driver = browser(tmp_path)
+    try:
+        # The outsider may create TrainJobs, in another namespace: nothing of this one's page, no button.
+        log_in(driver, kept.server.url, kept.tokens["outsider"])
+        driver.get(f"{kept.server.url}/#/ns/{kept.mine}/finished")
+        WebDriverWait(driver, 20).until(ec.text_to_be_present_in_element((By.ID, "error"), "may not get"))
+        time.sleep(1)  # the offer's answer is in by now: still no button
+        assert not driver.find_element(By.ID, "run-again").is_displayed()
+        body = driver.find_element(By.TAG_NAME, "body").text
+        assert "Kept until" not in body and "AllJobsCompleted" not in body
+    finally:
+        driver.quit()
+
+
 def test_a_deleted_trainjob_stays_in_the_list_until_it_expires_then_leaves_it(kept: Kept, tmp_path: Path) -> None:
     driver = browser(tmp_path)
     try:
