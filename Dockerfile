@@ -22,8 +22,8 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN python -m venv /opt/tjpipe \
  && /opt/tjpipe/bin/pip install --require-hashes --only-binary=:all: --no-binary=nkeys -r requirements.lock
-# The project itself: its wheel (the import roots tjpipe, contracts, plumbing, watcher, planner and applier,
-# each a top-level folder), installed without resolving anything more.
+# The project itself: its wheel (the import roots tjpipe, contracts, plumbing, watcher, planner, applier,
+# history_server and status_server, each a top-level folder), installed without resolving anything more.
 COPY pyproject.toml README.md LICENSE ./
 COPY contracts ./contracts
 COPY plumbing ./plumbing
@@ -31,6 +31,8 @@ COPY watcher ./watcher
 COPY planner ./planner
 COPY applier ./applier
 COPY tjpipe ./tjpipe
+COPY history_server ./history_server
+COPY status_server ./status_server
 RUN /opt/tjpipe/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/tjpipe/bin/pip install --no-deps /wheels/*.whl \
  && /opt/tjpipe/bin/pip check \

@@ -3,12 +3,12 @@ write, made in the order the applier can make them.
 
 The bus is not trusted to say what may be written: an apply message only names a TrainJob, and the applier
 checks that a real TrainJob managed by this controller justifies the write. Each check returns a
-``core.Verdict``; a refusal becomes a dead letter with reason ``unauthorized``, and nothing at all is
+``errors.Verdict``; a refusal becomes a dead letter with reason ``unauthorized``, and nothing at all is
 written (not even an Event on the TrainJob). This module holds the check of the message alone
 (``authorize_message``), made before anything is read. The later checks sit where their facts are read:
 the TrainJob the message names in ``applier.trainjobs`` (``authorize_trainjob``), and the live target in
-the claim round (``core.authorize_live``; a create-only target, which is never read, is judged from the
-ledger by ``core.existing``).
+the claim round (``claim_round.authorize_live``; a create-only target, which is never read, is judged from the
+ledger by ``api_answers.existing``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 import msgspec
 
 from applier import objects
-from applier.core import ALLOWED, CREATE_ONLY, Verdict
+from applier.claim_round import CREATE_ONLY
+from applier.errors import ALLOWED, Verdict
 from contracts import resources
 from contracts import trainer as t
 from contracts.components import COMPONENT_KINDS

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from applier import core
+from applier import errors, poisoned_claims, trainjob_condition
 from applier.epoch import ClusterEpoch, standing
 from applier.ledger import Ledger
 from applier.objects import resource_version
@@ -37,7 +37,7 @@ log = logging.getLogger("applier")
 NewerClaim = Literal["stale", "replaced", "changed", "held"]
 """What became of a newer claim (``NewerClaims.settle``): it stands and the plan is ``stale``; it was
 ``replaced`` by this plan's claim; the key ``changed`` while it was being replaced (read it again); or it
-is held to be corrupt and still within its grace, and the plan is ``held`` (``core.Held``)."""
+is held to be corrupt and still within its grace, and the plan is ``held`` (``errors.Held``)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Settled:
     """What ``NewerClaims.settle`` decided, for its caller to carry out."""
 
     claim: NewerClaim
-    tell: tuple[core.ConditionChange, ...] = ()
+    tell: tuple[trainjob_condition.ConditionChange, ...] = ()
     """The changes of the applier's condition on the TrainJob to write, in this order."""
     hold: float = 0.0
     """With ``held``: how long the message waits before it is delivered again."""
@@ -82,7 +82,7 @@ class NewerClaims:
         )
 
     async def settle(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> Settled:
-        """Judge a claim newer than ``message`` (``core.is_stale``), and replace it if it cannot stand."""
+        """Judge a claim newer than ``message`` (``claim_round.is_stale``), and replace it if it cannot stand."""
         elsewhere = await self._made_elsewhere(message, record)
         if elsewhere:
             return await self._set_aside(message, lkey, record, revision, elsewhere)
@@ -106,13 +106,13 @@ class NewerClaims:
         if where != "current":
             return ""
         current = await self._cluster_revision(message.trainjob.namespace)
-        if not core.claim_beyond_cluster(record, cluster_revision=current):
+        if not poisoned_claims.claim_beyond_cluster(record, cluster_revision=current):
             return ""
         revision = int(current) if current.isdigit() else 0
         try:
             await self.epoch.observe(revision=revision, seen=record.source_version)
         except KubeApiError as exc:
-            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
         return "rewound" if standing(record.cluster, self.epoch.stamp) == "rewound" else ""
 
     async def _set_aside(
@@ -133,7 +133,7 @@ class NewerClaims:
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
         )
         if held is not None:  # it had been held as corrupt before the rewind was known: the condition goes
-            return Settled("replaced", tell=(core.ClearCondition(),))
+            return Settled("replaced", tell=(trainjob_condition.ClearCondition(),))
         return Settled("replaced")
 
     async def _corruption(self, message: ApplyMessage, lkey: str, record: AppliedRecord) -> Settled:
@@ -145,24 +145,26 @@ class NewerClaims:
         ``settle`` then makes true by overwriting it.
         """
         cluster_revision = await self._cluster_revision(message.trainjob.namespace)
-        if not core.claim_beyond_cluster(record, cluster_revision=cluster_revision):
+        if not poisoned_claims.claim_beyond_cluster(record, cluster_revision=cluster_revision):
             self._corrupt.pop(lkey, None)
             return Settled("stale")
         now = time.monotonic()
         seen = self._corrupt.get(lkey)
-        tell: tuple[core.ConditionChange, ...] = ()
+        tell: tuple[trainjob_condition.ConditionChange, ...] = ()
         if seen is None or seen[0] != record.source_version:
             seen = (record.source_version, now)
             self._corrupt[lkey] = seen
             tell = (self._report(message, record, cluster_revision),)
         grace = self.grace_seconds
-        if core.stale_claim_action(seen[1], now, grace_seconds=grace) == "hold":
+        if poisoned_claims.stale_claim_action(seen[1], now, grace_seconds=grace) == "hold":
             STALE_CLAIMS.labels(action="held").inc()
             return Settled("held", tell=tell, hold=min(30.0, max(0.5, seen[1] + grace - now + 0.1)))
         self._corrupt.pop(lkey, None)
         return Settled("replaced", tell=tell)
 
-    def _report(self, message: ApplyMessage, record: AppliedRecord, cluster_revision: str) -> core.SetCondition:
+    def _report(
+        self, message: ApplyMessage, record: AppliedRecord, cluster_revision: str
+    ) -> trainjob_condition.SetCondition:
         log.warning(
             "%s: the ledger claims source version %d, newer than the cluster's current revision %s",
             message.target,
@@ -170,7 +172,7 @@ class NewerClaims:
             cluster_revision,
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
         )
-        return core.SetCondition(
+        return trainjob_condition.SetCondition(
             reason=conditions.REASON_STALE_LEDGER_CLAIM,
             text=(
                 f"a ledger claim for source version {record.source_version} is newer than anything the cluster"
@@ -185,7 +187,7 @@ class NewerClaims:
         record: AppliedRecord,
         revision: int,
         *,
-        tell: tuple[core.ConditionChange, ...],
+        tell: tuple[trainjob_condition.ConditionChange, ...],
     ) -> Settled:
         """Overwrite a corrupt claim with this message's (compare-and-set); ``changed`` if the key changed
         first. ``tell`` is what judging it already asks to be told."""
@@ -198,7 +200,7 @@ class NewerClaims:
             record.source_version,
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
         )
-        return Settled("replaced", tell=(*tell, core.ClearCondition()))
+        return Settled("replaced", tell=(*tell, trainjob_condition.ClearCondition()))
 
     async def _cluster_revision(self, namespace: str) -> str:
         """The cluster's current etcd revision: the resourceVersion of a one-item list of TrainJobs."""
@@ -207,5 +209,5 @@ class NewerClaims:
                 "GET", resources.TRAINJOB.path(namespace=namespace), params={"limit": "1"}, timeout=30
             )
         except KubeApiError as exc:
-            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
         return resource_version(resp.body)

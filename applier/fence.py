@@ -2,7 +2,7 @@
 
 Each attempt runs up to a few claim rounds. A round reads the target's ledger record (a claim newer than
 the plan goes to ``applier.claims``, whose answer, with what to tell on the TrainJob, is carried out here),
-reads the live target when ``core.reads_live`` says so, and asks ``core.decide`` what to do; this module
+reads the live target when ``claim_round.reads_live`` says so, and asks ``claim_round.decide`` what to do; this module
 only performs the ``Step`` it answers. Every ledger write is a compare-and-set on the revision the round
 read, and a conditional apply carries the resourceVersion it read: whoever loses either race starts the
 next round with a fresh read, so of two appliers holding different plans for one target, the one with the
@@ -10,9 +10,9 @@ older plan always stands down. Create-only targets (Secrets) go the same way, bu
 alone says whose an existing one is.
 
 Read top to bottom, this file follows one apply: ``Fence.apply``, then each step as ``_perform`` meets it,
-then the refused write; the delete, which runs no claim rounds, comes last. Raises ``core.TransientError``
-or ``core.PermanentError`` for the retry tiers around it, ``core.Unauthorized`` for a target this TrainJob
-does not control, and ``core.Held`` while a corrupt claim is within its grace.
+then the refused write; the delete, which runs no claim rounds, comes last. Raises ``errors.TransientError``
+or ``errors.PermanentError`` for the retry tiers around it, ``errors.Unauthorized`` for a target this TrainJob
+does not control, and ``errors.Held`` while a corrupt claim is within its grace.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, assert_never
 
 import msgspec
 
-from applier import core, secrets
+from applier import api_answers, claim_round, errors, outcomes, secrets, steps
 from applier.claims import NewerClaim, NewerClaims
 from applier.ledger import Ledger, ledger_key
 from applier.objects import resource_version
@@ -48,33 +48,33 @@ class Fence:
 
     async def apply(
         self, message: ObjectApply, resource: resources.Resource, planned: bytes, *, known_version: str = ""
-    ) -> core.Done:
+    ) -> outcomes.Done:
         """One fenced apply (or create) of ``message``; ``planned`` is its encoded object, without generated
         key material, which is never part of the digest; ``known_version`` is the TrainJob's resourceVersion
-        as the applier's watch last saw it (``core.status_by_version``), ``""`` when not known."""
+        as the applier's watch last saw it (``claim_round.status_by_version``), ``""`` when not known."""
         lkey = ledger_key(message.target)
         for round_ in range(CLAIM_ROUNDS):
             read = await self._round_record(message, lkey, round_)
             if read is None:
                 continue  # look again, with the claim replaced (or someone else's newer one)
-            if isinstance(read, core.Done):
+            if isinstance(read, outcomes.Done):
                 return read
             record, revision = read
-            reads = core.reads_live(message, record, known_version=known_version)
+            reads = claim_round.reads_live(message, record, known_version=known_version)
             live = await self._get(resource, message.target) if reads else None
-            step = core.decide(
+            step = claim_round.decide(
                 message, record, live, planned=planned, stamp=self.claims.stamp(), known_version=known_version
             )
             done = await self._perform(step, message, resource, lkey, revision)
             if done is not None:
                 return done
-        if type(message) in core.CREATE_ONLY:
-            raise core.TransientError("the ledger record kept changing under concurrent writers")
-        raise core.TransientError("the target kept changing under concurrent writers")
+        if type(message) in claim_round.CREATE_ONLY:
+            raise errors.TransientError("the ledger record kept changing under concurrent writers")
+        raise errors.TransientError("the target kept changing under concurrent writers")
 
     async def _round_record(
         self, message: ObjectApply, lkey: str, round_: int
-    ) -> tuple[AppliedRecord | None, int] | core.Done | None:
+    ) -> tuple[AppliedRecord | None, int] | outcomes.Done | None:
         """The target's ledger record and revision for one claim round, unless the plan is stale (``Done``) or a
         newer claim that could not stand was just replaced (``None``: look again)."""
         # After a lost compare-and-set, remembering is what went wrong: ask the server.
@@ -82,20 +82,20 @@ class Fence:
             record, revision = await self.ledger.read(lkey, assume_absent=True)
         else:
             record, revision = await self.ledger.read_fresh(lkey)
-        if record is None or not core.is_stale(record, message):
+        if record is None or not claim_round.is_stale(record, message):
             return record, revision
         if await self._settle(message, lkey, record, revision) == "stale":
-            return core.Done(action="skipped", reason=core.STALE_PLAN)
+            return outcomes.Done(action="skipped", reason=outcomes.STALE_PLAN)
         return None
 
     async def _settle(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> NewerClaim:
         """Settle a claim newer than the plan (``applier.claims``): tell on the TrainJob what its answer asks,
-        and hold the message (``core.Held``) while a corrupt claim is within its grace."""
+        and hold the message (``errors.Held``) while a corrupt claim is within its grace."""
         settled = await self.claims.settle(message, lkey, record, revision)
         for change in settled.tell:
             await self.trainjobs.tell(message, change)
         if settled.claim == "held":
-            raise core.Held(settled.hold)
+            raise errors.Held(settled.hold)
         return settled.claim
 
     async def _get(self, resource: resources.Resource, target: Target) -> bytes | None:
@@ -105,23 +105,25 @@ class Fence:
             raise _api_error(exc) from exc
 
     async def _perform(
-        self, step: core.Step, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
-    ) -> core.Done | None:
+        self, step: steps.Step, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
+    ) -> outcomes.Done | None:
         """Carry out one round's step; ``None``: a compare-and-set or a conditional write lost, look again."""
-        if isinstance(step, core.Refuse):
-            raise core.Unauthorized(step.why)
-        if isinstance(step, core.Leave):
+        if isinstance(step, steps.Refuse):
+            raise errors.Unauthorized(step.why)
+        if isinstance(step, steps.Leave):
             if step.label is None:
-                return core.Done(action="skipped", resource_version=step.resource_version, reason=step.reason)
+                return outcomes.Done(action="skipped", resource_version=step.resource_version, reason=step.reason)
             labelled = await self._label(message, resource, step.label)
-            return core.Done(action="skipped", resource_version=labelled, reason=step.reason)
-        if isinstance(step, core.Advance):
+            return outcomes.Done(action="skipped", resource_version=labelled, reason=step.reason)
+        if isinstance(step, steps.Advance):
             if await self.ledger.write(lkey, step.record, revision=revision) is None:
                 return None
-            return core.Done(action="unchanged", resource_version=step.resource_version, reason=core.ALREADY_APPLIED)
-        if isinstance(step, core.Adopt):
+            return outcomes.Done(
+                action="unchanged", resource_version=step.resource_version, reason=outcomes.ALREADY_APPLIED
+            )
+        if isinstance(step, steps.Adopt):
             return await self._adopt(step, message, resource, lkey, revision)
-        if isinstance(step, core.Write) and message.target.subresource:
+        if isinstance(step, steps.Write) and message.target.subresource:
             # A status is written on condition of the TrainJob version it was planned from, which orders
             # two plans of it whatever the ledger says: no claim first, only the record of what was written.
             return await self._write(step, message, resource, lkey, revision)
@@ -129,17 +131,17 @@ class Fence:
         claimed = await self.ledger.write(lkey, step.claim, revision=revision)
         if claimed is None:
             return None
-        if isinstance(step, core.SkipStatus):
-            return core.Done(action="skipped", resource_version=step.resource_version, reason=core.STALE_STATUS)
-        if isinstance(step, core.Create):
+        if isinstance(step, steps.SkipStatus):
+            return outcomes.Done(action="skipped", resource_version=step.resource_version, reason=outcomes.STALE_STATUS)
+        if isinstance(step, steps.Create):
             return await self._create(step, message, resource, lkey, claimed)
-        if isinstance(step, core.Write):
+        if isinstance(step, steps.Write):
             return await self._write(step, message, resource, lkey, claimed)
         assert_never(step)
 
     async def _label(self, message: ObjectApply, resource: resources.Resource, patch: bytes) -> str:
-        """Label an existing ``if-absent`` object (see ``core.owned_label_patch``), or one Trainer made that
-        otherwise holds the plan (``core.held_state``); its new resourceVersion.
+        """Label an existing ``if-absent`` object (see ``claim_round.owned_label_patch``), or one Trainer made that
+        otherwise holds the plan (``live_holds.held_state``); its new resourceVersion.
 
         A JSON merge patch under a field manager of its own, so the label is all it claims: an apply as
         ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
@@ -159,22 +161,22 @@ class Fence:
         return resource_version(resp.body)
 
     async def _adopt(
-        self, step: core.Adopt, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
-    ) -> core.Done | None:
+        self, step: steps.Adopt, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
+    ) -> outcomes.Done | None:
         """Record a live object that already is the plan; write nothing but the label one Trainer made lacks."""
         record = step.record
         if step.label:
-            labelled = await self._label(message, resource, core.OWNED_LABEL_PATCH)
+            labelled = await self._label(message, resource, claim_round.OWNED_LABEL_PATCH)
             record = msgspec.structs.replace(record, resource_version=labelled)
         if await self.ledger.write(lkey, record, revision=revision) is None:
             return None
-        return core.Done(action="unchanged", resource_version=record.resource_version, reason=core.ALREADY_HELD)
+        return outcomes.Done(action="unchanged", resource_version=record.resource_version, reason=outcomes.ALREADY_HELD)
 
     async def _create(
-        self, step: core.Create, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
-    ) -> core.Done:
+        self, step: steps.Create, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
+    ) -> outcomes.Done:
         """Create a create-only target as claimed. Only a 201 makes it this TrainJob's: a create answered 409
-        is judged by the record as it was before the claim (``core.existing``)."""
+        is judged by the record as it was before the claim (``api_answers.existing``)."""
         target = message.target
         try:
             resp = await self.kube.create(
@@ -183,25 +185,25 @@ class Fence:
         except KubeApiError as exc:
             if exc.status != 409 or exc.reason != "AlreadyExists":
                 raise _api_error(exc) from exc
-            whose = core.existing(message, step.known)
+            whose = api_answers.existing(message, step.known)
             if whose == "another-trainjob":
-                raise core.Unauthorized(
+                raise errors.Unauthorized(
                     f"existing {target} was created for another TrainJob (uid {step.claim.created_for}),"
                     f" not for {message.trainjob}"
                 ) from exc
             await self.ledger.write(lkey, msgspec.structs.replace(step.claim, state="applied"), revision=claimed)
-            reason = core.ALREADY_CREATED if whose == "ours" else core.UNRECORDED
-            return core.Done(action="skipped", reason=reason)
+            reason = outcomes.ALREADY_CREATED if whose == "ours" else api_answers.UNRECORDED
+            return outcomes.Done(action="skipped", reason=reason)
         after = resource_version(resp.body)
         done = msgspec.structs.replace(
             step.claim, state="applied", resource_version=after, created_for=message.trainjob_uid
         )
         await self.ledger.write(lkey, done, revision=claimed)
-        return core.Done(action="created", resource_version=after)
+        return outcomes.Done(action="created", resource_version=after)
 
     async def _write(
-        self, step: core.Write, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
-    ) -> core.Done | None:
+        self, step: steps.Write, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
+    ) -> outcomes.Done | None:
         """Apply the plan as claimed (``claimed``: the claim's revision; for a status, the revision the round
         read), and record what the apply left."""
         target = message.target
@@ -222,7 +224,9 @@ class Fence:
             step.claim,
             state="applied",
             resource_version=after,
-            managed=core.managed_digest(resp.body, manager=message.field_manager, subresource=target.subresource),
+            managed=claim_round.managed_digest(
+                resp.body, manager=message.field_manager, subresource=target.subresource
+            ),
         )
         if await self.ledger.write(lkey, done, revision=claimed) is None and target.subresource:
             # Unclaimed, so the revision read may be out of date (a record this applier never read, after a
@@ -230,46 +234,48 @@ class Fence:
             fresh, revision = await self.ledger.read_fresh(lkey)
             if fresh is None or fresh.source_version <= done.source_version:
                 await self.ledger.write(lkey, done, revision=revision)
-        return core.Done(action=core.outcome(resp.status, before=step.before, after=after), resource_version=after)
+        return outcomes.Done(
+            action=api_answers.outcome(resp.status, before=step.before, after=after), resource_version=after
+        )
 
     async def _after_refusal(
         self, exc: KubeApiError, message: ObjectApply, resource: resources.Resource, *, precondition: str, before: str
-    ) -> core.Done | None:
-        """Perform ``core.refused_write``'s decision for a refused apply; ``None``: start the next claim round."""
-        refusal = core.refused_write(exc.status, message, precondition=precondition)
+    ) -> outcomes.Done | None:
+        """Do what ``api_answers.refused_write`` decides for a refused apply; ``None``: the next claim round."""
+        refusal = api_answers.refused_write(exc.status, message, precondition=precondition)
         if refusal == "stale-status":
-            return core.Done(action="skipped", resource_version=before, reason=core.STALE_STATUS)
+            return outcomes.Done(action="skipped", resource_version=before, reason=outcomes.STALE_STATUS)
         if refusal == "look-again":
             return None
         if refusal == "skip-if-created-concurrently":
             raw = await self._get(resource, message.target)
             if raw is not None:
-                rv = core.live_state(raw).resource_version
-                return core.Done(action="skipped", resource_version=rv, reason=core.CREATED_CONCURRENTLY)
+                rv = claim_round.live_state(raw).resource_version
+                return outcomes.Done(action="skipped", resource_version=rv, reason=outcomes.CREATED_CONCURRENTLY)
         raise _api_error(exc) from exc
 
-    async def delete(self, message: DeleteComponent, resource: resources.Resource) -> core.Done:
+    async def delete(self, message: DeleteComponent, resource: resources.Resource) -> outcomes.Done:
         """Delete a component the plan no longer has, if this TrainJob controls it; fenced like an apply."""
         target = message.target
         lkey = ledger_key(target)
         record, revision = await self.ledger.read_fresh(lkey)
-        if record is not None and core.is_stale(record, message):
+        if record is not None and claim_round.is_stale(record, message):
             settled = await self._settle(message, lkey, record, revision)
             if settled == "stale":
-                return core.Done(action="skipped", reason=core.STALE_PLAN)
+                return outcomes.Done(action="skipped", reason=outcomes.STALE_PLAN)
             if settled == "changed":
-                raise core.TransientError("the ledger record changed while a newer claim was being replaced")
+                raise errors.TransientError("the ledger record changed while a newer claim was being replaced")
         try:
             raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
             if raw is None:
-                return core.Done(action="skipped", reason="already gone")
-            verdict = core.authorize_live(message, raw)
+                return outcomes.Done(action="skipped", reason="already gone")
+            verdict = claim_round.authorize_live(message, raw)
             if not verdict.allowed:
-                raise core.Unauthorized(verdict.why)
+                raise errors.Unauthorized(verdict.why)
             await self.kube.delete(resource, namespace=target.namespace, name=target.name)
         except KubeApiError as exc:
             raise _api_error(exc) from exc
-        return core.Done(action="deleted", reason=message.reason)
+        return outcomes.Done(action="deleted", reason=message.reason)
 
 
 def apply_body(message: ObjectApply, *, resource_version: str = "") -> bytes:
@@ -290,4 +296,4 @@ def apply_body(message: ObjectApply, *, resource_version: str = "") -> bytes:
 
 
 def _api_error(exc: KubeApiError) -> Exception:
-    return core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after)
+    return errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after)

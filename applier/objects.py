@@ -81,3 +81,11 @@ def resource_version(raw: bytes) -> str:
         return read(raw).metadata.resourceVersion
     except msgspec.DecodeError:
         return ""
+
+
+def resource_version_number(text: str) -> int:
+    """A resourceVersion as the number etcd gives it; 0 for one that is not a number (never newer)."""
+    try:
+        return int(text)
+    except ValueError:
+        return 0

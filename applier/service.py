@@ -13,9 +13,12 @@ parallel up to a bound, sharing one connection pool to the API server.
 This module is the shell around three parts, each in a file of its own and read in this order: intake
 (``plumbing.intake``: the planner's signature verified, the message decoded, or a dead letter), then
 authorization (``applier.authorize``'s check of the message, then ``applier.trainjobs``' of the TrainJob
-it names, as it reads it), then the fenced write (``applier.fence``, doing what ``core.decide``
+it names, as it reads it), then the fenced write (``applier.fence``, doing what ``claim_round.decide``
 answers; claims newer than the plan in ``applier.claims``). What stays here is what every message needs
-whatever its outcome: the retry tiers, the result, the metrics, the ack.
+whatever its outcome: the retry tiers, and which way it ends. A message travels as one
+``plumbing.delivery.Delivery`` (the message, its decoded form, its attempts, when its work started), and
+ends one of three ways, each written once: ``applier.results.finish`` (result, ack),
+``applier.results.fail`` (dead letter, ``failed`` result, terminate) or ``Delivery.retry`` (handed back).
 """
 
 from __future__ import annotations
@@ -26,92 +29,49 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from applier import authorize, core
+from applier import authorize, errors, outcomes, results, trainjob_condition
 from applier.claims import NewerClaims
 from applier.epoch import ClusterEpoch
 from applier.fence import Fence
-from applier.ledger import Ledger, seen_key
-from applier.pacing import DEFAULT_INTERVAL_SECONDS, StatusPacing
-from applier.trainjobs import TrainJobFacts, TrainJobs, WatchedTrainJobs
-from contracts import resources, streams, subjects
+from applier.ledger import Ledger
+from applier.pacing import StatusPacing
+from applier.settings import ApplierSettings
+from applier.trainjob_watch import TrainJobFacts, WatchedTrainJobs
+from applier.trainjobs import TrainJobs
+from contracts import resources, streams
 from contracts.messages import (
-    ApplyAction,
     ApplyMessage,
-    ApplyResult,
     ApplyTrainJobStatus,
     DeleteComponent,
     Target,
-    component_of,
     decode_apply,
-    encode,
 )
-from plumbing import bus, intake, publishing, retrying, signing
+from plumbing import intake, retrying, signing
+from plumbing.delivery import Delivery
 from plumbing.kube import KubeClient, KubeConfig
 from plumbing.observability import (
-    APPLIES,
-    DEAD_LETTERS,
-    END_TO_END,
     RETRIES,
-    STAGE_SECONDS,
-    TRAINJOBS_CREATED,
     UNAUTHORIZED,
-    count_transitions,
 )
 from plumbing.partitions import consume_partitioned, default_replica_id
-from plumbing.runner import ServiceSettings, started
+from plumbing.runner import started
 from plumbing.stream_usage import StreamUsage
 from plumbing.tasks import cancel_and_wait
-from plumbing.work_trim import SWEEP_SECONDS
 
 log = logging.getLogger("applier")
-
-
-@dataclass
-class ApplierSettings(ServiceSettings):
-    kubeconfig: str | None = None
-    kube_context: str | None = None
-    batch: int = 32
-    concurrency: int = 16
-    attempts: int = 5
-    """In-process attempts for transient errors before the message goes back to JetStream."""
-    max_backoff_seconds: float = 8.0
-    replica: str = field(default_factory=default_replica_id)
-    lease_ttl: float = 6.0
-    work_sweep_seconds: float = SWEEP_SECONDS
-    """How often the work stream is looked at for finished work the server kept (``plumbing.work_trim``)."""
-    namespaces: tuple[str, ...] = ()
-    """Namespaces whose TrainJobs the checks' watch follows (the watcher's ``TJPIPE_NAMESPACES``); empty: all.
-    A TrainJob elsewhere is read for each check, as far as RBAC lets the applier read it."""
-    trainjob_source: str = "watch"
-    """Where the TrainJob checks answer from: ``watch`` (a watch of TrainJobs, reading one only when the
-    watch does not know it by the message's uid) or ``get`` (a read per TrainJob every few seconds)."""
-    trainjob_cache_seconds: float = 5.0
-    """How long a TrainJob verified by a read is trusted without reading it again."""
-    cluster_id: str = ""
-    """What tells this cluster's ledger claims from another's; empty: the kube-system namespace's uid."""
-    stale_claim_grace_seconds: float = 330.0
-    """How long a ledger claim newer than the cluster may hold a target before it is deemed corrupt and
-    overwritten: a bit over the watcher's resync (5 min), since every resync brings a plan at least as new
-    as any genuine claim."""
-    trusted_plan_keys: str | None = None
-    """The planner public keys an apply message must be signed with: a file, or a directory of ``*.pub``."""
-    status_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
-    """At most one write of a running TrainJob's Jobs' counts per this many seconds (``applier.pacing``);
-    0 writes every status at once."""
 
 
 def _retry_policy(settings: ApplierSettings) -> retrying.Policy:
     """The transient-error policy with this applier's attempts and cap, honouring the server's Retry-After."""
     return dataclasses.replace(
         retrying.TRANSIENT_API_ERROR.with_limits(attempts=settings.attempts, maximum=settings.max_backoff_seconds),
-        retry_on=(core.TransientError,),
-        wait_at_least=lambda exc: exc.retry_after if isinstance(exc, core.TransientError) else None,
+        retry_on=(errors.TransientError,),
+        wait_at_least=lambda exc: exc.retry_after if isinstance(exc, errors.TransientError) else None,
     )
 
 
@@ -148,72 +108,59 @@ class Applier:
     # ------------------------------------------------------------------------------------------ intake
 
     async def handle(self, msg: Msg) -> None:
+        delivery: Delivery[ApplyMessage] = Delivery(msg, stage="applier", js=self.js)
         # First of all: only a plan the planner signed is read, let alone applied.
-        message = await intake.admit(
-            msg,
-            keyring=self.trusted_plans,
-            decode=decode_apply,
-            reject=lambda reason, error: self._dead_letter(msg, reason=reason, error=error, key=None),
-        )
+        message = await intake.admit(delivery, keyring=self.trusted_plans, decode=decode_apply)
         if message is None:
             return
         lock = self._locks.setdefault(self._key(message.target), asyncio.Lock())
         async with self._slots, lock, self._heartbeat(msg):
-            await self._handle_decoded(msg, message)
+            delivery.started = time.perf_counter()  # its work starts with its turn, not with the wait for it
+            await self._handle_decoded(delivery)
 
-    async def _handle_decoded(self, msg: Msg, message: ApplyMessage) -> None:
-        started = time.perf_counter()
+    async def _handle_decoded(self, delivery: Delivery[ApplyMessage]) -> None:
+        message = delivery.message
         body = b"{}" if isinstance(message, DeleteComponent) else msgspec.json.encode(message.object)
         verdict = authorize.authorize_message(message, body)
         if not verdict.allowed:
-            await self._refuse(msg, message, verdict.why, 0, started)
+            await self._refuse(delivery, verdict.why)
             return
         if self.pacing.superseded(message):
-            await self._finish(msg, message, "skipped", 0, started, reason=core.STALE_PLAN)
+            await results.finish(delivery, "skipped", reason=outcomes.STALE_PLAN)
             return
         if (wait := self.pacing.wait_for(message)) > 0:
-            await msg.nak(delay=wait)  # its turn comes with the interval (applier.pacing)
+            await delivery.retry(wait)  # its turn comes with the interval (applier.pacing)
             return
         try:
             resource = resources.resource_for(message.target.api_version, message.target.kind)
         except LookupError as exc:
-            await self._dead_letter(msg, reason="permanent", error=str(exc), key=message)
-            await self._finish(msg, message, "failed", 0, started, reason=str(exc), ack=False)
-            await msg.term()
+            await results.fail(delivery, kind="permanent", error=str(exc), result=str(exc))
             return
-        attempt = _Attempts()
         try:
-            done, facts = await self._attempt(message, resource, body, attempt)
+            done, facts = await self._attempt(delivery, resource, body)
         except _NOT_DONE as exc:
-            await self._not_done(msg, message, exc, attempt.count, started)
+            await self._not_done(delivery, exc)
             return
         if done.action in ("created", "configured"):
             self.pacing.wrote(message)
-        if done.action in ("created", "configured", "unchanged") and core.condition_names(
+        if done.action in ("created", "configured", "unchanged") and trainjob_condition.condition_names(
             message, facts.applier_condition
         ):
             await self.trainjobs.clear_condition(message)
-        await self._count_lifecycle(message, facts, done)
-        await self._finish(
-            msg,
-            message,
-            done.action,
-            attempt.count,
-            started,
-            resource_version=done.resource_version,
-            reason=done.reason,
-        )
+        await results.count_lifecycle(self.ledger, message, facts, done)
+        await results.finish(delivery, done.action, resource_version=done.resource_version, reason=done.reason)
 
     # ------------------------------------------------------------------------------------------ the work
 
     async def _attempt(
-        self, message: ApplyMessage, resource: resources.Resource, body: bytes, attempt: _Attempts
-    ) -> tuple[core.Done, TrainJobFacts]:
+        self, delivery: Delivery[ApplyMessage], resource: resources.Resource, body: bytes
+    ) -> tuple[outcomes.Done, TrainJobFacts]:
         """The in-process retry tier: authorize, then one fenced write, again while it fails for now."""
+        message = delivery.message
 
-        async def once() -> tuple[core.Done, TrainJobFacts]:
-            attempt.count += 1
-            if attempt.count > 1:
+        async def once() -> tuple[outcomes.Done, TrainJobFacts]:
+            delivery.attempts += 1
+            if delivery.attempts > 1:
                 RETRIES.labels(tjpipe_service="applier").inc()
             facts = await self.trainjobs.verify(message)
             if isinstance(message, DeleteComponent):
@@ -222,45 +169,30 @@ class Applier:
 
         return await self.retry_policy.call(once)
 
-    async def _not_done(self, msg: Msg, message: ApplyMessage, exc: Exception, attempts: int, started: float) -> None:
-        """Finish a message whose attempts ended in an error, by the error's kind."""
-        if isinstance(exc, core.TrainJobGone):
-            await self._finish(msg, message, "skipped", attempts, started, reason=f"{exc.why}: nothing to do")
-        elif isinstance(exc, core.Unauthorized):
-            await self._refuse(msg, message, exc.why, attempts, started)
-        elif isinstance(exc, core.Held):
-            await msg.nak(delay=exc.delay)
-        elif isinstance(exc, core.SettlingRefusal):
-            if (msg.metadata.num_delivered or 1) >= core.SETTLING_DELIVERIES:
-                await self._fail_permanently(msg, message, exc.permanent, attempts, started)
+    async def _not_done(self, delivery: Delivery[ApplyMessage], exc: Exception) -> None:
+        """End a message whose attempts ended in an error, by the error's kind."""
+        if isinstance(exc, errors.TrainJobGone):
+            await results.finish(delivery, "skipped", reason=f"{exc.why}: nothing to do")
+        elif isinstance(exc, errors.Unauthorized):
+            await self._refuse(delivery, exc.why)
+        elif isinstance(exc, errors.Held):
+            await delivery.retry(exc.delay)
+        elif isinstance(exc, errors.SettlingRefusal):
+            if delivery.deliveries >= errors.SETTLING_DELIVERIES:
+                await self._fail_permanently(delivery, exc.permanent)
             else:
-                await self._hand_back(msg, message, exc)
-        elif isinstance(exc, core.TransientError):
-            await self._hand_back(msg, message, exc)
-        elif isinstance(exc, core.PermanentError):
-            await self._fail_permanently(msg, message, exc, attempts, started)
+                await self._hand_back(delivery, exc)
+        elif isinstance(exc, errors.TransientError):
+            await self._hand_back(delivery, exc)
+        elif isinstance(exc, errors.PermanentError):
+            await self._fail_permanently(delivery, exc)
         else:  # pragma: no cover - _handle_decoded catches only the kinds above
             raise exc
 
-    async def _count_lifecycle(self, message: ApplyMessage, facts: TrainJobFacts, done: core.Done) -> None:
-        """The ``kubeflow_trainer_*`` counts this message accounts for, each made by exactly one applier.
-
-        Created: the first applier to record the TrainJob's uid in the ledger (compare-and-set) counts it.
-        A status change: the applier whose write made it; the write was conditional on the TrainJob version
-        the planner saw without the condition, so no other write can make the same change.
-        """
-        namespace = message.trainjob.namespace
-        try:
-            if await self.ledger.first_sight(seen_key(namespace, message.trainjob.name), facts.uid):
-                TRAINJOBS_CREATED.labels(namespace, facts.runtime).inc()
-        except Exception as exc:  # the bus failed just now: a metric is not worth a redelivery
-            log.warning("%s: could not record the TrainJob in the ledger: %s", message.trainjob, exc)
-        if isinstance(message, ApplyTrainJobStatus) and done.action in ("created", "configured"):
-            count_transitions(message.transitions, namespace=namespace, runtime=facts.runtime)
-
-    async def _hand_back(self, msg: Msg, message: ApplyMessage, exc: core.TransientError) -> None:
+    async def _hand_back(self, delivery: Delivery[ApplyMessage], exc: errors.TransientError) -> None:
         """Give a message that failed for now back to JetStream, with a delay that grows per delivery."""
-        delay = retrying.TRANSIENT_REDELIVERY.delay(msg.metadata.num_delivered or 1)
+        message = delivery.message
+        delay = retrying.TRANSIENT_REDELIVERY.delay(delivery.deliveries)
         log.warning(
             "%s: %s; handing back to JetStream for %.0fs",
             message.target,
@@ -268,31 +200,26 @@ class Applier:
             delay,
             extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
         )
-        await msg.nak(delay=delay)
+        await delivery.retry(delay)
 
-    async def _fail_permanently(
-        self, msg: Msg, message: ApplyMessage, exc: core.PermanentError, attempts: int, started: float
-    ) -> None:
-        """A dead letter, the reason on the TrainJob, a ``failed`` result, and the message terminated."""
-        await self._dead_letter(msg, reason="permanent", error=exc.reason, key=message)
+    async def _fail_permanently(self, delivery: Delivery[ApplyMessage], exc: errors.PermanentError) -> None:
+        """The reason told on the TrainJob, then the message failed for good."""
+        message = delivery.message
         await self.trainjobs.explain(message, exc.reason)
         if exc.api_reason and not isinstance(message, ApplyTrainJobStatus | DeleteComponent):
             # The API server refused the component (e.g. a webhook's 422): say so on the TrainJob.
             await self.trainjobs.set_condition(message, reason=exc.api_reason, text=exc.api_message or exc.reason)
-        await self._finish(msg, message, "failed", attempts, started, reason=exc.reason, ack=False)
-        await msg.term()
+        await results.fail(delivery, kind="permanent", error=exc.reason, result=exc.reason)
 
-    async def _refuse(self, msg: Msg, message: ApplyMessage, why: str, attempts: int, started: float) -> None:
+    async def _refuse(self, delivery: Delivery[ApplyMessage], why: str) -> None:
         """Nothing is written for a message no TrainJob justifies, not even an Event on the TrainJob."""
-        UNAUTHORIZED.labels(kind=message.target.kind).inc()
-        await self._dead_letter(msg, reason="unauthorized", error=why, key=message)
-        await self._finish(msg, message, "failed", attempts, started, reason=f"unauthorized: {why}", ack=False)
-        await msg.term()
-
-    # ------------------------------------------------------------------------------------- bookkeeping
+        UNAUTHORIZED.labels(kind=delivery.message.target.kind).inc()
+        await results.fail(delivery, kind="unauthorized", error=why, result=f"unauthorized: {why}")
 
     @contextlib.asynccontextmanager
     async def _heartbeat(self, msg: Msg) -> AsyncIterator[None]:
+        """While a message is worked on, JetStream is told so, so that it is not delivered again meanwhile."""
+
         async def beat() -> None:
             while True:
                 await asyncio.sleep(streams.APPLIER.ack_wait_seconds / 3)
@@ -304,64 +231,6 @@ class Applier:
             yield
         finally:
             task.cancel()
-
-    async def _finish(
-        self,
-        msg: Msg,
-        message: ApplyMessage,
-        action: ApplyAction,
-        attempts: int,
-        started: float,
-        *,
-        resource_version: str = "",
-        reason: str = "",
-        ack: bool = True,
-    ) -> None:
-        component = component_of(message)
-        duration_ms = (time.perf_counter() - started) * 1000
-        result = ApplyResult(
-            trainjob=message.trainjob,
-            target=message.target,
-            component=component,
-            source_seq=message.source_seq,
-            action=action,
-            attempts=attempts,
-            duration_ms=round(duration_ms, 3),
-            resource_version=resource_version,
-            reason=reason,
-            finished_at=time.time(),
-            trace_id=message.trace_id,
-        )
-        APPLIES.labels(kind=message.target.kind, action=action).inc()
-        STAGE_SECONDS.labels(stage="applier").observe(duration_ms / 1000)
-        if action in ("created", "configured", "unchanged", "deleted") and message.observed_at:
-            END_TO_END.labels(kind=message.target.kind).observe(max(0.0, time.time() - message.observed_at))
-        subject = subjects.result_subject(message.trainjob.namespace, message.trainjob.name, component)
-        outgoing = publishing.Outgoing(subject, encode(result), {bus.TRACE_ID: message.trace_id})
-        await publishing.publish(self.js, [outgoing], stream=streams.RESULTS.name)
-        log.info(
-            "%s %s (%d attempt%s, %.1f ms)%s",
-            action,
-            message.target,
-            attempts,
-            "" if attempts == 1 else "s",
-            duration_ms,
-            f": {reason}" if reason else "",
-            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id, "action": action},
-        )
-        if ack:
-            await msg.ack()
-
-    async def _dead_letter(self, msg: Msg, *, reason: str, error: str, key: ApplyMessage | None) -> None:
-        if key is not None:
-            namespace, name = key.trainjob.namespace, key.trainjob.name
-        else:
-            namespace, name = subjects.trainjob_of_subject(msg.subject)
-        DEAD_LETTERS.labels(stage="applier", reason=reason).inc()
-        where = f"{key.target}: " if key is not None else ""
-        await bus.dead_letter(
-            self.js, msg, stage="applier", reason=reason, error=where + error, namespace=namespace, name=name
-        )
 
     # ----------------------------------------------------------------------------------------------- run
 
@@ -377,15 +246,8 @@ class Applier:
             log.exception("unexpected failure handling %s", msg.subject)
 
 
-_NOT_DONE = (core.TrainJobGone, core.Unauthorized, core.Held, core.TransientError, core.PermanentError)
-"""How an attempt ends without a ``Done``: each is finished its own way (``Applier._not_done``)."""
-
-
-class _Attempts:
-    """How many attempts a message has had so far, told to its result however it ends."""
-
-    def __init__(self) -> None:
-        self.count = 0
+_NOT_DONE = (errors.TrainJobGone, errors.Unauthorized, errors.Held, errors.TransientError, errors.PermanentError)
+"""How an attempt ends without a ``Done``: each is ended its own way (``Applier._not_done``)."""
 
 
 async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
@@ -422,7 +284,7 @@ async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:
                 streams.APPLIER,
                 applier.handle_batch,
                 role="applier",
-                replica=settings.replica,
+                replica=settings.replica or default_replica_id(),
                 batch=settings.batch,
                 lease_ttl=settings.lease_ttl,
                 work_sweep_seconds=settings.work_sweep_seconds,

@@ -25,15 +25,13 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
 
-from applier import core, objects
+from applier import errors, trainjob_condition
+from applier.trainjob_watch import TrainJobFacts, WatchedTrainJobs, trainjob_facts
 from contracts import conditions, resources
 from contracts import trainer as t
-from contracts.lifecycle import NO_RUNTIME
 from contracts.messages import ApplyMessage, DeleteComponent
-from plumbing import retrying
-from plumbing.informer import Cached, Informer, Key
+from plumbing.informer import Key
 from plumbing.kube import KubeApiError, KubeClient
 from plumbing.observability import TRAINJOB_CHECKS
 
@@ -43,47 +41,19 @@ EVENT_REASON = "ComponentApplyFailed"
 _CACHE_LIMIT = 8192
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainJobFacts:
-    """The TrainJob as the live cluster has it: who may ask for writes, and our own condition on it."""
-
-    uid: str
-    managed_by: str = ""
-    resource_version: str = ""
-    applier_condition: str = ""
-    """The message of the applier-owned condition, empty when the TrainJob does not have it."""
-    runtime: str = NO_RUNTIME
-    """The runtime's name (``spec.runtimeRef.name``, immutable): the lifecycle metrics' label."""
-
-
-def authorize_trainjob(message: ApplyMessage, facts: TrainJobFacts | None) -> core.Verdict:
+def authorize_trainjob(message: ApplyMessage, facts: TrainJobFacts | None) -> errors.Verdict:
     """The TrainJob the message names exists, is the same object (uid), and is ours to manage."""
     if facts is None:
-        return core.Verdict(False, f"TrainJob {message.trainjob} does not exist", gone=True)
+        return errors.Verdict(False, f"TrainJob {message.trainjob} does not exist", gone=True)
     if facts.uid != message.trainjob_uid:
-        return core.Verdict(
+        return errors.Verdict(
             False,
             f"TrainJob {message.trainjob} has uid {facts.uid}, the message names {message.trainjob_uid}",
             gone=True,
         )
     if facts.managed_by not in ("", t.MANAGED_BY_TRAINJOB_CONTROLLER):
-        return core.Verdict(False, f"TrainJob {message.trainjob} is managed by {facts.managed_by}")
-    return core.ALLOWED
-
-
-def trainjob_facts(raw: bytes | None) -> TrainJobFacts | None:
-    return None if raw is None else facts_of(objects.read(raw))
-
-
-def facts_of(job: objects.KubeObject) -> TrainJobFacts:
-    ours = next((c.message for c in job.status.conditions if c.type == conditions.CONDITION_COMPONENTS_APPLIED), "")
-    return TrainJobFacts(
-        uid=job.metadata.uid,
-        managed_by=job.spec.managedBy,
-        resource_version=job.metadata.resourceVersion,
-        applier_condition=ours,
-        runtime=job.spec.runtimeRef.name or NO_RUNTIME,
-    )
+        return errors.Verdict(False, f"TrainJob {message.trainjob} is managed by {facts.managed_by}")
+    return errors.ALLOWED
 
 
 class TrainJobs:
@@ -108,9 +78,9 @@ class TrainJobs:
             facts = await self._facts(message, fresh=True)
             verdict = authorize_trainjob(message, facts)
         if verdict.gone:
-            raise core.TrainJobGone(verdict.why)
+            raise errors.TrainJobGone(verdict.why)
         if not verdict.allowed or facts is None:
-            raise core.Unauthorized(verdict.why)
+            raise errors.Unauthorized(verdict.why)
         return facts
 
     async def _facts(self, message: ApplyMessage, *, fresh: bool) -> TrainJobFacts | None:
@@ -130,7 +100,7 @@ class TrainJobs:
         try:
             raw = await self._read(key, share=not fresh)
         except KubeApiError as exc:
-            raise core.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
         facts = trainjob_facts(raw)
         if facts is not None and authorize_trainjob(message, facts).allowed:
             if len(self._verified) > _CACHE_LIMIT:
@@ -161,23 +131,23 @@ class TrainJobs:
     async def set_condition(self, message: ApplyMessage, *, reason: str, text: str) -> None:
         """``ComponentsApplied=False`` on the TrainJob, unless it already says exactly this."""
         key = (message.trainjob.namespace, message.trainjob.name)
-        wanted = core.condition_message(message, text)
+        wanted = trainjob_condition.condition_message(message, text)
         known = self._known(key, message.trainjob_uid)
         if known is not None and known.applier_condition == wanted:
             return
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = core.applier_condition(message, reason=reason, text=text, now=now)
+        body = trainjob_condition.applier_condition(message, reason=reason, text=text, now=now)
         if await self._apply_condition(message, body):
             self._remember_condition(key, wanted)
 
     async def clear_condition(self, message: ApplyMessage) -> None:
         key = (message.trainjob.namespace, message.trainjob.name)
-        if await self._apply_condition(message, core.applier_condition_cleared(message)):
+        if await self._apply_condition(message, trainjob_condition.applier_condition_cleared(message)):
             self._remember_condition(key, "")
 
-    async def tell(self, message: ApplyMessage, change: core.ConditionChange) -> None:
+    async def tell(self, message: ApplyMessage, change: trainjob_condition.ConditionChange) -> None:
         """Write a condition change a decision returned (``applier.claims``)."""
-        if isinstance(change, core.SetCondition):
+        if isinstance(change, trainjob_condition.SetCondition):
             await self.set_condition(message, reason=change.reason, text=change.text)
         else:
             await self.clear_condition(message)
@@ -246,117 +216,3 @@ class TrainJobs:
             )
         except KubeApiError as exc:
             log.warning("could not record an Event on %s: %s", message.trainjob, exc)
-
-
-def _what_facts_need(job: objects.KubeObject) -> objects.KubeObject:
-    """A TrainJob cut down to what ``facts_of`` reads, so the watch holds about a kilobyte per TrainJob."""
-    meta = job.metadata
-    return objects.KubeObject(
-        metadata=objects.Meta(
-            name=meta.name, namespace=meta.namespace, uid=meta.uid, resourceVersion=meta.resourceVersion
-        ),
-        spec=objects.Spec(managedBy=job.spec.managedBy, runtimeRef=job.spec.runtimeRef),
-        status=objects.Status(
-            conditions=[c for c in job.status.conditions if c.type == conditions.CONDITION_COMPONENTS_APPLIED]
-        ),
-    )
-
-
-def _may_watch_review(namespace: str | None) -> bytes:
-    """A SelfSubjectAccessReview asking whether this identity may watch TrainJobs (in ``namespace``)."""
-    attributes = {
-        "group": resources.TRAINJOB.api_version.rpartition("/")[0],
-        "resource": resources.TRAINJOB.plural,
-        "verb": "watch",
-    }
-    if namespace is not None:
-        attributes["namespace"] = namespace
-    review = {
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": attributes},
-    }
-    return json.dumps(review).encode()
-
-
-class WatchedTrainJobs:
-    """What the checks need of every TrainJob in ``namespaces`` (default: the whole cluster), kept by a list
-    and watch of TrainJobs: one per namespace, so that a role granted in those namespaces alone suffices."""
-
-    def __init__(self, kube: KubeClient, *, namespaces: Sequence[str] = ()) -> None:
-        self.kube = kube
-        self.facts: dict[Key, TrainJobFacts] = {}
-        self.informers: dict[str | None, Informer[objects.KubeObject]] = {
-            namespace: Informer(
-                kube,
-                resources.TRAINJOB,
-                objects.KubeObject,
-                self._on_change,
-                namespace=namespace,
-                trim=_what_facts_need,
-            )
-            for namespace in (tuple(dict.fromkeys(namespaces)) or (None,))
-        }
-
-    async def run(self) -> None:
-        """Follow TrainJobs wherever the API server says this identity may watch them (a role written by an
-        earlier version may not: there every check reads, and nothing lists TrainJobs over and over)."""
-        followed = [informer for namespace, informer in self.informers.items() if await self._may_watch(namespace)]
-        if len(followed) < len(self.informers):
-            refused = [namespace or "(all namespaces)" for namespace, i in self.informers.items() if i not in followed]
-            log.warning(
-                "this identity may not watch TrainJobs in %s: checks there read their TrainJob instead (the"
-                " applier's role in deploy/base/rbac.yaml grants list and watch on trainjobs; re-apply it to use"
-                " the watch)",
-                ", ".join(refused),
-            )
-        if followed:
-            await asyncio.gather(*(informer.run() for informer in followed))
-
-    async def synced(self) -> None:
-        """Until every namespace's watch has listed once."""
-        await asyncio.gather(*(informer.synced.wait() for informer in self.informers.values()))
-
-    async def _may_watch(self, namespace: str | None) -> bool:
-        policy = dataclasses.replace(retrying.API_UNAVAILABLE, retry_on=(KubeApiError, OSError, TimeoutError))
-        async for attempt in policy.retrying(
-            on_retry=lambda exc, wait: log.warning(
-                "could not ask whether TrainJobs may be watched (%s); asking again in %.0fs", exc, wait
-            )
-        ):
-            with attempt:
-                try:
-                    response = await self.kube.request(
-                        "POST",
-                        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-                        body=_may_watch_review(namespace),
-                        content_type="application/json",
-                    )
-                except KubeApiError as exc:
-                    if exc.status in (401, 403):
-                        return False
-                    raise
-                allowed: bool = json.loads(response.body).get("status", {}).get("allowed", False)
-                return allowed
-        raise AssertionError("unreachable: the policy retries until it is answered")
-
-    async def _on_change(self, kind: str, key: Key, cached: Cached[objects.KubeObject] | None) -> None:
-        if kind == "DELETED" or cached is None:
-            self.facts.pop(key, None)
-        else:
-            self.facts[key] = facts_of(cached.obj)
-
-    def known(self, key: Key, uid: str) -> TrainJobFacts | None:
-        """The TrainJob as the watch has it, when the watch of its namespace is current and has it by this
-        uid; None for a namespace nothing here watches."""
-        informer = self.informers.get(key[0]) or self.informers.get(None)
-        if informer is None or not informer.current:
-            return None
-        facts = self.facts.get(key)
-        return facts if facts is not None and facts.uid == uid else None
-
-    def remember_condition(self, key: Key, message: str) -> None:
-        """Our own condition as just written, until the watch brings the TrainJob that carries it."""
-        facts = self.facts.get(key)
-        if facts is not None:
-            self.facts[key] = dataclasses.replace(facts, applier_condition=message)

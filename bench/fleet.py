@@ -47,7 +47,7 @@ async def fleet_figures(
     *, trainjobs: int, members: int, runtime: dict[str, Any], progress: Progress, root: Path | None = None
 ) -> dict[str, Any]:
     """Fill ``members`` members with ``trainjobs`` TrainJobs' records each; the hub's lag and storage."""
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
     from tjpipe.local.fleet import start_fleet
 
     clusters = [f"c{i + 1}" for i in range(members)]
@@ -67,7 +67,7 @@ async def fleet_figures(
             )
             fill_s = time.monotonic() - started
             progress(f"fleet: {sum(counts)} records published in {fill_s:.1f}s; waiting for the hub")
-            await fleet.wait_caught_up(hub.jetstream(), timeout=300)
+            await fleet_nats.wait_caught_up(hub.jetstream(), timeout=300)
             caught_up_s = time.monotonic() - started
             copied = await _copied(hub, admins)
         finally:
@@ -112,11 +112,12 @@ async def _copied(hub: Any, members: dict[str, Any]) -> _Copied:
     """The hub's copy of each member's record streams (``members``: cluster → a connection to its bus)."""
     out = _Copied()
     for spec in fleet_contract.FLEET_STREAMS:
-        stored = await bus_history.read_stream(hub.jetstream(), spec.name, f"{fleet_contract.PREFIX}.>")
-        out.hub_records += len(stored)
-        at_hub = {(fleet_contract.cluster_of(m.subject)[0], m.origin_seq): m.time for m in stored}
-        out.hub_bytes += (await hub.jetstream().stream_info(spec.name)).state.bytes
         for cluster, nc in members.items():
+            name = fleet_contract.fleet_stream(spec.origin, cluster)
+            stored = await bus_history.read_stream(hub.jetstream(), name, f"{fleet_contract.PREFIX}.>")
+            out.hub_records += len(stored)
+            at_hub = {(fleet_contract.cluster_of(m.subject)[0], m.origin_seq): m.time for m in stored}
+            out.hub_bytes += (await hub.jetstream().stream_info(name)).state.bytes
             js = nc.jetstream()
             out.member_bytes += (await js.stream_info(spec.origin)).state.bytes
             for record in await bus_history.read_stream(js, spec.origin, ">"):
@@ -156,7 +157,7 @@ def _bench_e2e(trainjobs: int, out: Path, bus: dict[str, str], progress: Progres
 async def member_under_load(*, trainjobs: int, progress: Progress, root: Path | None = None) -> dict[str, Any]:
     """The benchmark's creation runs on a lone bus, then on member c1 of a loopback fleet with the hub copying;
     the hub's lag behind the member over every record the second made, and both runs' figures."""
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
     from tjpipe.local.fleet import start_fleet
 
     work = root or Path(tempfile.mkdtemp(prefix="tjpipe-bench-fleet-load-"))
@@ -172,7 +173,7 @@ async def member_under_load(*, trainjobs: int, progress: Progress, root: Path | 
             hub = await running.hub_connect()
             try:
                 started = time.monotonic()
-                await fleet.wait_caught_up(hub.jetstream(), timeout=300)
+                await fleet_nats.wait_caught_up(hub.jetstream(), timeout=300)
                 caught_up_s = time.monotonic() - started
                 copied = await _copied(hub, {"c1": admin})
             finally:

@@ -137,7 +137,7 @@ async def fleet_history_figures(
     progress: Progress,
 ) -> dict[str, Any]:
     """Fill ``members`` members with ``trainjobs`` TrainJobs each; the fleet history server's figures."""
-    from tjpipe import fleet
+    from tjpipe import fleet_nats
     from tjpipe.local.fleet import start_fleet
     from tjpipe.local.kubeapi import start_kube
     from tjpipe.local.procs import free_port, http_ok, spawn, wait_until
@@ -163,7 +163,7 @@ async def fleet_history_figures(
             counts = await asyncio.gather(*(fill(c) for c in clusters))
             fill_s = time.monotonic() - started
             progress(f"fleet history: {sum(counts)} records published in {fill_s:.1f}s; waiting for the hub")
-            await fleet.wait_caught_up(hub.jetstream(), timeout=600)
+            await fleet_nats.wait_caught_up(hub.jetstream(), timeout=600)
             caught_up_s = time.monotonic() - started
         finally:
             for nc in (*admins.values(), hub):
@@ -196,7 +196,7 @@ async def fleet_history_figures(
             log_dir=work / "logs",
             env={
                 "NATS_URL": running.hub.url.split(",")[0],
-                "NATS_CREDS": str(running.creds.hub_seed(fleet.HUB_READER)),
+                "NATS_CREDS": str(running.creds.hub_seed(fleet_nats.HUB_READER)),
                 "KUBECONFIG": str(work / "no-such-kubeconfig"),  # each member's own reviewer only
             },
         )

@@ -4,7 +4,7 @@ the plain list's.
 The index is built the way the server builds it: every TrainJob's event and newest progress update folded in
 by ``HistoryIndex.add_event``/``add_progress`` from the bytes the streams hold (an event carries only what the
 index decodes, since the rest is skipped by its decoder either way). Then each query runs through
-``tjpipe.history_server.app.list_answer``, the code the list's handlers run once the caller is authorized,
+``history_server.app.list_answer``, the code the list's handlers run once the caller is authorized,
 with the JSON text of the answer made as the handler makes it. Left out: HTTP and the authorization, which
 are the same for every query (a cached SubjectAccessReview, the history benchmark's figures). Each request's
 wall time is printed beside its CPU time (``time.process_time``): on a shared machine the wall time also
@@ -28,10 +28,10 @@ from contracts import subjects
 from contracts.messages import ObjectKey
 from contracts.progress import ProgressReported, encode_progress
 from contracts.trainer import Metric, TrainerStatus
+from history_server.app import LIST_LIMIT, list_answer
+from history_server.find import PAGE, query_of
+from history_server.index import HistoryIndex
 from plumbing.bus_history import StoredMessage
-from tjpipe.history_server.app import LIST_LIMIT, list_answer
-from tjpipe.history_server.find import PAGE, query_of
-from tjpipe.history_server.index import HistoryIndex
 
 NAMESPACES = 20
 TEAMS = ("nlp", "vision", "speech", "recsys", "rl")

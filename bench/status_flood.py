@@ -278,7 +278,7 @@ def _rfc3339(seconds: float) -> str:
 
 async def _flood(url: str, ca_file: Path, jobs: list[_Job], *, updates: int) -> dict[str, Any]:
     """Every pod posts ``updates`` updates one after the other, all pods at once; answers and latencies."""
-    from tjpipe.status_server import core
+    from status_server import core
 
     context = ssl.create_default_context(cafile=str(ca_file))
     base = time.time()

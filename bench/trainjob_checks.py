@@ -31,7 +31,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from applier.trainjobs import TrainJobs, WatchedTrainJobs
+from applier.trainjob_watch import WatchedTrainJobs
+from applier.trainjobs import TrainJobs
 from bench import workload
 from bench.cluster import cpu_of
 from contracts import resources

@@ -33,7 +33,8 @@ from plumbing.informer import Informer
 from plumbing.kube import KubeClient
 from plumbing.signing import Signer, generate_private_key
 from watcher import core
-from watcher.service import Watcher, WatcherSettings
+from watcher.service import Watcher
+from watcher.settings import WatcherSettings
 
 NAMESPACE = "bench-fanout"
 RUNTIME_KIND = trainer.CLUSTER_TRAINING_RUNTIME_KIND

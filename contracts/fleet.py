@@ -8,9 +8,12 @@ the hub a record of cluster ``c1`` is stored as ``fleet.c1.<the subject it had i
 cluster can be stored, filtered or read under another's name, and a member's own subject scheme (the
 partitions, the escaping of names) carries over unchanged.
 
-Why one fleet stream per kind of record, and not per member: a reader (the history server) looks up one
-TrainJob in one stream by a literal subject that names the cluster, and listing every cluster is one
-wildcard; a member joining is one more source on each stream rather than more streams to find.
+Why one fleet stream per member and kind of record (``FLEET_RESULTS_c1``), and not one per kind for every
+member: a stream's byte limit is the only quota JetStream enforces, and a stream at its limit drops its
+oldest records whoever sent them, so in a shared stream one member's flood pushes every other member's
+history out. Per member, each has its own quota (``fleet_stream``). A reader still finds a TrainJob in one
+stream, named by the cluster, by a literal subject that names the cluster too; a member joining is one more
+stream of each kind.
 
 A cluster's name is also its JetStream domain (``$JS.<name>.API``), so it obeys the server's rule for a
 domain (no ``.``, ``*``, ``>`` or whitespace) and is one subject token. Kubernetes does not name clusters,
@@ -54,9 +57,10 @@ def check_cluster_name(name: str) -> str:
 
 
 class FleetStreamSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """A stream at the hub holding one kind of record of every member."""
+    """One kind of record at the hub: each member's copies in a stream of its own (``fleet_stream``)."""
 
     name: str
+    """The kind's name, ``FLEET_<KIND>``; a member's stream of it is ``FLEET_<KIND>_<cluster>``."""
     origin: str
     """The member's record stream it copies (``contracts.streams.RECORD_STREAMS``)."""
     origin_filter: str
@@ -64,7 +68,7 @@ class FleetStreamSpec(msgspec.Struct, frozen=True, kw_only=True):
     description: str
     max_age_seconds: float
     member_max_bytes: int
-    """Bytes per member: the stream may hold this times the number of members."""
+    """A member's quota at the hub: the byte limit of its stream of this kind (the origin's own limit)."""
     max_msgs_per_subject: int = -1
     """The origin's limit per subject; at the hub a subject is one member's one TrainJob, so it holds there too."""
 
@@ -84,7 +88,7 @@ FLEET_STREAMS: tuple[FleetStreamSpec, ...] = tuple(
         name=f"FLEET_{spec.name.removeprefix('TJ_')}",
         origin=spec.name,
         origin_filter=_origin_subjects(spec),
-        description=f"{spec.description}, of every cluster of the fleet, under fleet.<cluster>.",
+        description=f"{spec.description}, of one cluster of the fleet, under fleet.<cluster>.",
         max_age_seconds=spec.max_age_seconds,
         member_max_bytes=spec.max_bytes,
         max_msgs_per_subject=spec.max_msgs_per_subject,
@@ -94,7 +98,26 @@ FLEET_STREAMS: tuple[FleetStreamSpec, ...] = tuple(
 """``FLEET_EVENTS_HISTORY``, ``FLEET_APPLY_HISTORY``, ``FLEET_RESULTS``, ``FLEET_DLQ``, ``FLEET_PROGRESS``."""
 
 FLEET_OF = {spec.origin: spec.name for spec in FLEET_STREAMS}
-"""A member's record stream → the hub's fleet stream that holds it."""
+"""A member's record stream → the kind of fleet stream that holds its copies (``fleet_stream`` names one)."""
+
+
+def fleet_stream(origin: str, cluster: str) -> str:
+    """The hub's stream holding member ``cluster``'s copies of its record stream ``origin``.
+
+    Why one stream per member and kind, and not one per kind for every member: a stream's byte limit is the
+    only quota JetStream enforces on what it stores, and a stream at its limit drops its oldest records,
+    whoever sent them. One stream per member gives each member its own quota (its own stream's limit), so a
+    member that floods the hub drops only its own oldest copies, never another member's."""
+    return f"{FLEET_OF[origin]}_{check_cluster_name(cluster)}"
+
+
+def stream_of(name: str) -> tuple[FleetStreamSpec, str] | None:
+    """``(kind, cluster)`` of a fleet stream's name (``fleet_stream``); None for any other name."""
+    for spec in FLEET_STREAMS:
+        prefix = f"{spec.name}_"
+        if name.startswith(prefix) and _NAME.fullmatch(name[len(prefix) :]) and name[len(prefix) :] != HUB_DOMAIN:
+            return spec, name[len(prefix) :]
+    return None
 
 
 def fleet_subject(cluster: str, subject: str) -> str:

@@ -333,7 +333,8 @@ class AppliedRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Digest of our managedFields entry on the live object after the apply; unchanged means untouched."""
     created_for: str = ""
     """For a kind the applier only creates and never reads (Secrets): the uid of the TrainJob it created the
-    object for. The record is then what tells an existing object of that name apart (``applier.core.existing``)."""
+    object for. The record is then what tells an existing object of that name apart
+    (``applier.api_answers.existing``)."""
     cluster: str = ""
     """Where the claim was made, ``<cluster>/<epoch>`` (``applier.epoch``); empty in claims of older versions."""
 

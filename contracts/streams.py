@@ -153,6 +153,50 @@ ALL_STREAMS: tuple[StreamSpec, ...] = WORK_STREAMS + RECORD_STREAMS
 HISTORY_OF = {EVENTS.name: EVENTS_HISTORY.name, APPLY.name: APPLY_HISTORY.name}
 """Work stream → the history stream that records it."""
 
+
+class BucketSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A JetStream object store bucket: a stream (``OBJ_<name>``) whose subjects hold each object's chunks
+    (``$O.<name>.C.<nuid>``) and its description (``$O.<name>.M.<base64 of the object's name>``).
+
+    Its limits are set like a record stream's: an age, a byte limit, and at the limit the oldest go (discard
+    old), so a full bucket drops its own oldest objects instead of refusing the newest."""
+
+    name: str
+    description: str
+    max_age_seconds: float
+    max_bytes: int = -1
+    replicas: int = 1
+    discard: Literal["new", "old"] = "old"
+
+    @property
+    def stream(self) -> str:
+        return f"OBJ_{self.name}"
+
+    @property
+    def chunks(self) -> str:
+        """The prefix of every chunk subject."""
+        return f"$O.{self.name}.C"
+
+    @property
+    def meta(self) -> str:
+        """The prefix of every object's description subject."""
+        return f"$O.{self.name}.M"
+
+
+LOGS = BucketSpec(
+    name="tj_logs",
+    description="The logs of TrainJobs' pods, kept when a TrainJob finishes or when its page asks for them",
+    max_age_seconds=7 * DAY,
+    max_bytes=GIB // 2,
+)
+"""One bucket per cluster (each cluster's own bus). Half a GiB for a week sits next to the record streams below
+the server's file store; at the limit the oldest logs go first, and a page then says which part is gone.
+``TJPIPE_LOGS_MAX_AGE`` / ``TJPIPE_LOGS_MAX_BYTES`` change it."""
+
+BUCKETS: tuple[BucketSpec, ...] = (LOGS,)
+"""The object store buckets the bus set-up makes."""
+
+
 APPLIED_BUCKET = "tj_applied"
 """Key-value bucket of AppliedRecord, one key per target: ``<namespace>.<kind>.<name>[.status]``."""
 
@@ -243,3 +287,19 @@ def configured_streams(environ: Mapping[str, str] = _NO_SETTINGS) -> tuple[Strea
 def stream_replicas(environ: Mapping[str, str] = _NO_SETTINGS) -> int:
     """``TJPIPE_STREAM_REPLICAS`` in ``environ``: 1 for one server, 3 for a JetStream cluster of three."""
     return int(environ.get("TJPIPE_STREAM_REPLICAS", "1"))
+
+
+def configured_buckets(environ: Mapping[str, str] = _NO_SETTINGS) -> tuple[BucketSpec, ...]:
+    """The buckets with limits from ``TJPIPE_<BUCKET>_MAX_AGE`` / ``TJPIPE_<BUCKET>_MAX_BYTES`` (``<BUCKET>``:
+    LOGS), read from ``environ`` as ``configured_streams`` reads the streams'; without it, the defaults."""
+    out = []
+    for spec in BUCKETS:
+        prefix = f"TJPIPE_{spec.name.removeprefix('tj_').upper()}_"
+        age, size = environ.get(prefix + "MAX_AGE"), environ.get(prefix + "MAX_BYTES")
+        changes: dict[str, float | int] = {"replicas": stream_replicas(environ)}
+        if age:
+            changes["max_age_seconds"] = parse_duration(age)
+        if size:
+            changes["max_bytes"] = parse_size(size)
+        out.append(msgspec.structs.replace(spec, **changes))
+    return tuple(out)

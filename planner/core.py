@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from contracts import conditions as t_ext
+from contracts import conditions
 from contracts import trainer as t
 from contracts.jobset import JOBSET_API_VERSION, JOBSET_KIND, JobSet
 from contracts.kube import ConfigMap, Secret
@@ -132,7 +132,9 @@ def plan_too_large(event: TrainJobObserved, *, source_seq: int, sizes: dict[str,
     """
     listed = ", ".join(f"{component} is {size} bytes" for component, size in sorted(sizes.items()))
     text = f"{listed}; the bus carries at most {max_payload} bytes per message"
-    update = status_rules.condition(t_ext.CONDITION_RESOURCES_CREATED, False, t_ext.REASON_PLAN_TOO_LARGE, text)
+    update = status_rules.condition(
+        conditions.CONDITION_RESOURCES_CREATED, False, conditions.REASON_PLAN_TOO_LARGE, text
+    )
     return _status_only(event, source_seq, updates=[update], warnings=(text,))
 
 
@@ -178,7 +180,7 @@ class _Decision(msgspec.Struct):
     warnings: list[str] = msgspec.field(default_factory=list)
 
     def not_built(self, reason: str, message: str) -> _Decision:
-        self.conditions.append(status_rules.condition(t_ext.CONDITION_RESOURCES_CREATED, False, reason, message))
+        self.conditions.append(status_rules.condition(conditions.CONDITION_RESOURCES_CREATED, False, reason, message))
         self.warnings.append(message)
         return self
 
@@ -211,10 +213,10 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
         )
         return decision.failed(t.REASON_DEADLINE_EXCEEDED, t.MESSAGE_DEADLINE_EXCEEDED)
     if event.runtime_error:
-        return decision.not_built(t_ext.REASON_INVALID_RUNTIME_SNAPSHOT, event.runtime_error)
+        return decision.not_built(conditions.REASON_INVALID_RUNTIME_SNAPSHOT, event.runtime_error)
     if event.runtime is None:
         return decision.not_built(
-            t_ext.REASON_RUNTIME_NOT_FOUND,
+            conditions.REASON_RUNTIME_NOT_FOUND,
             f"{_runtime_ref(job)} not found: the runtime must exist before the TrainJob can be built",
         )
 
@@ -222,24 +224,26 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
     runtime_errors = _runtime_errors(template.encoded)
     if runtime_errors:
         return decision.not_built(
-            t_ext.REASON_INVALID_RUNTIME, f"{_runtime_ref(job)} is invalid: " + "; ".join(map(str, runtime_errors))
+            conditions.REASON_INVALID_RUNTIME, f"{_runtime_ref(job)} is invalid: " + "; ".join(map(str, runtime_errors))
         )
     try:
         info = new_runtime_info(job, event.runtime, template)
     except (ValueError, TypeError) as exc:
-        return decision.not_built(t_ext.REASON_BUILD_FAILED, f"the runtime cannot be merged with the TrainJob: {exc}")
+        return decision.not_built(
+            conditions.REASON_BUILD_FAILED, f"the runtime cannot be merged with the TrainJob: {exc}"
+        )
     info.priority_classes = frozenset(event.priority_classes) if event.priority_classes is not None else None
     phases = framework.phases(info, template.encoded)
     errors = trainjob_errors(job, event.runtime, info, phases)
     if errors:
         # Created while the webhook was down (or without one): it fails with the reasons, precisely.
-        return decision.failed(t_ext.REASON_VALIDATION_FAILED, "; ".join(str(e) for e in errors))
+        return decision.failed(conditions.REASON_VALIDATION_FAILED, "; ".join(str(e) for e in errors))
     try:
         phases.shape(info, job)
         decision.components = phases.build(info, job)
     except BuildError as exc:
         # Upstream #3671: build errors were only events; here they are a condition on the TrainJob.
-        return decision.not_built(t_ext.REASON_BUILD_FAILED, str(exc))
+        return decision.not_built(conditions.REASON_BUILD_FAILED, str(exc))
     if event.runtime_source == "live":
         decision.components.insert(0, runtime_snapshot(job, event.runtime, encoded=template.encoded))
     decision.conditions.append(_RESOURCES_CREATED)
@@ -270,10 +274,10 @@ def _runtime_errors(encoded: bytes) -> tuple[FieldError, ...]:
 
 
 _RESOURCES_CREATED = status_rules.condition(
-    t_ext.CONDITION_RESOURCES_CREATED,
+    conditions.CONDITION_RESOURCES_CREATED,
     True,
-    t_ext.REASON_RESOURCES_CREATED,
-    t_ext.MESSAGE_RESOURCES_CREATED,
+    conditions.REASON_RESOURCES_CREATED,
+    conditions.MESSAGE_RESOURCES_CREATED,
     only_if_present=True,
 )
 """Clears an earlier build problem once the components are built; frozen, so one instance serves every plan."""
@@ -314,9 +318,9 @@ def _keep_immutable_fields(decision: _Decision, live: JobSet, *, report_only: bo
             decision.warnings.append(message)
             decision.conditions.append(
                 status_rules.condition(
-                    t_ext.CONDITION_RESOURCES_CREATED,
+                    conditions.CONDITION_RESOURCES_CREATED,
                     True,
-                    t_ext.REASON_IMMUTABLE_FIELDS_KEPT,
+                    conditions.REASON_IMMUTABLE_FIELDS_KEPT,
                     message,
                     only_if_present=report_only,
                 )

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -23,6 +22,7 @@ from nats.js import JetStreamContext
 from contracts import streams, subjects
 from contracts.messages import (
     ApplyMessage,
+    Event,
     TrainJobObserved,
     component_of,
     decode_event,
@@ -32,11 +32,12 @@ from planner.core import FRAMEWORK, plan, plan_too_large
 from planner.framework import Framework
 from planner.plugins import registry
 from planner.plugins.trainjobstatus import StatusServer
+from planner.settings import PlannerSettings
 from plumbing import bus, intake, publishing, retrying, signing
-from plumbing.observability import CONSUMER_LAG, DEAD_LETTERS, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
+from plumbing.delivery import Delivery
+from plumbing.observability import CONSUMER_LAG, PLANNED_MESSAGES, PLANS, STAGE_SECONDS
 from plumbing.partitions import consume_partitioned, default_replica_id
-from plumbing.runner import ServiceSettings, started
-from plumbing.work_trim import SWEEP_SECONDS
+from plumbing.runner import started
 
 log = logging.getLogger("planner")
 
@@ -45,27 +46,6 @@ HEADER_ALLOWANCE = 1024
 """Room kept for an apply message's headers (message id, trace id, signature) under the max payload."""
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 SYNCHRONOUS_AFTER_REFUSAL_SECONDS = 60.0
-
-
-@dataclass
-class PlannerSettings(ServiceSettings):
-    batch: int = 64
-    replica: str = field(default_factory=default_replica_id)
-    lease_ttl: float = 6.0
-    work_sweep_seconds: float = SWEEP_SECONDS
-    """How often the work stream is looked at for finished work the server kept (``plumbing.work_trim``)."""
-    signing_key: str | None = None
-    """The planner's ed25519 private key (PEM); every apply message is signed with it."""
-    signing_key_setting: str = "--signing-key / TJPIPE_SIGNING_KEY"
-    """The flag and variable that set ``signing_key``, named when it cannot be used."""
-    trusted_event_keys: str | None = None
-    """The watcher public keys an event must be signed with: a file, or a directory of ``*.pub``."""
-    trainjob_status: bool = False
-    """Trainer's ``TrainJobStatus`` feature gate: the TrainJobStatus plugin is registered only when on."""
-    status_server_url: str = ""
-    """Where the pods reach the status server, ``https://host:port`` (with ``trainjob_status``)."""
-    status_server_ca: str = ""
-    """The PEM text of the CA that signs the status server's certificate (with ``trainjob_status``)."""
 
 
 def framework_of(settings: PlannerSettings) -> Framework:
@@ -105,17 +85,15 @@ class Planner:
         self._synchronous_until = 0.0
         """Until when (``time.monotonic()``) apply messages go one at a time, after a full stream refused one."""
 
-    async def handle(self, msg: Msg) -> None:
-        started = time.perf_counter()
+    async def handle(self, delivery: Delivery[Event]) -> None:
+        """One event, from its signature to its plan's apply messages on the bus; ``handle_batch`` ends it when
+        this raises."""
+        msg = delivery.msg
         seq = msg.metadata.sequence.stream
         # Before anything reads the bytes: an event the watcher did not sign is not planned at all.
-        event = await intake.admit(
-            msg,
-            keyring=self.trusted_events,
-            decode=decode_event,
-            reject=lambda reason, error: self._dead_letter(msg, error, reason=reason),
-        )
+        event = await intake.admit(delivery, keyring=self.trusted_events, decode=decode_event)
         if event is None:
+            PLANS.labels(outcome="dead-letter").inc()
             return
         result = plan(event, source_seq=seq, framework=self.framework)
         PLANS.labels(outcome="planned").inc()
@@ -130,7 +108,7 @@ class Planner:
             if len(payload) + HEADER_ALLOWANCE > self.max_payload
         }
         if oversized and isinstance(event, TrainJobObserved):
-            await self._plan_too_large(msg, event, oversized)
+            await self._plan_too_large(delivery, event, oversized)
             return
         await self._publish(encoded)
         for warning in result.warnings:
@@ -142,32 +120,22 @@ class Planner:
             ", ".join(component_of(m) for m in result.applies) or "nothing to apply",
             extra={"trainjob": str(result.trainjob), "seq": seq},
         )
-        await msg.ack()
-        STAGE_SECONDS.labels(stage="planner").observe(time.perf_counter() - started)
+        await delivery.ack()
+        STAGE_SECONDS.labels(stage="planner").observe(delivery.seconds)
 
-    async def _plan_too_large(self, msg: Msg, event: TrainJobObserved, sizes: dict[str, int]) -> None:
+    async def _plan_too_large(self, delivery: Delivery[Event], event: TrainJobObserved, sizes: dict[str, int]) -> None:
         """A plan that cannot fit the bus never will: its event is dead-lettered, not retried for ever.
 
         Only the TrainJob's status is published instead, with ``ResourcesCreated=False`` reason
         ``PlanTooLarge``; it is small, and published only when the TrainJob does not already say so, so the
         status change's own event plans to the same answer and publishes nothing: no loop.
         """
-        seq = msg.metadata.sequence.stream
+        seq = delivery.msg.metadata.sequence.stream
         replacement = plan_too_large(event, source_seq=seq, sizes=sizes, max_payload=self.max_payload)
         await self._publish([(message, encode(message)) for message in replacement.applies])
-        error = replacement.warnings[0]
         PLANS.labels(outcome="too-large").inc()
-        DEAD_LETTERS.labels(stage="planner", reason="plan-too-large").inc()
-        await bus.dead_letter(
-            self.js,
-            msg,
-            stage="planner",
-            reason="plan-too-large",
-            error=error,
-            namespace=replacement.trainjob.namespace,
-            name=replacement.trainjob.name,
-        )
-        await msg.term()
+        trainjob = (replacement.trainjob.namespace, replacement.trainjob.name)
+        await delivery.dead_letter(reason="plan-too-large", error=replacement.warnings[0], trainjob=trainjob)
 
     async def _publish(self, encoded: list[tuple[ApplyMessage, bytes]]) -> None:
         outgoing = []
@@ -191,42 +159,28 @@ class Planner:
                 retry=None,
             )
 
-    async def _dead_letter(self, msg: Msg, error: str, *, reason: str) -> None:
-        PLANS.labels(outcome="dead-letter").inc()
-        DEAD_LETTERS.labels(stage="planner", reason=reason).inc()
-        namespace, name = subjects.trainjob_of_subject(msg.subject)
-        await bus.dead_letter(self.js, msg, stage="planner", reason=reason, error=error, namespace=namespace, name=name)
-
     async def handle_batch(self, msgs: list[Msg]) -> None:
         for msg in msgs:  # in order: one partition's events, one TrainJob after another
+            delivery: Delivery[Event] = Delivery(msg, stage="planner", js=self.js)
             try:
-                await self.handle(msg)
+                await self.handle(delivery)
             except (TimeoutError, nats.errors.Error, ConnectionError) as exc:
                 # The bus failed us, not the plan: hand the event back to be planned again. A full apply
                 # stream refused it (and stored nothing): back off further each time until there is room.
                 delay = 1.0
                 if publishing.is_refused(exc):
                     self._synchronous_until = time.monotonic() + SYNCHRONOUS_AFTER_REFUSAL_SECONDS
-                    delay = retrying.FULL_STREAM_REDELIVERY.delay(msg.metadata.num_delivered or 1)
+                    delay = retrying.FULL_STREAM_REDELIVERY.delay(delivery.deliveries)
                     publishing.note_refused(exc, stream=streams.APPLY.name, subject=msg.subject, delay=delay)
                 else:
                     log.warning("publishing the plan for %s failed (%s); it will be redelivered", msg.subject, exc)
                 with contextlib.suppress(Exception):
-                    await msg.nak(delay=delay)
+                    await delivery.retry(delay)
             except Exception as exc:
                 # A plan that raises would raise again on every redelivery: keep it aside instead.
                 log.exception("failed to plan %s", msg.subject)
                 with contextlib.suppress(Exception):
-                    await bus.dead_letter(
-                        self.js,
-                        msg,
-                        stage="planner",
-                        reason="planner-error",
-                        error=repr(exc),
-                        namespace=subjects.trainjob_of_subject(msg.subject)[0],
-                        name=subjects.trainjob_of_subject(msg.subject)[1],
-                    )
-                    await msg.term()
+                    await delivery.dead_letter(reason="planner-error", error=repr(exc))
 
 
 async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
@@ -249,7 +203,7 @@ async def run_planner(settings: PlannerSettings, stop: asyncio.Event) -> None:
             streams.PLANNER,
             planner.handle_batch,
             role="planner",
-            replica=settings.replica,
+            replica=settings.replica or default_replica_id(),
             batch=settings.batch,
             lease_ttl=settings.lease_ttl,
             work_sweep_seconds=settings.work_sweep_seconds,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
@@ -20,9 +19,10 @@ from prometheus_client import Counter
 from contracts.resources import JOBSET, PRIORITY_CLASS
 from planner import admission
 from planner.core import FRAMEWORK
+from planner.settings import WebhookSettings
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import REGISTRY
-from plumbing.runner import ProcessSettings, started
+from plumbing.runner import started
 from plumbing.tls_serving import TlsServing
 
 log = logging.getLogger(__name__)
@@ -44,17 +44,6 @@ class _Named(msgspec.Struct):
 
 
 _name_decoder = msgspec.json.Decoder(_Named)
-
-
-@dataclass(kw_only=True)
-class WebhookSettings(ProcessSettings):
-    tls_cert: str
-    tls_key: str
-    port: int = 9443
-    host: str = "0.0.0.0"
-    kubeconfig: str | None = None
-    kube_context: str | None = None
-    cert_check_seconds: float = 30.0
 
 
 class Webhook:

@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import BadRequestError
 
-from contracts.streams import APPLIED_BUCKET, APPLIER, PLANNER, ConsumerSpec, StreamSpec
+from contracts.streams import APPLIED_BUCKET, APPLIER, BUCKETS, PLANNER, BucketSpec, ConsumerSpec, StreamSpec
 from contracts.subjects import PARTITIONS
 from plumbing import retrying
 from plumbing.bus import require_admin
@@ -197,8 +197,10 @@ async def setup_bus(
     replicas: int = 1,
     lease_ttl: float = LEASE_TTL_SECONDS,
     consumers: tuple[ConsumerSpec, ...] = (PLANNER, APPLIER),
+    buckets: tuple[BucketSpec, ...] = BUCKETS,
 ) -> None:
-    """Create or update everything the services bind to: streams, per-partition durables, KV buckets.
+    """Create or update everything the services bind to: streams, per-partition durables, KV buckets, and the
+    object store buckets (``buckets``, with their configured limits: ``contracts.streams.configured_buckets``).
 
     Needs the admin identity; idempotent, so it runs at every start of the stack and in every deployment.
     """
@@ -212,6 +214,30 @@ async def setup_bus(
     await until_done(
         lambda: _ensure_bucket(js, APPLIED_BUCKET, ttl=None, replicas=replicas), what="creating the ledger bucket"
     )
+    for bucket in buckets:
+        await until_done(_bound_bucket(js, bucket), what=f"creating the object store bucket {bucket.name}")
+
+
+def object_bucket_config(spec: BucketSpec) -> js_api.StreamConfig:
+    """The object store's own stream layout (what the client library makes), with a record stream's limits and
+    direct gets allowed, which is how the history server reads it."""
+    return js_api.StreamConfig(
+        name=spec.stream,
+        description=spec.description,
+        subjects=[f"{spec.chunks}.>", f"{spec.meta}.>"],
+        retention=js_api.RetentionPolicy.LIMITS,
+        storage=js_api.StorageType.FILE,
+        max_age=spec.max_age_seconds,
+        max_bytes=spec.max_bytes,
+        num_replicas=spec.replicas,
+        discard=js_api.DiscardPolicy.NEW if spec.discard == "new" else js_api.DiscardPolicy.OLD,
+        allow_rollup_hdrs=True,
+        allow_direct=True,
+    )
+
+
+def _bound_bucket(js: JetStreamContext, spec: BucketSpec) -> Callable[[], Awaitable[None]]:
+    return lambda: put_stream(js, object_bucket_config(spec))
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, *, ttl: float | None, replicas: int) -> None:

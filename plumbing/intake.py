@@ -9,40 +9,36 @@ there and then; the stage sees only messages that passed both.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
-from nats.aio.msg import Msg
 
 from contracts.messages import UnsupportedVersion
 from plumbing import signing
+from plumbing.delivery import Delivery
 
 T = TypeVar("T")
 
-Reject = Callable[[str, str], Awaitable[None]]
-"""The stage's own dead letter for a message it refuses, called with ``(reason, error)``."""
 
-
-async def admit(msg: Msg, *, keyring: signing.Keyring, decode: Callable[[bytes], T], reject: Reject) -> T | None:
-    """The decoded message, or ``None`` once a message that fails a check is dead-lettered and terminated.
+async def admit(delivery: Delivery[Any], *, keyring: signing.Keyring, decode: Callable[[bytes], T]) -> T | None:
+    """The decoded message (also kept as ``delivery.decoded``), or ``None`` once a message that fails a check
+    is dead-lettered and terminated.
 
     The dead letter's reason is the signature check's own (``unsigned``, ``bad-signature``, ...),
     ``unsupported-version`` for a newer wire version than this reader's, or ``undecodable``.
     """
+    msg = delivery.msg
     try:
         keyring.verify(msg.subject, msg.data, msg.headers)
     except signing.SignatureError as exc:
-        await _refuse(msg, reject, exc.reason, str(exc))
+        await delivery.dead_letter(reason=exc.reason, error=str(exc))
         return None
     try:
-        return decode(msg.data)
+        decoded = decode(msg.data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         reason = exc.reason if isinstance(exc, UnsupportedVersion) else "undecodable"
-        await _refuse(msg, reject, reason, str(exc))
+        await delivery.dead_letter(reason=reason, error=str(exc))
         return None
-
-
-async def _refuse(msg: Msg, reject: Reject, reason: str, error: str) -> None:
-    await reject(reason, error)
-    await msg.term()
+    delivery.decoded = decoded
+    return decoded

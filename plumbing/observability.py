@@ -123,6 +123,19 @@ CLUSTER_REWINDS = Counter(
     "Times the applier found the cluster's revision below one it had seen (etcd restored from a backup)",
     registry=REGISTRY,
 )
+FLEET_SOURCE_LAG = Gauge(
+    "tjpipe_fleet_source_lag",
+    "Records a member still holds that the hub's fleet stream has not copied yet (tjpipe fleet monitor, at the hub)",
+    ["stream", "cluster"],
+    registry=REGISTRY,
+)
+FLEET_SOURCE_GAP = Gauge(
+    "tjpipe_fleet_source_gap_records",
+    "Records of a member the hub's fleet stream never got: skipped between two copies it holds, the member's "
+    "retention having dropped them while the link was cut (tjpipe fleet monitor, at the hub)",
+    ["stream", "cluster"],
+    registry=REGISTRY,
+)
 CONSUMER_LAG = Gauge(
     "tjpipe_consumer_lag", "Messages waiting in a consumer (num_pending at last fetch)", ["consumer"], registry=REGISTRY
 )

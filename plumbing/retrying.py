@@ -190,3 +190,7 @@ from its delivery count, and comes back to be done again."""
 TRANSIENT_REDELIVERY = Policy("transient error, redelivered", initial=2.0, maximum=60.0)
 """A message whose in-process attempts all failed for now goes back to its stream, nak'd with this delay from
 its delivery count: longer than a full stream's, as the API server (not the bus) is what must recover."""
+
+LOG_CAPTURE = Policy("log capture", initial=2.0, maximum=30.0, attempts=3)
+"""Keeping a finished TrainJob's pod logs when the bus or the API server did not answer: a few tries, then it is
+left (its page then shows no capture; a failed read of one log is recorded, not retried)."""

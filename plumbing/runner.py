@@ -29,6 +29,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from plumbing import bus
+from plumbing.configuration import ProcessSettings, ServiceSettings
 from plumbing.kube import KubeClient
 from plumbing.observability import Health, HealthServer
 
@@ -147,33 +148,6 @@ def run_stages(settings: ProcessSettings, stages: Mapping[str, Stage], *, servic
 # ------------------------------------------------------------------------------------------- start-up
 
 
-@dataclass(kw_only=True)
-class ProcessSettings:
-    """What every long-running ``tjpipe`` process is started with: the common part of each one's settings.
-
-    The CLI builds it once from flags and the environment (``tjpipe.settings``) and passes it down; nothing
-    below the CLI reads the environment. Each process's own settings extend it.
-    """
-
-    metrics_port: int = 0
-    """``/metrics``, ``/healthz`` and ``/readyz`` are served here; 0 serves none."""
-    log_level: str = "info"
-    json_logs: bool | None = None
-    """JSON lines (True), plain text (False), or JSON unless stderr is a terminal (None)."""
-    event_loop: str = "asyncio"
-    """``asyncio`` (the standard library's loop) or ``uvloop`` (libuv's, if the package is installed)."""
-
-
-@dataclass(kw_only=True)
-class ServiceSettings(ProcessSettings):
-    """The common part of the three pipeline services' settings: the process's, and its NATS connection."""
-
-    nats_url: str
-    nats_creds: str | None = None
-    """This service's NATS identity: an nkey seed file or a JWT ``.creds`` file."""
-    nats_tls: bus.TlsFiles | None = None
-
-
 @dataclass(frozen=True)
 class Started:
     health: Health
@@ -216,9 +190,8 @@ async def started(
     stage = name.removeprefix("tjpipe-")
     if isinstance(settings, ServiceSettings):
         # A service's stage is its NATS identity's name: its inbox is the identity's, so it outlives a rotation.
-        nc = await bus.connect(
-            settings.nats_url, name=name, creds=settings.nats_creds, tls=settings.nats_tls, identity=stage
-        )
+        tls = bus.TlsFiles.from_options(settings.nats_tls_ca, settings.nats_tls_cert, settings.nats_tls_key)
+        nc = await bus.connect(settings.nats_url, name=name, creds=settings.nats_creds, tls=tls, identity=stage)
     shared = _SHARED_HEALTH.get()
     health: Health = (
         shared.stage(stage) if shared is not None else HealthServer(port=settings.metrics_port, service=stage)

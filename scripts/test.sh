@@ -68,7 +68,7 @@ fi
 #    cpu notes and the folders' times in a warm run.
 pure=(tests/unit tests/wire tests/distribution tests/docs)
 lane1=(tests/progress_under_load tests/compose tests/containers tests/golden tests/deploy tests/e2e tests/history
-  tests/jobset tests/takeover tests/fleet_history tests/status_server tests/local tests/real_node)
+  tests/jobset tests/takeover tests/fleet_history tests/status_endpoint tests/local tests/real_node)
 lane2=(tests/differential tests/lifecycle tests/cli tests/fleet tests/fleet_e2e tests/faults tests/security)
 # The cost budgets count per behaviour (per observation, per held status, per second of a clock), so the
 # machine's pace moves their units, not their verdict; they run alone once the lanes are done (about 45 s), where

@@ -1,13 +1,15 @@
 """``tjpipe``: run one service, or the whole local stack.
 
 Every setting is a flag with an environment variable behind it (NATS_URL, KUBECONFIG, TJPIPE_NAMESPACES,
-TJPIPE_LOG_LEVEL), so the same names work on a command line, in docker-compose and in a Deployment.
+TJPIPE_LOG_LEVEL), so the same names work on a command line, in docker-compose and in a Deployment. A
+service's settings are declared once, on its settings dataclass (``plumbing.configuration``), and its
+command's flags are made from them (``SERVICE_SETTINGS``).
 
 This module is the shell: it declares the commands and hands each to the module that does it (a service,
-``tjpipe.local.stack`` for ``up``, ``tjpipe.demo`` for what the demo prints, ``tjpipe.opscli`` for the operator
-commands, ``tjpipe.nats_connection`` for reaching NATS). Imports sit inside the functions on purpose, here
-and in ``opscli``: parsing, ``--help`` and shell completion load argparse, rich and the settings only, and a
-command loads the NATS or kubernetes client, or a service, when it runs.
+``tjpipe.local.stack`` for ``up``, ``tjpipe.demo`` for what the demo prints, ``tjpipe.operator_commands``
+for the operator commands, ``tjpipe.nats_connection`` for reaching NATS). Imports sit inside the functions
+on purpose, here and in ``operator_commands``: parsing, ``--help`` and shell completion load argparse, rich
+and the settings only, and a command loads the NATS or kubernetes client, or a service, when it runs.
 """
 
 from __future__ import annotations
@@ -24,148 +26,53 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from rich.console import Console
 from rich.markup import escape
 
+from applier.settings import ApplierSettings
+from planner.settings import PlannerSettings, WebhookSettings
+from plumbing.configuration import KubeSettings, ProcessSettings, ServiceSettings
 from tjpipe import settings
 from tjpipe.nats_connection import add_nats_flags
 from tjpipe.settings import (
     SIGNING_STAGES,
+    STAGE_SETTINGS,
     STAGES,
     FromEnvironment,
     SettingsError,
+    add_settings,
     add_trainjob_status_flags,
     env_flag,
-    env_list_flag,
 )
+from watcher.settings import WatcherSettings
 
 if TYPE_CHECKING:
-    from contracts.streams import StreamSpec
+    from contracts.streams import BucketSpec, StreamSpec
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _logging(parser: argparse.ArgumentParser) -> None:
-    env_flag(parser, "--log-level", env="TJPIPE_LOG_LEVEL", default="info", help="debug, info, warning or error")
-    env_flag(
-        parser,
-        "--log-format",
-        env="TJPIPE_LOG_FORMAT",
-        default="auto",
-        choices=("json", "text", "auto"),
-        help="auto: JSON unless stderr is a terminal",
-    )
+SERVICE_SETTINGS: dict[str, tuple[type, ...]] = {
+    "watcher": (WatcherSettings,),
+    "planner": (PlannerSettings,),
+    "applier": (ApplierSettings,),
+    "controller": (ProcessSettings, WatcherSettings, PlannerSettings, ApplierSettings),
+    "webhook": (WebhookSettings,),
+    "status-server": (ServiceSettings, KubeSettings),
+}
+"""The settings each service command takes, each declared once on its dataclass (``plumbing.configuration``)."""
 
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    _logging(parser)
-    env_flag(
-        parser,
-        "--metrics-port",
-        env="TJPIPE_METRICS_PORT",
-        default=9090,
-        type=int,
-        help="serve /metrics, /healthz and /readyz here; 0 turns it off",
-    )
-    env_flag(
-        parser,
-        "--event-loop",
-        env="TJPIPE_EVENT_LOOP",
-        default="asyncio",
-        choices=("asyncio", "uvloop"),
-        help="uvloop needs the uvloop package (pip install 'trainjob-pipeline[uvloop]')",
-    )
-    env_flag(
-        parser,
-        "--replica-id",
-        env="TJPIPE_REPLICA_ID",
-        default="",
-        help="name of this replica in partition leases; default host-pid",
-    )
-
-
-def _work_sweep(parser: argparse.ArgumentParser) -> None:
-    env_flag(
-        parser,
-        "--work-sweep-seconds",
-        env="TJPIPE_WORK_SWEEP_SECONDS",
-        default=15.0,
-        type=float,
-        help="how often to look in the work stream for finished work the server kept (plumbing.work_trim)",
-    )
+SERVICE_HELP = {
+    "watcher": "list and watch TrainJobs, runtimes and JobSets; publish events",
+    "planner": "turn events into per-component apply configurations",
+    "applier": "server-side apply each planned component",
+    "controller": "the watcher, planner and applier in one process, each with its own NATS identity and keys "
+    "(about half the memory; for a small cluster)",
+    "webhook": "serve Trainer's validating admission webhooks (TrainJob, runtimes) over TLS",
+    "status-server": "serve Trainer's TrainJob status endpoint over TLS: progress from the pods, recorded in the "
+    "history, written to status.trainerStatus coalesced",
+}
 
 
 def _kube(parser: argparse.ArgumentParser) -> None:
-    env_flag(parser, "--kubeconfig", env="KUBECONFIG", help="unset: ~/.kube/config, else in-cluster credentials")
-    parser.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
-
-
-def _namespaces(parser: argparse.ArgumentParser) -> None:
-    env_list_flag(
-        parser,
-        "--namespace",
-        env="TJPIPE_NAMESPACES",
-        help="namespace whose TrainJobs to watch (repeatable; replaces the comma-separated variable); default: all",
-    )
-
-
-def _watcher_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--resync-seconds", type=float, default=300.0, help="relist TrainJobs this often")
-
-
-def _applier_options(parser: argparse.ArgumentParser) -> None:
-    env_flag(parser, "--concurrency", env="TJPIPE_APPLY_CONCURRENCY", default=16, type=int, help="concurrent applies")
-    env_flag(
-        parser,
-        "--stale-claim-grace",
-        env="TJPIPE_STALE_CLAIM_GRACE",
-        default=330.0,
-        type=float,
-        help="seconds a ledger claim newer than the cluster may hold a target before it is overwritten",
-    )
-    env_flag(
-        parser,
-        "--cluster-id",
-        env="TJPIPE_CLUSTER_ID",
-        default="",
-        help="what tells this cluster's ledger claims from another's (default: the kube-system namespace's uid)",
-    )
-    env_flag(
-        parser,
-        "--trainjob-source",
-        env="TJPIPE_TRAINJOB_SOURCE",
-        default="watch",
-        choices=("watch", "get"),
-        help="where the TrainJob checks answer from: a watch of TrainJobs (needs list and watch on them), or"
-        " a read of each TrainJob",
-    )
-    env_flag(
-        parser,
-        "--trainjob-cache-seconds",
-        env="TJPIPE_TRAINJOB_CACHE_SECONDS",
-        default=5.0,
-        type=float,
-        help="seconds a TrainJob verified by a read is trusted without reading it again",
-    )
-    env_flag(
-        parser,
-        "--status-interval",
-        env="TJPIPE_STATUS_INTERVAL_SECONDS",
-        default=5.0,
-        type=float,
-        help="at most one write of a running TrainJob's Jobs' counts per this many seconds; conditions are"
-        " written at once (0: every status at once)",
-    )
-
-
-def _signing_key(parser: argparse.ArgumentParser) -> None:
-    env_flag(parser, "--signing-key", env="TJPIPE_SIGNING_KEY", help="this stage's ed25519 private key, PEM; required")
-
-
-def _trusted_keys(parser: argparse.ArgumentParser, kind: str, made_by: str) -> None:
-    env_flag(
-        parser,
-        f"--trusted-{kind}-keys",
-        env=f"TJPIPE_TRUSTED_{kind.upper()}_KEYS",
-        help=f"the {made_by}'s ed25519 public keys: a file, or a directory of *.pub files; required",
-    )
+    add_settings(parser, KubeSettings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,93 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    watcher = sub.add_parser("watcher", help="list and watch TrainJobs, runtimes and JobSets; publish events")
-    _common(watcher)
-    add_nats_flags(watcher)
-    _kube(watcher)
-    _namespaces(watcher)
-    _watcher_options(watcher)
-    _signing_key(watcher)
+    for command, types in SERVICE_SETTINGS.items():
+        service = sub.add_parser(command, help=SERVICE_HELP[command])
+        add_settings(service, *types, stages=STAGE_SETTINGS if command == "controller" else None)
+    settings.add_status_server_flags(sub.choices["status-server"])
 
-    planner = sub.add_parser("planner", help="turn events into per-component apply configurations")
-    _common(planner)
-    _work_sweep(planner)
-    add_nats_flags(planner)
-    _signing_key(planner)
-    _trusted_keys(planner, "event", "watcher")
-    add_trainjob_status_flags(planner)
+    _add_local_stack_commands(sub)
+    _add_bus_commands(sub)
+    from tjpipe.fleet_command import add_fleet_command
 
-    applier = sub.add_parser("applier", help="server-side apply each planned component")
-    _common(applier)
-    _work_sweep(applier)
-    add_nats_flags(applier)
-    _kube(applier)
-    _namespaces(applier)
-    _applier_options(applier)
-    _trusted_keys(applier, "plan", "planner")
+    add_fleet_command(sub, _nats_client)
+    _add_operator_commands(sub)
+    _debug_flag_everywhere(parser)
+    _name_docs_pages(parser)
+    return parser
 
-    controller = sub.add_parser(
-        "controller",
-        help="the watcher, planner and applier in one process, each with its own NATS identity and keys "
-        "(about half the memory; for a small cluster)",
-    )
-    _common(controller)
-    _work_sweep(controller)
-    add_nats_flags(controller, creds=False)
-    for stage in STAGES:
-        env_flag(
-            controller,
-            f"--{stage}-nats-creds",
-            env=f"TJPIPE_{stage.upper()}_NATS_CREDS",
-            help=f"the {stage}'s NATS identity: an nkey seed file or a JWT .creds file",
-        )
-    _kube(controller)
-    _namespaces(controller)
-    _watcher_options(controller)
-    _applier_options(controller)
-    for stage in SIGNING_STAGES:
-        env_flag(
-            controller,
-            f"--{stage}-signing-key",
-            env=f"TJPIPE_{stage.upper()}_SIGNING_KEY",
-            help=f"the {stage}'s ed25519 private key, PEM; required",
-        )
-    _trusted_keys(controller, "event", "watcher")
-    _trusted_keys(controller, "plan", "planner")
-    add_trainjob_status_flags(controller)
 
-    webhook = sub.add_parser(
-        "webhook", help="serve Trainer's validating admission webhooks (TrainJob, runtimes) over TLS"
-    )
-    _common(webhook)
-    _kube(webhook)
-    env_flag(webhook, "--port", env="TJPIPE_WEBHOOK_PORT", default=9443, type=int, help="HTTPS port")
-    env_flag(webhook, "--host", env="TJPIPE_WEBHOOK_HOST", default="0.0.0.0", help="address to listen on")
-    env_flag(
-        webhook,
-        "--tls-cert",
-        env="TJPIPE_WEBHOOK_TLS_CERT",
-        default="/etc/tjpipe/webhook-tls/tls.crt",
-        help="serving certificate, PEM",
-    )
-    env_flag(
-        webhook,
-        "--tls-key",
-        env="TJPIPE_WEBHOOK_TLS_KEY",
-        default="/etc/tjpipe/webhook-tls/tls.key",
-        help="its private key, PEM",
-    )
-
-    status_server = sub.add_parser(
-        "status-server",
-        help="serve Trainer's TrainJob status endpoint over TLS: progress from the pods, recorded in the history, "
-        "written to status.trainerStatus coalesced",
-    )
-    _common(status_server)
-    add_nats_flags(status_server)
-    _kube(status_server)
-    settings.add_status_server_flags(status_server)
-
+def _add_local_stack_commands(sub: Any) -> None:
+    """``tjpipe up`` and ``tjpipe demo``: the stack on this machine, and the demo on a running cluster."""
     up = sub.add_parser(
         "up",
         help="run the embedded local stack: NATS, a simulated cluster (kube-apiserver, controllers, scheduler, JobSet, "
@@ -343,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     _kube(demo)
     demo.add_argument("--timeout", type=_positive_seconds, default=600.0, help="give up after this many seconds")
 
+
+def _add_bus_commands(sub: Any) -> None:
+    """``tjpipe bus-setup``, ``nats-credentials`` and ``nats-tls``: the bus, its identities and its certificate."""
     setup = sub.add_parser(
         "bus-setup",
         help="create or update the streams, durable consumers and KV buckets; needs the admin NATS identity",
@@ -385,14 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument(
         "--host", action="append", required=True, help="a DNS name or IP address the certificate is for (repeatable)"
     )
-
-    from tjpipe.fleetcli import add_fleet_command
-
-    add_fleet_command(sub, _nats_client)
-    _add_operator_commands(sub)
-    _debug_flag_everywhere(parser)
-    _name_docs_pages(parser)
-    return parser
 
 
 DOCS_PAGES = {
@@ -633,10 +466,10 @@ def _add_operator_commands(sub: Any) -> None:
         "history-server",
         help="serve the event history as a web UI and a JSON API, each namespace to those the cluster lets read it",
     )
-    _logging(history_server)
+    add_settings(history_server, ProcessSettings, only=("log_level", "log_format"))
     _nats_client(history_server)
     _kube(history_server)
-    from tjpipe.history_server.server import add_arguments
+    from history_server.server import add_arguments
 
     add_arguments(history_server)
 
@@ -746,11 +579,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "nats-credentials":
         return _nats_credentials(args)
     if command == "history-server":
-        from tjpipe.history_server.server import run
+        from history_server.server import run
 
         return run(args)
     if command == "fleet":
-        from tjpipe.fleetcli import run_fleet
+        from tjpipe.fleet_command import run_fleet
 
         return run_fleet(args)
     if command == "nats-tls":
@@ -760,9 +593,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         hosts = ", ".join(args.host)
         console.print(f"NATS TLS: {', '.join(str(p) for p in written.values())} for {hosts}", markup=False, emoji=False)
         return 0
-    from tjpipe import opscli
+    from tjpipe import operator_commands
 
-    return opscli.run(command, args)
+    return operator_commands.run(command, args)
 
 
 # ------------------------------------------------------------------------------------------- services
@@ -798,7 +631,7 @@ def _start_service(command: str, args: argparse.Namespace) -> int:
     if command == "controller":
         return _run_controller(args)
     if command == "status-server":
-        from tjpipe.status_server.server import run_status_server
+        from status_server.server import run_status_server
 
         return run_service(settings.status_server(args), run_status_server)
     from planner.webhook import run_webhook
@@ -840,10 +673,20 @@ def _stream_settings(environ: Mapping[str, str]) -> tuple[tuple[StreamSpec, ...]
         raise SettingsError(f"stream settings (TJPIPE_STREAM_REPLICAS, TJPIPE_<STREAM>_MAX_*): {exc}") from None
 
 
+def _bucket_settings(environ: Mapping[str, str]) -> tuple[BucketSpec, ...]:
+    """The object store buckets with the limits ``environ`` sets (``TJPIPE_LOGS_MAX_AGE``, ``..._MAX_BYTES``)."""
+    from contracts import streams
+
+    try:
+        return streams.configured_buckets(environ)
+    except ValueError as exc:
+        raise SettingsError(f"bucket settings (TJPIPE_LOGS_MAX_*): {exc}") from None
+
+
 async def _bus_setup(args: argparse.Namespace) -> int:
     from plumbing import bus_setup
     from tjpipe.nats_connection import connect_nats
-    from tjpipe.opscli import route_logs
+    from tjpipe.operator_commands import route_logs
 
     # Like the operator commands: a refused identity or no NATS within --connect-timeout is one error line,
     # and the NATS client's warnings (a disconnect at close) show only with --debug.
@@ -851,7 +694,7 @@ async def _bus_setup(args: argparse.Namespace) -> int:
     nc = await connect_nats(args, "bus-setup")
     try:
         specs, replicas = args.bus
-        await bus_setup.setup_bus(nc.jetstream(), specs, replicas=replicas)
+        await bus_setup.setup_bus(nc.jetstream(), specs, replicas=replicas, buckets=_bucket_settings(os.environ))
     finally:
         await nc.close()
     console.print("bus set up: streams, per-partition consumers, KV buckets")
@@ -1086,7 +929,7 @@ def _keys(args: argparse.Namespace) -> int:
             removed = folder.retire(args.stage, args.key_id)
             print(f"{args.stage} key {args.key_id} is no longer trusted (removed {removed})")
         elif args.output != "text":
-            from tjpipe.opscli import emit
+            from tjpipe.operator_commands import emit
 
             rows = [
                 {"stage": s, "signs_with": folder.current_key_id(s), "trusted": list(folder.trusted_key_ids(s))}

@@ -1,6 +1,6 @@
 """Who may do what on the bus: one NATS nkey identity per stage, and the server's authorization block.
 
-Why nkeys and not decentralized JWT accounts: the set of identities is fixed (seven, one per stage and role),
+Why nkeys and not decentralized JWT accounts: the set of identities is fixed (eight, one per stage and role),
 so JWT's one advantage, adding or changing users without touching the server's configuration, buys nothing
 here, while it costs an operator key, an account key, a resolver and signed JWTs to run and rotate. With
 nkeys the server configuration holds only public keys, the seeds never leave the process that uses them,
@@ -53,7 +53,9 @@ APPLIER = "applier"
 READER = "reader"
 DLQ_OPERATOR = "dlq-operator"
 STATUS_SERVER = "status-server"
-IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER)
+HISTORY_KEEPER = "history-keeper"
+LOG_KEEPER = "log-keeper"
+IDENTITIES = (ADMIN, WATCHER, PLANNER, APPLIER, READER, DLQ_OPERATOR, STATUS_SERVER, HISTORY_KEEPER, LOG_KEEPER)
 SERVICE_IDENTITY = {"watcher": WATCHER, "planner": PLANNER, "applier": APPLIER, "status-server": STATUS_SERVER}
 """``tjpipe`` service command → the identity it runs as."""
 
@@ -87,6 +89,11 @@ def _consume_durables(spec: streams.ConsumerSpec) -> list[str]:
             f"{_API}.CONSUMER.INFO.{spec.stream}.{durable}",
             f"{_API}.CONSUMER.MSG.NEXT.{spec.stream}.{durable}",
             f"$JS.ACK.{spec.stream}.{durable}.>",
+            # The same acknowledgement in the server's second form, which names the JetStream domain and
+            # account first (a fleet member's server uses it, ``tjpipe.fleet_nats.member_config``). The stream
+            # and durable tokens sit where the first form has its counters, so neither form matches the
+            # other's subjects.
+            f"$JS.ACK.*.*.{spec.stream}.{durable}.>",
         ]
     return out
 
@@ -122,6 +129,12 @@ def _read_streams() -> list[str]:
     for stream in _RECORD_STREAMS:
         allow += [f"{_API}.STREAM.INFO.{stream}", f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.>"]
     return allow
+
+
+def _read_logs() -> list[str]:
+    """Read the kept logs (``contracts.streams.LOGS``) by name with direct gets, as the records are read."""
+    stream = streams.LOGS.stream
+    return [f"{_API}.STREAM.INFO.{stream}", f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.>"]
 
 
 def _consumer_info() -> list[str]:
@@ -174,7 +187,10 @@ def permissions() -> dict[str, Permissions | None]:
                 *(f"{_API}.STREAM.INFO.{spec.name}" for spec in streams.ALL_STREAMS if spec.name != streams.APPLY.name),
             ),
         ),
-        READER: Permissions(publish=(*read_allow, *_consumer_info())),
+        READER: Permissions(publish=(*read_allow, *_consumer_info(), *_read_logs())),
+        # The history server's capture of pods' logs writes new objects into the logs bucket: chunks and their
+        # descriptions, nothing else. It cannot read the bucket (the reader does), purge it, or touch a stream.
+        LOG_KEEPER: Permissions(publish=(f"{streams.LOGS.chunks}.>", f"{streams.LOGS.meta}.>")),
         # The status server records the progress pods report, and reads those records back (direct gets only,
         # no consumer) to write what a crashed replica accepted but had not written yet. No other stream.
         STATUS_SERVER: Permissions(
@@ -182,6 +198,21 @@ def permissions() -> dict[str, Permissions | None]:
                 f"{subjects.PROGRESS_PREFIX}.>",
                 f"{_API}.STREAM.INFO.{streams.PROGRESS.name}",
                 f"{_API}.DIRECT.GET.{streams.PROGRESS.name}",
+            ),
+        ),
+        # The history server's retention (history_server.retention): purge what a namespace's policy
+        # expired from the record streams, by subject, and read how far each stream reaches. It reads no record:
+        # the decision is made on what the server read as ``reader``. A purge request's subject filter is in its
+        # body, which a permission cannot narrow, so this identity could purge any record; it is mounted
+        # into the history server only, and never into a stage that does the work.
+        # It removes what the retention policy expired: purges of the record streams by subject, and the kept
+        # logs of those TrainJobs (their descriptions marked deleted, their chunks purged; the server finds them
+        # as reader). It reads no record and no log.
+        HISTORY_KEEPER: Permissions(
+            publish=(
+                *(f"{_API}.STREAM.{verb}.{stream}" for stream in _RECORD_STREAMS for verb in ("INFO", "PURGE")),
+                f"{_API}.STREAM.PURGE.{streams.LOGS.stream}",
+                f"{streams.LOGS.meta}.>",
             ),
         ),
         DLQ_OPERATOR: Permissions(

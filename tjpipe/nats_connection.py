@@ -1,7 +1,7 @@
 """How a ``tjpipe`` command reaches NATS: the connection flags, what they turn into, and the connection itself.
 
 One module for all of it, so the flags a command declares and the code that reads them cannot drift apart,
-and so the CLI's modules (``cli``, ``opscli``, ``history_server``) all import it instead of each other.
+and so the CLI's modules (``cli``, ``operator_commands``, ``history_server``) all import it instead of each other.
 A connection that does not come up is one ``tjpipe.exits`` error that says why, within ``--connect-timeout``.
 """
 
@@ -15,25 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from plumbing.configuration import NatsSettings
 from tjpipe.exits import Failure, Unreachable, UsageError
-from tjpipe.settings import env_flag, nats_tls
+from tjpipe.settings import add_settings, nats_tls
 
 
 def add_nats_flags(parser: argparse.ArgumentParser, *, creds: bool = True) -> None:
-    """The flags that say where NATS is and who this process is on it."""
-    env_flag(
-        parser, "--nats-url", env="NATS_URL", default="nats://127.0.0.1:4222", help="NATS servers, comma-separated"
-    )
-    if creds:
-        env_flag(
-            parser,
-            "--nats-creds",
-            env="NATS_CREDS",
-            help="this process's NATS identity: an nkey seed file or a JWT .creds file",
-        )
-    env_flag(parser, "--nats-tls-ca", env="NATS_TLS_CA", help="CA file that signed the NATS server")
-    env_flag(parser, "--nats-tls-cert", env="NATS_TLS_CERT", help="client certificate, if the server asks for one")
-    env_flag(parser, "--nats-tls-key", env="NATS_TLS_KEY", help="its private key")
+    """The flags that say where NATS is and who this process is on it (``plumbing.configuration``)."""
+    add_settings(parser, NatsSettings, skip=() if creds else ("nats_creds",))
 
 
 def nats_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,5 +1,11 @@
 """The edge: what a ``tjpipe`` process runs with, read once from its flags and the environment.
 
+Each setting is declared once, as a field of its service's settings dataclass (``plumbing.configuration``
+says how, and why so); this module turns the declarations into argparse arguments (``add_settings``) and the
+parsed arguments back into the settings objects (``settings_of``), checking each value as its declaration
+says. What spans several settings (a client certificate without its key, the TrainJobStatus gate and what it
+needs, one NATS identity per stage of ``tjpipe controller``) is checked here too, in one place.
+
 Every setting is a flag with an environment variable behind it, so the same names work on a command line,
 in docker-compose and in a Deployment; a flag given wins over its variable, and each flag's help names
 its variable (``env: NAME``). ``build_parser`` reads no environment: an argument left to its variable
@@ -10,37 +16,37 @@ kubernetes client's in-cluster loader reads the service host from the environmen
 
 The settings objects stay one type per process (``WatcherSettings``, ``PlannerSettings``,
 ``ApplierSettings``, ``WebhookSettings``) instead of one object for all: each service and its tests build
-only what that service uses, and a setting one service has cannot be misread by another. They share one
-common part, ``plumbing.runner.ProcessSettings`` (metrics port, logging), extended by ``ServiceSettings``
-(the NATS connection) for the three pipeline services; ``_process`` and ``_on_bus`` below build that part
-for all of them from the same flags, so a common setting is parsed in one place.
+only what that service uses, and a setting one service has cannot be misread by another. What they share
+(``ProcessSettings``, ``NatsSettings``, ``KubeSettings``, ...) is declared once in ``plumbing.configuration``.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from applier.settings import ApplierSettings
+from planner.settings import TRAINJOB_STATUS, PlannerSettings, WebhookSettings
+from plumbing.configuration import ProcessSettings, ServiceSettings, Setting, declared
 from tjpipe.exits import UsageError
+from watcher.settings import WatcherSettings
 
 if TYPE_CHECKING:
-    from applier.service import ApplierSettings
     from planner.plugins.trainjobstatus import StatusServer
-    from planner.service import PlannerSettings
-    from planner.webhook import WebhookSettings
     from plumbing.bus import TlsFiles
-    from plumbing.runner import ProcessSettings
-    from tjpipe.status_server.server import StatusServerSettings
-    from watcher.service import WatcherSettings
+    from status_server.server import StatusServerSettings
 
+S = TypeVar("S")
 
 STAGES = ("watcher", "planner", "applier")
 """The pipeline's three services, in the order a TrainJob passes them."""
 SIGNING_STAGES = ("watcher", "planner")
 """The stages that sign what they publish: the watcher its events, the planner its apply messages."""
+STAGE_SETTINGS: dict[str, type] = {"watcher": WatcherSettings, "planner": PlannerSettings, "applier": ApplierSettings}
 
 
 class SettingsError(UsageError, ValueError):
@@ -52,34 +58,8 @@ class FromEnvironment:
     """An argument's value while its flag is not given: ``read`` makes it from the environment."""
 
     read: Callable[[Mapping[str, str]], object]
-
-
-def env_flag(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    *flags: str,
-    env: str,
-    help: str,
-    default: object = None,
-    type: Callable[[str], object] = str,
-    choices: Sequence[str] | None = None,
-) -> argparse.Action:
-    """A flag with the environment variable ``env`` behind it; the flag wins, then ``env``, then ``default``."""
-
-    def read(environ: Mapping[str, str]) -> object:
-        text = environ.get(env, "").strip()
-        if not text:
-            return default
-        try:
-            value = type(text)
-        except ValueError:
-            raise SettingsError(f"{env}: not a valid {getattr(type, '__name__', 'value')}: {text!r}") from None
-        if choices is not None and value not in choices:
-            raise SettingsError(f"{env}: {text!r} is not one of {', '.join(choices)}")
-        return value
-
-    return parser.add_argument(
-        *flags, default=FromEnvironment(read), type=type, choices=choices, help=f"{help} (env: {env})"
-    )
+    setting: Setting | None = None
+    """The declaration the argument was made from (the reference page and the deployment checks read it)."""
 
 
 class _AppendOverEnvironment(argparse.Action):
@@ -108,34 +88,133 @@ def boolean(text: str) -> bool:
     raise ValueError(text)
 
 
+_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "str | None": str}
+
+
+def _kind(setting: Setting) -> str:
+    """``switch`` (on/off), ``list`` (repeatable) or ``value``, from the declared field's type."""
+    if setting.type == "bool":
+        return "switch"
+    if setting.type == "tuple[str, ...]":
+        return "list"
+    if setting.parse is None and setting.type not in _PARSERS:
+        raise TypeError(f"{setting.flag}: a {setting.type} setting needs parse= in its declaration")
+    return "value"
+
+
+def add_setting(parser: argparse.ArgumentParser | argparse._ArgumentGroup, setting: Setting) -> argparse.Action:
+    """One declared setting as an argument: the flag wins, then the variable, then the declared default."""
+    kind = _kind(setting)
+    env = setting.env
+    start = setting.starting_value
+    help = f"{setting.help} (env: {env})" if env else setting.help
+    if kind == "list":
+        start = list(start)
+    if env is None:
+        if kind == "switch":
+            return parser.add_argument(setting.flag, action=argparse.BooleanOptionalAction, default=start, help=help)
+        parse = setting.parse or _PARSERS[setting.type]
+        return parser.add_argument(
+            setting.flag, type=parse, default=start, help=help, metavar=setting.unit.upper() or None
+        )
+
+    def read(environ: Mapping[str, str]) -> object:
+        text = environ.get(env, "").strip()
+        if kind == "list":
+            return [v.strip() for v in text.split(",") if v.strip()]
+        if not text:
+            return start
+        if kind == "switch":
+            try:
+                return boolean(text)
+            except ValueError:
+                raise SettingsError(f"{env}: not true or false: {text!r}") from None
+        parse = setting.parse or _PARSERS[setting.type]
+        try:
+            value = parse(text)
+        except ValueError:
+            raise SettingsError(f"{env}: not a valid {getattr(parse, '__name__', 'value')}: {text!r}") from None
+        if setting.choices and value not in setting.choices:
+            raise SettingsError(f"{env}: {text!r} is not one of {', '.join(setting.choices)}")
+        return value
+
+    default = FromEnvironment(read, setting)
+    if kind == "switch":
+        return parser.add_argument(setting.flag, action=argparse.BooleanOptionalAction, default=default, help=help)
+    if kind == "list":
+        return parser.add_argument(setting.flag, action=_AppendOverEnvironment, default=default, help=help)
+    return parser.add_argument(
+        setting.flag,
+        default=default,
+        type=setting.parse or _PARSERS[setting.type],
+        choices=setting.choices or None,
+        metavar=setting.unit.upper() or None,
+        help=help,
+    )
+
+
+def add_settings(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *types: type,
+    only: Iterable[str] = (),
+    skip: Iterable[str] = (),
+    stages: Mapping[str, type] | None = None,
+) -> None:
+    """The arguments of every setting ``types`` declare (once each, where two declare the same flag).
+
+    ``only``/``skip`` name fields; with ``stages`` (``tjpipe controller``), a per-stage setting becomes one
+    argument for each stage whose settings declare it, instead of one for the process.
+    """
+    wanted, unwanted = set(only), set(skip)
+    seen: set[str] = set()
+    per_stage: list[Setting] = []
+    for each in (s for t in types for s in declared(t)):
+        if each.flag in seen or (wanted and each.name not in wanted) or each.name in unwanted:
+            continue
+        seen.add(each.flag)
+        if stages is not None and each.per_stage:
+            per_stage.append(each)
+            continue
+        add_setting(parser, each)
+    for each in per_stage:
+        for stage, stage_type in stages.items() if stages is not None else ():
+            if any(s.flag == each.flag for s in declared(stage_type)):
+                add_setting(parser, each.for_stage(stage))
+
+
+def env_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    *,
+    env: str,
+    help: str,
+    default: object = None,
+    type: Callable[[str], object] = str,
+    choices: Sequence[str] | None = None,
+) -> argparse.Action:
+    """A flag with the variable ``env`` behind it, declared where it is added (a command's own option).
+
+    A service's setting is declared on its settings dataclass instead (``plumbing.configuration``); porting
+    one of these there is moving its arguments into ``setting(...)`` on the field that holds its value.
+    """
+    type_name = {int: "int", float: "float", bool: "bool"}.get(type, "str")  # type: ignore[call-overload]
+    parse = None if type_name != "str" or type is str else type
+    setting = Setting(flag=flag, env=env, help=help, choices=tuple(choices or ()), parse=parse)
+    return add_setting(parser, dataclasses.replace(setting, name=flag, type=type_name, default=default))
+
+
 def env_switch(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, *, env: str, help: str, default: bool = False
 ) -> argparse.Action:
     """An on/off flag (``--x`` / ``--no-x``) with the environment variable ``env`` (true/false) behind it."""
-
-    def read(environ: Mapping[str, str]) -> bool:
-        text = environ.get(env, "").strip()
-        if not text:
-            return default
-        try:
-            return boolean(text)
-        except ValueError:
-            raise SettingsError(f"{env}: not true or false: {text!r}") from None
-
-    return parser.add_argument(
-        flag, action=argparse.BooleanOptionalAction, default=FromEnvironment(read), help=f"{help} (env: {env})"
-    )
+    setting = Setting(flag=flag, env=env, help=help)
+    return add_setting(parser, dataclasses.replace(setting, name=flag, type="bool", default=default))
 
 
 def env_list_flag(parser: argparse.ArgumentParser, flag: str, *, env: str, help: str) -> argparse.Action:
     """A repeatable flag with a comma-separated ``env`` behind it; given at all, the flags replace ``env``."""
-
-    def read(environ: Mapping[str, str]) -> list[str]:
-        return [v.strip() for v in environ.get(env, "").split(",") if v.strip()]
-
-    return parser.add_argument(
-        flag, action=_AppendOverEnvironment, default=FromEnvironment(read), help=f"{help} (env: {env})"
-    )
+    setting = Setting(flag=flag, env=env, help=help)
+    return add_setting(parser, dataclasses.replace(setting, name=flag, type="tuple[str, ...]", default=()))
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Namespace:
@@ -144,6 +223,27 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Na
         if isinstance(value, FromEnvironment):
             setattr(args, name, value.read(environ))
     return args
+
+
+def dest(setting: Setting) -> str:
+    """The name argparse gives a setting's argument: its flag's (``--replica-id``: ``replica_id``)."""
+    return setting.flag.removeprefix("--").replace("-", "_")
+
+
+def settings_of(settings_type: type[S], args: argparse.Namespace, **more: Any) -> S:
+    """The settings object of ``settings_type`` from parsed, resolved arguments: each declared setting's value,
+    checked as declared; one left empty keeps the field's default. ``more`` sets fields no flag sets."""
+    values: dict[str, Any] = {}
+    for each in declared(settings_type):
+        value = getattr(args, dest(each), None)
+        if value is None or value == "":
+            continue
+        if _kind(each) == "list":
+            value = tuple(dict.fromkeys(value))
+        if each.check is not None and not each.check.test(value):
+            raise SettingsError(f"{each.names}: must be {each.check.words}, got {value}")
+        values[each.name] = value
+    return settings_type(**values, **more)
 
 
 # ---------------------------------------------------------------------------------------- TrainJobStatus
@@ -160,29 +260,7 @@ def add_trainjob_status_flags(parser: argparse.ArgumentParser | argparse._Argume
     (``--status-server-url``) and which CA signs its certificate (``--status-server-ca``, copied into the
     ``<trainjob>-tls-config`` ConfigMap).
     """
-    env_switch(
-        parser,
-        "--trainjob-status",
-        env="TJPIPE_TRAINJOB_STATUS",
-        help="Trainer's TrainJobStatus feature gate (alpha, default off): trainer pods get the status "
-        "server's URL, its CA and a token to report progress with",
-    )
-    env_flag(
-        parser,
-        "--status-server-url",
-        env="TJPIPE_STATUS_SERVER_URL",
-        default="",
-        help="the status server as the pods reach it, https://HOST:PORT (Trainer's path is appended); "
-        "required with --trainjob-status",
-    )
-    env_flag(
-        parser,
-        "--status-server-ca",
-        env="TJPIPE_STATUS_SERVER_CA",
-        default="",
-        help="PEM file of the CA that signs the status server's certificate (read once at start); "
-        "required with --trainjob-status",
-    )
+    add_settings(parser, PlannerSettings, only=TRAINJOB_STATUS)
 
 
 def add_status_server_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -291,6 +369,7 @@ def trainjob_status(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "trainjob_status": True,
         "status_server_url": status_server_url(args.status_server_url),
+        "status_server_ca_file": args.status_server_ca,
         "status_server_ca": read_status_server_ca(args.status_server_ca),
     }
 
@@ -319,22 +398,9 @@ def nats_tls(args: argparse.Namespace) -> TlsFiles | None:
         raise SettingsError(str(exc)) from None
 
 
-def _process(args: argparse.Namespace) -> dict[str, Any]:
-    """``plumbing.runner.ProcessSettings``'s fields, for every service."""
-    json_logs = {"json": True, "text": False, "auto": None}[args.log_format]
-    return {
-        "metrics_port": args.metrics_port,
-        "log_level": args.log_level,
-        "json_logs": json_logs,
-        "event_loop": args.event_loop,
-    }
-
-
 def process(args: argparse.Namespace) -> ProcessSettings:
     """The settings of the process itself, where several services share it (``tjpipe controller``)."""
-    from plumbing.runner import ProcessSettings
-
-    return ProcessSettings(**_process(args))
+    return settings_of(ProcessSettings, args)
 
 
 def stage(args: argparse.Namespace, name: str) -> argparse.Namespace:
@@ -343,9 +409,11 @@ def stage(args: argparse.Namespace, name: str) -> argparse.Namespace:
     The health endpoint is the process's, so the stage itself serves none.
     """
     own = argparse.Namespace(**vars(args))
-    own.nats_creds = getattr(args, f"{name}_nats_creds")
-    own.signing_key = getattr(args, f"{name}_signing_key", None)
-    own.signing_key_setting = f"--{name}-signing-key / TJPIPE_{name.upper()}_SIGNING_KEY"
+    for each in declared(STAGE_SETTINGS[name]):
+        if each.per_stage:
+            setattr(own, dest(each), getattr(args, dest(each.for_stage(name)), None))
+        if each.name == "signing_key":
+            own.signing_key_setting = each.for_stage(name).names
     own.metrics_port = 0
     return own
 
@@ -370,87 +438,26 @@ def require_own_identities(args: argparse.Namespace, stages: tuple[str, ...]) ->
         seen[key] = name
 
 
-def _on_bus(args: argparse.Namespace) -> dict[str, Any]:
-    """``plumbing.runner.ServiceSettings``'s fields, for the three pipeline services."""
-    return {
-        **_process(args),
-        "nats_url": args.nats_url,
-        "nats_creds": args.nats_creds or None,
-        "nats_tls": nats_tls(args),
-    }
-
-
-def _partitioned(args: argparse.Namespace) -> dict[str, Any]:
-    """A partitioned consumer's settings: the lease holder's name, where one was given (else each service's
-    default, host-pid), and how often it sweeps its work stream."""
-    if args.work_sweep_seconds <= 0:
-        raise SettingsError(
-            f"--work-sweep-seconds / TJPIPE_WORK_SWEEP_SECONDS: not a positive number of seconds: "
-            f"{args.work_sweep_seconds}"
-        )
-    replica = {"replica": args.replica_id} if args.replica_id else {}
-    return {**replica, "work_sweep_seconds": args.work_sweep_seconds}
-
-
 def _signing_key_setting(args: argparse.Namespace) -> dict[str, Any]:
     """How a stage of ``tjpipe controller`` names its own key's flag (each service's default otherwise)."""
     setting = getattr(args, "signing_key_setting", None)
     return {"signing_key_setting": setting} if setting else {}
 
 
-# The builders below map each service's flags to its settings, field by field; what the services share
-# is in _process and _on_bus.
-
-
 def watcher(args: argparse.Namespace) -> WatcherSettings:
-    from watcher.service import WatcherSettings
-
-    return WatcherSettings(
-        **_on_bus(args),
-        kubeconfig=args.kubeconfig,
-        kube_context=args.context,
-        namespaces=tuple(dict.fromkeys(args.namespace)),
-        resync_seconds=args.resync_seconds,
-        signing_key=args.signing_key,
-        **_signing_key_setting(args),
-    )
+    nats_tls(args)
+    return settings_of(WatcherSettings, args, **_signing_key_setting(args))
 
 
 def planner(args: argparse.Namespace) -> PlannerSettings:
-    from planner.service import PlannerSettings
-
-    return PlannerSettings(
-        **_on_bus(args),
-        **_partitioned(args),
-        **_signing_key_setting(args),
-        signing_key=args.signing_key,
-        trusted_event_keys=args.trusted_event_keys,
-        **trainjob_status(args),
-    )
+    nats_tls(args)
+    made = settings_of(PlannerSettings, args, **_signing_key_setting(args))
+    return dataclasses.replace(made, **trainjob_status(args))
 
 
 def applier(args: argparse.Namespace) -> ApplierSettings:
-    from applier.service import ApplierSettings
-
-    if args.status_interval < 0:
-        raise SettingsError(
-            f"--status-interval / TJPIPE_STATUS_INTERVAL_SECONDS: not a number of seconds: {args.status_interval}"
-        )
-
-    return ApplierSettings(
-        **_on_bus(args),
-        **_partitioned(args),
-        kubeconfig=args.kubeconfig,
-        kube_context=args.context,
-        namespaces=tuple(dict.fromkeys(args.namespace)),
-        concurrency=args.concurrency,
-        stale_claim_grace_seconds=args.stale_claim_grace,
-        cluster_id=args.cluster_id,
-        trainjob_source=args.trainjob_source,
-        trainjob_cache_seconds=args.trainjob_cache_seconds,
-        trusted_plan_keys=args.trusted_plan_keys,
-        status_interval_seconds=args.status_interval,
-    )
+    nats_tls(args)
+    return settings_of(ApplierSettings, args)
 
 
 def _serving_pair(args: argparse.Namespace, named: str) -> None:
@@ -461,22 +468,12 @@ def _serving_pair(args: argparse.Namespace, named: str) -> None:
 
 
 def webhook(args: argparse.Namespace) -> WebhookSettings:
-    from planner.webhook import WebhookSettings
-
     _serving_pair(args, "--tls-cert/--tls-key")
-    return WebhookSettings(
-        **_process(args),
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        port=args.port,
-        host=args.host,
-        kubeconfig=args.kubeconfig,
-        kube_context=args.context,
-    )
+    return settings_of(WebhookSettings, args)
 
 
 def status_server(args: argparse.Namespace) -> StatusServerSettings:
-    from tjpipe.status_server.server import StatusServerSettings
+    from status_server.server import StatusServerSettings
 
     _serving_pair(args, "--tls-cert/--tls-key, TJPIPE_STATUS_SERVER_TLS_*")
     if not args.coalesce_seconds > 0:
@@ -491,7 +488,7 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
         raise SettingsError(
             f"--max-clock-skew / TJPIPE_STATUS_MAX_CLOCK_SKEW: must be 0 or more, got {args.max_clock_skew}"
         )
-    from tjpipe.status_server.core import Rate
+    from status_server.core import Rate
 
     def rate(text: str, flag: str) -> Rate:
         try:
@@ -503,8 +500,10 @@ def status_server(args: argparse.Namespace) -> StatusServerSettings:
             raise SettingsError(f"{flag}: PER_SECOND/BURST, a rate above 0 and a burst of 1 or more, got {text!r}")
         return parsed
 
+    nats_tls(args)
+    common = settings_of(ServiceSettings, args)
     return StatusServerSettings(
-        **_on_bus(args),
+        **{each.name: getattr(common, each.name) for each in dataclasses.fields(ServiceSettings)},
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         host=args.host,

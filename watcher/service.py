@@ -29,7 +29,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -54,10 +53,11 @@ from plumbing.observability import (
     TRAINJOBS_DELETED,
     ActiveCounts,
 )
-from plumbing.runner import ServiceSettings, started
+from plumbing.runner import started
 from plumbing.tasks import cancel_and_wait
 from plumbing.workqueue import AsyncDelayingQueue, Item
 from watcher import core, trim
+from watcher.settings import WatcherSettings
 
 log = logging.getLogger("watcher")
 
@@ -97,19 +97,6 @@ def _controlled_by_trainjob(obj: Any) -> bool:
 
 def _named_identity(obj: _Named) -> _Named:
     return _Named(metadata=trim.identity(obj.metadata))
-
-
-@dataclass
-class WatcherSettings(ServiceSettings):
-    kubeconfig: str | None = None
-    kube_context: str | None = None
-    namespaces: tuple[str, ...] = ()
-    """Namespaces to watch; empty means all."""
-    resync_seconds: float = 300.0
-    signing_key: str | None = None
-    """The watcher's ed25519 private key (PEM); every event is signed with it."""
-    signing_key_setting: str = "--signing-key / TJPIPE_SIGNING_KEY"
-    """The flag and variable that set ``signing_key``, named when it cannot be used."""
 
 
 class Watcher:

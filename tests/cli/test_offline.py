@@ -14,7 +14,7 @@ import yaml
 
 from contracts.messages import ObjectApply
 from tjpipe.cli import build_parser
-from tjpipe.ops import preview
+from tjpipe.history_tools import preview
 
 from .support import SDK_COMMAND, closed_port, runtime, tjpipe, trainjob
 

@@ -9,36 +9,36 @@ import pytest
 import yaml
 
 from contracts.messages import ObjectKey
-from tjpipe import opscli
+from tjpipe import operator_commands
 from tjpipe.cli import main
 from tjpipe.exits import ExitCode, UsageError
 
 
 def test_trainjob_names_as_kubectl_writes_them() -> None:
-    assert opscli.trainjob_key("ns/job", None) == ObjectKey(namespace="ns", name="job")
-    assert opscli.trainjob_key("job", "ns") == ObjectKey(namespace="ns", name="job")
-    assert opscli.trainjob_key("job", None) == ObjectKey(namespace="default", name="job")
-    assert opscli.trainjob_key("ns/job", "ns") == ObjectKey(namespace="ns", name="job")
-    assert opscli.trainjob_key("a" * 63, "0-9") == ObjectKey(namespace="0-9", name="a" * 63)
+    assert operator_commands.trainjob_key("ns/job", None) == ObjectKey(namespace="ns", name="job")
+    assert operator_commands.trainjob_key("job", "ns") == ObjectKey(namespace="ns", name="job")
+    assert operator_commands.trainjob_key("job", None) == ObjectKey(namespace="default", name="job")
+    assert operator_commands.trainjob_key("ns/job", "ns") == ObjectKey(namespace="ns", name="job")
+    assert operator_commands.trainjob_key("a" * 63, "0-9") == ObjectKey(namespace="0-9", name="a" * 63)
     for bad in ("a" * 64, "9job", "job-", "j_b", "*", ">", "", "ns/", "/job", "ns/j.b"):
         with pytest.raises(UsageError):
-            opscli.trainjob_key(bad, None)
+            operator_commands.trainjob_key(bad, None)
 
 
 def test_since_is_a_duration_ago_or_an_iso_time() -> None:
     now = 1_000_000.0
-    assert opscli.parse_since("90s", now=now) == now - 90
-    assert opscli.parse_since("30m", now=now) == now - 1800
-    assert opscli.parse_since("2h", now=now) == now - 7200
-    assert opscli.parse_since("1d", now=now) == now - 86400
-    assert opscli.parse_since(None) is None
+    assert operator_commands.parse_since("90s", now=now) == now - 90
+    assert operator_commands.parse_since("30m", now=now) == now - 1800
+    assert operator_commands.parse_since("2h", now=now) == now - 7200
+    assert operator_commands.parse_since("1d", now=now) == now - 86400
+    assert operator_commands.parse_since(None) is None
     utc = dt.datetime(2026, 1, 31, 12, tzinfo=dt.UTC).timestamp()
-    assert opscli.parse_since("2026-01-31T12:00:00Z") == utc
-    assert opscli.parse_since("2026-01-31T12:00:00") == utc  # no zone: UTC, as the tables print
-    assert opscli.parse_since("2026-01-31T13:00:00+01:00") == utc
+    assert operator_commands.parse_since("2026-01-31T12:00:00Z") == utc
+    assert operator_commands.parse_since("2026-01-31T12:00:00") == utc  # no zone: UTC, as the tables print
+    assert operator_commands.parse_since("2026-01-31T13:00:00+01:00") == utc
     for bad in ("2x", "-1h", "yesterday", "1.5h"):
         with pytest.raises(UsageError):
-            opscli.parse_since(bad)
+            operator_commands.parse_since(bad)
 
 
 @pytest.mark.parametrize(
@@ -54,11 +54,11 @@ def test_since_is_a_duration_ago_or_an_iso_time() -> None:
     ],
 )
 def test_yaml_round_trips_user_text_exactly(text: str) -> None:
-    assert yaml.safe_load(opscli.to_yaml({"command": [text]})) == {"command": [text]}
+    assert yaml.safe_load(operator_commands.to_yaml({"command": [text]})) == {"command": [text]}
 
 
 def test_multi_line_text_is_a_literal_block() -> None:
-    assert opscli.to_yaml({"source": "x = batch[i]\ny = 1\n"}) == "source: |\n  x = batch[i]\n  y = 1\n"
+    assert operator_commands.to_yaml({"source": "x = batch[i]\ny = 1\n"}) == "source: |\n  x = batch[i]\n  y = 1\n"
 
 
 def test_replay_all_with_a_namespace_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,7 +70,7 @@ async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch
     from contracts import streams
     from contracts.messages import DeadLetter, encode
     from plumbing.bus_history import StoredMessage
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     letter = DeadLetter(stage="applier", reason="permanent", error="422", subject="s", payload=b"{}")
     stored = {
@@ -88,8 +88,8 @@ async def test_history_shows_each_undecodable_record_as_its_own_line(monkeypatch
     async def read_stream(js: object, stream: str, subject: str, **options: object) -> list[StoredMessage]:
         return stored[stream]
 
-    monkeypatch.setattr(ops, "read_stream", read_stream)
-    entries = await ops.history(None, ObjectKey(namespace="default", name="a"))  # type: ignore[arg-type]
+    monkeypatch.setattr(history_tools, "read_stream", read_stream)
+    entries = await history_tools.history(None, ObjectKey(namespace="default", name="a"))  # type: ignore[arg-type]
     assert [(e.kind, e.summary) for e in entries] == [
         ("plan", "undecodable apply message"),
         ("event", "undecodable event"),

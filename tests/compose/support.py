@@ -291,15 +291,15 @@ async def namespace_record(nc: NATS, namespace: str) -> tuple[list[Any], list[An
     from faults.support import apply_filter, results_filter
 
     from contracts import messages, streams
-    from tjpipe import ops
+    from tjpipe import history_tools
 
     js = nc.jetstream()
     plans = [
         messages.decode_apply(stored.data)
-        for stored in await ops.read_stream(js, streams.APPLY_HISTORY.name, apply_filter(namespace))
+        for stored in await history_tools.read_stream(js, streams.APPLY_HISTORY.name, apply_filter(namespace))
     ]
     results = [
         messages.decode_result(stored.data)
-        for stored in await ops.read_stream(js, streams.RESULTS.name, results_filter(namespace))
+        for stored in await history_tools.read_stream(js, streams.RESULTS.name, results_filter(namespace))
     ]
     return plans, results

@@ -30,11 +30,11 @@ from status_server.support import trainer_status
 from contracts import streams, subjects
 from contracts.progress import decode_progress
 from plumbing import bus_history
+from status_server import core as status_core
 from tjpipe import standin
 from tjpipe.local import compose, crds
 from tjpipe.local.cluster import RUN_TIME_ANNOTATION
 from tjpipe.local.kubeapi import new_api_client
-from tjpipe.status_server import core as status_core
 
 from .support import (
     WRITTEN,

@@ -35,8 +35,8 @@ from nats.aio.client import Client as NATS
 from needs import unavailable
 
 from contracts import fleet as fleet_contract
+from history_server.fleet import FleetIndex
 from plumbing import bus, bus_history
-from tjpipe.history_server.fleet import FleetIndex
 from tjpipe.local import compose
 from tjpipe.local.procs import free_port
 
@@ -240,11 +240,11 @@ async def _copy_problems(fleet: ComposeFleet) -> tuple[list[str], dict[str, dict
     counts: dict[str, dict[str, int]] = {}
     try:
         for origin in RECORD_STREAMS:
-            at_hub = origin_seqs(
-                await bus_history.read_stream(
-                    hub.jetstream(), fleet_contract.FLEET_OF[origin], f"{fleet_contract.PREFIX}.>"
-                )
-            )
+            copies = []
+            for cluster in readers:  # each member's copies are in a fleet stream of its own
+                name = fleet_contract.fleet_stream(origin, cluster)
+                copies += await bus_history.read_stream(hub.jetstream(), name, f"{fleet_contract.PREFIX}.>")
+            at_hub = origin_seqs(copies)
             held = {}
             for cluster, reader in readers.items():
                 info = await reader.jetstream().stream_info(origin)

@@ -46,7 +46,7 @@ from needs import unavailable
 
 from contracts import messages as m
 from contracts import streams, subjects
-from tjpipe import ops
+from tjpipe import history_tools
 from tjpipe.local import compose, crds
 from tjpipe.local.kubeapi import new_api_client
 
@@ -221,29 +221,29 @@ async def _read_bus(project: Project, *, whole: bool) -> BusRecord:
             return BusRecord({}, [], [], [], work_last, history)
         events = {
             stored.origin_seq: m.decode_event(stored.data).wire_version
-            for stored in await ops.read_stream(js, streams.EVENTS_HISTORY.name, subjects.events_filter())
+            for stored in await history_tools.read_stream(js, streams.EVENTS_HISTORY.name, subjects.events_filter())
         }
         plans = [
             m.decode_apply(stored.data)
-            for stored in await ops.read_stream(js, streams.APPLY_HISTORY.name, subjects.apply_filter())
+            for stored in await history_tools.read_stream(js, streams.APPLY_HISTORY.name, subjects.apply_filter())
         ]
         results = [
             m.decode_result(stored.data)
-            for stored in await ops.read_stream(js, streams.RESULTS.name, f"{subjects.RESULTS_PREFIX}.>")
+            for stored in await history_tools.read_stream(js, streams.RESULTS.name, f"{subjects.RESULTS_PREFIX}.>")
         ]
         dead = [
             m.decode_dead_letter(stored.data)
-            for stored in await ops.read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>")
+            for stored in await history_tools.read_stream(js, streams.DLQ.name, f"{subjects.DLQ_PREFIX}.>")
         ]
         return BusRecord(events, plans, results, dead, work_last, history)
     finally:
         await nc.close()
 
 
-async def _replay(project: Project) -> ops.ReplayReport:
+async def _replay(project: Project) -> history_tools.ReplayReport:
     nc = await project.reader()
     try:
-        return await ops.replay(nc.jetstream(), key=None)
+        return await history_tools.replay(nc.jetstream(), key=None)
     finally:
         await nc.close()
 

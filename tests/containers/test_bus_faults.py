@@ -21,7 +21,7 @@ lease round then waited for ever), once with partitions left with undelivered ev
 leader's kill, and once with lease rounds stopped after the partition; they have passed in every run since.
 
 Each test ends with the same invariant (``assert_invariants``): every TrainJob is built exactly as the pure
-planner plans it from its live spec and runtime (``tjpipe.ops.preview``, each planned object contained in
+planner plans it from its live spec and runtime (``tjpipe.history_tools.preview``, each planned object contained in
 the live one); ten suspended TrainJobs whose runtime patches were changed twice during the fault end at the
 second change (no stale plan wrote after a newer one); nothing is dead-lettered; once drained the pipeline
 writes nothing for 15 s (``apiserver_request_total``); the live replicas hold every partition again, in fair
@@ -66,7 +66,7 @@ from contracts import streams
 from contracts.messages import ApplySecret, ApplyTrainJobStatus, DeleteComponent
 from contracts.subjects import PARTITIONS
 from contracts.trainer import RUNTIME_SNAPSHOT_SUFFIX
-from tjpipe import ops
+from tjpipe import history_tools
 from tjpipe.local.kubeapi import new_api_client
 
 from . import support
@@ -386,9 +386,9 @@ def built_as_planned(api: Any, namespace: str) -> tuple[int, list[str]]:
         runtime = runtimes[tj["spec"]["runtimeRef"]["name"]]
         # The plan of the latest event, which carries the live JobSet; and what the first plan, made before any
         # JobSet existed, wrote besides (a later plan leaves the runtime snapshot as it was made).
-        latest = ops.preview(tj, runtime, jobset=jobsets.get(name))
+        latest = history_tools.preview(tj, runtime, jobset=jobsets.get(name))
         covered = {a.target for a in latest}
-        first = [a for a in ops.preview(tj, runtime) if a.target not in covered]
+        first = [a for a in history_tools.preview(tj, runtime) if a.target not in covered]
         for apply in [*latest, *first]:
             if isinstance(apply, ApplyTrainJobStatus | DeleteComponent):
                 continue

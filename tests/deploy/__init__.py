@@ -1,8 +1,8 @@
 """Checks of the deployment files (Dockerfile, compose, kustomize) against what the code actually reads and does.
 
 The helpers here derive the facts the files must agree with from the code itself: which environment
-variables each ``tjpipe`` subcommand reads (by building the real parser), which the streams read, and what
-each Dockerfile stage runs.
+variables each ``tjpipe`` subcommand reads and where a deployment sets each (from the settings' declarations,
+through the parser made from them), which the streams read, and what each Dockerfile stage runs.
 """
 
 from __future__ import annotations
@@ -18,20 +18,51 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 
+
+def _declarations() -> dict[str, list[Any]]:
+    """Subcommand (``watcher``, ``planner``, ...) -> the settings its flags were made from, each with its
+    environment variable and where a deployment sets it (``plumbing.configuration.Setting``)."""
+    from tjpipe import cli
+    from tjpipe.settings import FromEnvironment
+
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        command: [
+            action.default.setting
+            for action in sub._actions
+            if isinstance(action.default, FromEnvironment) and action.default.setting is not None
+        ]
+        for command, sub in subparsers.choices.items()
+    }
+
+
+SERVICE_COMMANDS = ("watcher", "planner", "applier")
+
+
+def _deployed(where: str) -> frozenset[str]:
+    """The variables of the pipeline's services that a deployment sets in the way ``where`` says."""
+    declarations = _declarations()
+    return frozenset(s.env for c in SERVICE_COMMANDS for s in declarations[c] if s.deployment == where)
+
+
 # Read by every service but different in every replica (the holder's name in partition leases), so a shared
 # configuration must not set it: it defaults to host-pid, and Kubernetes sets it to the pod name.
-PER_REPLICA_ENV = frozenset({"TJPIPE_REPLICA_ID"})
+PER_REPLICA_ENV = _deployed("per-replica")
 # Paths of key material that one service alone is given: set per service, next to what it points at,
 # never in a configuration every service shares.
-PER_SERVICE_ENV = frozenset({"TJPIPE_SIGNING_KEY", "TJPIPE_TRUSTED_EVENT_KEYS", "TJPIPE_TRUSTED_PLAN_KEYS"})
+PER_SERVICE_ENV = _deployed("per-service")
 # The NATS identity of one service (its nkey seed file): set per service, next to its own Secret.
-NATS_IDENTITY_ENV = frozenset({"NATS_CREDS"})
-# A client certificate for NATS, for servers that ask for one; this deployment authenticates with nkeys.
-OPTIONAL_ENV = frozenset({"NATS_TLS_CERT", "NATS_TLS_KEY", "TJPIPE_EVENT_LOOP"})
-"""Settings a deployment may leave out: the client certificate of mutual TLS, and the event loop (uvloop is
-not in the image; asyncio's own loop, the default, is what it runs)."""
+NATS_IDENTITY_ENV = _deployed("identity")
+OPTIONAL_ENV = _deployed("optional")
+"""Settings a deployment may leave out: the client certificate of mutual TLS (this deployment authenticates
+with nkeys), and the event loop (uvloop is not in the image; asyncio's own loop, the default, is what it runs)."""
 
-_ENV_IN_HELP = re.compile(r"\benv(?:ironment)?:?\s+([A-Z][A-Z0-9_]+)")
+
+def cli_env_names() -> dict[str, set[str]]:
+    """Subcommand (``watcher``, ``planner``, ...) -> the environment variables its flags read, from the
+    declarations the parser was made from (``tjpipe.settings``)."""
+    return {command: {s.env for s in settings} for command, settings in _declarations().items()}
 
 
 class _RecordingDict(dict[str, str]):
@@ -46,22 +77,6 @@ class _RecordingDict(dict[str, str]):
         return default
 
 
-def cli_env_names() -> dict[str, set[str]]:
-    """Subcommand (``watcher``, ``planner``, ...) -> the environment variables its flags read.
-
-    Every flag with a variable behind it names it in its help (``env: NAME``, ``tjpipe.settings.env_flag``);
-    ``tests/unit/test_tjpipe_settings.py`` checks that no flag reads one without saying so.
-    """
-    from tjpipe import cli
-
-    parser = cli.build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {
-        command: {name for action in sub._actions for name in _ENV_IN_HELP.findall(action.help or "")}
-        for command, sub in subparsers.choices.items()
-    }
-
-
 def stream_env_names() -> set[str]:
     """The variables ``contracts.streams.configured_streams`` reads (retention, replicas)."""
     from contracts import streams
@@ -69,9 +84,6 @@ def stream_env_names() -> set[str]:
     recorder = _RecordingDict()
     streams.configured_streams(recorder)
     return recorder.asked
-
-
-SERVICE_COMMANDS = ("watcher", "planner", "applier")
 
 
 def service_env_names() -> dict[str, set[str]]:

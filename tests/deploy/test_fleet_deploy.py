@@ -161,7 +161,10 @@ def test_the_hubs_files_are_domain_hub_with_a_mutual_tls_leaf_listener_where_the
     _check_config(relocated)
 
 
-@pytest.mark.parametrize(("kind", "name"), [("Job", "fleet-setup"), ("Deployment", "tjpipe-fleet-history-server")])
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [("Job", "fleet-setup"), ("Deployment", "tjpipe-fleet-history-server"), ("Deployment", "tjpipe-fleet-monitor")],
+)
 def test_the_hubs_clients_check_its_client_port_with_the_ca_of_its_secret(hub: list[Obj], kind: str, name: str) -> None:
     workload = _named(hub, kind, name)
     env = {item["name"]: item["value"] for item in _container(workload)["env"]}
@@ -183,6 +186,21 @@ def test_the_fleet_streams_job_runs_setup_as_fleet_admin_with_every_member(hub: 
     # The admin seed goes into this Job only.
     others = [w for w in (*_of_kind(hub, "Deployment"), *_of_kind(hub, "StatefulSet"))]
     assert not [w for w in others if "fleet-admin-nats-creds" in str(w["spec"]["template"]["spec"]["volumes"])]
+
+
+def test_the_fleet_monitor_reads_as_fleet_reader_and_serves_its_metrics_to_a_service(hub: list[Obj]) -> None:
+    deployment = _named(hub, "Deployment", "tjpipe-fleet-monitor")
+    container = _container(deployment)
+    assert container["args"][:2] == ["fleet", "monitor"]
+    port = container["args"][container["args"].index("--metrics-port") + 1]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    reader, reader_dir, _ = _secret_files(deployment, "nats-creds")
+    assert (reader, env["NATS_CREDS"]) == ("fleet-reader-nats-creds", f"{reader_dir}/nats.nk")
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    service = _named(hub, "Service", "tjpipe-fleet-monitor-metrics")
+    assert service["metadata"]["labels"]["trainjob-pipeline/metrics"] == "true"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert [(p["name"], str(p["port"])) for p in service["spec"]["ports"]] == [("metrics", port)]
 
 
 def test_the_fleet_history_server_reads_as_fleet_reader_with_the_clusters_file_from_a_secret(hub: list[Obj]) -> None:

@@ -1,8 +1,9 @@
 """The ``history-server`` component: its Deployment, Service, ServiceAccount, NetworkPolicy and RBAC.
 
 Rendered as ``deploy/overlays/history-server`` (the base with the component): the pod runs
-``tjpipe history-server`` with the variables it reads, the read-only NATS identity and TLS; the authorizer
-gives its ServiceAccount TokenReviews and SubjectAccessReviews and nothing else (not even a TrainJob);
+``tjpipe history-server`` with the variables it reads, the read-only NATS identity, the log-keeper identity and
+TLS; the authorizer gives its ServiceAccount TokenReviews and SubjectAccessReviews, and for keeping pod logs
+JobSet get, pods list and pods/log get, and nothing else (not even a TrainJob);
 the API server accepts every object; and the Kubeflow install takes the component the same way.
 """
 
@@ -42,6 +43,7 @@ REVIEWS = {
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("authorization.k8s.io", "subjectaccessreviews", "create"),
 }
+KEEPING_LOGS = {("jobset.x-k8s.io", "jobsets", "get"), ("", "pods", "list"), ("", "pods/log", "get")}
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +88,12 @@ def test_the_pod_runs_the_server_as_reader_over_tls_locked_down(rendered: list[O
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
     secrets = {v["secret"]["secretName"] for v in volumes.values() if "secret" in v}
-    assert secrets == {"tjpipe-reader-nats-creds", "nats-tls", "tjpipe-history-tls"}
+    assert secrets == {"tjpipe-reader-nats-creds", "tjpipe-log-keeper-nats-creds", "nats-tls", "tjpipe-history-tls"}
     assert volumes["nats-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert volumes[mounts[env["NATS_CREDS"].rsplit("/", 1)[0]]]["secret"]["secretName"] == "tjpipe-reader-nats-creds"
+    keeper = volumes[mounts[env["TJPIPE_HISTORY_LOGS_CREDS"].rsplit("/", 1)[0]]]
+    assert keeper["secret"]["secretName"] == "tjpipe-log-keeper-nats-creds"
     service = _named(rendered, "Service", NAME)
     assert _selects({"matchLabels": service["spec"]["selector"]}, deployment["spec"]["template"]["metadata"]["labels"])
 
@@ -123,12 +127,15 @@ def test_the_api_server_accepts_every_object(
 
 
 @pytest.mark.cluster
-def test_the_authorizer_gives_it_the_two_reviews_and_nothing_else(
+def test_the_authorizer_gives_it_the_two_reviews_and_what_keeping_logs_needs_and_nothing_else(
     kube: Any, rendered: list[Obj], api: tuple[Any, dict[str, dict[str, tuple[str, bool]]]]
 ) -> None:
     with rbac_applied(kube, api, rendered) as allowed:
-        assert sorted(p for p in REVIEWS if not allowed(NAME, p)) == []
+        assert sorted(p for p in REVIEWS | KEEPING_LOGS if not allowed(NAME, p)) == []
         others = set().union(*_expected_permissions().values()) | PROBES
+        others |= {("", "pods", "get"), ("", "pods", "watch"), ("", "secrets", "get"), ("", "pods/exec", "create")}
+        others |= {("jobset.x-k8s.io", "jobsets", "list"), ("jobset.x-k8s.io", "jobsets", "watch")}
+        others -= KEEPING_LOGS
         others |= {("trainer.kubeflow.org", "trainjobs", "get"), ("trainer.kubeflow.org", "trainjobs", "list")}
         assert sorted(p for p in others if allowed(NAME, p)) == []
 

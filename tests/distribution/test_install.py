@@ -1,4 +1,4 @@
-"""What ``pip install trainjob-pipeline`` puts into an environment: its six import roots and nothing else.
+"""What ``pip install trainjob-pipeline`` puts into an environment: its eight import roots and nothing else.
 
 Each top-level folder of the repository (``contracts/``, ``planner/``, ...) is an import root of its own,
 next to ``tjpipe`` (CONTRIBUTING.md, "Module paths"); the repository's tools (``bench``, ``tests``, ...)
@@ -21,7 +21,7 @@ import pytest
 pytestmark = [pytest.mark.packaging]
 
 REPO = Path(__file__).resolve().parents[2]
-IMPORT_ROOTS = ("tjpipe", "contracts", "planner", "watcher", "applier", "plumbing")
+IMPORT_ROOTS = ("tjpipe", "contracts", "planner", "watcher", "applier", "plumbing", "history_server", "status_server")
 REPOSITORY_TOOLS = {"bench", "tests", "tools", "compose", "deploy", "scripts"}
 
 

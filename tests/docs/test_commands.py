@@ -23,11 +23,15 @@ from pathlib import Path
 
 import pytest
 
+from tjpipe.local import toolchain
+
 from .support import Block, blocks
 
 PAGES = ("getting-started.md", "operating.md")
 BIN = Path(sys.executable).parent
-pytestmark = [pytest.mark.cluster, pytest.mark.nats]
+# The blocks' own timeouts are for the stack, not for compiling: on a cold machine the fixture first waits for
+# the simulated cluster's Go binaries, which CI builds beside this test, and the module's timeout covers that wait.
+pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(2400)]
 
 
 def _runnable() -> tuple[list[Block], list[Block]]:
@@ -76,6 +80,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dic
     cwd = tmp_path_factory.mktemp("docs-commands")
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "KUBECONFIG", "NATS_CREDS")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    for ensure in (toolchain.ensure_kube_binaries, toolchain.ensure_jobset_manager, toolchain.ensure_cluster_binaries):
+        ensure(progress=lambda _line: None)
     yield cwd, env
     _, last = _runnable()
     for block in last:

@@ -106,7 +106,7 @@ def test_the_install_pages_commands_run_on_a_real_api_server(
     assert {d.metadata.name: d.spec.replicas for d in deployments} == dict.fromkeys(names, 0)
 
     secrets = {s.metadata.name for s in kube_client.CoreV1Api(api).list_namespaced_secret("trainjob-pipeline").items}
-    identities = ("watcher", "planner", "applier", "admin", "reader", "status-server")
+    identities = ("watcher", "planner", "applier", "admin", "reader", "status-server", "log-keeper")
     assert {f"tjpipe-{s}-nats-creds" for s in identities} <= secrets
     assert {"nats-auth", "nats-tls", "tjpipe-webhook-tls", "tjpipe-status-server-tls", "tjpipe-history-tls"} <= secrets
     assert not any(secret.startswith("tjpipe-dlq-operator") for secret in secrets), "dlq-operator stays with people"

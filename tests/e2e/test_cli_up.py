@@ -70,7 +70,10 @@ def test_up_detach_shows_the_demo_jobset_and_down_stops_everything(tmp_path: Pat
         assert (state / "creds").stat().st_mode & 0o777 == 0o700
         assert {p.name: p.stat().st_mode & 0o777 for p in (state / "creds").iterdir()} == {
             f"{identity}.nk": 0o600
-            for identity in ("admin", "watcher", "planner", "applier", "reader", "dlq-operator", "status-server")
+            for identity in (
+                *("admin", "watcher", "planner", "applier", "reader", "dlq-operator", "status-server"),
+                *("history-keeper", "log-keeper"),
+            )
         }
         _check_demo_jobset(state)
         _check_demo_completes(state)

@@ -23,7 +23,7 @@ from planner.framework import Framework
 from planner.info import RuntimeInfo
 from planner.plugins import REGISTRY
 from plumbing.bus_history import read_stream
-from tjpipe import opscli, settings
+from tjpipe import operator_commands, settings
 from tjpipe.cli import build_parser
 from tjpipe.local.stack import Stack
 
@@ -121,7 +121,7 @@ def test_a_changed_planner_makes_replay_report_the_fields_and_fail(
     if pipeline.credentials:
         argv += ["--nats-creds", str(pipeline.credentials.seed_file("reader"))]
     args = settings.resolve(build_parser().parse_args(argv), {})
-    code = opscli.run("replay", args)
+    code = operator_commands.run("replay", args)
     assert code == 1
     report = json.loads(capsys.readouterr().out)
     assert report["jobs_changed"] == [f"{namespace}/{name}"]

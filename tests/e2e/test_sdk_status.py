@@ -31,8 +31,8 @@ from status_server.support import (
     trainer_status,
 )
 
+from status_server import core
 from tjpipe.credentials import Credentials
-from tjpipe.status_server import core
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ from nats.aio.client import Client as NATS
 from contracts import fleet as fleet_contract
 from contracts import streams, subjects
 from plumbing import bus, bus_history, bus_setup
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.local.fleet import LocalFleet as Fleet
 from tjpipe.local.fleet import LocalMember as Member
 
@@ -43,10 +43,30 @@ async def publish_records(member: Member, *, start: int, count: int, tag: str = 
         await applier.close()
 
 
-async def hub_records(servers: Fleet, stream: str) -> list[bus_history.StoredMessage]:
-    reader = await servers.hub_connect(fleet.HUB_READER)
+async def publish_large_results(member: Member, *, count: int, size: int) -> None:
+    """``count`` results of about ``size`` bytes each, as the applier records them, over 50 TrainJobs: bytes
+    enough to make the member's JetStream ask the hub for flow control (past 1 MiB unanswered), or to pass a
+    member's quota at the hub."""
+    applier = await member.connect("applier")
     try:
-        return await bus_history.read_stream(reader.jetstream(), stream, f"{fleet_contract.PREFIX}.>")
+        js = applier.jetstream()
+        for n in range(count):
+            body = json.dumps({"cluster": member.cluster, "n": n, "pad": "x" * size}).encode()
+            await js.publish(subjects.result_subject(NAMESPACE, f"big-{n % 50}", "jobset"), body)
+    finally:
+        await applier.close()
+
+
+async def hub_records(servers: Fleet, kind: str) -> list[bus_history.StoredMessage]:
+    """The hub's copies of one kind of record (``FLEET_EVENTS_HISTORY``), every member's stream of it in turn."""
+    (origin,) = [spec.origin for spec in fleet_contract.FLEET_STREAMS if spec.name == kind]
+    reader = await servers.hub_connect(fleet_nats.HUB_READER)
+    try:
+        out: list[bus_history.StoredMessage] = []
+        for cluster in servers.members:
+            name = fleet_contract.fleet_stream(origin, cluster)
+            out += await bus_history.read_stream(reader.jetstream(), name, f"{fleet_contract.PREFIX}.>")
+        return out
     finally:
         await reader.close()
 

@@ -1,4 +1,4 @@
-"""``tjpipe fleet``: the files it writes are what ``tjpipe.fleet`` renders and what nats-server accepts, with seeds
+"""``tjpipe fleet``: the files it writes are what ``tjpipe.fleet_nats`` renders and what nats-server accepts, with seeds
 kept private; ``setup`` and ``status`` work on a real hub as its ``fleet-admin``."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from contracts import fleet as fleet_contract
 from fleet.support import Fleet
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.cli import main
 from tjpipe.local.natsd import nats_server_binary
 
@@ -26,10 +26,10 @@ def test_the_files_of_a_fleet(tmp_path: Path) -> None:
     folder = tmp_path / "fleet"
     members = ["--member", "c1", "--member", "c2"]
     assert main(["fleet", "credentials", "--dir", str(folder), *members, "--hub-host", "127.0.0.1"]) == 0
-    creds = fleet.FleetCredentials(folder)
+    creds = fleet_nats.FleetCredentials(folder)
     assert _mode(folder) == 0o700 and _mode(creds.leaf_seed("c1")) == 0o600
     assert _mode(folder / "tls" / "members" / "c1.key") == 0o600
-    assert (folder / "hub-authorization.conf").read_text() == fleet.hub_authorization(creds, ["c1", "c2"])
+    assert (folder / "hub-authorization.conf").read_text() == fleet_nats.hub_authorization(creds, ["c1", "c2"])
 
     (tmp_path / "pw").write_text("route-secret\n")
     hub = tmp_path / "hub-0.conf"
@@ -62,9 +62,19 @@ def test_a_member_the_fleet_does_not_know_or_a_bad_name_is_a_usage_error(
 
 
 def test_setup_and_status_on_the_hub(fleet_servers: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
-    nats = ["--nats-url", fleet_servers.hub.url, "--nats-creds", str(fleet_servers.creds.hub_seed(fleet.HUB_ADMIN))]
+    nats = [
+        "--nats-url",
+        fleet_servers.hub.url,
+        "--nats-creds",
+        str(fleet_servers.creds.hub_seed(fleet_nats.HUB_ADMIN)),
+    ]
     assert main(["fleet", "setup", "--member", "c1", "--member", "c2", *nats]) == 0
-    reader = ["--nats-url", fleet_servers.hub.url, "--nats-creds", str(fleet_servers.creds.hub_seed(fleet.HUB_READER))]
+    reader = [
+        "--nats-url",
+        fleet_servers.hub.url,
+        "--nats-creds",
+        str(fleet_servers.creds.hub_seed(fleet_nats.HUB_READER)),
+    ]
     assert main(["fleet", "status", *reader]) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines() if line.startswith("FLEET_")]
     # Twice (setup prints them too): every fleet stream, each member once, connected.
@@ -72,4 +82,5 @@ def test_setup_and_status_on_the_hub(fleet_servers: Fleet, capsys: pytest.Captur
     assert {(row[0], row[1]) for row in rows} == {
         (spec.name, cluster) for spec in fleet_contract.FLEET_STREAMS for cluster in ("c1", "c2")
     }
-    assert not [row for row in rows if "not connected" in row[3] or len(row) > 4]
+    # Connected, nothing lost, no error: stream, cluster, lag, lost, last contact.
+    assert not [row for row in rows if row[3] != "lost 0" or "not connected" in row[4] or len(row) > 5]

@@ -14,9 +14,10 @@ import subprocess
 import pytest
 
 from contracts import fleet as fleet_contract
+from contracts import streams
 from fleet.support import EVENTS_FLEET, NAMESPACE, RESULTS_FLEET, Fleet, check_exact, publish_records, until_hub_holds
 from plumbing import bus, bus_history
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.local.natsd import nats_server_binary
 from tjpipe.nats_server import get_json
 
@@ -34,7 +35,7 @@ async def test_both_members_records_at_the_hub_once_each_under_their_names(fleet
         assert job0 == {"c1", "c2"}
     nc = await fleet_servers.hub_connect()
     try:
-        states = await fleet.wait_caught_up(nc.jetstream(), timeout=10)
+        states = await fleet_nats.wait_caught_up(nc.jetstream(), timeout=10)
     finally:
         await nc.close()
     assert {(s.stream, s.cluster) for s in states} == {
@@ -48,13 +49,11 @@ async def test_hub_config_streams_have_no_subjects_a_member_could_publish_on(fle
     try:
         js = nc.jetstream()
         for spec in fleet_contract.FLEET_STREAMS:
-            info = await js.stream_info(spec.name)
-            assert not info.config.subjects
-            assert info.config.num_replicas == 3
-            assert sorted(s.external.api for s in info.config.sources or [] if s.external) == [
-                "$JS.c1.API",
-                "$JS.c2.API",
-            ]
+            for cluster in ("c1", "c2"):
+                info = await js.stream_info(fleet_contract.fleet_stream(spec.origin, cluster))
+                assert not info.config.subjects
+                assert info.config.num_replicas == 3
+                assert [s.external.api for s in info.config.sources or [] if s.external] == [f"$JS.{cluster}.API"]
     finally:
         await nc.close()
 
@@ -72,13 +71,19 @@ def test_every_server_of_the_fleet_runs_the_nats_server_we_ship(fleet_servers: F
 
 async def test_the_fleet_reader_reads_the_fleet_streams_and_changes_nothing(fleet_servers: Fleet) -> None:
     reader = await bus.connect(
-        fleet_servers.hub.url, name="fleet-test-reader", creds=fleet_servers.creds.hub_seed(fleet.HUB_READER)
+        fleet_servers.hub.url, name="fleet-test-reader", creds=fleet_servers.creds.hub_seed(fleet_nats.HUB_READER)
     )
     try:
         js = reader.jetstream()
-        records = await bus_history.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.c1.>")
+        c1_events = fleet_contract.fleet_stream(streams.EVENTS_HISTORY.name, "c1")
+        records = await bus_history.read_stream(js, c1_events, f"{fleet_contract.PREFIX}.c1.>")
         assert records and all(fleet_contract.cluster_of(r.subject)[0] == "c1" for r in records)
-        for subject in (f"$JS.API.STREAM.PURGE.{EVENTS_FLEET}", f"$JS.API.CONSUMER.CREATE.{EVENTS_FLEET}"):
+        for subject in (
+            f"$JS.API.STREAM.PURGE.{c1_events}",
+            f"$JS.API.CONSUMER.CREATE.{c1_events}",
+            # The shared stream of every member that earlier releases had: nothing to read there.
+            f"$JS.API.STREAM.INFO.{EVENTS_FLEET}",
+        ):
             await reader.publish(subject, b"{}", reply=reader.new_inbox())
             await reader.flush()
             for _ in range(40):
@@ -86,6 +91,6 @@ async def test_the_fleet_reader_reads_the_fleet_streams_and_changes_nothing(flee
                     break
                 await asyncio.sleep(0.025)
             assert any(subject.lower() in refusal.lower() for refusal in bus.refusals(reader)), subject
-        assert len(await bus_history.read_stream(js, EVENTS_FLEET, f"{fleet_contract.PREFIX}.>")) >= len(records)
+        assert len(await bus_history.read_stream(js, c1_events, f"{fleet_contract.PREFIX}.>")) >= len(records)
     finally:
         await reader.close()

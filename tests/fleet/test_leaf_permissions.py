@@ -22,8 +22,16 @@ import pytest
 
 from contracts import fleet as fleet_contract
 from contracts import streams, subjects
-from fleet.support import EVENTS_FLEET, Fleet, hub_records, publish_records
-from tjpipe import fleet
+from fleet.support import (
+    EVENTS_FLEET,
+    RESULTS_FLEET,
+    Fleet,
+    hub_records,
+    publish_large_results,
+    publish_records,
+    until_hub_holds,
+)
+from tjpipe import fleet_nats
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]
 
@@ -103,7 +111,8 @@ class RogueLeaf:
         await self.wait_for("PONG")
 
     def received(self) -> list[str]:
-        return [line for line in self.lines if line.startswith("LMSG ")]
+        """Every message the hub sent it: ``LMSG``, or ``HMSG`` for one with headers (records, flow control)."""
+        return [line for line in self.lines if line.startswith(("LMSG ", "HMSG "))]
 
     async def close(self) -> None:
         self._pump.cancel()
@@ -211,9 +220,49 @@ async def _stream_state(url: str, seed: Path, stream: str) -> tuple[int, int, in
 
 
 def test_leaf_permissions_name_only_the_members_own_subjects() -> None:
-    rules = fleet.leaf_permissions("c1")
-    assert all("c1" in subject or subject.startswith("$JS.FC.") for subject in rules.publish + rules.subscribe)
+    rules = fleet_nats.leaf_permissions("c1")
+    assert all(".c1." in subject for subject in rules.publish + rules.subscribe)
     assert not any(subject.startswith(("tj.", "$JS.API", "$KV")) for subject in rules.publish + rules.subscribe)
+
+
+async def test_a_members_leaf_seed_gets_no_flow_control_of_another_member(fleet_servers: Fleet) -> None:
+    """Each member's server names its domain in its consumers' flow control (``$JS.FC.<cluster>.…``) and each
+    leaf user may receive only its own: a rogue with c1's seed asking for c2's flow control, every member's,
+    the first form's or c2's API gets none of it, while both members' copies, flow-controlled, reach the hub."""
+    admin = await fleet_servers.hub_connect()
+    flow_control: list[str] = []
+
+    async def watch(msg: nats.aio.msg.Msg) -> None:
+        flow_control.append(msg.subject)
+
+    await admin.subscribe("$JS.FC.>", cb=watch)
+    await admin.flush()
+    leaves = []
+    try:
+        results = streams.RESULTS.name
+        for subject in ("$JS.FC.>", "$JS.FC.c2.>", f"$JS.FC.*.*.{results}.>", f"$JS.FC.{results}.>", "$JS.c2.API.>"):
+            leaf = await RogueLeaf.open(fleet_servers, "c1")
+            await leaf.subscribe(subject)
+            leaves.append(leaf)
+        before = len(await hub_records(fleet_servers, RESULTS_FLEET))
+        count = 600
+        await asyncio.gather(
+            publish_large_results(fleet_servers.members["c1"], count=count, size=5000),
+            publish_large_results(fleet_servers.members["c2"], count=count, size=5000),
+        )
+        held = await until_hub_holds(fleet_servers, RESULTS_FLEET, before + 2 * count, timeout=60)
+        assert len(held) == before + 2 * count
+        await asyncio.sleep(0.5)
+        # Of c2, nothing: at most c1's own flow control reaches any of them (their wildcards match it too).
+        heard = [line for leaf in leaves for line in leaf.received()]
+        assert [line for line in heard if not line.startswith("HMSG $JS.FC.c1.")] == []
+        # The hub answered each member's flow control, in the form that names the member.
+        assert "c2" in {subject.split(".")[2] for subject in flow_control}, flow_control
+        assert {subject.split(".")[2] for subject in flow_control} <= {"c1", "c2"}, flow_control
+    finally:
+        await admin.close()
+        for leaf in leaves:
+            await leaf.close()
 
 
 async def test_a_members_leaf_seed_hears_nothing_of_another_member(fleet_servers: Fleet) -> None:
@@ -230,7 +279,9 @@ async def test_a_members_leaf_seed_hears_nothing_of_another_member(fleet_servers
         while len(await hub_records(fleet_servers, EVENTS_FLEET)) < before + 5:
             await asyncio.sleep(0.2)
         await asyncio.sleep(0.5)
-        assert [leaf.received() for leaf in leaves] == [[] for _ in leaves]
+        # Of c2, nothing: at most c1's own flow control reaches any of them (their wildcards match it too).
+        heard = [line for leaf in leaves for line in leaf.received()]
+        assert [line for line in heard if not line.startswith("HMSG $JS.FC.c1.")] == []
     finally:
         for leaf in leaves:
             await leaf.close()

@@ -11,9 +11,12 @@ Afterwards every record of each member is at the hub once: counted exactly, with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from contracts import fleet as fleet_contract
 from contracts import streams
@@ -26,8 +29,12 @@ from fleet.support import (
     publish_records,
     until_hub_holds,
 )
+from plumbing import bus_setup
+from tjpipe import fleet_command, fleet_nats
+from tjpipe.cli import main
+from tjpipe.local.procs import free_port, http_ok, wait_until
 
-pytestmark = [pytest.mark.nats, pytest.mark.timeout(170)]
+pytestmark = [pytest.mark.nats, pytest.mark.timeout(200)]
 
 APPLY_FLEET = fleet_contract.FLEET_OF[streams.APPLY_HISTORY.name]
 CATCH_UP_SECONDS = 60.0
@@ -93,7 +100,8 @@ async def test_losing_the_fleet_streams_leader_loses_and_doubles_nothing(fleet_s
     total = {cluster: before.get(cluster, 0) for cluster in ("c1", "c2")}
     nc = await fleet_servers.hub_connect()
     try:
-        leader = (await nc.jetstream().stream_info(EVENTS_FLEET)).cluster.leader  # type: ignore[union-attr]
+        c1_events = fleet_contract.fleet_stream(streams.EVENTS_HISTORY.name, "c1")
+        leader = (await nc.jetstream().stream_info(c1_events)).cluster.leader  # type: ignore[union-attr]
     finally:
         await nc.close()
     index = fleet_servers.hub.names.index(leader)
@@ -114,3 +122,91 @@ async def test_losing_the_fleet_streams_leader_loses_and_doubles_nothing(fleet_s
     check_exact(
         await until_hub_holds(fleet_servers, EVENTS_FLEET, sum(total.values()), timeout=CATCH_UP_SECONDS), total
     )
+
+
+async def test_a_cut_longer_than_the_members_retention_is_reported_as_lost(
+    fleet_servers: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """c1 keeps its results 2 s (``TJPIPE_RESULTS_MAX_AGE=2s``, as an operator would set it); its link is cut
+    while 20 results come and go. After the link is back the hub's source has no lag (it copies what c1 still
+    holds), and the 20 it never got are reported: by ``source_gaps``, ``tjpipe fleet status`` and the
+    ``tjpipe fleet monitor`` metric, with nothing reported of c2 or of c1's other streams."""
+    c1 = fleet_servers.members["c1"]
+    results_fleet = fleet_contract.FLEET_OF[streams.RESULTS.name]
+    admin = await c1.connect("admin")
+    try:
+        await bus_setup.setup_bus(admin.jetstream(), streams.configured_streams({"TJPIPE_RESULTS_MAX_AGE": "2s"}))
+        held = per_cluster(await hub_records(fleet_servers, results_fleet))
+        first = held.get("c1", 0)
+        await publish_records(c1, start=10_000, count=10)
+        await until_hub_holds(fleet_servers, results_fleet, sum(held.values()) + 10, timeout=30)
+
+        c1.set_link(False)
+        await publish_records(c1, start=10_010, count=20)
+        # The cut outlasts c1's retention: every result it held is gone from its own stream.
+        for _ in range(100):
+            state = (await admin.jetstream().stream_info(streams.RESULTS.name)).state
+            if state.messages == 0:
+                break
+            await asyncio.sleep(0.2)
+        assert state.messages == 0
+        await publish_records(c1, start=10_030, count=5)
+        c1.set_link(True)
+        records = await until_hub_holds(fleet_servers, results_fleet, sum(held.values()) + 15, timeout=CATCH_UP_SECONDS)
+        assert per_cluster(records)["c1"] == first + 15
+        mine = [r.origin_seq for r in records if fleet_contract.cluster_of(r.subject)[0] == "c1"]
+        last_before_cut = mine[-6]
+
+        reader = await fleet_servers.hub_connect(fleet_nats.HUB_READER)
+        try:
+            js = reader.jetstream()
+            states = {(s.stream, s.cluster): s for s in await fleet_nats.wait_caught_up(js, timeout=CATCH_UP_SECONDS)}
+            assert states[(results_fleet, "c1")].lag == 0  # what the source itself says: nothing to see
+            gaps = {(g.stream, g.cluster): g for g in await fleet_nats.source_gaps(js)}
+            assert gaps[(results_fleet, "c1")].missing == 20
+            assert gaps[(results_fleet, "c1")].ranges == ((last_before_cut + 1, last_before_cut + 20),)
+            assert {key: g.missing for key, g in gaps.items() if key != (results_fleet, "c1")} == {
+                key: 0 for key in gaps if key != (results_fleet, "c1")
+            }
+
+            # The monitor's metric, as Prometheus would scrape it.
+            port = free_port()
+            task = asyncio.create_task(fleet_command._monitor(js, port=port, interval=0.5, host="127.0.0.1"))
+            try:
+                url = f"http://127.0.0.1:{port}"
+                await asyncio.to_thread(
+                    wait_until, lambda: http_ok(f"{url}/readyz", timeout=1), timeout=30, what="monitor"
+                )
+                text = await asyncio.to_thread(
+                    lambda: urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+                )
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            await reader.close()
+        samples = {
+            (s.labels["stream"], s.labels["cluster"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "tjpipe_fleet_source_gap_records"
+        }
+        assert samples[(results_fleet, "c1")] == 20
+        assert samples[(results_fleet, "c2")] == 0
+
+        url_and_creds = [
+            "--nats-url",
+            fleet_servers.hub.url,
+            "--nats-creds",
+            str(fleet_servers.creds.hub_seed(fleet_nats.HUB_READER)),
+        ]
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, ["fleet", "status", *url_and_creds]) == 0
+        out, err = capsys.readouterr()
+        line = next(row for row in out.splitlines() if row.startswith(f"{results_fleet}\tc1\t"))
+        assert f"\tlag 0\tlost 20 (origin {last_before_cut + 1}-{last_before_cut + 20})\t" in line
+        assert "lacks records a member no longer holds" in err
+    finally:
+        await bus_setup.setup_bus(admin.jetstream(), streams.configured_streams())
+        await admin.close()

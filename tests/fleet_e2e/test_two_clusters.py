@@ -2,7 +2,7 @@
 every record of both, each under its cluster's name, through a minute with one member cut off under load.
 
 What is asserted is behaviour: TrainJobs reach Trainer's Complete in each cluster; the hub's fleet streams,
-read the way the fleet's history server reads them (``tjpipe.history_server.fleet.FleetIndex``, as
+read the way the fleet's history server reads them (``history_server.fleet.FleetIndex``, as
 ``fleet-reader``), show each TrainJob Complete under its own cluster, and the same namespace and name in both
 clusters as two TrainJobs; while c1's leaf link is down, c1 keeps building and completing TrainJobs and
 nothing of it reaches the hub; once the link is back, every record of every record stream of both members
@@ -22,9 +22,9 @@ from faults.support import Pipeline, condition_of, trainjob, until, until_async
 
 from contracts import fleet as fleet_contract
 from contracts import streams
+from history_server.fleet import FleetIndex
 from plumbing import bus_history
-from tjpipe import fleet
-from tjpipe.history_server.fleet import FleetIndex
+from tjpipe import fleet_nats
 
 from .support import CLUSTERS, NAMESPACE, RECORD_STREAMS, World, copy_problems, origin_seqs
 
@@ -42,7 +42,7 @@ HUB_WITHIN = 240.0
 to about two minutes between attempts (docs/fleet.md)."""
 LINK_WITHIN = 60.0
 """How long the member's server may take to show its leaf link down or up again after a reload."""
-EVENTS_FLEET = fleet_contract.FLEET_OF[streams.EVENTS_HISTORY.name]
+EVENTS_HISTORY = streams.EVENTS_HISTORY.name
 
 
 def complete(p: Pipeline, names: list[str]) -> list[str]:
@@ -79,7 +79,7 @@ class HubView:
         self.index = FleetIndex(CLUSTERS)
 
     async def catch_up(self) -> None:
-        reader = await self.world.fleet.hub_connect(fleet.HUB_READER)
+        reader = await self.world.fleet.hub_connect(fleet_nats.HUB_READER)
         try:
             await self.index.catch_up(reader.jetstream())
         finally:
@@ -107,11 +107,16 @@ class HubView:
         await until_async(check, timeout=timeout, what="every TrainJob Complete at the hub", interval=1.0)
 
 
-async def hub_records(world: World, stream: str) -> list[bus_history.StoredMessage]:
-    """A fleet stream's records, by direct get as ``fleet-reader``."""
-    reader = await world.fleet.hub_connect(fleet.HUB_READER)
+async def hub_records(world: World, origin: str) -> list[bus_history.StoredMessage]:
+    """The hub's copies of every member's record stream ``origin`` (each member's fleet stream of it), by
+    direct get as ``fleet-reader``."""
+    reader = await world.fleet.hub_connect(fleet_nats.HUB_READER)
     try:
-        return await bus_history.read_stream(reader.jetstream(), stream, f"{fleet_contract.PREFIX}.>")
+        out: list[bus_history.StoredMessage] = []
+        for cluster in CLUSTERS:
+            name = fleet_contract.fleet_stream(origin, cluster)
+            out += await bus_history.read_stream(reader.jetstream(), name, f"{fleet_contract.PREFIX}.>")
+        return out
     finally:
         await reader.close()
 
@@ -133,7 +138,7 @@ async def hub_holds_everything(world: World) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
     problems = []
     for origin in RECORD_STREAMS:
-        at_hub = origin_seqs(await hub_records(world, fleet_contract.FLEET_OF[origin]))
+        at_hub = origin_seqs(await hub_records(world, origin))
         held = {}
         for cluster in CLUSTERS:
             first, mine = await member_records(world, cluster, origin)
@@ -152,8 +157,7 @@ async def lags(world: World, *, cut_at: float | None = None) -> dict[str, list[f
     out: dict[str, list[float]] = {}
     for origin in RECORD_STREAMS:
         at_hub = {
-            (fleet_contract.cluster_of(r.subject)[0], r.origin_seq): r.time
-            for r in await hub_records(world, fleet_contract.FLEET_OF[origin])
+            (fleet_contract.cluster_of(r.subject)[0], r.origin_seq): r.time for r in await hub_records(world, origin)
         }
         for cluster in CLUSTERS:
             for record in (await member_records(world, cluster, origin))[1]:
@@ -221,7 +225,7 @@ async def test_a_member_cut_off_for_a_minute_under_load_keeps_completing_and_the
     await until_async(lambda: _caught_up(world), timeout=HUB_WITHIN, what="the hub caught up before the cut")
     c1.server.set_link(False, timeout=LINK_WITHIN)
     cut_started = time.time()
-    before = origin_seqs(await hub_records(world, EVENTS_FLEET))
+    before = origin_seqs(await hub_records(world, EVENTS_HISTORY))
 
     # The load: RATE TrainJobs a second in each member for CUT_SECONDS, the same names in both.
     names: list[str] = []
@@ -245,7 +249,7 @@ async def test_a_member_cut_off_for_a_minute_under_load_keeps_completing_and_the
     # Still cut off: c1 completes every one of them, and nothing of it has reached the hub.
     await all_complete(c1.pipe, names, what="c1's TrainJobs Complete while its link is down")
     assert c1.server.leaf_count() == 0, "c1's leaf link came back before the test healed it"
-    during = origin_seqs(await hub_records(world, EVENTS_FLEET))
+    during = origin_seqs(await hub_records(world, EVENTS_HISTORY))
     c1_before, c1_during = before.get("c1", []), during.get("c1", [])
     assert c1_during == c1_before, f"c1's events reached the hub while cut: {len(c1_before)} → {len(c1_during)}"
     assert len(during.get("c2", [])) > len(before.get("c2", [])), "c2's events stopped reaching the hub meanwhile"
@@ -277,7 +281,7 @@ async def test_a_member_cut_off_for_a_minute_under_load_keeps_completing_and_the
 async def _caught_up(world: World) -> bool:
     nc = await world.fleet.hub_connect()
     try:
-        await fleet.wait_caught_up(nc.jetstream(), timeout=30)
+        await fleet_nats.wait_caught_up(nc.jetstream(), timeout=30)
     finally:
         await nc.close()
     return True

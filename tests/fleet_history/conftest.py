@@ -24,7 +24,7 @@ from history.support import Server, record, run_async, start_server
 from kubernetes import client as kube_client
 
 from contracts import subjects
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.local.fleet import LocalFleet as Fleet
 from tjpipe.local.fleet import LocalMember as Member
 from tjpipe.local.fleet import start_fleet
@@ -132,7 +132,7 @@ async def _record(member: Member, cluster: str) -> tuple[int, ...]:
 async def _hub_caught_up(running: Fleet) -> None:
     nc = await running.hub_connect()
     try:
-        await fleet.wait_caught_up(nc.jetstream(), timeout=60)
+        await fleet_nats.wait_caught_up(nc.jetstream(), timeout=60)
     finally:
         await nc.close()
 
@@ -184,7 +184,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         seqs = {name: run_async(lambda name=name: _record(running.members[name], name)) for name in ("a", "b")}
         run_async(lambda: _hub_caught_up(running))
         hub_url = running.hub.url.split(",")[0]
-        reader_seed = running.creds.hub_seed(fleet.HUB_READER)
+        reader_seed = running.creds.hub_seed(fleet_nats.HUB_READER)
         server = start_server(
             nats_url=hub_url,
             reader_creds=reader_seed,

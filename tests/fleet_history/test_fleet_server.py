@@ -234,3 +234,27 @@ def test_the_cli_reads_one_cluster_at_the_hub(world: World) -> None:
     assert missing.returncode != 0 and "in cluster a" in missing.stderr
     bad = _tjpipe(world, "history", f"{NAMESPACE}/x", "--cluster", "A.*")
     assert bad.returncode == 2 and "--cluster" in bad.stderr
+
+
+def test_the_export_at_the_hub_holds_one_clusters_record_and_is_refused_for_another(world: World) -> None:
+    a = world.clusters["a"]
+    _until_listed(world, a.viewer, "a", 2)
+    status, body, headers = get(f"{world.server.url}/api/v1{_job('a', 'shared')}/export", a.viewer)
+    assert status == 200, body
+    assert headers["Content-Disposition"] == f'attachment; filename="a_{NAMESPACE}_shared.jsonl"'
+    records = [json.loads(line) for line in body.decode().splitlines()]
+    assert records[0]["record"] == "trainjob" and records[0]["cluster"] == "a"
+    assert {r["record"] for r in records[1:]} >= {"event", "plan", "result", "dead-letter", "progress"}
+    # Each record as cluster A stored it (its own stream's names), none of B's.
+    assert {r["stream"] for r in records[1:]} <= {
+        "TJ_EVENTS_HISTORY",
+        "TJ_APPLY_HISTORY",
+        "TJ_RESULTS",
+        "TJ_DLQ",
+        "TJ_PROGRESS",
+    }
+    progress = [json.dumps(r["message"]) for r in records if r["record"] == "progress"]
+    assert progress and all(LOSS["a"] in p and LOSS["b"] not in p for p in progress)
+    assert get(f"{world.server.url}/api/v1{_job('b', 'shared')}/export", a.viewer)[0] == 401
+    # The hub keeps no logs: they stay on each cluster's own bus.
+    assert get(f"{world.server.url}/api/v1{_job('a', 'shared')}/logs", a.viewer)[0] == 404

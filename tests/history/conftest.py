@@ -19,6 +19,8 @@ from kubernetes import client as kube_client
 
 from plumbing import bus
 
+from .keep_support import kept  # noqa: F401  (the retention and Run again tests' namespaces and server)
+from .logs_support import kept_logs  # noqa: F401  (the kept logs of the logs tests)
 from .progress_support import story  # noqa: F401  (the recorded story of the progress and timeline tests)
 from .support import Recorded, Server, record, run_async, start_server
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
-from applier.core import STALE_STATUS
+from applier.outcomes import STALE_STATUS
 from contracts import subjects
 from contracts.messages import ApplyResult, ObjectKey, Target, component_of, encode
 from contracts.progress import ProgressReported, encode_progress
@@ -161,11 +161,17 @@ async def publish_progress(nats_url: str, creds: Path, namespace: str, name: str
 
 
 def _bind_viewer(rbac: kube_client.RbacAuthorizationV1Api, namespace: str) -> None:
-    name = "trainjob-reader"
-    rbac.create_namespaced_role(
-        namespace, kube_client.V1Role(metadata=kube_client.V1ObjectMeta(name=name), rules=[READ_TRAINJOBS])
-    )
     subject = kube_client.RbacV1Subject(kind="ServiceAccount", name="viewer", namespace=namespace)
+    bind(rbac, namespace, "trainjob-reader", READ_TRAINJOBS, subject)
+
+
+def bind(
+    rbac: kube_client.RbacAuthorizationV1Api, namespace: str, name: str, rule: Any, subject: kube_client.RbacV1Subject
+) -> None:
+    """A Role ``name`` in ``namespace`` with ``rule``, bound to ``subject``."""
+    rbac.create_namespaced_role(
+        namespace, kube_client.V1Role(metadata=kube_client.V1ObjectMeta(name=name), rules=[rule])
+    )
     rbac.create_namespaced_role_binding(
         namespace,
         kube_client.V1RoleBinding(

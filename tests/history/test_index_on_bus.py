@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tjpipe.history_server import index as index_module
-from tjpipe.history_server.index import HistoryIndex
+from history_server import index as index_module
+from history_server.index import HistoryIndex
 
 from .support import record
 

@@ -74,6 +74,9 @@ def test_a_trainjob_runs_on_the_real_node_and_reports_its_progress_from_the_pod(
             assert "step 12/12" in logs and "done: loss" in logs, logs
             _check_a_service_by_its_dns_name(core)
         _check_the_history_shows_the_pods_progress(up.stderr + up.stdout, pod_name=pod.metadata.name)
+        _check_the_pods_log_is_kept_after_the_trainjob_is_gone(
+            up.stderr + up.stdout, pod_name=pod.metadata.name, kubeconfig=state / "kubeconfig"
+        )
     finally:
         down = _tjpipe("down", cwd=tmp_path, timeout=300)
     assert down.returncode == 0, down.stderr
@@ -200,3 +203,52 @@ def _check_the_history_shows_the_pods_progress(output: str, *, pod_name: str) ->
     assert series["pods"] == [pod_name], series
     assert len(points) >= 2 and points[-1]["progressPercentage"] == 100, points
     assert "loss" in series["metrics"], series
+
+
+def _check_the_pods_log_is_kept_after_the_trainjob_is_gone(output: str, *, pod_name: str, kubeconfig: Path) -> None:
+    """The history server kept the training pod's log when the TrainJob finished (read from the kubelet, through
+    the apiserver, as the server's own ServiceAccount), and still shows it once the TrainJob and its pod are
+    deleted."""
+    import json
+    import re
+    import urllib.request
+
+    url = re.search(r"history UI:\s+(http://127\.0\.0\.1:\d+)", output)
+    token = re.search(r"log in with the stack's admin token: (\S+)", output)
+    assert url and token, output[-2000:]
+    job = f"{url.group(1)}/api/v1/namespaces/tjpipe-demo/trainjobs/mnist"
+
+    def read(path: str) -> Any:
+        request = urllib.request.Request(job + path, headers={"Authorization": f"Bearer {token.group(1)}"})
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            return json.load(answer)
+
+    def kept_log() -> list[str]:
+        answer = read("/logs")
+        kept = answer["kept"]
+        assert kept is not None and kept["reason"] == "finished", answer
+        assert [(p["pod"], p["container"]) for p in kept["pieces"]] == [(pod_name, "node")], kept
+        assert kept["missing"] == [] and kept["noContainers"] is False, kept
+        lines: list[str] = read(f"/logs/{pod_name}/node?tail=50")["lines"]
+        return lines
+
+    deadline = time.monotonic() + 60
+    while read("/logs")["kept"] is None and time.monotonic() < deadline:
+        time.sleep(1)
+    lines = kept_log()
+    assert any("step 12/12" in line for line in lines) and any("done: loss" in line for line in lines), lines
+    with new_api_client(kubeconfig) as api:
+        CustomObjectsApi(api).delete_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "tjpipe-demo", "trainjobs", "mnist"
+        )
+        core = CoreV1Api(api)
+        selector = "jobset.sigs.k8s.io/jobset-name=mnist"
+        deadline = time.monotonic() + 90
+        while core.list_namespaced_pod("tjpipe-demo", label_selector=selector).items and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not core.list_namespaced_pod("tjpipe-demo", label_selector=selector).items, "the pod is still there"
+    deadline = time.monotonic() + 30
+    while read("/logs")["trainjob"]["state"] != "Deleted" and time.monotonic() < deadline:
+        time.sleep(1)
+    assert read("/logs")["trainjob"]["state"] == "Deleted"
+    assert kept_log() == lines

@@ -46,7 +46,7 @@ from faults.support import (
 from kubernetes import client as kube_client
 from unit.builders import replicated_job
 
-from applier.core import ALREADY_CREATED
+from applier.outcomes import ALREADY_CREATED
 from applier.secrets import curve_certificate, z85_decode
 from contracts import labels, resources, streams
 from plumbing.kube import (

@@ -26,10 +26,10 @@ from nats.aio.client import Client as NATS
 from applier.ledger import Ledger
 from contracts import streams, subjects
 from contracts.messages import DeadLetter, encode
-from plumbing import bus, bus_history, bus_setup
+from plumbing import bus, bus_history, bus_setup, object_store
 from plumbing.partitions import PartitionLeases, open_lease_bucket
 from plumbing.pull import StreamingPull
-from tjpipe import ops
+from tjpipe import history_tools
 from tjpipe.credentials import (
     IDENTITIES,
     Credentials,
@@ -44,6 +44,7 @@ pytestmark = pytest.mark.nats
 
 API = "$JS.API"
 EVENTS, APPLY, RESULTS, DLQ = (s.name for s in (streams.EVENTS, streams.APPLY, streams.RESULTS, streams.DLQ))
+LOGS = streams.LOGS.stream
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +202,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.DIRECT.GET.{EVENTS}",
         f"{API}.STREAM.MSG.GET.{DLQ}",
         "$JS.ACK.TJ_EVENTS.planner-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_EVENTS.planner-p0.1.1.1.1.0",  # the second form (a fleet member's server)
     ],
     "planner": [
         *management_but(f"{API}.STREAM.PURGE.{EVENTS}"),
@@ -215,6 +217,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.DIRECT.GET.KV_tj_applied.$KV.tj_applied.ns.jobset.name",
         f"{API}.DIRECT.GET.{EVENTS}",
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_APPLY.applier-p0.1.1.1.1.0",  # the second form (a fleet member's server)
     ],
     "applier": [
         *management_but(f"{API}.STREAM.PURGE.{APPLY}"),
@@ -228,6 +231,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.CONSUMER.MSG.NEXT.{EVENTS}.planner-p0",
         f"{API}.DIRECT.GET.{APPLY}",
         "$JS.ACK.TJ_EVENTS.planner-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_EVENTS.planner-p0.1.1.1.1.0",  # the second form (a fleet member's server)
     ],
     "reader": [
         *MANAGEMENT,
@@ -242,6 +246,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.STREAM.MSG.DELETE.{DLQ}",
         f"{API}.DIRECT.GET.KV_tj_applied.$KV.tj_applied.ns.jobset.name",
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_APPLY.applier-p0.1.1.1.1.0",  # the second form (a fleet member's server)
         # The work streams hold only what waits to be done; the record is in the history streams.
         f"{API}.DIRECT.GET.{EVENTS}",
         f"{API}.DIRECT.GET.{APPLY}",
@@ -256,6 +261,7 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.STREAM.MSG.DELETE.{EVENTS}",
         f"{API}.STREAM.MSG.DELETE.{APPLY}",
         "$JS.ACK.TJ_APPLY.applier-p0.1.1.1.1.0",
+        "$JS.ACK.c1.AbCdEfGh.TJ_APPLY.applier-p0.1.1.1.1.0",  # the second form (a fleet member's server)
     ],
     # It records progress and reads back only the progress history it writes (to write what a crashed replica
     # left pending): no other stream, and nothing it could change there.
@@ -270,6 +276,39 @@ REFUSED_PUBLISH: dict[str, list[str]] = {
         f"{API}.DIRECT.GET.TJ_EVENTS_HISTORY",
         f"{API}.STREAM.PURGE.TJ_PROGRESS",
         f"{API}.STREAM.MSG.DELETE.TJ_PROGRESS",
+    ],
+    # It removes what a retention policy expired from the record streams: purges there and nothing else, no
+    # work stream, no read of any record, no publish.
+    "history-keeper": [
+        *MANAGEMENT,
+        "tj.ev.0.ns.name",
+        "tj.apply.0.ns.name.jobset",
+        "tj.result.0.ns.name.jobset",
+        "tj.progress.0.ns.name",
+        "tj.dlq.applier.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        f"{API}.DIRECT.GET.TJ_EVENTS_HISTORY",
+        f"{API}.DIRECT.GET.TJ_PROGRESS",
+        f"{API}.STREAM.MSG.DELETE.TJ_EVENTS_HISTORY",
+        f"{API}.STREAM.UPDATE.TJ_EVENTS_HISTORY",
+        f"{API}.STREAM.DELETE.TJ_PROGRESS",
+    ],
+    # It adds objects to the logs bucket: it cannot read them back, remove or purge any, or touch a stream.
+    "log-keeper": [
+        *MANAGEMENT,
+        "tj.ev.0.ns.name",
+        "tj.apply.0.ns.name.jobset",
+        "tj.progress.ns.name",
+        "$KV.tj_applied.ns.jobset.name",
+        f"{API}.DIRECT.GET.{LOGS}",
+        f"{API}.DIRECT.GET.{LOGS}.$O.tj_logs.M.eA==",
+        f"{API}.STREAM.MSG.GET.{LOGS}",
+        f"{API}.STREAM.INFO.{LOGS}",
+        f"{API}.STREAM.PURGE.{LOGS}",
+        f"{API}.STREAM.DELETE.{LOGS}",
+        f"{API}.STREAM.MSG.DELETE.{LOGS}",
+        f"{API}.CONSUMER.CREATE.{LOGS}",
+        f"{API}.DIRECT.GET.TJ_EVENTS_HISTORY",
     ],
 }
 
@@ -474,21 +513,60 @@ async def test_the_reader_reads_every_stream_and_the_dlq_operator_retries(
         for spec in streams.RECORD_STREAMS:
             await js.stream_info(spec.name)
             await bus_history.read_stream(js, spec.name, spec.subjects[0] if spec.subjects else ">")
-        assert any(d.seq == ack.seq for d in await ops.dead_letters(js))
+        assert any(d.seq == ack.seq for d in await history_tools.dead_letters(js))
         with pytest.raises(Exception):  # noqa: B017 - refused by the server; surfaces as a timeout
-            await ops.retry_dead_letter(js, ack.seq)
+            await history_tools.retry_dead_letter(js, ack.seq)
     finally:
         await reader.close()
 
     operator = await bus.connect(server.url, name="dlq-operator", creds=creds.seed_file("dlq-operator"))
     try:
         js = operator.jetstream()
-        assert await ops.retry_dead_letter(js, ack.seq) == original
+        assert await history_tools.retry_dead_letter(js, ack.seq) == original
         stored = await until_recorded(js, streams.APPLY_HISTORY.name, original)
         assert [m.data for m in stored] == [b"the plan"]
-        assert all(d.seq != ack.seq for d in await ops.dead_letters(js))
+        assert all(d.seq != ack.seq for d in await history_tools.dead_letters(js))
     finally:
         await operator.close()
+
+
+async def test_the_log_keeper_adds_logs_the_reader_reads_them_and_the_admin_deletes_one_trainjobs(
+    clients: dict[str, Client],
+) -> None:
+
+    keeper, reader, admin = clients["log-keeper"], clients["reader"], clients["admin"]
+    mine, other = "local/team-a/uid-1/", "local/team-a/uid-2/"
+    for prefix in (mine, other):
+        await object_store.put(keeper.nc.jetstream(), streams.LOGS, prefix + "manifest", b"x" * 300_000)
+    found = await object_store.get(reader.nc.jetstream(), streams.LOGS, mine + "manifest")
+    assert found is not None and found.complete and found.data == b"x" * 300_000
+    # The reader may not write there, nor the status server (or anyone but the log-keeper).
+    for identity in ("reader", "status-server", "watcher"):
+        assert await clients[identity].refused_publish("$O.tj_logs.M.eA=="), identity
+        assert await clients[identity].refused_publish("$O.tj_logs.C.x"), identity
+    assert await keeper.refused_subscribe("$O.tj_logs.>")
+    # One TrainJob's logs go, by its prefix; another's stay.
+    assert await object_store.delete_prefix(admin.nc.jetstream(), streams.LOGS, mine) == [mine + "manifest"]
+    assert await object_store.get(reader.nc.jetstream(), streams.LOGS, mine + "manifest") is None
+    assert await object_store.get(reader.nc.jetstream(), streams.LOGS, other + "manifest") is not None
+
+
+async def test_the_history_keeper_removes_an_expired_trainjobs_logs_without_reading_any(
+    clients: dict[str, Client],
+) -> None:
+    from history_server.index import Summary
+    from history_server.retention import KeptLogs
+
+    keeper, reader = clients["history-keeper"], clients["reader"]
+    mine, other = "local/team-k/uid-9/", "local/team-k/uid-8/"
+    for prefix in (mine, other):
+        await object_store.put(clients["log-keeper"].nc.jetstream(), streams.LOGS, prefix + "manifest", b"y" * 1000)
+    logs = KeptLogs(keeper.nc, reader.nc.jetstream())
+    expired = Summary(namespace="team-k", name="old", uid="uid-9")
+    assert await logs.purge(expired, await logs.bounds()) == 1
+    assert await object_store.get(reader.nc.jetstream(), streams.LOGS, mine + "manifest") is None
+    assert await object_store.get(reader.nc.jetstream(), streams.LOGS, other + "manifest") is not None
+    assert await keeper.refused_publish(f"{API}.DIRECT.GET.{LOGS}"), "the keeper may not read a log"
 
 
 # --------------------------------------------------------------------------------------- the config itself

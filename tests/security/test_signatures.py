@@ -56,7 +56,7 @@ from plumbing.signing import (
     generate_private_key,
     load_private_key,
 )
-from tjpipe import ops
+from tjpipe import history_tools
 from tjpipe.keys.signing import public_key_file_name
 from tjpipe.local import crds
 
@@ -296,7 +296,7 @@ async def test_genuine_messages_flow_and_keys_rotate_without_a_restart(pipeline:
         operator = await p.connect("dlq-operator")
         try:
             [letter] = await stream_messages(js, streams.DLQ.name, dlq_filter(ns))
-            await ops.retry_dead_letter(operator.jetstream(), int(letter.seq))
+            await history_tools.retry_dead_letter(operator.jetstream(), int(letter.seq))
         finally:
             await operator.close()
 

@@ -21,8 +21,9 @@ import pytest
 from faults.support import trainjob
 from kubernetes import client as kube_client
 
-from applier.core import TrainJobGone
-from applier.trainjobs import TrainJobs, WatchedTrainJobs
+from applier.errors import TrainJobGone
+from applier.trainjob_watch import WatchedTrainJobs
+from applier.trainjobs import TrainJobs
 from contracts import resources
 from contracts.kube import ConfigMap
 from contracts.messages import ApplyConfigMap, ObjectKey, Target

@@ -1,6 +1,7 @@
 """What a message may write: the message's own check (``applier.authorize``), the TrainJob check
-(``applier.trainjobs``), the live-object and create-only checks (``applier.core``); and ``applier.core``'s
-applier condition and poisoned ledger claims.
+(``applier.trainjobs``), the live-object and create-only checks (``applier.claim_round``,
+``applier.api_answers``); the applier's condition (``applier.trainjob_condition``) and poisoned ledger claims
+(``applier.poisoned_claims``).
 
 Every message the real planner makes for every golden case must pass; each way of aiming a message at
 something no TrainJob justifies must be refused.
@@ -14,7 +15,16 @@ import msgspec
 import pytest
 import yaml
 
-from applier import authorize, core, trainjobs
+from applier import (
+    api_answers,
+    authorize,
+    claim_round,
+    errors,
+    poisoned_claims,
+    trainjob_condition,
+    trainjob_watch,
+    trainjobs,
+)
 from contracts import conditions
 from contracts import messages as m
 from contracts.kube import ObjectMeta, OwnerReference, Secret
@@ -52,7 +62,7 @@ def body(message: ApplyMessage) -> bytes:
     return b"{}" if isinstance(message, m.DeleteComponent) else msgspec.json.encode(message.object)
 
 
-def verdict(message: ApplyMessage) -> core.Verdict:
+def verdict(message: ApplyMessage) -> errors.Verdict:
     return authorize.authorize_message(message, body(message))
 
 
@@ -157,14 +167,14 @@ def test_a_foreign_field_manager_is_refused() -> None:
 
 def test_trainjob_checks() -> None:
     msg = of_type(m.ApplyJobSet)
-    ok = trainjobs.TrainJobFacts(uid=msg.trainjob_uid)
+    ok = trainjob_watch.TrainJobFacts(uid=msg.trainjob_uid)
     assert trainjobs.authorize_trainjob(msg, ok).allowed
     assert trainjobs.authorize_trainjob(
-        msg, trainjobs.TrainJobFacts(uid=msg.trainjob_uid, managed_by=MANAGED_BY_TRAINJOB_CONTROLLER)
+        msg, trainjob_watch.TrainJobFacts(uid=msg.trainjob_uid, managed_by=MANAGED_BY_TRAINJOB_CONTROLLER)
     ).allowed
     assert not trainjobs.authorize_trainjob(msg, None).allowed
-    assert not trainjobs.authorize_trainjob(msg, trainjobs.TrainJobFacts(uid="other")).allowed
-    foreign = trainjobs.TrainJobFacts(uid=msg.trainjob_uid, managed_by="kueue.x-k8s.io/multikueue")
+    assert not trainjobs.authorize_trainjob(msg, trainjob_watch.TrainJobFacts(uid="other")).allowed
+    foreign = trainjob_watch.TrainJobFacts(uid=msg.trainjob_uid, managed_by="kueue.x-k8s.io/multikueue")
     assert "kueue" in trainjobs.authorize_trainjob(msg, foreign).why
 
 
@@ -176,10 +186,10 @@ def test_trainjob_facts_from_the_live_object() -> None:
             "status": {"conditions": [{"type": conditions.CONDITION_COMPONENTS_APPLIED, "message": "JobSet j: no"}]},
         }
     )
-    assert trainjobs.trainjob_facts(raw) == trainjobs.TrainJobFacts(
+    assert trainjob_watch.trainjob_facts(raw) == trainjob_watch.TrainJobFacts(
         uid="u1", managed_by="x", resource_version="42", applier_condition="JobSet j: no"
     )
-    assert trainjobs.trainjob_facts(None) is None
+    assert trainjob_watch.trainjob_facts(None) is None
 
 
 @pytest.mark.parametrize(
@@ -194,14 +204,14 @@ def test_trainjob_facts_from_the_live_object() -> None:
 def test_an_existing_object_is_written_only_when_controlled(owners: list[dict[str, object]], allowed: bool) -> None:
     msg = msgspec.structs.replace(of_type(m.ApplyJobSet), trainjob_uid="uid-1")
     live = msgspec.json.encode({"metadata": {"ownerReferences": owners}})
-    assert core.authorize_live(msg, live).allowed is allowed
-    assert core.authorize_live(msg, None).allowed
+    assert claim_round.authorize_live(msg, live).allowed is allowed
+    assert claim_round.authorize_live(msg, None).allowed
 
 
 def test_condition_bodies() -> None:
     msg = of_type(m.ApplyJobSet)
     body_ = msgspec.json.decode(
-        core.applier_condition(msg, reason="Invalid", text="x" * 5000, now="2026-01-01T00:00:00Z")
+        trainjob_condition.applier_condition(msg, reason="Invalid", text="x" * 5000, now="2026-01-01T00:00:00Z")
     )
     assert body_["metadata"] == {
         "name": msg.trainjob.name,
@@ -213,31 +223,31 @@ def test_condition_bodies() -> None:
     assert cond["reason"] == "Invalid"
     assert cond["message"].startswith(f"JobSet {msg.target.name}: x")
     assert len(cond["message"]) == conditions.CONDITION_MESSAGE_LIMIT
-    assert core.condition_names(msg, cond["message"])
-    assert not core.condition_names(msg, "ConfigMap x: y")
-    assert "status" not in msgspec.json.decode(core.applier_condition_cleared(msg))
-    assert core.condition_reason("") == core.FALLBACK_REASON
-    assert core.condition_reason("422") == core.FALLBACK_REASON
-    assert core.condition_reason("Forbidden") == "Forbidden"
+    assert trainjob_condition.condition_names(msg, cond["message"])
+    assert not trainjob_condition.condition_names(msg, "ConfigMap x: y")
+    assert "status" not in msgspec.json.decode(trainjob_condition.applier_condition_cleared(msg))
+    assert trainjob_condition.condition_reason("") == trainjob_condition.FALLBACK_REASON
+    assert trainjob_condition.condition_reason("422") == trainjob_condition.FALLBACK_REASON
+    assert trainjob_condition.condition_reason("Forbidden") == "Forbidden"
 
 
 def test_permanent_errors_carry_the_api_reason() -> None:
-    err = core.classify(422, "Invalid", "metadata.name: too long")
-    assert isinstance(err, core.PermanentError)
+    err = errors.classify(422, "Invalid", "metadata.name: too long")
+    assert isinstance(err, errors.PermanentError)
     assert (err.api_reason, err.api_message) == ("Invalid", "metadata.name: too long")
 
 
 def test_claims_beyond_the_cluster() -> None:
     record = m.AppliedRecord(source_version=10**12, source_seq=1, digest="", state="applied")
-    assert core.claim_beyond_cluster(record, cluster_revision="100")
+    assert poisoned_claims.claim_beyond_cluster(record, cluster_revision="100")
     # A genuine claim can be newer than the target and the TrainJob (a snapshot ConfigMap, a runtime or a
     # JobSet status made it), never newer than the cluster's revision.
     fair = msgspec.structs.replace(record, source_version=100)
-    assert not core.claim_beyond_cluster(fair, cluster_revision="100")
-    assert not core.claim_beyond_cluster(fair, cluster_revision="150")
-    assert not core.claim_beyond_cluster(record, cluster_revision="")
-    assert core.stale_claim_action(100.0, 100.0 + 329, grace_seconds=330) == "hold"
-    assert core.stale_claim_action(100.0, 100.0 + 330, grace_seconds=330) == "overwrite"
+    assert not poisoned_claims.claim_beyond_cluster(fair, cluster_revision="100")
+    assert not poisoned_claims.claim_beyond_cluster(fair, cluster_revision="150")
+    assert not poisoned_claims.claim_beyond_cluster(record, cluster_revision="")
+    assert poisoned_claims.stale_claim_action(100.0, 100.0 + 329, grace_seconds=330) == "hold"
+    assert poisoned_claims.stale_claim_action(100.0, 100.0 + 330, grace_seconds=330) == "overwrite"
 
 
 def _record(created_for: str) -> m.AppliedRecord:
@@ -247,11 +257,11 @@ def _record(created_for: str) -> m.AppliedRecord:
 def test_whose_an_existing_secret_is_comes_from_the_ledger_alone() -> None:
     """The applier may not read Secrets: a create answered 409 is judged by what the ledger says it created."""
     secret = of_type(m.ApplySecret)
-    assert type(secret) in core.CREATE_ONLY
-    assert core.existing(secret, _record(secret.trainjob_uid)) == "ours"
-    assert core.existing(secret, _record("an-earlier-trainjob")) == "another-trainjob"
-    assert core.existing(secret, _record("")) == "unrecorded"  # e.g. a record from before created_for existed
-    assert core.existing(secret, None) == "unrecorded"
+    assert type(secret) in claim_round.CREATE_ONLY
+    assert api_answers.existing(secret, _record(secret.trainjob_uid)) == "ours"
+    assert api_answers.existing(secret, _record("an-earlier-trainjob")) == "another-trainjob"
+    assert api_answers.existing(secret, _record("")) == "unrecorded"  # e.g. a record from before created_for existed
+    assert api_answers.existing(secret, None) == "unrecorded"
 
 
 def test_a_secret_is_not_deletable() -> None:

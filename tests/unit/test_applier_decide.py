@@ -1,4 +1,4 @@
-"""``applier.core.decide``: what one claim round does, for a message, its target's ledger record and the
+"""``applier.claim_round.decide``: what one claim round does, for a message, its target's ledger record and the
 live object, as a table with a row for every ``Step`` it can answer.
 
 The fenced apply (``applier.fence``) only performs these steps, so a row here is the whole of the judgement
@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 import msgspec
 import pytest
 
-from applier import core
+from applier import claim_round, outcomes, steps
 from contracts import labels
 from contracts import messages as m
 from contracts.jobset import JobSet
@@ -121,7 +121,7 @@ def claim(message: m.ObjectApply, *, created_for: str = "") -> m.AppliedRecord:
     return m.AppliedRecord(
         source_version=40,
         source_seq=4,
-        digest=core.content_digest(planned(message)),
+        digest=claim_round.content_digest(planned(message)),
         state="claimed",
         created_for=created_for,
         cluster=STAMP,
@@ -132,11 +132,11 @@ def applied(
     message: m.ObjectApply, live_raw: bytes, *, source_version: int = 30, cluster: str = STAMP
 ) -> m.AppliedRecord:
     """The record of an earlier apply of this very plan, whose managed fields the live object still shows."""
-    managed = core.managed_digest(live_raw, manager="trainer", subresource=message.target.subresource)
+    managed = claim_round.managed_digest(live_raw, manager="trainer", subresource=message.target.subresource)
     return m.AppliedRecord(
         source_version=source_version,
         source_seq=3,
-        digest=core.content_digest(planned(message)),
+        digest=claim_round.content_digest(planned(message)),
         state="applied",
         resource_version="6",
         managed=managed,
@@ -145,7 +145,7 @@ def applied(
 
 
 def adopted(message: m.ObjectApply, live_raw: bytes) -> m.AppliedRecord:
-    managed = core.managed_digest(live_raw, manager="trainer", subresource=None)
+    managed = claim_round.managed_digest(live_raw, manager="trainer", subresource=None)
     return msgspec.structs.replace(claim(message), state="applied", resource_version="7", managed=managed)
 
 
@@ -159,20 +159,20 @@ OLD_SECRET = m.AppliedRecord(
 )
 
 # (what the row shows, message, ledger record, live object, the step decided)
-TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, core.Step]] = [
+TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, steps.Step]] = [
     (
         "a live target another owner controls is refused",
         jobset(),
         None,
         live(jobset(), owner_uid="someone-else"),
-        core.Refuse(why="existing JobSet ns/tj is controlled by TrainJob tj, not by TrainJob ns/tj"),
+        steps.Refuse(why="existing JobSet ns/tj is controlled by TrainJob tj, not by TrainJob ns/tj"),
     ),
     (
         "the applied record is this plan and the live object still holds it: the record advances",
         jobset(),
         applied(jobset(), HELD),
         HELD,
-        core.Advance(
+        steps.Advance(
             record=msgspec.structs.replace(applied(jobset(), HELD), source_version=40, source_seq=4),
             resource_version="7",
         ),
@@ -182,7 +182,7 @@ TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, core
         jobset(),
         applied(jobset(), HELD, cluster="cluster-a/0"),
         HELD,
-        core.Advance(
+        steps.Advance(
             record=msgspec.structs.replace(applied(jobset(), HELD), source_version=40, source_seq=4),
             resource_version="7",
         ),
@@ -192,24 +192,24 @@ TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, core
         jobset("while-suspended"),
         None,
         RUNNING,
-        core.Leave(resource_version="7", reason="running and not suspended; left as it is"),
+        steps.Leave(resource_version="7", reason="running and not suspended; left as it is"),
     ),
     (
         "if-absent and the object exists with the label: left as it is",
         configmap(),
         None,
         live(configmap()),
-        core.Leave(resource_version="7", reason="exists already; created once and never changed"),
+        steps.Leave(resource_version="7", reason="exists already; created once and never changed"),
     ),
     (
         "if-absent and the object exists without the label: only the label is added",
         configmap(),
         None,
         UNLABELLED,
-        core.Leave(
+        steps.Leave(
             resource_version="7",
             reason="exists already; created once and never changed; labelled",
-            label=core.OWNED_LABEL_PATCH,
+            label=claim_round.OWNED_LABEL_PATCH,
         ),
     ),
     (
@@ -217,77 +217,77 @@ TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, core
         jobset(),
         None,
         HELD,
-        core.Adopt(record=adopted(jobset(), HELD)),
+        steps.Adopt(record=adopted(jobset(), HELD)),
     ),
     (
         "the live object holds the plan but for the label: recorded, and the label added",
         configmap("always"),
         None,
         UNLABELLED,
-        core.Adopt(record=adopted(configmap("always"), UNLABELLED), label=True),
+        steps.Adopt(record=adopted(configmap("always"), UNLABELLED), label=True),
     ),
     (
         "a Secret with no record: created, for nobody known",
         secret(),
         None,
         None,
-        core.Create(claim=claim(secret())),
+        steps.Create(claim=claim(secret())),
     ),
     (
         "a Secret this cluster's record says was created for this TrainJob: the claim keeps that",
         secret(),
         OLD_SECRET,
         None,
-        core.Create(claim=claim(secret(), created_for=UID), known=OLD_SECRET),
+        steps.Create(claim=claim(secret(), created_for=UID), known=OLD_SECRET),
     ),
     (
         "a Secret whose record is another cluster's: what it names is not believed",
         secret(),
         msgspec.structs.replace(OLD_SECRET, cluster="cluster-b/1"),
         None,
-        core.Create(claim=claim(secret())),
+        steps.Create(claim=claim(secret())),
     ),
     (
         "a status planned from another TrainJob version than the live one: claimed, then skipped",
         status(planned_from="4"),
         msgspec.structs.replace(applied(status(planned_from="4"), STATUS_LIVE), managed="other"),
         STATUS_LIVE,
-        core.SkipStatus(claim=claim(status(planned_from="4")), resource_version="5"),
+        steps.SkipStatus(claim=claim(status(planned_from="4")), resource_version="5"),
     ),
     (
         "an absent target: claimed and written with no precondition",
         jobset(),
         None,
         None,
-        core.Write(claim=claim(jobset()), precondition="", before=""),
+        steps.Write(claim=claim(jobset()), precondition="", before=""),
     ),
     (
         "a live target that differs from the plan: written on condition of the version read",
         jobset(),
         None,
         CHANGED,
-        core.Write(claim=claim(jobset()), precondition="7", before="7"),
+        steps.Write(claim=claim(jobset()), precondition="7", before="7"),
     ),
     (
         "a record of another plan: written, even though the live object looks the same",
         jobset(),
         msgspec.structs.replace(applied(jobset(), CHANGED), digest="another-plan"),
         CHANGED,
-        core.Write(claim=claim(jobset()), precondition="7", before="7"),
+        steps.Write(claim=claim(jobset()), precondition="7", before="7"),
     ),
     (
         "a status of the live TrainJob version: written, its own version the precondition",
         status(),
         msgspec.structs.replace(applied(status(), STATUS_LIVE), managed="other"),
         STATUS_LIVE,
-        core.Write(claim=claim(status()), precondition="", before="5"),
+        steps.Write(claim=claim(status()), precondition="", before="5"),
     ),
     (
         "a status with no record is not read: written",
         status(),
         None,
         None,
-        core.Write(claim=claim(status()), precondition="", before=""),
+        steps.Write(claim=claim(status()), precondition="", before=""),
     ),
 ]
 
@@ -296,13 +296,13 @@ TABLE: list[tuple[str, m.ObjectApply, m.AppliedRecord | None, bytes | None, core
     ("message", "record", "live_raw", "expected"), [row[1:] for row in TABLE], ids=[row[0] for row in TABLE]
 )
 def test_decide(
-    message: m.ObjectApply, record: m.AppliedRecord | None, live_raw: bytes | None, expected: core.Step
+    message: m.ObjectApply, record: m.AppliedRecord | None, live_raw: bytes | None, expected: steps.Step
 ) -> None:
-    assert core.decide(message, record, live_raw, planned=planned(message), stamp=STAMP) == expected
+    assert claim_round.decide(message, record, live_raw, planned=planned(message), stamp=STAMP) == expected
 
 
 def test_the_table_covers_every_step() -> None:
-    assert {type(row[-1]) for row in TABLE} == set(get_args(core.Step))
+    assert {type(row[-1]) for row in TABLE} == set(get_args(steps.Step))
 
 
 @pytest.mark.parametrize(
@@ -321,7 +321,7 @@ def test_what_a_round_reads_before_deciding(
     message: m.ObjectApply, record: m.AppliedRecord | None, reads: bool
 ) -> None:
     """A component is always read, a status only when a record might still hold, a Secret never."""
-    assert core.reads_live(message, record) is reads
+    assert claim_round.reads_live(message, record) is reads
 
 
 def _rechecked(recheck: str, *, uid: str = UID) -> m.ApplySecret:
@@ -330,7 +330,7 @@ def _rechecked(recheck: str, *, uid: str = UID) -> m.ApplySecret:
 
 def _created(message: m.ApplySecret) -> m.AppliedRecord:
     """The record the applier leaves after creating ``message``'s Secret (or finding it made, 409)."""
-    digest = core.create_only_digest(message, planned(message))
+    digest = claim_round.create_only_digest(message, planned(message))
     return msgspec.structs.replace(OLD_SECRET, digest=digest)
 
 
@@ -338,8 +338,8 @@ def test_a_repeated_secret_plan_sends_nothing() -> None:
     """After a restart or a resync every TrainJob is planned again; a Secret the ledger records as made
     for this very plan is left without a create (which the API server would answer 409) or a ledger write."""
     message = _rechecked("1/labels")
-    step = core.decide(message, _created(message), None, planned=planned(message), stamp=STAMP)
-    assert step == core.Leave(resource_version="", reason=core.ALREADY_CREATED)
+    step = claim_round.decide(message, _created(message), None, planned=planned(message), stamp=STAMP)
+    assert step == steps.Leave(resource_version="", reason=outcomes.ALREADY_CREATED)
 
 
 @pytest.mark.parametrize(
@@ -352,14 +352,14 @@ def test_a_repeated_secret_plan_sends_nothing() -> None:
 )
 def test_a_secret_plan_is_created_again(why: str, record_of: str, message: m.ApplySecret) -> None:
     record = _created(_rechecked(record_of))
-    step = core.decide(message, record, None, planned=planned(message), stamp=STAMP)
-    assert isinstance(step, core.Create), why
+    step = claim_round.decide(message, record, None, planned=planned(message), stamp=STAMP)
+    assert isinstance(step, steps.Create), why
 
 
 def test_a_secret_claimed_but_not_created_is_created() -> None:
     message = _rechecked("1/labels")
     record = msgspec.structs.replace(_created(message), state="claimed")
-    assert isinstance(core.decide(message, record, None, planned=planned(message), stamp=STAMP), core.Create)
+    assert isinstance(claim_round.decide(message, record, None, planned=planned(message), stamp=STAMP), steps.Create)
 
 
 @pytest.mark.parametrize(
@@ -369,7 +369,7 @@ def test_a_secret_claimed_but_not_created_is_created() -> None:
             "a repeat of the status last written, which moved the TrainJob on: the record advances, no read",
             applied(status(), STATUS_LIVE),
             "6",
-            core.Advance(
+            steps.Advance(
                 record=msgspec.structs.replace(applied(status(), STATUS_LIVE), source_version=40, source_seq=4),
                 resource_version="6",
             ),
@@ -378,23 +378,23 @@ def test_a_secret_claimed_but_not_created_is_created() -> None:
             "another status, planned from a TrainJob version the watch has seen pass: claimed, then skipped",
             msgspec.structs.replace(applied(status(), STATUS_LIVE), digest="another-plan"),
             "6",
-            core.SkipStatus(claim=claim(status()), resource_version="6"),
+            steps.SkipStatus(claim=claim(status()), resource_version="6"),
         ),
         (
             "the watch has seen nothing newer (it may lag): written, the planned version the precondition",
             msgspec.structs.replace(applied(status(), STATUS_LIVE), digest="another-plan"),
             "5",
-            core.Write(claim=claim(status()), precondition="", before="5"),
+            steps.Write(claim=claim(status()), precondition="", before="5"),
         ),
     ],
 )
 def test_a_status_is_judged_by_the_watched_version_without_a_read(
-    why: str, record: m.AppliedRecord, known: str, expected: core.Step
+    why: str, record: m.AppliedRecord, known: str, expected: steps.Step
 ) -> None:
-    assert not core.reads_live(status(), record, known_version=known)
-    step = core.decide(status(), record, None, planned=planned(status()), stamp=STAMP, known_version=known)
+    assert not claim_round.reads_live(status(), record, known_version=known)
+    step = claim_round.decide(status(), record, None, planned=planned(status()), stamp=STAMP, known_version=known)
     assert step == expected, why
 
 
 def test_a_status_is_read_when_the_watch_does_not_know_the_trainjob() -> None:
-    assert core.reads_live(status(), applied(status(), STATUS_LIVE), known_version="")
+    assert claim_round.reads_live(status(), applied(status(), STATUS_LIVE), known_version="")

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import yaml
 
-from applier.core import owned_label_patch
+from applier.claim_round import owned_label_patch
 from contracts import labels
 from contracts import messages as m
 from contracts.kube import ConfigMap, ObjectMeta, Secret
@@ -110,7 +110,7 @@ def test_no_label_patch_when_none_is_needed(message: m.ApplySecret, live: bytes 
 def test_replay_finds_no_change_in_a_secret_recorded_before_plans_said_when_to_send_it_again() -> None:
     """``tjpipe replay`` compares what a plan decided: when the applier sends a create-only Secret again is not
     part of it, so the records of a planner older than ``recheck`` replay unchanged."""
-    from tjpipe.ops import compare_plans
+    from tjpipe.history_tools import compare_plans
 
     recorded = _secret_message()
     replayed = msgspec.structs.replace(recorded, recheck="1/d827049039f82a8b")

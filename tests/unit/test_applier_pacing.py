@@ -100,7 +100,7 @@ def test_of_statuses_held_together_only_the_newest_is_written_when_they_come_bac
 
 def test_replay_finds_no_change_in_a_status_recorded_before_statuses_were_paced() -> None:
     """``tjpipe replay`` compares what a plan decided: how soon the applier may write it is not part of it."""
-    from tjpipe.ops import compare_plans
+    from tjpipe.history_tools import compare_plans
 
     recorded = msgspec.structs.replace(status(), paced=False)
     assert compare_plans([recorded], [paced(status(), on="tj")]) == {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from applier import core
+from applier import api_answers, claim_round
 from contracts import messages as m
 from contracts.kube import Secret
 from contracts.trainer import TrainJob
@@ -62,8 +62,10 @@ def _secret(policy: m.ApplyPolicy) -> m.ApplySecret:
         (403, _status(), "", "fail"),
     ],
 )
-def test_refused_write(status: int, message: m.ObjectApply, precondition: str, expected: core.RefusedWrite) -> None:
-    assert core.refused_write(status, message, precondition=precondition) == expected
+def test_refused_write(
+    status: int, message: m.ObjectApply, precondition: str, expected: api_answers.RefusedWrite
+) -> None:
+    assert api_answers.refused_write(status, message, precondition=precondition) == expected
 
 
 def _status_planned_from(version: str) -> m.ApplyTrainJobStatus:
@@ -86,7 +88,7 @@ def _status_planned_from(version: str) -> m.ApplyTrainJobStatus:
     ],
 )
 def test_status_outdated(message: m.ObjectApply, live_version: str | None, expected: bool) -> None:
-    assert core.status_outdated(message, live_version=live_version) is expected
+    assert claim_round.status_outdated(message, live_version=live_version) is expected
 
 
 def test_still_applied_only_when_the_record_is_this_plan_and_the_live_object_holds_it() -> None:
@@ -99,11 +101,11 @@ def test_still_applied_only_when_the_record_is_this_plan_and_the_live_object_hol
             }
         }
     )
-    managed = core.managed_digest(live, manager=message.field_manager, subresource=None)
+    managed = claim_round.managed_digest(live, manager=message.field_manager, subresource=None)
     record = m.AppliedRecord(source_version=1, source_seq=1, digest="d1", state="applied", managed=managed)
-    assert core.still_applied(record, live, message, digest="d1")
-    assert not core.still_applied(record, live, message, digest="d2")  # another plan's content
-    assert not core.still_applied(msgspec.structs.replace(record, state="claimed"), live, message, digest="d1")
-    assert not core.still_applied(record, None, message, digest="d1")  # the object is gone
+    assert claim_round.still_applied(record, live, message, digest="d1")
+    assert not claim_round.still_applied(record, live, message, digest="d2")  # another plan's content
+    assert not claim_round.still_applied(msgspec.structs.replace(record, state="claimed"), live, message, digest="d1")
+    assert not claim_round.still_applied(record, None, message, digest="d1")  # the object is gone
     changed = live.replace(b'"f:data":{}', b'"f:data":{"f:x":{}}')
-    assert not core.still_applied(record, changed, message, digest="d1")  # someone changed our fields
+    assert not claim_round.still_applied(record, changed, message, digest="d1")  # someone changed our fields

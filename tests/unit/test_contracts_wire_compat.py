@@ -23,13 +23,13 @@ import pytest
 from compose.upgrade import PREVIOUS_RELEASE, WATCHER_WITHOUT_IMMUTABLE_FIELDS, archive, commit_problem, missing_from
 from needs import unavailable
 
-from contracts import conditions as t_ext
+from contracts import conditions
 from contracts import messages as m
 from contracts.jobset import JobSet
 from contracts.trainer import TrainingRuntime, TrainJob
 from planner.core import plan
 from planner.immutability import LEFT_OUT_BY_OLD_WATCHERS
-from tjpipe.ops import compare_plans
+from tjpipe.history_tools import compare_plans
 
 from .builders import replicated_job, runtime_dict, trainjob_dict
 
@@ -190,7 +190,7 @@ def test_a_resumable_jobset_is_replanned_from_each_old_watchers_event(old: tuple
     carried = set(msgspec.to_builtins(observed.jobset.spec)) & set(LEFT_OUT_BY_OLD_WATCHERS)
     planned = plan(observed, source_seq=2)
     reasons = {c.get("reason") for c in _conditions(planned)}
-    assert t_ext.REASON_IMMUTABLE_FIELDS_KEPT not in reasons, (commit, reasons)
+    assert conditions.REASON_IMMUTABLE_FIELDS_KEPT not in reasons, (commit, reasons)
     if commit == PREVIOUS_RELEASE:
         assert carried == {"network", "successPolicy", "startupPolicy"}
         (jobset,) = _jobset_applies(planned)
@@ -250,4 +250,4 @@ def test_a_running_jobset_of_an_old_watchers_event_is_left_alone_and_not_reporte
     )
     planned = plan(running, source_seq=2)
     assert _jobset_applies(planned) == []
-    assert t_ext.REASON_IMMUTABLE_FIELDS_KEPT not in {c.get("reason") for c in _conditions(planned)}
+    assert conditions.REASON_IMMUTABLE_FIELDS_KEPT not in {c.get("reason") for c in _conditions(planned)}

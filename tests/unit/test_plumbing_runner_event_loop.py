@@ -16,7 +16,7 @@ def loop_module_of(event_loop: str) -> str:
     async def main(_settings: ProcessSettings, _stop: asyncio.Event) -> None:
         seen.append(type(asyncio.get_running_loop()).__module__)
 
-    assert run_service(ProcessSettings(event_loop=event_loop, json_logs=True), main) == 0
+    assert run_service(ProcessSettings(event_loop=event_loop, log_format="json"), main) == 0
     return seen[0]
 
 

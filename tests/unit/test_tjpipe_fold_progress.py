@@ -1,8 +1,8 @@
-"""``tjpipe history``'s table folds runs of training progress updates (``tjpipe.ops.fold_progress``)."""
+"""``tjpipe history``'s table folds runs of training progress updates (``tjpipe.history_tools.fold_progress``)."""
 
 from __future__ import annotations
 
-from tjpipe.ops import TimelineEntry, fold_progress
+from tjpipe.history_tools import TimelineEntry, fold_progress
 
 
 def entry(seq: int, kind: str, summary: str = "") -> TimelineEntry:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 import io
 
-from tjpipe.history_server.compare import Run, comparison, comparison_csv, shared_metrics
-from tjpipe.ops import ProgressPoint, TimelineEntry
+from history_server.compare import Run, comparison, comparison_csv, shared_metrics
+from tjpipe.history_tools import ProgressPoint, TimelineEntry
 
 
 def _event(time: float, state: str, reason: str = "") -> TimelineEntry:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tjpipe.history_server.find import BadQuery, find, parse_metric, parse_selector, parse_time, query_of
-from tjpipe.history_server.index import Progress, Summary
+from history_server.find import BadQuery, find, parse_metric, parse_selector, parse_time, query_of
+from history_server.index import Progress, Summary
 
 NOW = 1_800_000_000.0
 

@@ -10,9 +10,9 @@ import msgspec
 from contracts import subjects
 from contracts.messages import ObjectKey, TrainJobDeleted, TrainJobObserved, encode
 from contracts.trainer import TrainJob
+from history_server.access import Decisions
+from history_server.index import HistoryIndex
 from plumbing.bus_history import StoredMessage
-from tjpipe.history_server.access import Decisions
-from tjpipe.history_server.index import HistoryIndex
 
 
 def _job(namespace: str, name: str, *, uid: str = "u1", status: dict[str, Any] | None = None) -> TrainJob:

@@ -14,11 +14,11 @@ from contracts import subjects
 from contracts.messages import ObjectKey, TrainJobObserved, encode
 from contracts.progress import ProgressReported, encode_progress
 from contracts.trainer import Metric, TrainerStatus, TrainJob
+from history_server import story
+from history_server.index import HistoryIndex
 from plumbing.bus_history import StoredMessage
-from tjpipe import ops
-from tjpipe.history_server import story
-from tjpipe.history_server.index import HistoryIndex
-from tjpipe.ops import ProgressPoint, TimelineEntry, trainjob_state
+from tjpipe import history_tools
+from tjpipe.history_tools import ProgressPoint, TimelineEntry, trainjob_state
 
 COMPLETE = {"type": "Complete", "status": "True", "reason": "AllJobsCompleted", "message": "jobset completed"}
 
@@ -192,7 +192,7 @@ def test_the_csv_has_one_column_per_metric_and_no_formula() -> None:
             time=1.0, seq=2, pod="p", last_updated="", percentage=None, remaining_seconds=9, metrics={"=x": "@SUM(A1)"}
         ),
     ]
-    rows = list(csv.reader(io.StringIO(ops.progress_csv(points))))
+    rows = list(csv.reader(io.StringIO(history_tools.progress_csv(points))))
     assert rows[0][5:] == ["'=x", "loss"]
     assert rows[1] == ["1970-01-01T00:00:00.500Z", "", "'=pod", "10", "", "", "-0.5"]
     assert rows[2] == ["1970-01-01T00:00:01.000Z", "", "p", "", "9", "'@SUM(A1)", ""]

@@ -13,7 +13,6 @@ from cryptography.hazmat.primitives import serialization
 
 from applier.service import ApplierSettings
 from planner.service import PlannerSettings
-from plumbing.bus import TlsFiles
 from tjpipe import cli, settings
 from tjpipe.keys.pki import private_key_pem, self_signed_ca
 from watcher.service import WatcherSettings
@@ -86,10 +85,11 @@ def test_each_service_gets_its_settings_with_the_common_part_built_once() -> Non
     assert isinstance(applier, ApplierSettings) and applier.stale_claim_grace_seconds == 9.0
     assert applier.namespaces == ("a", "b")  # its TrainJob watch is of the namespaces the watcher's is
     for made in (watcher, planner, applier):
-        assert (made.nats_url, made.nats_creds, made.nats_tls) == (
+        assert (made.nats_url, made.nats_creds, made.nats_tls_ca, made.nats_tls_cert) == (
             "nats://n:4222",
             "/creds/x.nk",
-            TlsFiles(ca="/tls/ca.crt"),
+            "/tls/ca.crt",
+            None,
         )
         assert (made.metrics_port, made.json_logs, made.log_level) == (0, True, "info")
 
@@ -245,3 +245,30 @@ def test_the_applier_paces_running_statuses_at_five_seconds_unless_told() -> Non
     assert settings.applier(parse(["applier"], {"TJPIPE_STATUS_INTERVAL_SECONDS": "0"})).status_interval_seconds == 0
     with pytest.raises(settings.SettingsError, match="--status-interval / TJPIPE_STATUS_INTERVAL_SECONDS"):
         settings.applier(parse(["applier", "--status-interval", "-1"]))
+
+
+def test_a_setting_declared_on_its_service_is_a_flag_a_variable_and_a_checked_field() -> None:
+    """``--apply-attempts``: one declaration on ``ApplierSettings``, nothing else written for it."""
+    assert settings.applier(parse(["applier"])).attempts == 5
+    assert settings.applier(parse(["applier"], {"TJPIPE_APPLY_ATTEMPTS": "2"})).attempts == 2
+    assert settings.applier(parse(["applier", "--apply-attempts", "3"], {"TJPIPE_APPLY_ATTEMPTS": "2"})).attempts == 3
+    controller = parse(["controller", "--apply-attempts", "4"])
+    assert settings.applier(settings.stage(controller, "applier")).attempts == 4
+    with pytest.raises(
+        settings.SettingsError, match="--apply-attempts / TJPIPE_APPLY_ATTEMPTS: must be 1 or more, got 0"
+    ):
+        settings.applier(parse(["applier", "--apply-attempts", "0"]))
+
+
+def test_every_declared_setting_of_a_service_is_on_its_command() -> None:
+    from plumbing.configuration import declared
+
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command, types in cli.SERVICE_SETTINGS.items():
+        flags = {flag for action in subparsers.choices[command]._actions for flag in action.option_strings}
+        for each in (s for t in types for s in declared(t)):
+            if command == "controller" and each.per_stage:
+                assert any(each.for_stage(stage).flag in flags for stage in settings.STAGES), each.flag
+            else:
+                assert each.flag in flags, (command, each.flag)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tjpipe.status_server import core
+from status_server import core
 
 
 def test_the_route_is_trainers_and_names_are_kubernetes_names() -> None:

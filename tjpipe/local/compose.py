@@ -253,6 +253,7 @@ def prepare(
     for identity in ("watcher", "planner", "applier", "admin", credentials.STATUS_SERVER):
         _copy(creds.seed_file(identity), at(Path(f"/creds/{identity}/nats.nk")), uid=SERVICE_USER)
     _copy(creds.seed_file(HISTORY_IDENTITY), at(Path("/creds/history-server/nats.nk")), uid=SERVICE_USER)
+    _copy(creds.seed_file(credentials.LOG_KEEPER), at(Path("/creds/history-server/log-keeper.nk")), uid=SERVICE_USER)
 
     # The stages' signing keys: each service mounts only its own part.
     keys = KeyFolder(at(Path("/keys"))).ensure()

@@ -2,7 +2,7 @@
 ``hub``) and member servers joined to it as leaf nodes over mutual TLS, each with its own JetStream domain, its own
 pipeline identities and the bus a lone cluster has (``tjpipe.local.stack.setup_bus_as_admin``).
 
-Every config file is what ``tjpipe.fleet`` renders; the harness only picks ports and folders. A member's link
+Every config file is what ``tjpipe.fleet_nats`` renders; the harness only picks ports and folders. A member's link
 is cut and healed the way an operator would: its remote is marked ``disabled`` in its config and the server
 reloads it (SIGHUP), with no restart and no other change.
 """
@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 
 from contracts import streams
 from plumbing import bus, bus_setup
-from tjpipe import fleet
+from tjpipe import fleet_nats
 from tjpipe.credentials import Credentials, generate_credentials, server_authorization
 from tjpipe.local.natsd import GO_RUNTIME_ENV, LocalNats, LocalNatsCluster, _Member, _start_member, nats_server_binary
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
@@ -75,7 +75,7 @@ class LocalMember:
             f'server_name: "{self.cluster}"\n'
             f'listen: "127.0.0.1:{self.client_port}"\n'
             f'http: "127.0.0.1:{self.monitor_port}"\n'
-            + fleet.member_config(
+            + fleet_nats.member_config(
                 cluster=self.cluster,
                 store_dir=str(self.store_dir),
                 hub_leaf_urls=self.hub_leaf_urls,
@@ -93,7 +93,7 @@ class LocalMember:
     def set_link(self, up: bool, *, timeout: float = 20.0) -> None:
         """Cut (``up=False``) or heal the leaf link by config reload; returns once the server shows it."""
         self.linked = up
-        fleet.write_member_config(self.config_path, self.config())
+        fleet_nats.write_member_config(self.config_path, self.config())
         reload_config(str(self.server.process.pid), monitor_url=self.server.monitor_url)
         wait_until(
             lambda: (self.leaf_count() > 0) == up,
@@ -111,7 +111,7 @@ class LocalFleet:
     """The hub's three servers and the members, by cluster name."""
 
     root: Path
-    creds: fleet.FleetCredentials
+    creds: fleet_nats.FleetCredentials
     hub: LocalNatsCluster
     hub_members: list[_Member]
     leaf_ports: list[int]
@@ -122,7 +122,7 @@ class LocalFleet:
     def hub_leaf_urls(self) -> list[str]:
         return [f"nats-leaf://127.0.0.1:{port}" for port in self.leaf_ports]
 
-    async def hub_connect(self, identity: str = fleet.HUB_ADMIN) -> NATS:
+    async def hub_connect(self, identity: str = fleet_nats.HUB_ADMIN) -> NATS:
         """A connection to the hub as one of its identities (``fleet-admin``, ``fleet-reader``)."""
         return await nats.connect(
             servers=self.hub.url.split(","),
@@ -150,12 +150,12 @@ class LocalFleet:
 def start_fleet(root: Path, clusters: Sequence[str]) -> LocalFleet:
     """The hub, then each member with its bus set up, then the hub's fleet streams sourcing them all."""
     log_dir = root / "logs"
-    tls = fleet.write_fleet_tls(root / "tls", ["127.0.0.1", "localhost"], clusters)
-    creds = fleet.generate_fleet_credentials(root / "fleet-creds", clusters)
-    authorization = fleet.hub_authorization(creds, list(clusters))
+    tls = fleet_nats.write_fleet_tls(root / "tls", ["127.0.0.1", "localhost"], clusters)
+    creds = fleet_nats.generate_fleet_credentials(root / "fleet-creds", clusters)
+    authorization = fleet_nats.hub_authorization(creds, list(clusters))
     ports = _ports(4 * 3)
     route_password = secrets.token_urlsafe(24)
-    hub_tls = fleet.HubTls(
+    hub_tls = fleet_nats.HubTls(
         cert_file=str(tls["hub.crt"]), key_file=str(tls["hub.key"]), ca_file=str(tls["ca.crt"]), verify_clients=True
     )
     members: list[_Member] = []
@@ -163,7 +163,7 @@ def start_fleet(root: Path, clusters: Sequence[str]) -> LocalFleet:
         name = f"hub-{i}"
         store = root / name / "store"
         store.mkdir(parents=True, exist_ok=True)
-        server = fleet.HubServer(
+        server = fleet_nats.HubServer(
             name=name,
             client_listen=f"127.0.0.1:{ports[4 * i]}",
             monitor_listen=f"127.0.0.1:{ports[4 * i + 1]}",
@@ -175,7 +175,9 @@ def start_fleet(root: Path, clusters: Sequence[str]) -> LocalFleet:
         config_path = root / name / "nats.conf"
         write_private_file(
             config_path,
-            fleet.hub_config(server, tls=hub_tls, authorization=authorization, route_password=route_password).encode(),
+            fleet_nats.hub_config(
+                server, tls=hub_tls, authorization=authorization, route_password=route_password
+            ).encode(),
         )
         members.append(
             _Member(
@@ -220,7 +222,7 @@ def start_member(fleet_: LocalFleet, cluster: str) -> LocalMember:
         client_cert=(str(fleet_.tls[f"{cluster}.crt"]), str(fleet_.tls[f"{cluster}.key"])),
     )
     member.store_dir.mkdir(parents=True, exist_ok=True)
-    fleet.write_member_config(member.config_path, member.config())
+    fleet_nats.write_member_config(member.config_path, member.config())
     process = spawn(
         name=f"nats-{cluster}",
         argv=[str(nats_server_binary()), "-c", str(member.config_path)],
@@ -246,8 +248,8 @@ def start_member(fleet_: LocalFleet, cluster: str) -> LocalMember:
 async def _setup_hub(fleet_: LocalFleet, clusters: list[str]) -> None:
     nc = await fleet_.hub_connect()
     try:
-        await fleet.setup_fleet_streams(nc.jetstream(), clusters)
-        await fleet.wait_caught_up(nc.jetstream(), timeout=60)
+        await fleet_nats.setup_fleet_streams(nc.jetstream(), clusters)
+        await fleet_nats.wait_caught_up(nc.jetstream(), timeout=60)
     finally:
         await nc.close()
 

@@ -27,6 +27,7 @@ from tjpipe.credentials import (
     ADMIN,
     DLQ_OPERATOR,
     IDENTITIES,
+    LOG_KEEPER,
     READER,
     SERVICE_IDENTITY,
     Credentials,
@@ -675,6 +676,8 @@ class Stack:
         env = self.service_env("history-server")
         if self.credentials is not None:
             env["NATS_CREDS"] = str(self.credentials.seed_file(READER).resolve())
+            # Keeps pods' logs in the logs bucket as log-keeper (the real node's pods have some).
+            env["TJPIPE_HISTORY_LOGS_CREDS"] = str(self.credentials.seed_file(LOG_KEEPER).resolve())
         process = spawn(name="history-server", argv=argv, log_dir=self.paths.logs, env=env)
         self.services.append(process)
         url = f"http://127.0.0.1:{listen}"
@@ -832,7 +835,10 @@ def setup_bus_as_admin(
         nc = await bus.connect(nats_url, name="tjpipe-bus-setup", **options)
         try:
             await bus_setup.setup_bus(
-                nc.jetstream(), streams.configured_streams(env), replicas=streams.stream_replicas(env)
+                nc.jetstream(),
+                streams.configured_streams(env),
+                replicas=streams.stream_replicas(env),
+                buckets=streams.configured_buckets(env),
             )
         finally:
             await nc.close()
