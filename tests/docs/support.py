@@ -1,25 +1,35 @@
 """What the docs tests share: the repository's paths, its generator, and the fenced blocks of a page.
 
 A block a user would paste is a fence whose info string is a shell (``bash``, ``sh``, ``shell``, ``console``).
-The line before it may carry a marker: ``<!-- not run: REASON -->`` (never run, and the reason is required)
-or ``<!-- run: last -->`` (run after every other block, as ``tjpipe down`` must be). Every other such block
-is run, in the order of the pages and of the blocks in them.
+The line before it may carry a marker: ``<!-- not run: REASON -->`` (never run, and the reason is required),
+``<!-- run: last -->`` (run after every other block, as ``tjpipe down`` must be), or ``<!-- real node: REASON
+-->`` (needs pods that run: not run against an API server alone, run by ``tests/real_node/test_install.py`` on
+a cluster with a real node). Every other such block is run, in the order of the pages and of the blocks in them.
+
+The install page's test and the real node's install test share the rest: Trainer's install as the page expects
+to find it (``trainer_install``), the environment the page's commands run in (``install_env``), and how one
+block runs (``run_block``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from kubernetes import client as kube_client
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 SHELLS = ("bash", "sh", "shell", "console")
-MARKER = re.compile(r"^<!--\s*(not run|run):\s*(.*?)\s*-->$")
+MARKER = re.compile(r"^<!--\s*(not run|run|real node):\s*(.*?)\s*-->$")
 
 
 @functools.cache
@@ -39,7 +49,7 @@ class Block:
     line: int
     info: str
     text: str
-    marker: str  # "", "not run", or "run"
+    marker: str  # "", "not run", "run" or "real node"
     note: str  # the marker's reason, or "last"
 
 
@@ -90,3 +100,104 @@ def list_problems(page: str) -> list[str]:
                 in_list = False
         prev = line
     return problems
+
+
+# ------------------------------------------------------------------------------------------- the install page
+
+INSTALL_PAGE = "install.md"
+BIN = Path(sys.executable).parent
+
+
+def trainer_install(api: kube_client.ApiClient, *, replicas: int = 1) -> None:
+    """What Trainer v2.3.0's install leaves that the install page's commands act on: the namespace
+    ``kubeflow-system`` with Trainer's and JobSet's controller Deployments (their images are only names: with
+    ``replicas`` 0 nothing tries to run them) and Trainer's two webhook configurations."""
+    core, apps = kube_client.CoreV1Api(api), kube_client.AppsV1Api(api)
+    admission = kube_client.AdmissionregistrationV1Api(api)
+    core.create_namespace(kube_client.V1Namespace(metadata=kube_client.V1ObjectMeta(name="kubeflow-system")))
+    for name in ("kubeflow-trainer-controller-manager", "jobset-controller-manager"):
+        labels = {"app.kubernetes.io/name": name}
+        apps.create_namespaced_deployment(
+            "kubeflow-system",
+            kube_client.V1Deployment(
+                metadata=kube_client.V1ObjectMeta(name=name),
+                spec=kube_client.V1DeploymentSpec(
+                    replicas=replicas,
+                    selector=kube_client.V1LabelSelector(match_labels=labels),
+                    template=kube_client.V1PodTemplateSpec(
+                        metadata=kube_client.V1ObjectMeta(labels=labels),
+                        spec=kube_client.V1PodSpec(containers=[kube_client.V1Container(name="manager", image=name)]),
+                    ),
+                ),
+            ),
+        )
+    service = kube_client.AdmissionregistrationV1ServiceReference(
+        namespace="kubeflow-system", name="kubeflow-trainer-controller-manager", path="/validate", port=443
+    )
+    rule = kube_client.V1RuleWithOperations(
+        api_groups=["trainer.kubeflow.org"], api_versions=["v1alpha1"], operations=["CREATE"], resources=["trainjobs"]
+    )
+    hook: dict[str, Any] = {
+        "client_config": kube_client.AdmissionregistrationV1WebhookClientConfig(service=service),
+        "rules": [rule],
+        "admission_review_versions": ["v1"],
+        "side_effects": "None",
+        "failure_policy": "Ignore",  # nothing answers it here; the page deletes it before anything is created
+    }
+    admission.create_validating_webhook_configuration(
+        kube_client.V1ValidatingWebhookConfiguration(
+            metadata=kube_client.V1ObjectMeta(name="validator.trainer.kubeflow.org"),
+            webhooks=[kube_client.V1ValidatingWebhook(name="validator.trainjob.trainer.kubeflow.org", **hook)],
+        )
+    )
+    admission.create_mutating_webhook_configuration(
+        kube_client.V1MutatingWebhookConfiguration(
+            metadata=kube_client.V1ObjectMeta(name="defaulter.trainer.kubeflow.org"),
+            webhooks=[kube_client.V1MutatingWebhook(name="defaulter.trainjob.trainer.kubeflow.org", **hook)],
+        )
+    )
+
+
+def _go_caches() -> dict[str, str]:
+    """The machine's Go caches, named outright, so that a test ``HOME`` neither hides nor refills them."""
+    names = ("GOMODCACHE", "GOCACHE", "GOPATH")
+    out = subprocess.run(["go", "env", *names], capture_output=True, text=True, check=True, timeout=60).stdout
+    return dict(zip(names, out.splitlines(), strict=True))
+
+
+def install_env(root: Path, *, kubeconfig: Path, kubectl: Path, cache_dir: Path) -> dict[str, str]:
+    """The environment the page's commands run in: ``HOME`` a folder under ``root`` (the page's secrets never
+    touch the developer's), ``kubectl`` of the API server's release and this environment's ``tjpipe`` and
+    ``python`` first on ``PATH``, the cluster's kubeconfig, the machine's Go and build caches."""
+    tools, home = root / "bin", root / "home"
+    tools.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    if not (tools / "kubectl").exists():
+        (tools / "kubectl").symlink_to(kubectl)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
+    env.update(_go_caches())
+    env.update(
+        KUBECONFIG=str(kubeconfig),
+        HOME=str(home),
+        TJPIPE_CACHE_DIR=str(cache_dir),
+        PATH=f"{tools}{os.pathsep}{BIN}{os.pathsep}{env.get('PATH', '')}",
+    )
+    return env
+
+
+def run_block(block: Block, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """One block, as ``bash -e -o pipefail``, from the repository's top folder (the page says to run from there)."""
+    return subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", block.text],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_ran(block: Block, done: subprocess.CompletedProcess[str]) -> None:
+    where = f"docs/{block.page}:{block.line}"
+    assert done.returncode == 0, f"{where} failed ({done.returncode}):\n{block.text}\n{done.stdout}\n{done.stderr}"

@@ -1,8 +1,10 @@
 """The install page's commands, run as a platform team would paste them, against a real kube-apiserver.
 
 Every shell block of ``docs/install.md`` is run here in page order, from the repository's top folder (the page
-says to run from the checkout), or is marked ``<!-- not run: REASON -->`` right above it. The block marked
-``<!-- run: last -->`` (the uninstall) runs after the others, even when one of them failed.
+says to run from the checkout), or is marked ``<!-- not run: REASON -->`` right above it, or ``<!-- real node:
+REASON -->`` when it needs pods that run (``tests/real_node/test_install.py`` runs those, with all the others, on
+a cluster with a real node). The block marked ``<!-- run: last -->`` (the uninstall) runs after the others, even
+when one of them failed.
 
 What stands in for the platform team's cluster: an API server and etcd of this test's own (not the session's:
 the install registers a webhook configuration with ``failurePolicy: Fail`` and admission policies, which must
@@ -18,12 +20,7 @@ Bounded: each block has a timeout; warm, the whole run is about a minute (most o
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client as kube_client
@@ -32,10 +29,9 @@ from tjpipe.local.crds import crd_manifests, install_crds
 from tjpipe.local.kubeapi import start_kube
 from tjpipe.local.toolchain import cache_root, ensure_kubectl
 
-from .support import REPO, Block, blocks
+from .support import INSTALL_PAGE, Block, assert_ran, blocks, install_env, run_block, trainer_install
 
-PAGE = "install.md"
-BIN = Path(sys.executable).parent
+PAGE = INSTALL_PAGE
 IMAGE = "registry.example.com/platform/trainjob-pipeline:0.1.0"
 pytestmark = [pytest.mark.cluster]
 
@@ -48,8 +44,8 @@ def _split() -> tuple[list[Block], list[Block]]:
 def test_every_block_is_run_or_says_why_not() -> None:
     for block in blocks(PAGE):
         where = f"docs/{PAGE}:{block.line}"
-        if block.marker == "not run":
-            assert block.note, f"{where}: say why it is not run"
+        if block.marker in ("not run", "real node"):
+            assert block.note, f"{where}: say why it is not run here"
         elif block.marker == "run":
             assert block.note == "last", f"{where}: the one run marker is 'run: last'"
     first, last = _split()
@@ -57,73 +53,6 @@ def test_every_block_is_run_or_says_why_not() -> None:
     for step in ("tjpipe keys init", "tjpipe nats-credentials", "kubectl apply --server-side", "scale deployment"):
         assert step in commands, f"the install page runs no '{step}'"
     assert [b for b in last if "kubectl delete -k deploy/base" in b.text], "the uninstall runs last"
-
-
-def _trainer_install(api: kube_client.ApiClient) -> None:
-    """What Trainer v2.3.0's install leaves that the page's commands act on (never run here: no node)."""
-    core, apps = kube_client.CoreV1Api(api), kube_client.AppsV1Api(api)
-    admission = kube_client.AdmissionregistrationV1Api(api)
-    core.create_namespace(kube_client.V1Namespace(metadata=kube_client.V1ObjectMeta(name="kubeflow-system")))
-    for name in ("kubeflow-trainer-controller-manager", "jobset-controller-manager"):
-        labels = {"app.kubernetes.io/name": name}
-        apps.create_namespaced_deployment(
-            "kubeflow-system",
-            kube_client.V1Deployment(
-                metadata=kube_client.V1ObjectMeta(name=name),
-                spec=kube_client.V1DeploymentSpec(
-                    replicas=1,
-                    selector=kube_client.V1LabelSelector(match_labels=labels),
-                    template=kube_client.V1PodTemplateSpec(
-                        metadata=kube_client.V1ObjectMeta(labels=labels),
-                        spec=kube_client.V1PodSpec(containers=[kube_client.V1Container(name="manager", image=name)]),
-                    ),
-                ),
-            ),
-        )
-    service = kube_client.AdmissionregistrationV1ServiceReference(
-        namespace="kubeflow-system", name="kubeflow-trainer-controller-manager", path="/validate", port=443
-    )
-    rule = kube_client.V1RuleWithOperations(
-        api_groups=["trainer.kubeflow.org"], api_versions=["v1alpha1"], operations=["CREATE"], resources=["trainjobs"]
-    )
-    hook: dict[str, Any] = {
-        "client_config": kube_client.AdmissionregistrationV1WebhookClientConfig(service=service),
-        "rules": [rule],
-        "admission_review_versions": ["v1"],
-        "side_effects": "None",
-        "failure_policy": "Ignore",  # nothing answers it here; the page deletes it before anything is created
-    }
-    admission.create_validating_webhook_configuration(
-        kube_client.V1ValidatingWebhookConfiguration(
-            metadata=kube_client.V1ObjectMeta(name="validator.trainer.kubeflow.org"),
-            webhooks=[kube_client.V1ValidatingWebhook(name="validator.trainjob.trainer.kubeflow.org", **hook)],
-        )
-    )
-    admission.create_mutating_webhook_configuration(
-        kube_client.V1MutatingWebhookConfiguration(
-            metadata=kube_client.V1ObjectMeta(name="defaulter.trainer.kubeflow.org"),
-            webhooks=[kube_client.V1MutatingWebhook(name="defaulter.trainjob.trainer.kubeflow.org", **hook)],
-        )
-    )
-
-
-def _go_caches() -> dict[str, str]:
-    """The machine's Go caches, named outright, so that a test ``HOME`` neither hides nor refills them."""
-    names = ("GOMODCACHE", "GOCACHE", "GOPATH")
-    out = subprocess.run(["go", "env", *names], capture_output=True, text=True, check=True, timeout=60).stdout
-    return dict(zip(names, out.splitlines(), strict=True))
-
-
-def _run(block: Block, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", "-e", "-o", "pipefail", "-c", block.text],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -136,27 +65,14 @@ def cluster(
         work_dir=root / "kube", log_dir=root / "logs", kubeconfig_path=root / "kubeconfig", progress=uncaptured_progress
     )
     try:
-        tools = root / "bin"
-        tools.mkdir()
-        (tools / "kubectl").symlink_to(kubectl)
-        home = root / "home"
-        home.mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
-        env.update(_go_caches())
-        env.update(
-            KUBECONFIG=str(local.kubeconfig),
-            HOME=str(home),
-            TJPIPE_CACHE_DIR=str(cache_root()),
-            PATH=f"{tools}{os.pathsep}{BIN}{os.pathsep}{env.get('PATH', '')}",
-        )
+        env = install_env(root, kubeconfig=local.kubeconfig, kubectl=kubectl, cache_dir=cache_root())
         with local.api_client() as api:
             install_crds(api, crd_manifests())
-            _trainer_install(api)
+            trainer_install(api)
             yield api, env
             _, last = _split()
             for block in last:
-                done = _run(block, env, timeout=300)
-                assert done.returncode == 0, f"docs/{block.page}:{block.line}\n{done.stdout}\n{done.stderr}"
+                assert_ran(block, run_block(block, env, timeout=300))
             rbac = kube_client.RbacAuthorizationV1Api(api)
             left = [r.metadata.name for r in rbac.list_cluster_role().items if r.metadata.name.startswith("tjpipe-")]
             assert left == [], f"the uninstall left ClusterRoles: {left}"
@@ -171,9 +87,7 @@ def test_the_install_pages_commands_run_on_a_real_api_server(
     apps = kube_client.AppsV1Api(api)
     first, _ = _split()
     for block in first:
-        done = _run(block, env, timeout=600)
-        where = f"docs/{block.page}:{block.line}"
-        assert done.returncode == 0, f"{where} failed ({done.returncode}):\n{block.text}\n{done.stdout}\n{done.stderr}"
+        assert_ran(block, run_block(block, env, timeout=600))
 
     trainer = apps.read_namespaced_deployment("kubeflow-trainer-controller-manager", "kubeflow-system")
     assert trainer.spec.replicas == 0, "Trainer's controller still runs beside the pipeline"

@@ -21,14 +21,11 @@ from typing import Any
 
 import pytest
 from kubernetes.client import CoreV1Api, CustomObjectsApi
-from needs import unavailable
 
 from tjpipe.local import realnode, toolchain
 from tjpipe.local.kubeapi import new_api_client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats, pytest.mark.timeout(2400)]
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _tjpipe(*args: str, cwd: Path, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
@@ -36,28 +33,6 @@ def _tjpipe(*args: str, cwd: Path, timeout: float = 1200) -> subprocess.Complete
     return subprocess.run(
         [sys.executable, "-m", "tjpipe", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
-
-
-@pytest.fixture(scope="module")
-def node_images() -> None:
-    """The node's images (tools/node_images.py; cached, so a warm run takes seconds)."""
-    try:
-        realnode.preflight(images=False)
-    except realnode.NodeUnavailable as exc:
-        unavailable(str(exc))
-    engine = subprocess.run(["docker", "info"], capture_output=True, check=False) if _has("docker") else None
-    if engine is None or engine.returncode != 0:
-        unavailable("the real node's images are built with Docker, and no Docker engine answers `docker info`")
-    built = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "node_images.py")], capture_output=True, text=True, check=False
-    )
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-
-
-def _has(command: str) -> bool:
-    import shutil
-
-    return shutil.which(command) is not None
 
 
 def test_a_trainjob_runs_on_the_real_node_and_reports_its_progress_from_the_pod(
@@ -75,6 +50,9 @@ def test_a_trainjob_runs_on_the_real_node_and_reports_its_progress_from_the_pod(
             assert node.status.node_info.kubelet_version == f"v{toolchain.KUBERNETES_VERSION}"
             assert node.status.node_info.container_runtime_version == f"containerd://{toolchain.CONTAINERD_VERSION}"
             assert [a.address for a in node.status.addresses if a.type == "InternalIP"] == [realnode.NODE_IP]
+            # The apiserver advertises the bridge's address: the `kubernetes` Service leads pods there.
+            endpoints: Any = core.read_namespaced_endpoints("kubernetes", "default")
+            assert [a.ip for s in endpoints.subsets for a in s.addresses] == [realnode.NODE_IP], endpoints
             status = _wait_for_complete(CustomObjectsApi(api), timeout=600)
             progress = status.get("trainerStatus") or {}
             # Written by the pod's last report: the script retries until its 100 % goes out.
@@ -132,10 +110,17 @@ def _wait_for_complete(custom: CustomObjectsApi, *, timeout: float) -> dict[str,
 
 _SERVER = "import http.server as h; h.ThreadingHTTPServer(('', 8080), h.SimpleHTTPRequestHandler).serve_forever()"
 _CLIENT = """
-import socket, urllib.request
+import json, os, socket, ssl, urllib.request
 print("service address", socket.gethostbyname("echo.tjpipe-demo.svc.cluster.local"))
 with urllib.request.urlopen("http://echo.tjpipe-demo.svc.cluster.local:8080/", timeout=20) as answer:
     print("status", answer.status)
+account = "/var/run/secrets/kubernetes.io/serviceaccount"
+token = open(account + "/token").read()
+tls = ssl.create_default_context(cafile=account + "/ca.crt")
+for host in ("kubernetes.default.svc", os.environ["KUBERNETES_SERVICE_HOST"]):
+    request = urllib.request.Request(f"https://{host}/version", headers={"Authorization": "Bearer " + token})
+    with urllib.request.urlopen(request, timeout=20, context=tls) as answer:
+        print("apiserver at", host, json.load(answer)["gitVersion"])
 try:
     socket.gethostbyname("example.com")
     print("outside name: resolved")
@@ -146,7 +131,9 @@ except socket.gaierror:
 
 def _check_a_service_by_its_dns_name(core: CoreV1Api) -> None:
     """A pod reaches another through a Service's name: CoreDNS answers it, kube-proxy's rules lead to the pod;
-    a name outside the cluster resolves to nothing (CoreDNS has no upstream: no query leaves the machine)."""
+    a name outside the cluster resolves to nothing (CoreDNS has no upstream: no query leaves the machine). The
+    pod reaches the apiserver as every in-cluster client does: the ``kubernetes`` Service, by name and by the
+    address the kubelet puts in its environment, with its ServiceAccount's token, verifying the certificate."""
     image = realnode.TRAINING_IMAGE
     core.create_namespaced_pod(
         "tjpipe-demo",
@@ -175,6 +162,9 @@ def _check_a_service_by_its_dns_name(core: CoreV1Api) -> None:
     service: Any = core.read_namespaced_service("echo", "tjpipe-demo")
     assert f"service address {service.spec.cluster_ip}" in logs, logs
     assert "status 200" in logs and "outside name: not resolved" in logs, logs
+    kubernetes: Any = core.read_namespaced_service("kubernetes", "default")
+    for host in ("kubernetes.default.svc", kubernetes.spec.cluster_ip):
+        assert f"apiserver at {host} v{toolchain.KUBERNETES_VERSION}" in logs, logs
 
 
 def _wait_for_phase(core: CoreV1Api, name: str, phases: set[str], *, timeout: float = 180) -> str:

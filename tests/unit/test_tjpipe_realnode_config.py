@@ -61,3 +61,32 @@ def test_a_missing_command_is_named_with_the_package_that_provides_it() -> None:
     with pytest.raises(realnode.NodeUnavailable) as caught:
         realnode.preflight(images=False, which=lambda command: None if command == "iptables" else "/bin/true")
     assert str(caught.value) == "a real node needs the iptables command: apt-get install -y iptables"
+
+
+def test_the_apiservers_certificate_names_the_nodes_address_and_the_kubernetes_service(tmp_path: Path) -> None:
+    """Pods call the apiserver at the ``kubernetes`` Service (by name or address), which leads to the bridge's
+    address: the serving certificate must name all of them, and still loopback for this machine's clients."""
+    import ipaddress
+
+    from cryptography import x509
+
+    from tjpipe.local import kubeapi
+
+    pki = kubeapi.write_pki(tmp_path, ip_addresses=[realnode.NODE_IP])
+    names = x509.load_pem_x509_certificate(pki.serving_cert.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    )
+    addresses = {str(a) for a in names.value.get_values_for_type(x509.IPAddress)}
+    service = str(next(ipaddress.IPv4Network(kubeapi.SERVICE_CLUSTER_IP_RANGE).hosts()))
+    assert {realnode.NODE_IP, service, "127.0.0.1"} <= addresses
+    assert {"kubernetes.default.svc", "kubernetes.default.svc.cluster.local"} <= set(
+        names.value.get_values_for_type(x509.DNSName)
+    )
+
+
+def test_image_names_are_given_as_containerd_stores_them() -> None:
+    assert realnode._reference("nats:2.15.1-alpine") == "docker.io/library/nats:2.15.1-alpine"
+    assert realnode._reference("team/app:1") == "docker.io/team/app:1"
+    assert realnode._reference("tjpipe.local/pause:1") == "tjpipe.local/pause:1"
+    assert realnode._reference("registry.example.com/platform/x:0.1.0") == "registry.example.com/platform/x:0.1.0"
+    assert realnode._reference("localhost/x:1") == "localhost/x:1"

@@ -18,6 +18,11 @@ pass a non-loopback local address, or, if the machine has none, 127.0.0.1: the a
 and serves normally; it merely logs that it cannot write loopback into the Endpoints object, which no
 one reads here.
 
+Why a bind address other than loopback at all (``bind_address``): pods of a real node
+(``tjpipe.local.realnode``) call the apiserver through the ``kubernetes`` Service, which kube-proxy maps to the
+address the apiserver advertises; a pod cannot reach this machine's loopback. The real node binds it to its
+bridge's address, which exists on this machine only, and advertises that; everything else keeps loopback.
+
 Why etcd runs with `--unsafe-no-fsync`: the data is throwaway, and fsync latency dominates etcd's write
 path on small cloud disks.
 """
@@ -57,7 +62,7 @@ _APISERVER_READY_TIMEOUT_SECONDS = 90.0
 
 @dataclass(frozen=True)
 class LocalKube:
-    server: str  # https://127.0.0.1:PORT
+    server: str  # https://127.0.0.1:PORT (or the bind address start_kube was given)
     token: str
     ca_file: Path
     kubeconfig: Path
@@ -97,11 +102,16 @@ def start_kube(
     extra_apiserver_args: Sequence[str] = (),
     users: Mapping[str, Sequence[str]] | None = None,
     service_account_admission: bool = False,
+    bind_address: str = "127.0.0.1",
 ) -> LocalKube:
-    """Start etcd and kube-apiserver on 127.0.0.1 and write a kubeconfig for them.
+    """Start etcd and kube-apiserver (on 127.0.0.1 unless ``bind_address`` says otherwise) and write a kubeconfig.
 
     ``users`` (name → groups) are people the apiserver knows by a token of their own and RBAC grants
     nothing until a binding does: what a test of authorization needs besides ServiceAccounts.
+
+    ``bind_address``: where the apiserver listens (etcd stays on loopback). Any other address than loopback must
+    be one of this machine's own; the apiserver then also advertises it (the ``kubernetes`` Service's endpoint)
+    and its serving certificate names it.
     """
     binaries = ensure_kube_binaries(progress=progress)
     started = time.monotonic()
@@ -121,7 +131,8 @@ def start_kube(
     processes: list[ManagedProcess] = [etcd]
     try:
         # Key generation overlaps with etcd's startup.
-        pki = write_pki(work_dir / "pki")
+        loopback = ipaddress.ip_address(bind_address).is_loopback
+        pki = write_pki(work_dir / "pki", ip_addresses=() if loopback else (bind_address,))
         tokens_file = work_dir / "tokens.csv"
         user_tokens = {name: secrets.token_urlsafe(32) for name in users or {}}
         token = write_token_file(tokens_file, users={n: (user_tokens[n], g) for n, g in (users or {}).items()})
@@ -133,12 +144,12 @@ def start_kube(
         )
 
         port = free_port()
-        server = f"https://127.0.0.1:{port}"
+        server = f"https://{bind_address}:{port}"
         argv = [
             str(binaries.kube_apiserver),
             *apiserver_flags(
                 etcd_url=etcd_url,
-                bind_address="127.0.0.1",
+                bind_address=bind_address,
                 port=port,
                 pki=pki,
                 tokens_file=tokens_file,
@@ -146,7 +157,7 @@ def start_kube(
                 service_account_admission=service_account_admission,
             ),
         ]
-        advertise_address = _advertise_address_if_needed()
+        advertise_address = _advertise_address_if_needed() if loopback else bind_address
         if advertise_address is not None:
             argv.append(f"--advertise-address={advertise_address}")
         argv.extend(extra_apiserver_args)
@@ -263,9 +274,10 @@ def pki_paths(pki_dir: Path) -> ApiserverPki:
     )
 
 
-def write_pki(pki_dir: Path, *, dns_names: Sequence[str] = ()) -> ApiserverPki:
-    """A CA, the apiserver's serving certificate (loopback, the in-cluster names, and ``dns_names``) and the
-    service-account signing key pair, in ``pki_dir`` (keys 0600)."""
+def write_pki(pki_dir: Path, *, dns_names: Sequence[str] = (), ip_addresses: Sequence[str] = ()) -> ApiserverPki:
+    """A CA, the apiserver's serving certificate (loopback, the in-cluster names and the ``kubernetes`` Service's
+    address, ``dns_names`` and ``ip_addresses``) and the service-account signing key pair, in ``pki_dir``
+    (keys 0600)."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=365)
@@ -277,11 +289,13 @@ def write_pki(pki_dir: Path, *, dns_names: Sequence[str] = ()) -> ApiserverPki:
         x509.DNSName("kubernetes"),
         x509.DNSName("kubernetes.default"),
         x509.DNSName("kubernetes.default.svc"),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("::1")),
         # The first address of the service range is the in-cluster `kubernetes` Service.
         x509.IPAddress(next(ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE).hosts())),
         *(x509.DNSName(name) for name in dns_names),
+        *(x509.IPAddress(ipaddress.ip_address(address)) for address in ip_addresses),
     ]
     serving_key, serving_cert = serving_certificate(
         ca_key,

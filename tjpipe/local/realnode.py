@@ -19,6 +19,12 @@ machine, pod traffic is not masqueraded, and an iptables rule drops anything fro
 forwarded out of any other interface. The kubelet serves on the bridge's address (the apiserver reaches it there
 for logs and exec, with a client certificate the kubelet checks; anonymous calls are refused).
 
+Why the apiserver listens on the bridge's address too (``start_control_plane``): pods call it through the
+``kubernetes`` Service (the in-cluster configuration of every client library), whose endpoint is the address the
+apiserver advertises; kube-proxy maps the Service's address to it. A pod cannot reach this machine's loopback,
+and the bridge's address is reachable from this machine and its pods only. So the bridge comes first, then the
+apiserver on it, then the node.
+
 Why images are loaded, never pulled: no registry is reachable here. Every image the node runs (the sandbox's
 pause image, the training image) is a ``docker save`` archive in ``images_dir()`` (``tools/node_images.py``
 builds them from Debian's packages), imported into containerd at start; pods name them with ``imagePullPolicy:
@@ -51,7 +57,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tjpipe.keys.pki import private_key_pem, self_signed_ca, serving_certificate
 from tjpipe.local.crds import apply_objects
-from tjpipe.local.kubeapi import LocalKube, write_kubeconfig
+from tjpipe.local.kubeapi import LocalKube, start_kube, write_kubeconfig
 from tjpipe.local.procs import ManagedProcess, free_port, http_ok, spawn, wait_until
 from tjpipe.local.registrations import REGISTERED_FOR
 from tjpipe.local.toolchain import KUBERNETES_VERSION, NodeBinaries, cache_root, ensure_node_binaries
@@ -90,8 +96,11 @@ def images_dir() -> Path:
     return cache_root() / "node-images"
 
 
-def image_archive(image: str) -> Path:
-    return images_dir() / (image.replace("/", "_").replace(":", "_") + ".tar")
+def image_archive(image: str, *, pipeline: bool = False) -> Path:
+    """The archive of ``image``; with ``pipeline``, one of the pipeline's own images (the project's runtime image,
+    NATS), which the node loads only when an install onto it asks (``import_images``), not at every start."""
+    folder = images_dir() / "pipeline" if pipeline else images_dir()
+    return folder / (image.replace("/", "_").replace(":", "_") + ".tar")
 
 
 def preflight(*, images: bool = True, which: Callable[[str], str | None] = shutil.which) -> None:
@@ -448,6 +457,36 @@ def write_kubelet_client_pki(folder: Path) -> list[str]:
 # --------------------------------------------------------------------------------------------- start
 
 
+def start_control_plane(
+    *,
+    work_dir: Path,
+    log_dir: Path,
+    kubeconfig_path: Path,
+    progress: Callable[[str], None],
+    extra_apiserver_args: Sequence[str] = (),
+) -> LocalKube:
+    """etcd and the apiserver a real node's pods can call: the bridge first, then the apiserver on its address
+    (advertised, so the ``kubernetes`` Service leads there), knowing the node's users and calling the kubelet
+    with its client certificate (``write_kubelet_client_pki`` into ``work_dir/node/pki``, where
+    ``start_real_node`` finds it). ``start_real_node`` follows, with ``work_dir/node``."""
+    setup_network()
+    try:
+        return start_kube(
+            work_dir=work_dir,
+            log_dir=log_dir,
+            kubeconfig_path=kubeconfig_path,
+            progress=progress,
+            users=USERS,
+            extra_apiserver_args=[*write_kubelet_client_pki(work_dir / "node" / "pki"), *extra_apiserver_args],
+            # The controllers make each namespace's default ServiceAccount, which this plugin gives every pod.
+            service_account_admission=True,
+            bind_address=NODE_IP,
+        )
+    except BaseException:
+        teardown_network()
+        raise
+
+
 def start_real_node(
     kube: LocalKube,
     *,
@@ -574,14 +613,34 @@ def start_real_node(
 
 def load_images(binaries: NodeBinaries, socket: Path, *, progress: Callable[[str], None]) -> None:
     """Import every archive in ``images_dir()`` into containerd's CRI namespace."""
-    for archive in sorted(images_dir().glob("*.tar")):
-        done = _run(
-            [str(binaries.ctr), "--address", str(socket), "-n", NAMESPACE, "images", "import", str(archive)],
-            check=False,
-        )
+    archives = sorted(images_dir().glob("*.tar"))
+    import_images(binaries, socket, archives)
+    progress(f"images loaded into containerd: {', '.join(p.stem for p in archives)}")
+
+
+def import_images(
+    binaries: NodeBinaries, socket: Path, archives: Sequence[Path], *, tags: dict[str, str] | None = None
+) -> None:
+    """Import ``docker save`` archives into the CRI namespace of the containerd at ``socket``, then give images
+    more names (``tags``: name it has → name to add), as ``docker tag`` would before a push to a registry."""
+    ctr = [str(binaries.ctr), "--address", str(socket), "-n", NAMESPACE, "images"]
+    for archive in archives:
+        done = _run([*ctr, "import", str(archive)], check=False)
         if done.returncode != 0:
             raise NodeUnavailable(f"containerd could not import {archive.name}: {done.stderr.strip()[-300:]}")
-    progress(f"images loaded into containerd: {', '.join(p.stem for p in sorted(images_dir().glob('*.tar')))}")
+    for source, target in (tags or {}).items():
+        _run([*ctr, "rm", _reference(target)], check=False)
+        done = _run([*ctr, "tag", _reference(source), _reference(target)], check=False)
+        if done.returncode != 0:
+            raise NodeUnavailable(f"containerd could not name {source} {target}: {done.stderr.strip()[-300:]}")
+
+
+def _reference(image: str) -> str:
+    """An image name as containerd stores it (Docker's short names are on docker.io, official ones in library/)."""
+    first = image.split("/", 1)[0]
+    if "/" in image and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if "/" in image else f"docker.io/library/{image}"
 
 
 def _user_kubeconfig(kube: LocalKube, path: Path, user: str) -> Path:

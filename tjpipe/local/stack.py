@@ -337,24 +337,29 @@ class Stack:
         elif use_containers:
             self.kubeconfig = self._k3s_container()
         else:
-            self.progress("Kubernetes: starting etcd and kube-apiserver on 127.0.0.1")
-            node_users: dict[str, list[str]] = {}
-            node_flags: list[str] = []
             if self.real_node:
                 from tjpipe.local import realnode
 
                 realnode.preflight()  # one sentence, before anything starts, where this machine cannot run a node
-                node_users = realnode.USERS
-                node_flags = realnode.write_kubelet_client_pki(self.paths.kube_work / "node" / "pki")
-            self.local_kube = start_kube(
-                work_dir=self.paths.kube_work,
-                log_dir=self.paths.logs,
-                kubeconfig_path=self.paths.kubeconfig,
-                progress=self.progress,
-                service_account_admission=self.simulate,  # the simulated cluster makes default ServiceAccounts
-                users=node_users,
-                extra_apiserver_args=node_flags,
-            )
+                self.progress(
+                    f"Kubernetes: starting etcd on 127.0.0.1 and kube-apiserver on the real node's bridge "
+                    f"({realnode.BRIDGE}, {realnode.NODE_IP}: this machine and its pods only)"
+                )
+                self.local_kube = realnode.start_control_plane(
+                    work_dir=self.paths.kube_work,
+                    log_dir=self.paths.logs,
+                    kubeconfig_path=self.paths.kubeconfig,
+                    progress=self.progress,
+                )
+            else:
+                self.progress("Kubernetes: starting etcd and kube-apiserver on 127.0.0.1")
+                self.local_kube = start_kube(
+                    work_dir=self.paths.kube_work,
+                    log_dir=self.paths.logs,
+                    kubeconfig_path=self.paths.kubeconfig,
+                    progress=self.progress,
+                    service_account_admission=self.simulate,  # the simulated cluster makes default ServiceAccounts
+                )
             self.kubeconfig = self.local_kube.kubeconfig
             self.progress(f"Kubernetes: ready at {self.local_kube.server}")
             self.remove_stale_registrations()
@@ -786,6 +791,10 @@ class Stack:
         if self.local_kube is not None:
             self.local_kube.stop()
             self.local_kube = None
+            if self.real_node:
+                from tjpipe.local.realnode import teardown_network
+
+                teardown_network()  # the bridge the apiserver listened on (the node's stop removed it already)
         if self.local_nats is not None:
             self.local_nats.stop()
             self.local_nats = None
@@ -971,12 +980,13 @@ def mpi_demo_trainjob() -> dict[str, Any]:
 def stop_detached(paths: StatePaths) -> list[str]:
     """Stop what ``tjpipe up --detach`` left running; a real node's containers, mounts and network go too."""
     node_dir = paths.kube_work / "node"
-    if not (node_dir / "containerd.toml").exists():
+    if not node_dir.exists():  # made first thing by a real node's start (its apiserver's client certificate)
         return stop_from_pid_files(paths.logs)
     from tjpipe.local import realnode
     from tjpipe.local.toolchain import node_binaries_paths
 
-    realnode.remove_all_pods(node_dir)  # while containerd still runs
+    if (node_dir / "containerd.toml").exists():
+        realnode.remove_all_pods(node_dir)  # while containerd still runs
     stopped = stop_from_pid_files(paths.logs)
     realnode.forget_host_dirs(node_dir)
     realnode.teardown_network(node_binaries_paths().kube_proxy)
