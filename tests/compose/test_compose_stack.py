@@ -25,7 +25,7 @@ import pytest
 from faults.support import read_write_counts
 from kubernetes.client import CoreV1Api, CustomObjectsApi, VersionApi
 from needs import unavailable
-from status_server.support import trainer_status
+from status_endpoint.support import trainer_status
 
 from contracts import streams, subjects
 from contracts.progress import decode_progress

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from history.support import Server, get, start_server
-from status_server.support import (
+from status_endpoint.support import (
     StatusServer,
     TrainJobWithPods,
     make_trainjob,

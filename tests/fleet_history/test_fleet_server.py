@@ -129,7 +129,7 @@ def test_a_fleet_request_reaches_only_the_api_server_of_the_cluster_it_names(wor
     """A token goes to the members named and to no other: a request that names none is refused before any
     member sees it (a compromised member would otherwise collect every cluster's tokens). Counted by each API
     server's own ``apiserver_request_total`` for TokenReviews."""
-    from status_server.support import token_reviews
+    from status_endpoint.support import token_reviews
 
     a = world.clusters["a"]
 
