@@ -119,7 +119,8 @@ class NewerClaims:
         self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int, why: str
     ) -> Settled:
         """Replace a claim of another history with this plan's (compare-and-set); ``changed`` if the key changed."""
-        if await self.ledger.write(lkey, self.fresh_claim(message), revision=revision) is None:
+        claim = self.fresh_claim(message)
+        if await self.ledger.write(lkey, claim, revision=revision) is None:
             return Settled("changed")
         FOREIGN_CLAIMS.labels(why=why).inc()
         held = self._corrupt.pop(lkey, None)
@@ -191,7 +192,8 @@ class NewerClaims:
     ) -> Settled:
         """Overwrite a corrupt claim with this message's (compare-and-set); ``changed`` if the key changed
         first. ``tell`` is what judging it already asks to be told."""
-        if await self.ledger.write(lkey, self.fresh_claim(message), revision=revision) is None:
+        claim = self.fresh_claim(message)
+        if await self.ledger.write(lkey, claim, revision=revision) is None:
             return Settled("changed", tell=tell)
         STALE_CLAIMS.labels(action="overwritten").inc()
         log.warning(

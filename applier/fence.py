@@ -178,9 +178,10 @@ class Fence:
         """Create a create-only target as claimed. Only a 201 makes it this TrainJob's: a create answered 409
         is judged by the record as it was before the claim (``api_answers.existing``)."""
         target = message.target
+        body = apply_body(message)
         try:
             resp = await self.kube.create(
-                resource, namespace=target.namespace, body=apply_body(message), field_manager=message.field_manager
+                resource, namespace=target.namespace, body=body, field_manager=message.field_manager
             )
         except KubeApiError as exc:
             if exc.status != 409 or exc.reason != "AlreadyExists":
@@ -207,12 +208,13 @@ class Fence:
         """Apply the plan as claimed (``claimed``: the claim's revision; for a status, the revision the round
         read), and record what the apply left."""
         target = message.target
+        body = apply_body(message, resource_version=step.precondition)
         try:
             resp = await self.kube.apply(
                 resource,
                 namespace=target.namespace,
                 name=target.name,
-                body=apply_body(message, resource_version=step.precondition),
+                body=body,
                 field_manager=message.field_manager,
                 force=message.force,
                 subresource=target.subresource,

@@ -15,10 +15,11 @@ This module is the shell around three parts, each in a file of its own and read 
 authorization (``applier.authorize``'s check of the message, then ``applier.trainjobs``' of the TrainJob
 it names, as it reads it), then the fenced write (``applier.fence``, doing what ``claim_round.decide``
 answers; claims newer than the plan in ``applier.claims``). What stays here is what every message needs
-whatever its outcome: the retry tiers, and which way it ends. A message travels as one
-``plumbing.delivery.Delivery`` (the message, its decoded form, its attempts, when its work started), and
-ends one of three ways, each written once: ``applier.results.finish`` (result, ack),
-``applier.results.fail`` (dead letter, ``failed`` result, terminate) or ``Delivery.retry`` (handed back).
+whatever its outcome: its turn (``applier.pacing``) and the in-process retry tier. A message travels as one
+``plumbing.delivery.Delivery`` (the message, its decoded form, its attempts, when its work started); its
+work answers what became of it (``results.Outcome``), and ``applier.results.Endings`` ends it, written once:
+finished (result, ack), failed (dead letter, ``failed`` result, terminate) or handed back (``Delivery.retry``).
+Read in the order one message meets them: this file, then the checks and the fence, then its end.
 """
 
 from __future__ import annotations
@@ -34,30 +35,21 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from applier import authorize, errors, outcomes, results, trainjob_condition
+from applier import authorize, errors, outcomes, results
 from applier.claims import NewerClaims
 from applier.epoch import ClusterEpoch
 from applier.fence import Fence
 from applier.ledger import Ledger
 from applier.pacing import StatusPacing
 from applier.settings import ApplierSettings
-from applier.trainjob_watch import TrainJobFacts, WatchedTrainJobs
+from applier.trainjob_watch import WatchedTrainJobs
 from applier.trainjobs import TrainJobs
 from contracts import resources, streams
-from contracts.messages import (
-    ApplyMessage,
-    ApplyTrainJobStatus,
-    DeleteComponent,
-    Target,
-    decode_apply,
-)
+from contracts.messages import ApplyMessage, DeleteComponent, Target, decode_apply
 from plumbing import intake, retrying, signing
 from plumbing.delivery import Delivery
 from plumbing.kube import KubeClient, KubeConfig
-from plumbing.observability import (
-    RETRIES,
-    UNAUTHORIZED,
-)
+from plumbing.observability import RETRIES
 from plumbing.partitions import consume_partitioned, default_replica_id
 from plumbing.runner import started
 from plumbing.stream_usage import StreamUsage
@@ -98,6 +90,7 @@ class Applier:
         claims = NewerClaims(kube, ledger, epoch=epoch, grace_seconds=settings.stale_claim_grace_seconds)
         self.fence = Fence(kube, ledger, claims, self.trainjobs)
         self.pacing = StatusPacing(settings.status_interval_seconds)
+        self.endings = results.Endings(ledger, self.trainjobs, self.pacing)
         self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(settings.concurrency)
 
@@ -119,102 +112,43 @@ class Applier:
             await self._handle_decoded(delivery)
 
     async def _handle_decoded(self, delivery: Delivery[ApplyMessage]) -> None:
+        """What became of the message's work, then its end, written once (``applier.results.Endings``)."""
+        outcome = await self._work(delivery)
+        await self.endings.end(delivery, outcome)
+
+    # ------------------------------------------------------------------------------------------ the work
+
+    async def _work(self, delivery: Delivery[ApplyMessage]) -> results.Outcome:
+        """The message's checks and its turn, then the in-process retry tier: authorize, then one fenced write,
+        again while it fails for now. What became of it, for ``Endings.end``."""
         message = delivery.message
         body = b"{}" if isinstance(message, DeleteComponent) else msgspec.json.encode(message.object)
         verdict = authorize.authorize_message(message, body)
         if not verdict.allowed:
-            await self._refuse(delivery, verdict.why)
-            return
+            return errors.Unauthorized(verdict.why)
         if self.pacing.superseded(message):
-            await results.finish(delivery, "skipped", reason=outcomes.STALE_PLAN)
-            return
+            return outcomes.Done(action="skipped", reason=outcomes.STALE_PLAN)
         if (wait := self.pacing.wait_for(message)) > 0:
-            await delivery.retry(wait)  # its turn comes with the interval (applier.pacing)
-            return
+            return errors.Held(wait)  # its turn comes with the interval (applier.pacing)
         try:
             resource = resources.resource_for(message.target.api_version, message.target.kind)
         except LookupError as exc:
-            await results.fail(delivery, kind="permanent", error=str(exc), result=str(exc))
-            return
-        try:
-            done, facts = await self._attempt(delivery, resource, body)
-        except _NOT_DONE as exc:
-            await self._not_done(delivery, exc)
-            return
-        if done.action in ("created", "configured"):
-            self.pacing.wrote(message)
-        if done.action in ("created", "configured", "unchanged") and trainjob_condition.condition_names(
-            message, facts.applier_condition
-        ):
-            await self.trainjobs.clear_condition(message)
-        await results.count_lifecycle(self.ledger, message, facts, done)
-        await results.finish(delivery, done.action, resource_version=done.resource_version, reason=done.reason)
+            return exc
 
-    # ------------------------------------------------------------------------------------------ the work
-
-    async def _attempt(
-        self, delivery: Delivery[ApplyMessage], resource: resources.Resource, body: bytes
-    ) -> tuple[outcomes.Done, TrainJobFacts]:
-        """The in-process retry tier: authorize, then one fenced write, again while it fails for now."""
-        message = delivery.message
-
-        async def once() -> tuple[outcomes.Done, TrainJobFacts]:
+        async def once() -> results.Applied:
             delivery.attempts += 1
             if delivery.attempts > 1:
                 RETRIES.labels(tjpipe_service="applier").inc()
             facts = await self.trainjobs.verify(message)
             if isinstance(message, DeleteComponent):
-                return await self.fence.delete(message, resource), facts
-            return await self.fence.apply(message, resource, body, known_version=facts.resource_version), facts
+                return results.Applied(await self.fence.delete(message, resource), facts)
+            done = await self.fence.apply(message, resource, body, known_version=facts.resource_version)
+            return results.Applied(done, facts)
 
-        return await self.retry_policy.call(once)
-
-    async def _not_done(self, delivery: Delivery[ApplyMessage], exc: Exception) -> None:
-        """End a message whose attempts ended in an error, by the error's kind."""
-        if isinstance(exc, errors.TrainJobGone):
-            await results.finish(delivery, "skipped", reason=f"{exc.why}: nothing to do")
-        elif isinstance(exc, errors.Unauthorized):
-            await self._refuse(delivery, exc.why)
-        elif isinstance(exc, errors.Held):
-            await delivery.retry(exc.delay)
-        elif isinstance(exc, errors.SettlingRefusal):
-            if delivery.deliveries >= errors.SETTLING_DELIVERIES:
-                await self._fail_permanently(delivery, exc.permanent)
-            else:
-                await self._hand_back(delivery, exc)
-        elif isinstance(exc, errors.TransientError):
-            await self._hand_back(delivery, exc)
-        elif isinstance(exc, errors.PermanentError):
-            await self._fail_permanently(delivery, exc)
-        else:  # pragma: no cover - _handle_decoded catches only the kinds above
-            raise exc
-
-    async def _hand_back(self, delivery: Delivery[ApplyMessage], exc: errors.TransientError) -> None:
-        """Give a message that failed for now back to JetStream, with a delay that grows per delivery."""
-        message = delivery.message
-        delay = retrying.TRANSIENT_REDELIVERY.delay(delivery.deliveries)
-        log.warning(
-            "%s: %s; handing back to JetStream for %.0fs",
-            message.target,
-            exc.reason,
-            delay,
-            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
-        )
-        await delivery.retry(delay)
-
-    async def _fail_permanently(self, delivery: Delivery[ApplyMessage], exc: errors.PermanentError) -> None:
-        """The reason told on the TrainJob, then the message failed for good."""
-        message = delivery.message
-        await self.trainjobs.explain(message, exc.reason)
-        if exc.api_reason and not isinstance(message, ApplyTrainJobStatus | DeleteComponent):
-            # The API server refused the component (e.g. a webhook's 422): say so on the TrainJob.
-            await self.trainjobs.set_condition(message, reason=exc.api_reason, text=exc.api_message or exc.reason)
-        await results.fail(delivery, kind="permanent", error=exc.reason, result=exc.reason)
-
-    async def _refuse(self, delivery: Delivery[ApplyMessage], why: str) -> None:
-        """Nothing is written for a message no TrainJob justifies, not even an Event on the TrainJob."""
-        UNAUTHORIZED.labels(kind=delivery.message.target.kind).inc()
-        await results.fail(delivery, kind="unauthorized", error=why, result=f"unauthorized: {why}")
+        try:
+            return await self.retry_policy.call(once)
+        except _NOT_DONE as exc:
+            return exc
 
     @contextlib.asynccontextmanager
     async def _heartbeat(self, msg: Msg) -> AsyncIterator[None]:
@@ -247,7 +181,7 @@ class Applier:
 
 
 _NOT_DONE = (errors.TrainJobGone, errors.Unauthorized, errors.Held, errors.TransientError, errors.PermanentError)
-"""How an attempt ends without a ``Done``: each is ended its own way (``Applier._not_done``)."""
+"""How an attempt ends without a ``Done``: each is ended its own way (``results.Endings.end``)."""
 
 
 async def run_applier(settings: ApplierSettings, stop: asyncio.Event) -> None:

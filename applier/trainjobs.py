@@ -130,20 +130,17 @@ class TrainJobs:
 
     async def set_condition(self, message: ApplyMessage, *, reason: str, text: str) -> None:
         """``ComponentsApplied=False`` on the TrainJob, unless it already says exactly this."""
-        key = (message.trainjob.namespace, message.trainjob.name)
+        known = self._known((message.trainjob.namespace, message.trainjob.name), message.trainjob_uid)
         wanted = trainjob_condition.condition_message(message, text)
-        known = self._known(key, message.trainjob_uid)
         if known is not None and known.applier_condition == wanted:
             return
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         body = trainjob_condition.applier_condition(message, reason=reason, text=text, now=now)
-        if await self._apply_condition(message, body):
-            self._remember_condition(key, wanted)
+        await self._apply_condition(message, body, saying=wanted)
 
     async def clear_condition(self, message: ApplyMessage) -> None:
-        key = (message.trainjob.namespace, message.trainjob.name)
-        if await self._apply_condition(message, trainjob_condition.applier_condition_cleared(message)):
-            self._remember_condition(key, "")
+        body = trainjob_condition.applier_condition_cleared(message)
+        await self._apply_condition(message, body, saying="")
 
     async def tell(self, message: ApplyMessage, change: trainjob_condition.ConditionChange) -> None:
         """Write a condition change a decision returned (``applier.claims``)."""
@@ -159,14 +156,9 @@ class TrainJobs:
         cached = self._verified.get(key)
         return cached[0] if cached is not None else None
 
-    def _remember_condition(self, key: Key, message: str) -> None:
-        if self.watched is not None:
-            self.watched.remember_condition(key, message)
-        cached = self._verified.get(key)
-        if cached is not None:
-            self._verified[key] = (dataclasses.replace(cached[0], applier_condition=message), cached[1])
-
-    async def _apply_condition(self, message: ApplyMessage, body: bytes) -> bool:
+    async def _apply_condition(self, message: ApplyMessage, body: bytes, *, saying: str) -> None:
+        """Apply the applier's condition as ``body`` has it, and remember that the TrainJob now says ``saying``
+        (empty: the condition is gone); a write that fails is logged, and nothing is remembered."""
         try:
             await self.kube.apply(
                 resources.TRAINJOB,
@@ -185,8 +177,13 @@ class TrainJobs:
                 exc,
                 extra={"trainjob": str(message.trainjob)},
             )
-            return False
-        return True
+            return
+        key = (message.trainjob.namespace, message.trainjob.name)
+        if self.watched is not None:
+            self.watched.remember_condition(key, saying)
+        cached = self._verified.get(key)
+        if cached is not None:
+            self._verified[key] = (dataclasses.replace(cached[0], applier_condition=saying), cached[1])
 
     async def explain(self, message: ApplyMessage, error: str) -> None:
         """A Warning Event on the TrainJob, so ``kubectl describe`` shows why a component is missing."""

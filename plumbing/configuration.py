@@ -51,6 +51,16 @@ class Check:
     """What the value must be, as in "must be {words}"."""
 
 
+def positive_seconds(text: str) -> float:
+    """A ``parse`` for seconds above 0 (and finite): a value that cannot be one is refused as it is read."""
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+positive_seconds.__name__ = "positive number"
+
 ABOVE_ZERO = Check(lambda value: value > 0 and value != float("inf"), "above 0")
 AT_LEAST_ZERO = Check(lambda value: value >= 0, "0 or more")
 AT_LEAST_ONE = Check(lambda value: value >= 1, "1 or more")
@@ -147,12 +157,8 @@ def declared(settings_type: type) -> Iterator[Setting]:
 
 
 @dataclass(kw_only=True)
-class ProcessSettings:
-    """What every long-running ``tjpipe`` process is started with: the common part of each one's settings.
-
-    The CLI builds it once from flags and the environment (``tjpipe.settings``) and passes it down; nothing
-    below the CLI reads the environment. Each process's own settings extend it.
-    """
+class LoggingSettings:
+    """How a process logs: every long-running process, the history server's included."""
 
     log_level: str = setting("info", flag="--log-level", env="TJPIPE_LOG_LEVEL", help="debug, info, warning or error")
     log_format: str = setting(
@@ -162,6 +168,21 @@ class ProcessSettings:
         choices=("json", "text", "auto"),
         help="auto: JSON unless stderr is a terminal",
     )
+
+    @property
+    def json_logs(self) -> bool | None:
+        """JSON lines (True), plain text (False), or JSON unless stderr is a terminal (None)."""
+        return {"json": True, "text": False}.get(self.log_format)
+
+
+@dataclass(kw_only=True)
+class ProcessSettings(LoggingSettings):
+    """What every long-running ``tjpipe`` service is started with: the common part of each one's settings.
+
+    The CLI builds it once from flags and the environment (``tjpipe.settings``) and passes it down; nothing
+    below the CLI reads the environment. Each process's own settings extend it.
+    """
+
     metrics_port: int = setting(
         0,
         flag="--metrics-port",
@@ -185,11 +206,6 @@ class ProcessSettings:
         deployment="per-replica",
     )
     """Empty: ``plumbing.partitions.default_replica_id``, the host and the process."""
-
-    @property
-    def json_logs(self) -> bool | None:
-        """JSON lines (True), plain text (False), or JSON unless stderr is a terminal (None)."""
-        return {"json": True, "text": False}.get(self.log_format)
 
 
 @dataclass(kw_only=True)
@@ -219,6 +235,21 @@ class NatsSettings:
     )
     nats_tls_key: str | None = setting(
         None, flag="--nats-tls-key", env="NATS_TLS_KEY", help="its private key", deployment="optional"
+    )
+
+
+@dataclass(kw_only=True)
+class ConnectSettings:
+    """How long a command that reaches the bus waits for an answer before it gives up (exit code 4)."""
+
+    connect_timeout: float = setting(
+        5.0,
+        flag="--connect-timeout",
+        env="TJPIPE_CONNECT_TIMEOUT",
+        unit="seconds",
+        parse=positive_seconds,
+        deployment="optional",
+        help="give up after this many seconds without an answer from NATS (exit code 4)",
     )
 
 

@@ -55,8 +55,6 @@ TOKEN_REVIEW = Resource(
     api_version="authentication.k8s.io/v1", kind="TokenReview", plural="tokenreviews", namespaced=False
 )
 CHAIN_CACHE = 10_000
-MAX_REVIEWS = 8
-"""TokenReviews in flight at once, per server process (the default of ``--max-token-reviews``)."""
 REVIEW_WAIT = 2.0
 """Seconds a request waits for a free TokenReview slot before it is answered 429."""
 
@@ -111,7 +109,7 @@ def token_audiences(token: str) -> list[str]:
 
 class Authorizer:
     def __init__(
-        self, kube: KubeClient, *, max_reviews: int = MAX_REVIEWS, clock: Callable[[], float] = time.time
+        self, kube: KubeClient, *, max_reviews: int = core.MAX_REVIEWS, clock: Callable[[], float] = time.time
     ) -> None:
         self.kube = kube
         self.clock = clock

@@ -52,6 +52,8 @@ AUDIENCE_PREFIX = "trainer.kubeflow.org"
 CLOCK_LEEWAY = 60.0
 MAX_CLOCK_SKEW = 60.0
 """Seconds an update's ``lastUpdatedTime`` may lie ahead of its receipt (the default of ``--max-clock-skew``)."""
+MAX_REVIEWS = 8
+"""TokenReviews in flight at once, per server process (the default of ``--max-token-reviews``)."""
 _FIRST = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
 _LAST = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
 """Seconds a token's ``nbf`` may lie ahead of the server's clock (the API server's and ours may differ a little)."""
@@ -451,6 +453,10 @@ class Rate:
 
     per_second: float
     burst: float
+
+    def __str__(self) -> str:
+        """``PER_SECOND/BURST``, as a setting writes a rate (``1/10``)."""
+        return f"{self.per_second:g}/{self.burst:g}"
 
 
 @dataclass(slots=True)

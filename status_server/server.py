@@ -34,7 +34,6 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import msgspec
 import nats.errors
@@ -48,14 +47,14 @@ from contracts.messages import ObjectKey, UnsupportedVersion
 from contracts.progress import STATUS_FIELD_MANAGER, ProgressReported, decode_progress, encode_progress
 from contracts.resources import TRAINJOB
 from plumbing import bus_history, retrying
-from plumbing.configuration import ServiceSettings
 from plumbing.kube import KubeApiError, KubeClient, KubeConfig
 from plumbing.observability import REGISTRY
 from plumbing.publishing import publish_stored
 from plumbing.runner import started
 from plumbing.tls_serving import TlsServing
 from status_server import core
-from status_server.auth import MAX_REVIEWS, Authorizer, Busy, Caller, Gone, Refused
+from status_server.auth import Authorizer, Busy, Caller, Gone, Refused
+from status_server.settings import POD_RATE, TRAINJOB_RATE, StatusServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -77,38 +76,10 @@ WRITES = Counter(
     registry=REGISTRY,
 )
 
-RECOVER_SECONDS = 3600.0
-"""How far back the start-up reads the history for updates a previous process accepted but did not write."""
-SWEEP_SECONDS = 30.0
-"""How often the history is read again for updates another replica accepted but did not write."""
 NATS_RETRY_AFTER = 5
 """``Retry-After`` of a 503 while the history is unreachable: the SDK's own interval between updates."""
 PRUNE_EVERY = 1000
 """Accepted updates between two prunes of the per-TrainJob tables (finished TrainJobs leave them)."""
-POD_RATE = core.Rate(per_second=1.0, burst=10)
-"""Per pod: five times the SDK's own rate (one update per 5 s) on average, ten at once."""
-TRAINJOB_RATE = core.Rate(per_second=20.0, burst=200)
-"""Per TrainJob, whatever its pods: a hundred pods at the SDK's rate, two hundred at once."""
-DEFAULT_COALESCE_SECONDS = 5.0
-"""The SDK's own rate per process (one update per 5 s): one pod's updates are all written, many pods' share it."""
-
-
-@dataclass(kw_only=True)
-class StatusServerSettings(ServiceSettings):
-    tls_cert: str
-    tls_key: str
-    host: str = "0.0.0.0"
-    port: int = 10443
-    kubeconfig: str | None = None
-    kube_context: str | None = None
-    coalesce_seconds: float = DEFAULT_COALESCE_SECONDS
-    max_token_reviews: int = MAX_REVIEWS
-    max_clock_skew: float = core.MAX_CLOCK_SKEW
-    pod_rate: core.Rate = POD_RATE
-    trainjob_rate: core.Rate = TRAINJOB_RATE
-    recover_seconds: float = RECOVER_SECONDS
-    sweep_seconds: float = SWEEP_SECONDS
-    cert_check_seconds: float = 30.0
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -131,7 +102,7 @@ class StatusServer:
         js: JetStreamContext,
         *,
         coalesce_seconds: float,
-        max_token_reviews: int = MAX_REVIEWS,
+        max_token_reviews: int = core.MAX_REVIEWS,
         max_clock_skew: float = core.MAX_CLOCK_SKEW,
         pod_rate: core.Rate = POD_RATE,
         trainjob_rate: core.Rate = TRAINJOB_RATE,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -27,8 +28,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from applier.settings import ApplierSettings
+from history_server.settings import HistoryServerSettings
 from planner.settings import PlannerSettings, WebhookSettings
-from plumbing.configuration import KubeSettings, ProcessSettings, ServiceSettings
+from plumbing.configuration import ConnectSettings, KubeSettings, ProcessSettings, declared, positive_seconds
+from status_server.settings import StatusServerSettings
 from tjpipe import settings
 from tjpipe.nats_connection import add_nats_flags
 from tjpipe.settings import (
@@ -37,9 +40,9 @@ from tjpipe.settings import (
     STAGES,
     FromEnvironment,
     SettingsError,
+    add_setting,
     add_settings,
     add_trainjob_status_flags,
-    env_flag,
 )
 from watcher.settings import WatcherSettings
 
@@ -55,7 +58,7 @@ SERVICE_SETTINGS: dict[str, tuple[type, ...]] = {
     "applier": (ApplierSettings,),
     "controller": (ProcessSettings, WatcherSettings, PlannerSettings, ApplierSettings),
     "webhook": (WebhookSettings,),
-    "status-server": (ServiceSettings, KubeSettings),
+    "status-server": (StatusServerSettings,),
 }
 """The settings each service command takes, each declared once on its dataclass (``plumbing.configuration``)."""
 
@@ -93,7 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     for command, types in SERVICE_SETTINGS.items():
         service = sub.add_parser(command, help=SERVICE_HELP[command])
         add_settings(service, *types, stages=STAGE_SETTINGS if command == "controller" else None)
-    settings.add_status_server_flags(sub.choices["status-server"])
 
     _add_local_stack_commands(sub)
     _add_bus_commands(sub)
@@ -179,7 +181,7 @@ def _add_local_stack_commands(sub: Any) -> None:
         "TrainJobs, follow them to Complete, delete them and show the clean-up",
     )
     _kube(demo)
-    demo.add_argument("--timeout", type=_positive_seconds, default=600.0, help="give up after this many seconds")
+    demo.add_argument("--timeout", type=positive_seconds, default=600.0, help="give up after this many seconds")
 
 
 def _add_bus_commands(sub: Any) -> None:
@@ -216,7 +218,7 @@ def _add_bus_commands(sub: Any) -> None:
     rotate.add_argument("--identity", action="append", help="rotate only these identities (repeatable; begin)")
     rotate.add_argument("--reload", metavar="PID|PIDFILE", help="the nats-server to reload after begin and finish")
     rotate.add_argument("--monitor", metavar="URL", help="its monitoring URL: reloads confirmed, reconnects awaited")
-    rotate.add_argument("--wait", type=_positive_seconds, default=120.0, help="finish: wait this long for reconnects")
+    rotate.add_argument("--wait", type=positive_seconds, default=120.0, help="finish: wait this long for reconnects")
 
     tls = sub.add_parser(
         "nats-tls",
@@ -293,16 +295,6 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise ValueError(text)
-    return value
-
-
-_positive_seconds.__name__ = "positive number"
-
-
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -314,14 +306,8 @@ _positive_int.__name__ = "positive integer"
 
 
 def _connect_timeout(parser: argparse.ArgumentParser, what: str) -> None:
-    env_flag(
-        parser,
-        "--connect-timeout",
-        env="TJPIPE_CONNECT_TIMEOUT",
-        default=5.0,
-        type=_positive_seconds,
-        help=f"give up after this many seconds without an answer from {what} (exit code 4)",
-    )
+    [timeout] = declared(ConnectSettings)
+    add_setting(parser, dataclasses.replace(timeout, help=timeout.help.replace("from NATS", f"from {what}")))
 
 
 def _nats_client(parser: argparse.ArgumentParser) -> None:
@@ -466,12 +452,7 @@ def _add_operator_commands(sub: Any) -> None:
         "history-server",
         help="serve the event history as a web UI and a JSON API, each namespace to those the cluster lets read it",
     )
-    add_settings(history_server, ProcessSettings, only=("log_level", "log_format"))
-    _nats_client(history_server)
-    _kube(history_server)
-    from history_server.server import add_arguments
-
-    add_arguments(history_server)
+    add_settings(history_server, HistoryServerSettings)
 
     comp = sub.add_parser(
         "completion",
@@ -581,7 +562,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "history-server":
         from history_server.server import run
 
-        return run(args)
+        return run(settings.history_server(args))
     if command == "fleet":
         from tjpipe.fleet_command import run_fleet
 

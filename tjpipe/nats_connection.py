@@ -13,11 +13,20 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from plumbing.configuration import NatsSettings
 from tjpipe.exits import Failure, Unreachable, UsageError
-from tjpipe.settings import add_settings, nats_tls
+from tjpipe.settings import NatsTlsOptions, add_settings, nats_tls
+
+
+class NatsOptions(NatsTlsOptions, Protocol):
+    """What a connection is made from: a command's parsed arguments, or a server's settings object (the
+    history server's), which both hold the NATS settings and ``connect_timeout``."""
+
+    nats_url: str
+    nats_creds: str | None
+    connect_timeout: float
 
 
 def add_nats_flags(parser: argparse.ArgumentParser, *, creds: bool = True) -> None:
@@ -25,7 +34,7 @@ def add_nats_flags(parser: argparse.ArgumentParser, *, creds: bool = True) -> No
     add_settings(parser, NatsSettings, skip=() if creds else ("nats_creds",))
 
 
-def nats_options(args: argparse.Namespace) -> dict[str, Any]:
+def nats_options(args: NatsOptions) -> dict[str, Any]:
     """The ``plumbing.bus.connect`` keyword arguments the NATS flags name."""
     return {"creds": args.nats_creds or None, "tls": nats_tls(args)}
 
@@ -52,14 +61,14 @@ def _catching_bus_warnings() -> Iterator[_LastError]:
         logger.removeHandler(handler)
 
 
-def _check_files(args: argparse.Namespace, *flags: str) -> None:
+def _check_files(args: NatsOptions, *flags: str) -> None:
     for flag in flags:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
         if value and not Path(value).is_file():
             raise UsageError(f"{flag} {value}: no such file")
 
 
-async def connect_nats(args: argparse.Namespace, command: str, *, identity: str | None = None) -> Any:
+async def connect_nats(args: NatsOptions, command: str, *, identity: str | None = None) -> Any:
     """A NATS connection, or ``Unreachable`` once ``--connect-timeout`` has passed without one.
 
     A long-running command names its ``identity`` (``plumbing.bus.connect``): its inbox outlives a rotation.

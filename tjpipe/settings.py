@@ -15,9 +15,10 @@ and nothing below the CLI reads the environment (``plumbing.kube``'s in-cluster 
 kubernetes client's in-cluster loader reads the service host from the environment itself).
 
 The settings objects stay one type per process (``WatcherSettings``, ``PlannerSettings``,
-``ApplierSettings``, ``WebhookSettings``) instead of one object for all: each service and its tests build
-only what that service uses, and a setting one service has cannot be misread by another. What they share
-(``ProcessSettings``, ``NatsSettings``, ``KubeSettings``, ...) is declared once in ``plumbing.configuration``.
+``ApplierSettings``, ``WebhookSettings``, ``StatusServerSettings``, ``HistoryServerSettings``) instead of one
+object for all: each service and its tests build only what that service uses, and a setting one service has
+cannot be misread by another. What they share (``ProcessSettings``, ``NatsSettings``, ``KubeSettings``, ...)
+is declared once in ``plumbing.configuration``.
 """
 
 from __future__ import annotations
@@ -27,18 +28,19 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from applier.settings import ApplierSettings
+from history_server.settings import HistoryServerSettings
 from planner.settings import TRAINJOB_STATUS, PlannerSettings, WebhookSettings
-from plumbing.configuration import ProcessSettings, ServiceSettings, Setting, declared
+from plumbing.configuration import ProcessSettings, Setting, declared
+from status_server.settings import StatusServerSettings
 from tjpipe.exits import UsageError
 from watcher.settings import WatcherSettings
 
 if TYPE_CHECKING:
     from planner.plugins.trainjobstatus import StatusServer
     from plumbing.bus import TlsFiles
-    from status_server.server import StatusServerSettings
 
 S = TypeVar("S")
 
@@ -182,41 +184,6 @@ def add_settings(
                 add_setting(parser, each.for_stage(stage))
 
 
-def env_flag(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    flag: str,
-    *,
-    env: str,
-    help: str,
-    default: object = None,
-    type: Callable[[str], object] = str,
-    choices: Sequence[str] | None = None,
-) -> argparse.Action:
-    """A flag with the variable ``env`` behind it, declared where it is added (a command's own option).
-
-    A service's setting is declared on its settings dataclass instead (``plumbing.configuration``); porting
-    one of these there is moving its arguments into ``setting(...)`` on the field that holds its value.
-    """
-    type_name = {int: "int", float: "float", bool: "bool"}.get(type, "str")  # type: ignore[call-overload]
-    parse = None if type_name != "str" or type is str else type
-    setting = Setting(flag=flag, env=env, help=help, choices=tuple(choices or ()), parse=parse)
-    return add_setting(parser, dataclasses.replace(setting, name=flag, type=type_name, default=default))
-
-
-def env_switch(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, *, env: str, help: str, default: bool = False
-) -> argparse.Action:
-    """An on/off flag (``--x`` / ``--no-x``) with the environment variable ``env`` (true/false) behind it."""
-    setting = Setting(flag=flag, env=env, help=help)
-    return add_setting(parser, dataclasses.replace(setting, name=flag, type="bool", default=default))
-
-
-def env_list_flag(parser: argparse.ArgumentParser, flag: str, *, env: str, help: str) -> argparse.Action:
-    """A repeatable flag with a comma-separated ``env`` behind it; given at all, the flags replace ``env``."""
-    setting = Setting(flag=flag, env=env, help=help)
-    return add_setting(parser, dataclasses.replace(setting, name=flag, type="tuple[str, ...]", default=()))
-
-
 def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Namespace:
     """Give every argument whose flag was not given its value from ``environ``; raises ``SettingsError``."""
     for name, value in list(vars(args).items()):
@@ -261,67 +228,6 @@ def add_trainjob_status_flags(parser: argparse.ArgumentParser | argparse._Argume
     ``<trainjob>-tls-config`` ConfigMap).
     """
     add_settings(parser, PlannerSettings, only=TRAINJOB_STATUS)
-
-
-def add_status_server_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``tjpipe status-server``: where it listens, its serving certificate, and how often it writes a TrainJob."""
-    env_flag(parser, "--host", env="TJPIPE_STATUS_SERVER_HOST", default="0.0.0.0", help="address to listen on")
-    env_flag(
-        parser, "--port", env="TJPIPE_STATUS_SERVER_PORT", default=10443, type=int, help="HTTPS port (Trainer's 10443)"
-    )
-    env_flag(
-        parser,
-        "--tls-cert",
-        env="TJPIPE_STATUS_SERVER_TLS_CERT",
-        default="/etc/tjpipe/status-server-tls/tls.crt",
-        help="serving certificate, PEM (signed by the CA --status-server-ca names to the planner)",
-    )
-    env_flag(
-        parser,
-        "--tls-key",
-        env="TJPIPE_STATUS_SERVER_TLS_KEY",
-        default="/etc/tjpipe/status-server-tls/tls.key",
-        help="its private key, PEM",
-    )
-    env_flag(
-        parser,
-        "--coalesce-seconds",
-        env="TJPIPE_STATUS_COALESCE_SECONDS",
-        default=5.0,
-        type=float,
-        help="at most one write of a TrainJob's status.trainerStatus per this many seconds, the newest update "
-        "(default 5: the SDK's own rate per process)",
-    )
-    env_flag(
-        parser,
-        "--max-token-reviews",
-        env="TJPIPE_STATUS_MAX_TOKEN_REVIEWS",
-        default=8,
-        type=int,
-        help="TokenReviews in flight at once; a request that waits 2 s for one is answered 429 (default 8)",
-    )
-    env_flag(
-        parser,
-        "--max-clock-skew",
-        env="TJPIPE_STATUS_MAX_CLOCK_SKEW",
-        default=60.0,
-        type=float,
-        help="seconds an update's lastUpdatedTime may lie ahead of the server's clock; further ahead: 422 (default 60)",
-    )
-    env_flag(
-        parser,
-        "--pod-rate",
-        env="TJPIPE_STATUS_POD_RATE",
-        default="1/10",
-        help="updates per second per pod / at once (token bucket); over it: 429 with Retry-After (default 1/10)",
-    )
-    env_flag(
-        parser,
-        "--trainjob-rate",
-        env="TJPIPE_STATUS_TRAINJOB_RATE",
-        default="20/200",
-        help="updates per second per TrainJob, whatever its pods / at once; over it: 429 (default 20/200)",
-    )
 
 
 def status_server_url(text: str) -> str:
@@ -388,7 +294,15 @@ def status_server_of(args: argparse.Namespace) -> StatusServer | None:
 # ------------------------------------------------------------------------------------------- settings objects
 
 
-def nats_tls(args: argparse.Namespace) -> TlsFiles | None:
+class NatsTlsOptions(Protocol):
+    """Where the ``--nats-tls-*`` files are: parsed arguments, or a settings object with ``NatsSettings``."""
+
+    nats_tls_ca: str | None
+    nats_tls_cert: str | None
+    nats_tls_key: str | None
+
+
+def nats_tls(args: NatsTlsOptions) -> TlsFiles | None:
     """The TLS files the ``--nats-tls-*`` flags name, if any."""
     from plumbing.bus import TlsFiles
 
@@ -473,46 +387,21 @@ def webhook(args: argparse.Namespace) -> WebhookSettings:
 
 
 def status_server(args: argparse.Namespace) -> StatusServerSettings:
-    from status_server.server import StatusServerSettings
-
     _serving_pair(args, "--tls-cert/--tls-key, TJPIPE_STATUS_SERVER_TLS_*")
-    if not args.coalesce_seconds > 0:
-        raise SettingsError(
-            f"--coalesce-seconds / TJPIPE_STATUS_COALESCE_SECONDS: must be above 0, got {args.coalesce_seconds}"
-        )
-    if args.max_token_reviews < 1:
-        raise SettingsError(
-            f"--max-token-reviews / TJPIPE_STATUS_MAX_TOKEN_REVIEWS: must be 1 or more, got {args.max_token_reviews}"
-        )
-    if not args.max_clock_skew >= 0:
-        raise SettingsError(
-            f"--max-clock-skew / TJPIPE_STATUS_MAX_CLOCK_SKEW: must be 0 or more, got {args.max_clock_skew}"
-        )
-    from status_server.core import Rate
-
-    def rate(text: str, flag: str) -> Rate:
-        try:
-            per_second, _, burst = text.partition("/")
-            parsed = Rate(per_second=float(per_second), burst=float(burst))
-        except ValueError:
-            parsed = Rate(per_second=0.0, burst=0.0)
-        if not (parsed.per_second > 0 and parsed.burst >= 1):
-            raise SettingsError(f"{flag}: PER_SECOND/BURST, a rate above 0 and a burst of 1 or more, got {text!r}")
-        return parsed
-
     nats_tls(args)
-    common = settings_of(ServiceSettings, args)
-    return StatusServerSettings(
-        **{each.name: getattr(common, each.name) for each in dataclasses.fields(ServiceSettings)},
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        host=args.host,
-        port=args.port,
-        kubeconfig=args.kubeconfig,
-        kube_context=args.context,
-        coalesce_seconds=args.coalesce_seconds,
-        max_token_reviews=args.max_token_reviews,
-        max_clock_skew=args.max_clock_skew,
-        pod_rate=rate(args.pod_rate, "--pod-rate / TJPIPE_STATUS_POD_RATE"),
-        trainjob_rate=rate(args.trainjob_rate, "--trainjob-rate / TJPIPE_STATUS_TRAINJOB_RATE"),
-    )
+    return settings_of(StatusServerSettings, args)
+
+
+def history_server(args: argparse.Namespace) -> HistoryServerSettings:
+    """The history server's settings; a certificate needs its key, and retention its identity and one cluster."""
+    made = settings_of(HistoryServerSettings, args)
+    if bool(made.tls_cert) != bool(made.tls_key):
+        raise SettingsError("--tls-cert and --tls-key go together (TJPIPE_HISTORY_TLS_CERT, TJPIPE_HISTORY_TLS_KEY)")
+    for flag, path in (("--retention-policy", made.retention_policy), ("--retention-creds", made.retention_creds)):
+        if path and not Path(path).expanduser().is_file():
+            raise SettingsError(f"{flag} {path}: no such file")
+    if made.retention_policy and (made.fleet_clusters or not made.retention_creds):
+        raise SettingsError(
+            "--retention-policy needs --retention-creds (the history-keeper identity), on one cluster's server"
+        )
+    return made

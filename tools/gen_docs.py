@@ -12,6 +12,9 @@ Each page is written from the one place its facts live:
 - the streams table of ``docs/configuration.md`` (between its ``generated`` markers): ``contracts/streams.py``;
 - the consumers table of ``docs/internals.md``: ``contracts/streams.py``;
 - the CI times in ``README.md`` and ``docs/index.md`` (between markers): ``docs/data/ci.json``;
+- the comments of the Helm chart's values that set a setting (``charts/trainjob-pipeline/values.yaml``, between
+  markers; ``helm show values`` prints them): the settings' declarations, the value each is set from
+  (``tools/kubeflow_install.py``) and what ``deploy/`` sets when the value is left empty;
 - ``docs/changelog.md``: ``CHANGELOG.md``, its links made relative to the site;
 - ``docs/performance-ratios.svg``: a bar chart of the current benchmark's ratios, from
   ``docs/data/benchmark.json`` (a plain SVG: no script, nothing fetched).
@@ -294,6 +297,94 @@ def _environment_only_settings() -> str:
     return "".join(out)
 
 
+# --- the Helm chart's values -------------------------------------------------------------------------------
+
+CHART_VALUES = "charts/trainjob-pipeline/values.yaml"
+BASE_KUSTOMIZATION = REPO / "deploy" / "base" / "kustomization.yaml"
+
+
+def _kubeflow_install() -> Any:
+    """``tools/kubeflow_install.py`` as a module (tools/ is not a package): it says which value sets what."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kubeflow_install", REPO / "tools" / "kubeflow_install.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _declared_settings() -> dict[str, tuple[Any, list[str]]]:
+    """Each declared variable: its declaration and the commands that read it (the parser's, as on the page)."""
+    from tjpipe.settings import FromEnvironment
+
+    out: dict[str, tuple[Any, list[str]]] = {}
+    for command in _walk(_subcommands(_parser(), [])):
+        for action in command.parser._actions:
+            if isinstance(action.default, FromEnvironment) and action.default.setting is not None:
+                setting = action.default.setting
+                out.setdefault(setting.env, (setting, []))[1].append(" ".join(command.words))
+    return out
+
+
+def _shared_configuration() -> dict[str, str]:
+    """What ``deploy/base`` sets in the ConfigMap every service reads (``tjpipe-config``), by variable."""
+    import yaml
+
+    kustomization = yaml.safe_load(BASE_KUSTOMIZATION.read_text())
+    [config] = [c for c in kustomization["configMapGenerator"] if c["name"] == "tjpipe-config"]
+    return dict(literal.split("=", 1) for literal in config["literals"])
+
+
+def _wrapped(text: str) -> list[str]:
+    """One item of a values.yaml comment list, wrapped as the file's other comments are."""
+    import textwrap
+
+    return textwrap.wrap(text, width=116, initial_indent="# - ", subsequent_indent="#   ", break_on_hyphens=False)
+
+
+def _read_by(commands: list[str]) -> str:
+    """The services among ``commands``, as a deployment runs them."""
+    return ", ".join(sorted({c for c in commands if c in SERVICES}))
+
+
+def chart_trainjob_status() -> str:
+    """The comment on the chart's trainJobStatus values: the setting each sets, from its declaration."""
+    declared = _declared_settings()
+    shared = _shared_configuration()
+    lines = ["# What each value sets in the ConfigMap tjpipe-config (docs/reference/settings.md):"]
+    for value, env in _kubeflow_install().TRAINJOB_STATUS_SETTINGS.items():
+        if env not in declared:
+            raise SystemExit(f"{CHART_VALUES}: trainJobStatus.{value} sets {env}, which no command declares")
+        setting, commands = declared[env]
+        # A switch is always rendered from its value (templates/pipeline.yaml); any other value only when set.
+        empty = f"; empty: as deploy/ sets it ({shared[env]})" if shared.get(env) and setting.type != "bool" else ""
+        text = f"trainJobStatus.{value}: {env} ({setting.flag} of {_read_by(commands)}): {_meaning(setting)}{empty}."
+        lines += _wrapped(text)
+    return "\n".join(lines) + "\n"
+
+
+def chart_settings() -> str:
+    """The comment on the chart's settings value: every variable of tjpipe-config it may set, from the
+    declarations, in the order deploy/base lists them, each with the value deploy/ gives it."""
+    declared = _declared_settings()
+    reserved = set(_kubeflow_install().TRAINJOB_STATUS_SETTINGS.values())
+    lines = []
+    for env, deployed in _shared_configuration().items():
+        if env in reserved:
+            continue
+        unit = ""
+        if env in declared:
+            meaning, unit = _meaning(declared[env][0]), declared[env][0].unit
+        elif env in ENVIRONMENT_ONLY:
+            meaning = ENVIRONMENT_ONLY[env][1]
+        else:
+            raise SystemExit(f"deploy/base sets {env} in tjpipe-config, which no command declares")
+        shown = f"{deployed} {unit}".strip() if deployed else "empty"
+        lines += _wrapped(f"{env} (deploy/: {shown}): {meaning}.")
+    return "\n".join(lines) + "\n"
+
+
 # --- the metrics ------------------------------------------------------------------------------------------
 
 
@@ -559,16 +650,20 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/internals.md": {"consumers": consumers_table},
     "docs/index.md": {"ci-times": ci_times("contributing.md")},
     "README.md": {"ci-times": ci_times("docs/contributing.md")},
+    CHART_VALUES: {"trainjob-status": chart_trainjob_status, "settings": chart_settings},
 }
-"""Text generated inside a hand-written page, between ``<!-- generated: NAME ... -->`` and ``<!-- end: NAME -->``;
-keyed by the path from the repository's top (a page under docs/ is read from ``--docs``)."""
+"""Text generated inside a hand-written page, between ``<!-- generated: NAME ... -->`` and ``<!-- end: NAME -->``
+(in a YAML file, between ``# generated: NAME ...`` and ``# end: NAME``); keyed by the path from the
+repository's top (a page under docs/ is read from ``--docs``)."""
 
 
 def _with_blocks(text: str, blocks: dict[str, Callable[[], str]], page: str) -> str:
     for name, make in blocks.items():
         start, end = f"<!-- generated: {name} (tools/gen_docs.py) -->\n", f"<!-- end: {name} -->"
+        if page.endswith(".yaml"):
+            start, end = f"# generated: {name} (tools/gen_docs.py)\n", f"# end: {name}"
         if start not in text or end not in text:
-            raise SystemExit(f"docs/{page}: the markers of the generated {name} table are missing")
+            raise SystemExit(f"{page}: the markers of the generated {name} block are missing")
         before, rest = text.split(start, 1)
         _, after = rest.split(end, 1)
         text = before + start + make() + end + after

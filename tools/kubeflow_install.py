@@ -208,26 +208,35 @@ def assemble_chart(
         (files / "fleet" / name).write_text(text)
     (files / "status-server.yaml").write_text(_dump(status_server))
     (files / "image.yaml").write_text(yaml.safe_dump({"repository": repository, "tag": tag}, default_style='"'))
-    (files / "trainjob-status.yaml").write_text(
-        yaml.safe_dump(_trainjob_status_lines(files / "pipeline.yaml"), default_style='"', width=1 << 16)
+    (files / "settings.yaml").write_text(
+        yaml.safe_dump(_settings_lines(pipeline, files / "pipeline.yaml"), default_style='"', width=1 << 16)
     )
     return out
 
 
-# The settings the chart's trainJobStatus values replace, by the line each is rendered as in files/pipeline.yaml.
+# The settings the chart's trainJobStatus values set, by value; the chart's `settings` value sets any other
+# variable of the shared ConfigMap (templates/pipeline.yaml), and refuses these two.
 TRAINJOB_STATUS_SETTINGS = {"enabled": "TJPIPE_TRAINJOB_STATUS", "serverURL": "TJPIPE_STATUS_SERVER_URL"}
+SHARED_CONFIG = "tjpipe-config"
+"""The ConfigMap every service reads its shared settings from (deploy/base's configMapGenerator)."""
 
 
-def _trainjob_status_lines(pipeline: Path) -> dict[str, str]:
-    """The rendered lines of the TrainJobStatus settings in the shared ConfigMap, which the chart's template
-    replaces (``templates/pipeline.yaml``); each must be there exactly once, or the value would be ignored."""
-    text = pipeline.read_text()
+def _settings_lines(pipeline: Sequence[Obj], rendered: Path) -> dict[str, str]:
+    """Each variable of the shared ConfigMap by its rendered line in ``rendered`` (files/pipeline.yaml), which
+    the chart's template replaces with a value's (``templates/pipeline.yaml``): each line must be there exactly
+    once, or a value would be ignored or land in another object."""
+    [config] = [
+        obj
+        for obj in pipeline
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].startswith(f"{SHARED_CONFIG}-")
+    ]
+    text = rendered.read_text()
     lines: dict[str, str] = {}
-    for value, name in TRAINJOB_STATUS_SETTINGS.items():
-        found = re.findall(rf"^  {name}: .*$", text, flags=re.MULTILINE)
+    for name in config["data"]:
+        found = re.findall(rf"^  {re.escape(name)}: .*$", text, flags=re.MULTILINE)
         if len(found) != 1:
-            raise RuntimeError(f"expected one {name} line in the rendered tjpipe-config, found {len(found)}")
-        lines[value] = found[0]
+            raise RuntimeError(f"expected one {name} line in the rendered {SHARED_CONFIG}, found {len(found)}")
+        lines[name] = found[0]
     return lines
 
 

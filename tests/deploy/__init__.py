@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,35 @@ NATS_IDENTITY_ENV = _deployed("identity")
 OPTIONAL_ENV = _deployed("optional")
 """Settings a deployment may leave out: the client certificate of mutual TLS (this deployment authenticates
 with nkeys), and the event loop (uvloop is not in the image; asyncio's own loop, the default, is what it runs)."""
+
+
+SERVER_COMMANDS = ("history-server", "status-server")
+"""The servers beside the pipeline, each a Deployment of its own (and a compose service): every variable one
+reads is set where it runs, checked against its declarations (``unset_settings``)."""
+
+LEFT_OUT = frozenset({"optional", "per-replica"})
+"""Where a declaration says a deployment may leave its variable out: a setting that needs not be set, and a
+name each replica takes for itself."""
+
+
+def unset_settings(command: str, env: Iterable[str], args: Sequence[str] = (), *, in_cluster: bool) -> list[str]:
+    """The variables ``command`` reads that a deployment of it leaves unset although it must set them.
+
+    ``env`` is what the container's environment sets (its ``env`` and the ConfigMaps of its ``envFrom``),
+    ``args`` its arguments (a flag given there sets its setting too). Each declaration says whether a
+    deployment may leave its variable out (``LEFT_OUT``); in a cluster, ``KUBECONFIG`` is left out too
+    (in-cluster credentials). So a setting added to a server without its variable in ``deploy/`` and compose
+    fails here, not in a pod.
+    """
+    given = set(env)
+    missing = set()
+    for each in _declarations()[command]:
+        if each.deployment in LEFT_OUT or (in_cluster and each.env == "KUBECONFIG") or each.env in given:
+            continue
+        if any(arg == each.flag or arg.startswith(each.flag + "=") for arg in args):
+            continue
+        missing.add(each.env)
+    return sorted(missing)
 
 
 def cli_env_names() -> dict[str, set[str]]:

@@ -32,9 +32,12 @@ from . import (
     OPTIONAL_ENV,
     PER_REPLICA_ENV,
     REPO,
+    SERVER_COMMANDS,
+    cli_env_names,
     dockerfile_stages,
     known_env_names,
     service_env_names,
+    unset_settings,
 )
 
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
@@ -175,6 +178,18 @@ def test_services_set_what_the_cli_reads_and_nothing_else(model: dict[str, Any])
     # The planner never talks to the API server, so it gets no credentials.
     assert "KUBECONFIG" not in model["services"]["planner"]["environment"]
     assert not {v["source"] for v in model["services"]["planner"].get("volumes") or []} & {"kube", "kube-pki"}
+
+
+def test_the_servers_set_what_they_read_and_nothing_else(model: dict[str, Any]) -> None:
+    """The history server and the status server: every variable one reads is set, as its declaration says."""
+    known = known_env_names()
+    for server in SERVER_COMMANDS:
+        spec = model["services"][server]
+        assert spec["command"][0] == server
+        environment = set(spec["environment"])
+        assert unset_settings(server, environment, spec["command"][1:], in_cluster=False) == [], server
+        unknown = environment - cli_env_names()[server] - known
+        assert not unknown, f"{server} sets variables it does not read: {sorted(unknown)}"
 
 
 def test_one_nats_server_so_streams_keep_one_replica(model: dict[str, Any]) -> None:

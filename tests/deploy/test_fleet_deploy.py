@@ -26,7 +26,7 @@ from tjpipe.local.helm import helm_template
 from tjpipe.local.kustomize import kustomize_build
 from tjpipe.local.natsd import nats_server_binary
 
-from . import REPO
+from . import REPO, cli_env_names, unset_settings
 from .test_kustomize import _client_with, _config_map, _dry_run_each, _named, _of_kind, _path, _progress
 
 HUB = REPO / "deploy" / "overlays" / "fleet-hub"
@@ -210,6 +210,8 @@ def test_the_fleet_history_server_reads_as_fleet_reader_with_the_clusters_file_f
     assert secret == "fleet-history-clusters"
     assert container["args"] == ["history-server", "--fleet-clusters", f"{folder}/clusters.yaml"]
     env = {item["name"]: item["value"] for item in container["env"]}
+    assert set(env) <= cli_env_names()["history-server"], set(env) - cli_env_names()["history-server"]
+    assert unset_settings("history-server", env, container["args"], in_cluster=True) == []
     reader, reader_dir, _ = _secret_files(deployment, "nats-creds")
     assert (reader, env["NATS_CREDS"]) == ("fleet-reader-nats-creds", f"{reader_dir}/nats.nk")
     assert env["NATS_URL"] == "nats://fleet-hub:4222"

@@ -14,7 +14,7 @@ import yaml
 from history_server.retention import parse_policy
 from tjpipe.local.kustomize import kustomize_build
 
-from . import REPO, cli_env_names
+from . import REPO, cli_env_names, unset_settings
 from .test_kustomize import NAMESPACE, Obj, _client_with, _dry_run_each, _named, _progress
 
 NAME = "tjpipe-history-server"
@@ -39,6 +39,7 @@ def test_the_server_reads_the_policy_from_the_configmap_and_purges_as_history_ke
     [container] = pod["containers"]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert set(env) <= cli_env_names()["history-server"], set(env) - cli_env_names()["history-server"]
+    assert unset_settings("history-server", env, container["args"], in_cluster=True) == []
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     policy_dir, policy_file = env["TJPIPE_HISTORY_RETENTION_POLICY"].rsplit("/", 1)

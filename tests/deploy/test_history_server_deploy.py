@@ -18,7 +18,7 @@ import pytest
 from tjpipe.local.helm import helm_template
 from tjpipe.local.kustomize import kustomize_build
 
-from . import REPO, cli_env_names
+from . import REPO, cli_env_names, unset_settings
 from .test_kubeflow_install import RELEASE, RELEASE_NAMESPACE, tool
 from .test_kustomize import (
     NAMESPACE,
@@ -82,6 +82,7 @@ def test_the_pod_runs_the_server_as_reader_over_tls_locked_down(rendered: list[O
     assert container["args"] == ["history-server"] and container["image"] == webhook["image"]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert set(env) <= cli_env_names()["history-server"], set(env) - cli_env_names()["history-server"]
+    assert unset_settings("history-server", env, container["args"], in_cluster=True) == []
     assert env["TJPIPE_HISTORY_LISTEN"] == "0.0.0.0:8443" and env["TJPIPE_HISTORY_TLS_CERT"].endswith("tls.crt")
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         assert container[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}

@@ -258,6 +258,40 @@ def test_trainjob_status_is_off_by_default_and_a_value_turns_it_on(chart_dir: Pa
     assert Path(default["TJPIPE_STATUS_SERVER_CA"]).parent == Path(mount["mountPath"])
 
 
+def _chart_with(chart_dir: Path, *values: str) -> list[Obj]:
+    extra = [arg for value in values for arg in ("--set", value)]
+    return helm_template(chart_dir, release=RELEASE, namespace=RELEASE_NAMESPACE, extra_args=extra, progress=_progress)
+
+
+def test_a_settings_value_sets_its_variable_in_the_shared_config_map_and_nothing_else(
+    chart_dir: Path, chart: list[Obj]
+) -> None:
+    """values.yaml's ``settings``: any variable of tjpipe-config by its name, as a string whatever its type."""
+    changed = {"TJPIPE_APPLY_CONCURRENCY": "32", "TJPIPE_LOG_LEVEL": "debug", "TJPIPE_WORK_SWEEP_SECONDS": "7.5"}
+    rendered = _chart_with(chart_dir, *(f"settings.{name}={value}" for name, value in changed.items()))
+    config, default = _pipeline_config(rendered), _pipeline_config(chart)
+    assert {name: config[name] for name in changed} == changed
+    assert {k: v for k, v in config.items() if k not in changed} == {
+        k: v for k, v in default.items() if k not in changed
+    }
+
+    def others(objects: list[Obj]) -> dict[tuple[str, str, str, str], Obj]:
+        return {k: v for k, v in _by_key(objects).items() if not k[3].startswith("tjpipe-config-")}
+
+    assert others(rendered) == others(chart)
+    # With the TrainJobStatus values too, each value lands on its own line.
+    both = _pipeline_config(_chart_with(chart_dir, "trainJobStatus.enabled=true", "settings.TJPIPE_CLUSTER_ID=eu-1"))
+    assert (both["TJPIPE_TRAINJOB_STATUS"], both["TJPIPE_CLUSTER_ID"]) == ("true", "eu-1")
+
+
+def test_a_settings_value_no_service_reads_or_one_a_trainjob_status_value_sets_is_refused(chart_dir: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"settings\.TJPIPE_APPLY_CONCURENCY: not a variable of the ConfigMap"):
+        _chart_with(chart_dir, "settings.TJPIPE_APPLY_CONCURENCY=32")
+    for name in tool.TRAINJOB_STATUS_SETTINGS.values():
+        with pytest.raises(RuntimeError, match=rf"settings\.{name}: set it with the trainJobStatus values"):
+            _chart_with(chart_dir, f"settings.{name}=x")
+
+
 def test_the_assembled_chart_lints_and_packages(chart_dir: Path, tmp_path: Path) -> None:
     """What publishing it takes: `helm lint --strict` finds nothing, `helm package` makes the archive."""
     assert "0 chart(s) failed" in run_helm("lint", "--strict", str(chart_dir), progress=_progress)

@@ -23,7 +23,7 @@ from tjpipe import credentials
 from tjpipe.local.helm import helm_template
 from tjpipe.local.kustomize import kustomize_build
 
-from . import REPO, cli_env_names
+from . import REPO, cli_env_names, unset_settings
 from .test_kubeflow_install import RELEASE, RELEASE_NAMESPACE, tool
 from .test_kustomize import (
     NAMESPACE,
@@ -152,6 +152,8 @@ def test_the_pod_runs_the_server_with_its_certificate_and_its_own_nats_identity_
     ]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert set(env) <= cli_env_names()["status-server"], set(env) - cli_env_names()["status-server"]
+    shared = _config_map(rendered, "tjpipe-config")["data"]
+    assert unset_settings("status-server", {*env, *shared}, container["args"], in_cluster=True) == []
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert all(m["readOnly"] for m in container["volumeMounts"] if m["name"] != "tmp")

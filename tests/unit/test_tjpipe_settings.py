@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 
 from applier.service import ApplierSettings
 from planner.service import PlannerSettings
+from status_server.settings import StatusServerSettings
 from tjpipe import cli, settings
 from tjpipe.keys.pki import private_key_pem, self_signed_ca
 from watcher.service import WatcherSettings
@@ -162,7 +163,7 @@ _ALLOWED = {"plumbing/kube.py"}
 
 def test_nothing_below_the_cli_reads_the_environment() -> None:
     found = {}
-    for package in ("contracts", "plumbing", "watcher", "planner", "applier"):
+    for package in ("contracts", "plumbing", "watcher", "planner", "applier", "history_server", "status_server"):
         for path in sorted((REPO / package).rglob("*.py")):
             where = str(path.relative_to(REPO))
             lines = _reads_environment(ast.parse(path.read_text(), filename=where))
@@ -272,3 +273,118 @@ def test_every_declared_setting_of_a_service_is_on_its_command() -> None:
                 assert any(each.for_stage(stage).flag in flags for stage in settings.STAGES), each.flag
             else:
                 assert each.flag in flags, (command, each.flag)
+
+
+def _serving_pair(tmp_path: Path) -> list[str]:
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).write_text("x")
+    return ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")]
+
+
+def test_the_status_servers_settings_are_its_declarations_flags_and_variables(tmp_path: Path) -> None:
+    from status_server.core import Rate
+
+    args = parse(["status-server", *_serving_pair(tmp_path), "--pod-rate", "2/5"], {"NATS_URL": "nats://n:1"})
+    made = settings.status_server(args)
+    assert (made.nats_url, made.port, made.coalesce_seconds, made.max_token_reviews) == ("nats://n:1", 10443, 5.0, 8)
+    assert (made.pod_rate, made.trainjob_rate) == (Rate(per_second=2.0, burst=5.0), Rate(per_second=20.0, burst=200))
+    assert str(made.trainjob_rate) == "20/200"  # as the settings reference shows the default
+    environ = {"TJPIPE_STATUS_TRAINJOB_RATE": "3/4", "TJPIPE_STATUS_MAX_CLOCK_SKEW": "0", "KUBECONFIG": "/k"}
+    made = settings.status_server(parse(["status-server", *_serving_pair(tmp_path), "--context", "c"], environ))
+    assert (made.trainjob_rate, made.max_clock_skew, made.kubeconfig, made.kube_context) == (
+        Rate(per_second=3.0, burst=4.0),
+        0.0,
+        "/k",
+        "c",
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"TJPIPE_STATUS_POD_RATE": "0/10"}, "TJPIPE_STATUS_POD_RATE: not a valid PER_SECOND/BURST rate"),
+        ({"TJPIPE_STATUS_TRAINJOB_RATE": "5"}, "TJPIPE_STATUS_TRAINJOB_RATE: not a valid PER_SECOND/BURST rate"),
+        ({"TJPIPE_STATUS_POD_RATE": "1/0.5"}, "a burst of 1 or more"),
+        (
+            {"TJPIPE_STATUS_COALESCE_SECONDS": "0"},
+            "--coalesce-seconds / TJPIPE_STATUS_COALESCE_SECONDS: must be above 0",
+        ),
+        ({"TJPIPE_STATUS_MAX_TOKEN_REVIEWS": "0"}, "TJPIPE_STATUS_MAX_TOKEN_REVIEWS: must be 1 or more"),
+        ({"TJPIPE_STATUS_MAX_CLOCK_SKEW": "-1"}, "TJPIPE_STATUS_MAX_CLOCK_SKEW: must be 0 or more"),
+    ],
+)
+def test_a_status_server_setting_that_cannot_work_is_one_error_naming_it(
+    tmp_path: Path, environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(settings.SettingsError, match=message):
+        settings.status_server(parse(["status-server", *_serving_pair(tmp_path)], environ))
+
+
+def test_a_setting_declared_on_the_status_server_is_a_flag_a_variable_and_a_checked_field(tmp_path: Path) -> None:
+    """``--sweep-seconds``: one declaration on ``StatusServerSettings``; its deployments set it because
+    tests/deploy fails while they do not."""
+    pair = _serving_pair(tmp_path)
+    assert settings.status_server(parse(["status-server", *pair])).sweep_seconds == 30.0
+    environ = {"TJPIPE_STATUS_SWEEP_SECONDS": "12"}
+    assert settings.status_server(parse(["status-server", *pair], environ)).sweep_seconds == 12.0
+    assert settings.status_server(parse(["status-server", *pair, "--sweep-seconds", "7"], environ)).sweep_seconds == 7
+    with pytest.raises(settings.SettingsError, match="--sweep-seconds / TJPIPE_STATUS_SWEEP_SECONDS: must be above 0"):
+        settings.status_server(parse(["status-server", *pair, "--sweep-seconds", "0"]))
+
+
+def test_the_history_servers_settings_are_its_declarations_flags_and_variables() -> None:
+    environ = {
+        "NATS_CREDS": "/creds/reader.nk",
+        "TJPIPE_HISTORY_LISTEN": "0.0.0.0:8443",
+        "TJPIPE_HISTORY_SCRAPE": "http://a/metrics, http://b/metrics",
+        "TJPIPE_CONNECT_TIMEOUT": "3",
+        "TJPIPE_LOG_FORMAT": "json",
+    }
+    made = settings.history_server(parse(["history-server", "--refresh-seconds", "0.5", "--context", "c"], environ))
+    assert (made.nats_creds, made.listen, made.connect_timeout, made.json_logs) == (
+        "/creds/reader.nk",
+        "0.0.0.0:8443",
+        3.0,
+        True,
+    )
+    assert (made.refresh_seconds, made.auth_cache_seconds, made.stalled_after, made.kube_context) == (
+        0.5,
+        10.0,
+        600.0,
+        "c",
+    )
+    assert made.scrape == ("http://a/metrics", "http://b/metrics")
+    assert settings.history_server(parse(["history-server", "--scrape", "http://c"], environ)).scrape == ("http://c",)
+    assert settings.history_server(parse(["history-server"])).listen == "127.0.0.1:8080"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--listen", "8080"], "--listen / TJPIPE_HISTORY_LISTEN: must be HOST:PORT"),
+        (["--refresh-seconds", "0"], "--refresh-seconds / TJPIPE_HISTORY_REFRESH_SECONDS: must be above 0"),
+        (["--stalled-after", "-1"], "TJPIPE_HISTORY_STALLED_AFTER_SECONDS: must be 0 or more"),
+        (["--tls-cert", "/x.crt"], "--tls-cert and --tls-key go together"),
+        (["--retention-policy", "/no/policy.yaml"], "--retention-policy /no/policy.yaml: no such file"),
+        (["--retention-policy", "{file}"], "--retention-policy needs --retention-creds"),
+        (["--retention-policy", "{file}", "--retention-creds", "{file}", "--fleet-clusters", "f"], "one cluster's"),
+    ],
+)
+def test_a_history_server_setting_that_cannot_work_is_one_error_naming_it(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    (tmp_path / "file").write_text("x")
+    argv = [arg.replace("{file}", str(tmp_path / "file")) for arg in argv]
+    with pytest.raises(settings.SettingsError, match=message):
+        settings.history_server(parse(["history-server", *argv]))
+
+
+def test_every_declared_setting_of_a_server_is_on_its_command() -> None:
+    from history_server.settings import HistoryServerSettings
+    from plumbing.configuration import declared
+
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command, declares in (("history-server", HistoryServerSettings), ("status-server", StatusServerSettings)):
+        flags = {flag for action in subparsers.choices[command]._actions for flag in action.option_strings}
+        assert {each.flag for each in declared(declares)} <= flags, command
