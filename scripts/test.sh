@@ -67,9 +67,10 @@ fi
 #    a core each) beside what waits (tests/faults, tests/security: a third of one), by the phase table's
 #    cpu notes and the folders' times in a warm run.
 pure=(tests/unit tests/wire tests/distribution tests/docs)
-lane1=(tests/progress_under_load tests/compose tests/containers tests/golden tests/deploy tests/e2e tests/history
-  tests/jobset tests/takeover tests/fleet_history tests/status_endpoint tests/local tests/real_node)
-lane2=(tests/differential tests/lifecycle tests/cli tests/fleet tests/fleet_e2e tests/faults tests/security)
+lane1=(tests/progress_under_load tests/compose tests/containers tests/golden tests/deploy tests/history
+  tests/fleet_history tests/status_endpoint tests/local tests/real_node)
+lane2=(tests/differential tests/lifecycle tests/cli tests/fleet tests/fleet_e2e tests/faults tests/security tests/e2e
+  tests/jobset tests/takeover)
 # The cost budgets count per behaviour (per observation, per held status, per second of a clock), so the
 # machine's pace moves their units, not their verdict; they run alone once the lanes are done (about 45 s), where
 # their audit-logged cluster of their own does not crowd the lanes' two cores.
