@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from contracts import logs, streams
 from history_server import logs as core
 from tjpipe import credentials
+from tjpipe.keys.pki import private_key_pem
 
 UID = "3f1c2d4e-0000-4000-8000-000000000001"
 JOBSET = {"metadata": {"name": "mnist", "uid": "js-uid", "ownerReferences": [{"kind": "TrainJob", "uid": UID}]}}
@@ -33,13 +36,14 @@ def _pod(name: str, *, phase: str = "Succeeded", container_id: str | None = "con
 
 
 def test_secrets_printed_by_training_code_are_blanked_before_they_are_kept() -> None:
-    key = "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIB\nabc\n-----END EC PRIVATE KEY-----"
+    key = private_key_pem(ec.generate_private_key(ec.SECP256R1())).decode().strip()
+    key_body = key.splitlines()[1]
     jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJlLXBhcnQ"
-    seed = "SU" + "A" * 56
+    seed = credentials.new_user_seed().decode()
     text = f"step 1\n{key}\nAuthorization: Bearer abcdefgh12345678\ntoken={jwt}\nseed {seed}\nloss 0.1\n"
     kept, count = core.redact(text)
     assert count == 4
-    for secret in ("MHcCAQEEIB", "abcdefgh12345678", jwt, seed):
+    for secret in (key_body, "abcdefgh12345678", jwt, seed):
         assert secret not in kept
     assert kept.startswith("step 1\n[redacted]\n") and kept.endswith("loss 0.1\n")
     assert core.redact("loss 0.25 step 12/12\n") == ("loss 0.25 step 12/12\n", 0)
