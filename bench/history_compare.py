@@ -38,6 +38,7 @@ from typing import Any
 import msgspec
 
 from bench import stats, workload
+from bench.cluster import process_cpu_seconds
 from contracts import subjects
 from contracts.messages import ObjectKey, encode
 from contracts.progress import ProgressReported, encode_progress
@@ -125,9 +126,11 @@ async def fill(js: Any, trainjobs: int, runtime: dict[str, Any], say: Callable[[
 
 
 def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The nats-server's CPU time so far (it runs for the whole measurement)."""
+    seconds = process_cpu_seconds(pid)
+    if seconds is None:
+        raise RuntimeError(f"the nats-server (pid {pid}) is gone")
+    return seconds
 
 
 async def _timed(requests: int, one: Callable[[], Awaitable[object]]) -> tuple[list[float], list[float]]:
