@@ -26,7 +26,6 @@ from typing import Literal
 from applier import errors, poisoned_claims, trainjob_condition
 from applier.epoch import ClusterEpoch, standing
 from applier.ledger import Ledger
-from applier.objects import resource_version
 from contracts import conditions, resources
 from contracts.messages import AppliedRecord, ApplyMessage
 from plumbing.kube import KubeApiError, KubeClient
@@ -207,9 +206,6 @@ class NewerClaims:
     async def _cluster_revision(self, namespace: str) -> str:
         """The cluster's current etcd revision: the resourceVersion of a one-item list of TrainJobs."""
         try:
-            resp = await self.kube.request(
-                "GET", resources.TRAINJOB.path(namespace=namespace), params={"limit": "1"}, timeout=30
-            )
+            return await self.kube.list_revision(resources.TRAINJOB, namespace=namespace)
         except KubeApiError as exc:
             raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
-        return resource_version(resp.body)

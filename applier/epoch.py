@@ -116,8 +116,7 @@ class ClusterEpoch:
 
     async def _revision(self) -> int:
         """The cluster's current revision: the resourceVersion of a one-item list of TrainJobs."""
-        resp = await self.kube.request("GET", resources.TRAINJOB.path(), params={"limit": "1"}, timeout=30)
-        version = objects.read(resp.body).metadata.resourceVersion
+        version = await self.kube.list_revision(resources.TRAINJOB)
         return int(version) if version.isdigit() else 0
 
     async def start(self) -> None:

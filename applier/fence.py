@@ -30,7 +30,7 @@ from applier.trainjobs import TrainJobs
 from contracts import resources
 from contracts.messages import AppliedRecord, ApplyMessage, ApplySecret, DeleteComponent, ObjectApply, Target
 from contracts.values import or_default
-from plumbing.kube import MERGE_PATCH, KubeApiError, KubeClient
+from plumbing.kube import KubeApiError, KubeClient
 
 log = logging.getLogger("applier")
 
@@ -148,12 +148,8 @@ class Fence:
         """
         target = message.target
         try:
-            resp = await self.kube.request(
-                "PATCH",
-                resource.path(namespace=target.namespace, name=target.name),
-                params={"fieldManager": LABEL_FIELD_MANAGER},
-                body=patch,
-                content_type=MERGE_PATCH,
+            resp = await self.kube.merge_patch(
+                resource, namespace=target.namespace, name=target.name, body=patch, field_manager=LABEL_FIELD_MANAGER
             )
         except KubeApiError as exc:
             raise _api_error(exc) from exc

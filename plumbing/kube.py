@@ -481,6 +481,16 @@ class KubeClient:
         path = resource.path(namespace=namespace, name=name, subresource=subresource)
         return await self.request("PATCH", path, params=params, body=body, content_type=APPLY_PATCH)
 
+    async def merge_patch(
+        self, resource: Resource, *, namespace: str | None, name: str, body: bytes, field_manager: str
+    ) -> Response:
+        """A JSON merge patch under ``field_manager``: only the fields ``body`` names change, and only they
+        are that manager's (an apply would also drop every field its manager stops sending)."""
+        path = resource.path(namespace=namespace, name=name)
+        return await self.request(
+            "PATCH", path, params={"fieldManager": field_manager}, body=body, content_type=MERGE_PATCH
+        )
+
     async def get(self, resource: Resource, *, namespace: str | None, name: str) -> bytes | None:
         """The object's JSON, or ``None`` when it does not exist."""
         try:
@@ -515,6 +525,12 @@ class KubeClient:
             body=body,
             content_type="application/json",
         )
+
+    async def list_revision(self, resource: Resource, *, namespace: str | None = None) -> str:
+        """The resourceVersion of a one-item list of ``resource``: the cluster's current etcd revision, read with
+        no more than list rights on one kind (in ``namespace``, where that is all a confined role grants)."""
+        resp = await self.request("GET", resource.path(namespace=namespace), params={"limit": "1"}, timeout=30)
+        return _list_decoder.decode(resp.body).metadata.resourceVersion
 
     async def list_pages(
         self,
