@@ -1,9 +1,10 @@
-"""One claim round, as ``applier.fence`` walks it: whether the plan is stale (``is_stale``), whether the
-live target is read (``reads_live``), and ``decide``, which answers with one ``Step`` (``applier.steps``)
-that the fence performs. The small functions ``decide`` is made of follow it in the order it calls them
-(``authorize_live``, ``still_applied``, ``policy_allows``, ``status_outdated``; whether the live object
-already holds the plan is ``applier.live_holds``'), each with the reason it exists, so that one round reads
-down one file. What the API server's answer makes of the round is ``applier.api_answers``'. Pure: no I/O.
+"""One claim round, as ``applier.fence`` walks it once the plan is known not to be stale
+(``applier.claims.is_stale``): whether the live target is read (``reads_live``), and ``decide``, which
+answers with one ``Step`` (``applier.steps``) that the fence performs. The small functions ``decide`` is
+made of follow it in the order it calls them (``authorize_live``, ``still_applied``, ``policy_allows``,
+``status_outdated``; whether the live object already holds the plan is ``applier.live_holds``'), each with
+the reason it exists, so that one round reads down one file. What the API server's answer makes of the
+round is ``applier.api_answers``'. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -21,14 +22,6 @@ from applier.outcomes import ALREADY_CREATED
 from applier.steps import Adopt, Advance, Create, Leave, Refuse, SkipStatus, Step, Write
 from contracts import labels
 from contracts.messages import AppliedRecord, ApplyMessage, ApplySecret, ApplyTrainJobStatus, ObjectApply
-
-
-def is_stale(record: AppliedRecord | None, message: ApplyMessage) -> bool:
-    """A plan made from an older observation than one already claimed or applied for the same target."""
-    if record is None or message.source_version == 0:
-        return False
-    return record.source_version > message.source_version
-
 
 CREATE_ONLY: frozenset[type] = frozenset({ApplySecret})
 """Kinds the applier writes by create alone and never reads: it has no get, list, watch or patch on Secrets.
@@ -65,7 +58,7 @@ def decide(
     stamp: str,
     known_version: str = "",
 ) -> Step:
-    """What a claim round does with a plan that is not stale (``is_stale``).
+    """What a claim round does with a plan that is not stale (``applier.claims.is_stale``).
 
     ``record`` is the target's ledger record, ``live`` the live target as read (``None``: absent, or not read,
     see ``reads_live``), ``planned`` the encoded object without generated key material (what the digest is

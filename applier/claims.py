@@ -11,9 +11,11 @@ are not to be believed, though, since each would stall its target for good:
   condition on the TrainJob, and then overwritten.
 
 This is the rare path (reordering, replays, a poisoned ledger): only here does the applier read the
-cluster's current revision, and only for this may its role list TrainJobs. What is to be told on the
-TrainJob (the condition while a corrupt claim is held, and its removal) comes back with the answer, as
-data: this module decides, and ``applier.fence``, which asked, writes it (``TrainJobs.tell``).
+cluster's current revision, and only for this may its role list TrainJobs. ``NewerClaims.settle`` is the one
+call the fence makes when a claim is newer than its plan (``is_stale``), and it answers what the round does
+next. It judges first, as data (``Settled``: what became of the claim, and what is to be told on the
+TrainJob, the condition while a corrupt claim is held and its removal), then carries the judgment out in the
+order it is read: the claim replaced in the ledger, the TrainJob told (``TrainJobs.tell``), the message held.
 """
 
 from __future__ import annotations
@@ -26,12 +28,21 @@ from typing import Literal
 from applier import errors, poisoned_claims, trainjob_condition
 from applier.epoch import ClusterEpoch, standing
 from applier.ledger import Ledger
+from applier.trainjobs import TrainJobs
 from contracts import conditions, resources
 from contracts.messages import AppliedRecord, ApplyMessage
 from plumbing.kube import KubeApiError, KubeClient
 from plumbing.observability import FOREIGN_CLAIMS, STALE_CLAIMS
 
 log = logging.getLogger("applier")
+
+
+def is_stale(record: AppliedRecord | None, message: ApplyMessage) -> bool:
+    """A plan made from an older observation than one already claimed or applied for the same target."""
+    if record is None or message.source_version == 0:
+        return False
+    return record.source_version > message.source_version
+
 
 NewerClaim = Literal["stale", "replaced", "changed", "held"]
 """What became of a newer claim (``NewerClaims.settle``): it stands and the plan is ``stale``; it was
@@ -41,7 +52,7 @@ is held to be corrupt and still within its grace, and the plan is ``held`` (``er
 
 @dataclass(frozen=True)
 class Settled:
-    """What ``NewerClaims.settle`` decided, for its caller to carry out."""
+    """What judging a newer claim decided, for ``NewerClaims.settle`` to carry out."""
 
     claim: NewerClaim
     tell: tuple[trainjob_condition.ConditionChange, ...] = ()
@@ -55,12 +66,14 @@ class NewerClaims:
         self,
         kube: KubeClient,
         ledger: Ledger,
+        trainjobs: TrainJobs,
         *,
         epoch: ClusterEpoch | None,
         grace_seconds: float,
     ) -> None:
         self.kube = kube
         self.ledger = ledger
+        self.trainjobs = trainjobs
         self.epoch = epoch
         self.grace_seconds = grace_seconds
         self._corrupt: dict[str, tuple[int, float]] = {}
@@ -80,15 +93,18 @@ class NewerClaims:
             cluster=self.stamp(),
         )
 
-    async def settle(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> Settled:
-        """Judge a claim newer than ``message`` (``claim_round.is_stale``), and replace it if it cannot stand."""
+    async def settle(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> NewerClaim:
+        """Judge a claim newer than ``message`` (``is_stale``), replace it if it cannot stand, and tell on the
+        TrainJob what the judgment asks; raises ``errors.Held`` while a corrupt claim is within its grace."""
         elsewhere = await self._made_elsewhere(message, record)
-        if elsewhere:
-            return await self._set_aside(message, lkey, record, revision, elsewhere)
-        judged = await self._corruption(message, lkey, record)
-        if judged.claim != "replaced":
-            return judged
-        return await self._overwrite(message, lkey, record, revision, tell=judged.tell)
+        judged = Settled("replaced") if elsewhere else await self._corruption(message, lkey, record)
+        if judged.claim == "replaced":
+            judged = await self._replace(message, lkey, record, revision, elsewhere=elsewhere, tell=judged.tell)
+        for change in judged.tell:
+            await self.trainjobs.tell(message, change)
+        if judged.claim == "held":
+            raise errors.Held(judged.hold)
+        return judged.claim
 
     async def _made_elsewhere(self, message: ApplyMessage, record: AppliedRecord) -> str:
         """Why a claim newer than this plan belongs to another history (``applier.epoch``); ``""`` if not.
@@ -114,35 +130,13 @@ class NewerClaims:
             raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
         return "rewound" if standing(record.cluster, self.epoch.stamp) == "rewound" else ""
 
-    async def _set_aside(
-        self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int, why: str
-    ) -> Settled:
-        """Replace a claim of another history with this plan's (compare-and-set); ``changed`` if the key changed."""
-        claim = self.fresh_claim(message)
-        if await self.ledger.write(lkey, claim, revision=revision) is None:
-            return Settled("changed")
-        FOREIGN_CLAIMS.labels(why=why).inc()
-        held = self._corrupt.pop(lkey, None)
-        log.warning(
-            "%s: set aside a ledger claim for source version %d made %s (%s; now %s)",
-            message.target,
-            record.source_version,
-            "by another cluster" if why == "other-cluster" else "before the cluster's revisions went back",
-            record.cluster,
-            self.stamp(),
-            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
-        )
-        if held is not None:  # it had been held as corrupt before the rewind was known: the condition goes
-            return Settled("replaced", tell=(trainjob_condition.ClearCondition(),))
-        return Settled("replaced")
-
     async def _corruption(self, message: ApplyMessage, lkey: str, record: AppliedRecord) -> Settled:
         """Whether a claim newer than this plan is corrupt: newer than the cluster, for longer than the grace.
 
         A claim newer than both the live target and the TrainJob that lasts longer than the grace is not
         explained by anything the cluster holds. Not corrupt: ``stale``. While it lasts the message is
         ``held``, and the TrainJob is told so when the claim is first seen. Past the grace: ``replaced``, which
-        ``settle`` then makes true by overwriting it.
+        ``settle`` then makes true (``_replace``).
         """
         cluster_revision = await self._cluster_revision(message.trainjob.namespace)
         if not poisoned_claims.claim_beyond_cluster(record, cluster_revision=cluster_revision):
@@ -180,26 +174,44 @@ class NewerClaims:
             ),
         )
 
-    async def _overwrite(
+    async def _replace(
         self,
         message: ApplyMessage,
         lkey: str,
         record: AppliedRecord,
         revision: int,
         *,
+        elsewhere: str,
         tell: tuple[trainjob_condition.ConditionChange, ...],
     ) -> Settled:
-        """Overwrite a corrupt claim with this message's (compare-and-set); ``changed`` if the key changed
-        first. ``tell`` is what judging it already asks to be told."""
+        """Put this message's claim in place of one that cannot stand (compare-and-set); ``changed`` if the key
+        changed first. ``elsewhere``: why the claim is another history's (``_made_elsewhere``), set aside at
+        once; ``""``: a corrupt claim past its grace, overwritten. ``tell`` is what judging it already asks."""
         claim = self.fresh_claim(message)
         if await self.ledger.write(lkey, claim, revision=revision) is None:
             return Settled("changed", tell=tell)
+        extra = {"trainjob": str(message.trainjob), "trace_id": message.trace_id}
+        if elsewhere:
+            FOREIGN_CLAIMS.labels(why=elsewhere).inc()
+            held = self._corrupt.pop(lkey, None)
+            log.warning(
+                "%s: set aside a ledger claim for source version %d made %s (%s; now %s)",
+                message.target,
+                record.source_version,
+                "by another cluster" if elsewhere == "other-cluster" else "before the cluster's revisions went back",
+                record.cluster,
+                self.stamp(),
+                extra=extra,
+            )
+            if held is not None:  # it had been held as corrupt before the rewind was known: the condition goes
+                return Settled("replaced", tell=(trainjob_condition.ClearCondition(),))
+            return Settled("replaced")
         STALE_CLAIMS.labels(action="overwritten").inc()
         log.warning(
             "%s: overwrote a ledger claim for source version %d that nothing in the cluster accounts for",
             message.target,
             record.source_version,
-            extra={"trainjob": str(message.trainjob), "trace_id": message.trace_id},
+            extra=extra,
         )
         return Settled("replaced", tell=(*tell, trainjob_condition.ClearCondition()))
 

@@ -1,18 +1,21 @@
 """The fenced write: claim the target in the ledger, write it on condition, then record what was written.
 
 Each attempt runs up to a few claim rounds. A round reads the target's ledger record (a claim newer than
-the plan goes to ``applier.claims``, whose answer, with what to tell on the TrainJob, is carried out here),
-reads the live target when ``claim_round.reads_live`` says so, and asks ``claim_round.decide`` what to do; this module
-only performs the ``Step`` it answers. Every ledger write is a compare-and-set on the revision the round
-read, and a conditional apply carries the resourceVersion it read: whoever loses either race starts the
-next round with a fresh read, so of two appliers holding different plans for one target, the one with the
-older plan always stands down. Create-only targets (Secrets) go the same way, but are never read: the ledger
-alone says whose an existing one is.
+the plan is settled in one call to ``applier.claims``, which answers what the round does next), reads the
+live target when ``claim_round.reads_live`` says so, and asks ``claim_round.decide`` what to do; this module
+only performs the ``Step`` it answers, with what the step carries. Every ledger write is a compare-and-set
+on the revision the round read, and a conditional apply carries the resourceVersion it read: whoever loses
+either race starts the next round with a fresh read, so of two appliers holding different plans for one
+target, the one with the older plan always stands down. Create-only targets (Secrets) go the same way, but
+are never read: the ledger alone says whose an existing one is.
 
-Read top to bottom, this file follows one apply: ``Fence.apply``, then each step as ``_perform`` meets it,
-then the refused write; the delete, which runs no claim rounds, comes last. Raises ``errors.TransientError``
-or ``errors.PermanentError`` for the retry tiers around it, ``errors.Unauthorized`` for a target this TrainJob
-does not control, and ``errors.Held`` while a corrupt claim is within its grace.
+Read top to bottom, this file follows one apply: ``Fence.apply_plan`` and what its rounds read, then
+``_perform``, which claims the target where the step asks for it, then each step's write as ``_perform``
+meets it, each ending with the record of what it wrote (``Ledger.record_written``); the delete, which runs
+no claim rounds, comes last. Every refusal of the API server that no step answers itself is classified once,
+in ``apply_plan``: ``errors.TransientError`` or ``errors.PermanentError`` for the retry tiers around it.
+Raises ``errors.Unauthorized`` for a target this TrainJob does not control, and ``errors.Held`` while a
+corrupt claim is within its grace.
 """
 
 from __future__ import annotations
@@ -22,13 +25,12 @@ from typing import Any, assert_never
 
 import msgspec
 
-from applier import api_answers, claim_round, errors, outcomes, secrets, steps
-from applier.claims import NewerClaim, NewerClaims
+from applier import api_answers, claim_round, errors, objects, outcomes, secrets, steps
+from applier.claims import NewerClaims, is_stale
 from applier.ledger import Ledger, ledger_key
 from applier.objects import resource_version
-from applier.trainjobs import TrainJobs
 from contracts import resources
-from contracts.messages import AppliedRecord, ApplyMessage, ApplySecret, DeleteComponent, ObjectApply, Target
+from contracts.messages import AppliedRecord, ApplySecret, DeleteComponent, ObjectApply
 from contracts.values import or_default
 from plumbing.kube import KubeApiError, KubeClient
 
@@ -40,28 +42,33 @@ LABEL_FIELD_MANAGER = "trainjob-pipeline-label"
 
 
 class Fence:
-    def __init__(self, kube: KubeClient, ledger: Ledger, claims: NewerClaims, trainjobs: TrainJobs) -> None:
+    def __init__(self, kube: KubeClient, ledger: Ledger, claims: NewerClaims) -> None:
         self.kube = kube
         self.ledger = ledger
         self.claims = claims
-        self.trainjobs = trainjobs
 
-    async def apply(
+    async def apply_plan(
         self, message: ObjectApply, resource: resources.Resource, planned: bytes, *, known_version: str = ""
     ) -> outcomes.Done:
         """One fenced apply (or create) of ``message``; ``planned`` is its encoded object, without generated
         key material, which is never part of the digest; ``known_version`` is the TrainJob's resourceVersion
         as the applier's watch last saw it (``claim_round.status_by_version``), ``""`` when not known."""
+        try:
+            return await self._rounds(message, resource, planned, known_version=known_version)
+        except KubeApiError as exc:
+            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+
+    async def _rounds(
+        self, message: ObjectApply, resource: resources.Resource, planned: bytes, *, known_version: str
+    ) -> outcomes.Done:
         lkey = ledger_key(message.target)
         for round_ in range(CLAIM_ROUNDS):
-            read = await self._round_record(message, lkey, round_)
+            read = await self._round_reads(message, resource, lkey, round_, known_version=known_version)
             if read is None:
                 continue  # look again, with the claim replaced (or someone else's newer one)
             if isinstance(read, outcomes.Done):
                 return read
-            record, revision = read
-            reads = claim_round.reads_live(message, record, known_version=known_version)
-            live = await self._get(resource, message.target) if reads else None
+            record, revision, live = read
             step = claim_round.decide(
                 message, record, live, planned=planned, stamp=self.claims.stamp(), known_version=known_version
             )
@@ -72,37 +79,25 @@ class Fence:
             raise errors.TransientError("the ledger record kept changing under concurrent writers")
         raise errors.TransientError("the target kept changing under concurrent writers")
 
-    async def _round_record(
-        self, message: ObjectApply, lkey: str, round_: int
-    ) -> tuple[AppliedRecord | None, int] | outcomes.Done | None:
-        """The target's ledger record and revision for one claim round, unless the plan is stale (``Done``) or a
-        newer claim that could not stand was just replaced (``None``: look again)."""
+    async def _round_reads(
+        self, message: ObjectApply, resource: resources.Resource, lkey: str, round_: int, *, known_version: str
+    ) -> tuple[AppliedRecord | None, int, bytes | None] | outcomes.Done | None:
+        """What one claim round reads: the target's ledger record and revision, and the live target when
+        ``claim_round.reads_live`` says so. ``Done`` when the plan is stale; ``None`` when a newer claim that
+        could not stand was just replaced: look again."""
         # After a lost compare-and-set, remembering is what went wrong: ask the server.
         if round_ == 0:
             record, revision = await self.ledger.read(lkey, assume_absent=True)
         else:
             record, revision = await self.ledger.read_fresh(lkey)
-        if record is None or not claim_round.is_stale(record, message):
-            return record, revision
-        if await self._settle(message, lkey, record, revision) == "stale":
-            return outcomes.Done(action="skipped", reason=outcomes.STALE_PLAN)
-        return None
-
-    async def _settle(self, message: ApplyMessage, lkey: str, record: AppliedRecord, revision: int) -> NewerClaim:
-        """Settle a claim newer than the plan (``applier.claims``): tell on the TrainJob what its answer asks,
-        and hold the message (``errors.Held``) while a corrupt claim is within its grace."""
-        settled = await self.claims.settle(message, lkey, record, revision)
-        for change in settled.tell:
-            await self.trainjobs.tell(message, change)
-        if settled.claim == "held":
-            raise errors.Held(settled.hold)
-        return settled.claim
-
-    async def _get(self, resource: resources.Resource, target: Target) -> bytes | None:
-        try:
-            return await self.kube.get(resource, namespace=target.namespace, name=target.name)
-        except KubeApiError as exc:
-            raise _api_error(exc) from exc
+        if record is not None and is_stale(record, message):
+            if await self.claims.settle(message, lkey, record, revision) == "stale":
+                return outcomes.Done(action="skipped", reason=outcomes.STALE_PLAN)
+            return None
+        target = message.target
+        reads = claim_round.reads_live(message, record, known_version=known_version)
+        live = await self.kube.get(resource, namespace=target.namespace, name=target.name) if reads else None
+        return record, revision, live
 
     async def _perform(
         self, step: steps.Step, message: ObjectApply, resource: resources.Resource, lkey: str, revision: int
@@ -110,17 +105,17 @@ class Fence:
         """Carry out one round's step; ``None``: a compare-and-set or a conditional write lost, look again."""
         if isinstance(step, steps.Refuse):
             raise errors.Unauthorized(step.why)
-        if isinstance(step, steps.Leave):
-            if step.label is None:
-                return outcomes.Done(action="skipped", resource_version=step.resource_version, reason=step.reason)
-            labelled = await self._label(message, resource, step.label)
-            return outcomes.Done(action="skipped", resource_version=labelled, reason=step.reason)
         if isinstance(step, steps.Advance):
             if await self.ledger.write(lkey, step.record, revision=revision) is None:
                 return None
             return outcomes.Done(
                 action="unchanged", resource_version=step.resource_version, reason=outcomes.ALREADY_APPLIED
             )
+        if isinstance(step, steps.Leave):
+            if step.label is None:
+                return outcomes.Done(action="skipped", resource_version=step.resource_version, reason=step.reason)
+            labelled = await self._label(message, resource, step.label)
+            return outcomes.Done(action="skipped", resource_version=labelled, reason=step.reason)
         if isinstance(step, steps.Adopt):
             return await self._adopt(step, message, resource, lkey, revision)
         if isinstance(step, steps.Write) and message.target.subresource:
@@ -147,12 +142,9 @@ class Fence:
         ``trainer`` with nothing but the label would drop every other field ``trainer`` owns.
         """
         target = message.target
-        try:
-            resp = await self.kube.merge_patch(
-                resource, namespace=target.namespace, name=target.name, body=patch, field_manager=LABEL_FIELD_MANAGER
-            )
-        except KubeApiError as exc:
-            raise _api_error(exc) from exc
+        resp = await self.kube.merge_patch(
+            resource, namespace=target.namespace, name=target.name, body=patch, field_manager=LABEL_FIELD_MANAGER
+        )
         log.info("%s: labelled an existing object, which is kept as it is otherwise", target)
         return resource_version(resp.body)
 
@@ -181,22 +173,24 @@ class Fence:
             )
         except KubeApiError as exc:
             if exc.status != 409 or exc.reason != "AlreadyExists":
-                raise _api_error(exc) from exc
+                raise
             whose = api_answers.existing(message, step.known)
             if whose == "another-trainjob":
                 raise errors.Unauthorized(
                     f"existing {target} was created for another TrainJob (uid {step.claim.created_for}),"
                     f" not for {message.trainjob}"
                 ) from exc
-            await self.ledger.write(lkey, msgspec.structs.replace(step.claim, state="applied"), revision=claimed)
+            record = msgspec.structs.replace(step.claim, state="applied")
             reason = outcomes.ALREADY_CREATED if whose == "ours" else api_answers.UNRECORDED
-            return outcomes.Done(action="skipped", reason=reason)
-        after = resource_version(resp.body)
-        done = msgspec.structs.replace(
-            step.claim, state="applied", resource_version=after, created_for=message.trainjob_uid
-        )
-        await self.ledger.write(lkey, done, revision=claimed)
-        return outcomes.Done(action="created", resource_version=after)
+            done = outcomes.Done(action="skipped", reason=reason)
+        else:
+            after = resource_version(resp.body)
+            record = msgspec.structs.replace(
+                step.claim, state="applied", resource_version=after, created_for=message.trainjob_uid
+            )
+            done = outcomes.Done(action="created", resource_version=after)
+        await self.ledger.record_written(lkey, record, revision=claimed)
+        return done
 
     async def _write(
         self, step: steps.Write, message: ObjectApply, resource: resources.Resource, lkey: str, claimed: int
@@ -226,12 +220,7 @@ class Fence:
                 resp.body, manager=message.field_manager, subresource=target.subresource
             ),
         )
-        if await self.ledger.write(lkey, done, revision=claimed) is None and target.subresource:
-            # Unclaimed, so the revision read may be out of date (a record this applier never read, after a
-            # restart): record it on the fresh one, unless a newer plan's record is there by now.
-            fresh, revision = await self.ledger.read_fresh(lkey)
-            if fresh is None or fresh.source_version <= done.source_version:
-                await self.ledger.write(lkey, done, revision=revision)
+        await self.ledger.record_written(lkey, done, revision=claimed, claimed=not target.subresource)
         return outcomes.Done(
             action=api_answers.outcome(resp.status, before=step.before, after=after), resource_version=after
         )
@@ -246,19 +235,20 @@ class Fence:
         if refusal == "look-again":
             return None
         if refusal == "skip-if-created-concurrently":
-            raw = await self._get(resource, message.target)
+            target = message.target
+            raw = await self.kube.get(resource, namespace=target.namespace, name=target.name)
             if raw is not None:
-                rv = claim_round.live_state(raw).resource_version
+                rv = objects.read(raw).metadata.resourceVersion
                 return outcomes.Done(action="skipped", resource_version=rv, reason=outcomes.CREATED_CONCURRENTLY)
-        raise _api_error(exc) from exc
+        raise exc
 
     async def delete(self, message: DeleteComponent, resource: resources.Resource) -> outcomes.Done:
         """Delete a component the plan no longer has, if this TrainJob controls it; fenced like an apply."""
         target = message.target
         lkey = ledger_key(target)
         record, revision = await self.ledger.read_fresh(lkey)
-        if record is not None and claim_round.is_stale(record, message):
-            settled = await self._settle(message, lkey, record, revision)
+        if record is not None and is_stale(record, message):
+            settled = await self.claims.settle(message, lkey, record, revision)
             if settled == "stale":
                 return outcomes.Done(action="skipped", reason=outcomes.STALE_PLAN)
             if settled == "changed":
@@ -272,7 +262,7 @@ class Fence:
                 raise errors.Unauthorized(verdict.why)
             await self.kube.delete(resource, namespace=target.namespace, name=target.name)
         except KubeApiError as exc:
-            raise _api_error(exc) from exc
+            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
         return outcomes.Done(action="deleted", reason=message.reason)
 
 
@@ -291,7 +281,3 @@ def apply_body(message: ObjectApply, *, resource_version: str = "") -> bytes:
         meta = msgspec.structs.replace(obj.metadata, resource_version=resource_version)
         obj = msgspec.structs.replace(obj, metadata=meta)
     return msgspec.json.encode(obj)
-
-
-def _api_error(exc: KubeApiError) -> Exception:
-    return errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after)

@@ -98,6 +98,20 @@ class Ledger:
         self._note(key, record, written)
         return written
 
+    async def record_written(self, key: str, record: AppliedRecord, *, revision: int, claimed: bool = True) -> None:
+        """Record what a write to the API server left, on the revision of the claim it was made under.
+
+        A claimed target's record that loses its compare-and-set is left as it is: whoever wrote the key
+        meanwhile holds a newer claim. A status is written without a claim (``claimed=False``), so the revision
+        its round read may be out of date (a record this applier never read, after a restart): it is recorded
+        on the fresh one instead, unless a newer plan's record is there by now.
+        """
+        if await self.write(key, record, revision=revision) is not None or claimed:
+            return
+        fresh, fresh_revision = await self.read_fresh(key)
+        if fresh is None or fresh.source_version <= record.source_version:
+            await self.write(key, record, revision=fresh_revision)
+
     async def first_sight(self, key: str, uid: str) -> bool:
         """Record that the TrainJob ``uid`` was seen under ``key``; whether this call was the first to.
 

@@ -87,8 +87,10 @@ class Applier:
             WatchedTrainJobs(kube, namespaces=settings.namespaces) if settings.trainjob_source == "watch" else None
         )
         self.trainjobs = TrainJobs(kube, cache_seconds=settings.trainjob_cache_seconds, watched=watched)
-        claims = NewerClaims(kube, ledger, epoch=epoch, grace_seconds=settings.stale_claim_grace_seconds)
-        self.fence = Fence(kube, ledger, claims, self.trainjobs)
+        claims = NewerClaims(
+            kube, ledger, self.trainjobs, epoch=epoch, grace_seconds=settings.stale_claim_grace_seconds
+        )
+        self.fence = Fence(kube, ledger, claims)
         self.pacing = StatusPacing(settings.status_interval_seconds)
         self.endings = results.Endings(ledger, self.trainjobs, self.pacing)
         self._locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
@@ -142,7 +144,7 @@ class Applier:
             facts = await self.trainjobs.verify(message)
             if isinstance(message, DeleteComponent):
                 return results.Applied(await self.fence.delete(message, resource), facts)
-            done = await self.fence.apply(message, resource, body, known_version=facts.resource_version)
+            done = await self.fence.apply_plan(message, resource, body, known_version=facts.resource_version)
             return results.Applied(done, facts)
 
         try:
