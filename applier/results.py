@@ -146,7 +146,7 @@ class Endings:
         if done.action in ("created", "configured", "unchanged") and trainjob_condition.condition_names(
             message, facts.applier_condition
         ):
-            await self.trainjobs.clear_condition(message)
+            await self.trainjobs.tell(message, trainjob_condition.ClearCondition())
         namespace = message.trainjob.namespace
         try:
             if await self.ledger.first_sight(seen_key(namespace, message.trainjob.name), facts.uid):
@@ -161,7 +161,8 @@ class Endings:
         a component (e.g. a webhook's 422) as the applier's condition."""
         await self.trainjobs.explain(message, exc.reason)
         if exc.api_reason and not isinstance(message, ApplyTrainJobStatus | DeleteComponent):
-            await self.trainjobs.set_condition(message, reason=exc.api_reason, text=exc.api_message or exc.reason)
+            change = trainjob_condition.SetCondition(reason=exc.api_reason, text=exc.api_message or exc.reason)
+            await self.trainjobs.tell(message, change)
 
 
 def later(delivery: Delivery[ApplyMessage], exc: errors.Held | errors.TransientError) -> float:

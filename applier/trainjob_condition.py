@@ -1,6 +1,6 @@
 """The applier's condition on a TrainJob: what a refused component is told as (``applier_condition``),
-the apply that takes it off again, and whether a condition is about a message's component. Pure: no I/O;
-``applier.trainjobs`` writes them.
+the apply that takes it off again, what either change writes (``written``), and whether a condition is about
+a message's component. Pure: no I/O; ``applier.trainjobs`` writes them (``TrainJobs.tell``).
 """
 
 from __future__ import annotations
@@ -63,6 +63,15 @@ def applier_condition(message: ApplyMessage, *, reason: str, text: str, now: str
         "lastTransitionTime": now,
     }
     return _trainjob_status(message, {"conditions": [condition]})
+
+
+def written(message: ApplyMessage, change: ConditionChange, *, now: str) -> tuple[str, bytes]:
+    """What a condition change writes: the condition's message the TrainJob then says (``""``: none), and
+    the status apply that says it."""
+    if isinstance(change, SetCondition):
+        body = applier_condition(message, reason=change.reason, text=change.text, now=now)
+        return condition_message(message, change.text), body
+    return "", applier_condition_cleared(message)
 
 
 def applier_condition_cleared(message: ApplyMessage) -> bytes:

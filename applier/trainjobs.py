@@ -31,7 +31,6 @@ from applier.trainjob_watch import TrainJobFacts, WatchedTrainJobs, trainjob_fac
 from contracts import conditions, resources
 from contracts import trainer as t
 from contracts.messages import ApplyMessage, DeleteComponent
-from plumbing.informer import Key
 from plumbing.kube import KubeApiError, KubeClient
 from plumbing.observability import TRAINJOB_CHECKS
 
@@ -128,37 +127,21 @@ class TrainJobs:
 
     # ------------------------------------------------------------------------------------------ telling
 
-    async def set_condition(self, message: ApplyMessage, *, reason: str, text: str) -> None:
-        """``ComponentsApplied=False`` on the TrainJob, unless it already says exactly this."""
-        known = self._known((message.trainjob.namespace, message.trainjob.name), message.trainjob_uid)
-        wanted = trainjob_condition.condition_message(message, text)
-        if known is not None and known.applier_condition == wanted:
-            return
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = trainjob_condition.applier_condition(message, reason=reason, text=text, now=now)
-        await self._apply_condition(message, body, saying=wanted)
-
-    async def clear_condition(self, message: ApplyMessage) -> None:
-        body = trainjob_condition.applier_condition_cleared(message)
-        await self._apply_condition(message, body, saying="")
-
     async def tell(self, message: ApplyMessage, change: trainjob_condition.ConditionChange) -> None:
-        """Write a condition change a decision returned (``applier.claims``)."""
+        """Set the applier's condition on the TrainJob, or take it off, as a decision or a failure asks
+        (``trainjob_condition``). It is set only when the TrainJob, as the watch or the last read has it, does
+        not already say exactly this. What was written is remembered until the watch brings it; a write that
+        fails is logged, and nothing is remembered."""
+        key = (message.trainjob.namespace, message.trainjob.name)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        saying, body = trainjob_condition.written(message, change, now=now)
         if isinstance(change, trainjob_condition.SetCondition):
-            await self.set_condition(message, reason=change.reason, text=change.text)
-        else:
-            await self.clear_condition(message)
-
-    def _known(self, key: Key, uid: str) -> TrainJobFacts | None:
-        """What is remembered of the TrainJob: the watch's facts, else the last verification by a read."""
-        if self.watched is not None and (watched := self.watched.known(key, uid)) is not None:
-            return watched
-        cached = self._verified.get(key)
-        return cached[0] if cached is not None else None
-
-    async def _apply_condition(self, message: ApplyMessage, body: bytes, *, saying: str) -> None:
-        """Apply the applier's condition as ``body`` has it, and remember that the TrainJob now says ``saying``
-        (empty: the condition is gone); a write that fails is logged, and nothing is remembered."""
+            known = self.watched.known(key, message.trainjob_uid) if self.watched is not None else None
+            cached = self._verified.get(key)
+            if known is None and cached is not None:
+                known = cached[0]
+            if known is not None and known.applier_condition == saying:
+                return
         try:
             await self.kube.apply(
                 resources.TRAINJOB,
@@ -178,7 +161,6 @@ class TrainJobs:
                 extra={"trainjob": str(message.trainjob)},
             )
             return
-        key = (message.trainjob.namespace, message.trainjob.name)
         if self.watched is not None:
             self.watched.remember_condition(key, saying)
         cached = self._verified.get(key)
