@@ -11,11 +11,11 @@ are never read: the ledger alone says whose an existing one is.
 
 Read top to bottom, this file follows one apply: ``Fence.apply_plan`` and what its rounds read, then
 ``_perform``, which claims the target where the step asks for it, then each step's write as ``_perform``
-meets it, each ending with the record of what it wrote (``Ledger.record_written``); the delete, which runs
-no claim rounds, comes last. Every refusal of the API server that no step answers itself is classified once,
-in ``apply_plan``: ``errors.TransientError`` or ``errors.PermanentError`` for the retry tiers around it.
-Raises ``errors.Unauthorized`` for a target this TrainJob does not control, and ``errors.Held`` while a
-corrupt claim is within its grace.
+meets it (a create or an apply ends with the record of what it left, ``Ledger.record_written``); the
+delete, which runs no claim rounds, comes last. Every refusal of the API server that no step answers
+itself is classified once, in ``apply_plan``: ``errors.TransientError`` or ``errors.PermanentError`` for
+the retry tiers around it. Raises ``errors.Unauthorized`` for a target this TrainJob does not control, and
+``errors.Held`` while a corrupt claim is within its grace.
 """
 
 from __future__ import annotations
