@@ -94,14 +94,26 @@ class PartitionLeases:
 
     async def tick(self) -> None:
         """One round: announce, renew, rebalance. Public so tests can drive it step by step."""
-        await self.kv.put(f"{self.role}.member.{self.replica}", self.replica.encode())
-        for partition, revision in list(self.owned.items()):
-            try:
-                self.owned[partition] = await self.kv.update(self._key(partition), self.replica.encode(), last=revision)
-            except (KeyWrongLastSequenceError, BadRequestError, KeyNotFoundError):
+        held = list(self.owned.items())
+        me = self.replica.encode()
+        # Sent together, answered together: one write to the bus per round, not a round trip per key.
+        announced, *renewed = await asyncio.gather(
+            self.kv.put(f"{self.role}.member.{self.replica}", me),
+            *(self.kv.update(self._key(partition), me, last=revision) for partition, revision in held),
+            return_exceptions=True,
+        )
+        failed: BaseException | None = announced if isinstance(announced, BaseException) else None
+        for (partition, _), answer in zip(held, renewed, strict=True):
+            if isinstance(answer, (KeyWrongLastSequenceError, BadRequestError, KeyNotFoundError)):
                 log.warning("%s lost partition %d", self.role, partition)
                 del self.owned[partition]
                 await self.on_release(partition)
+            elif isinstance(answer, BaseException):
+                failed = failed or answer  # kept until the next round, which renews it on the same revision
+            else:
+                self.owned[partition] = answer
+        if failed is not None:
+            raise failed
         share = math.ceil(self.partitions / await self._members())
         while len(self.owned) > share:
             partition = max(self.owned)

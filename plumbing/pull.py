@@ -9,10 +9,16 @@ This consumer keeps a pull request open on the server instead and takes messages
 the newer NATS clients' ``consume`` does: it asks for ``batch`` messages, counts what arrives and what
 the server reports as unfilled when a request ends, and asks again when half of the window is used. A
 batch handed to the caller is whatever has arrived so far, so a burst is still handled in batches and a
-lone message is not kept waiting. Idle heartbeats tell a live request from one lost with a server
-restart or a leader change; after a silence the window is requested afresh. Asking too much is
-harmless (the consumer's ``max_ack_pending`` still bounds what is delivered); asking too little would
-stall, so every doubt resolves towards asking again.
+lone message is not kept waiting. A request dies with the connection it was sent on: after the client
+reconnects, the window is requested afresh at once. Idle heartbeats tell a live request from one lost
+otherwise (a leader change on the server's side); after a silence of three heartbeats the window is
+requested afresh. Asking too much is harmless (the consumer's ``max_ack_pending`` still bounds what is
+delivered); asking too little would stall, so every doubt resolves towards asking again.
+
+A heartbeat is a message from the server and a wake-up of the waiting loop, for each held partition: at one
+a second, sixteen partitions cost a quiet planner or applier more CPU than anything else it did, and the
+server as much again. Every ``HEARTBEAT_SECONDS`` keeps that to a fifth; since a lost connection is told
+by the client's own reconnect count, only a request lost on the server's side waits the longer silence.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ _REQUEST_ENDED = frozenset({js_api.StatusCode.REQUEST_TIMEOUT, js_api.StatusCode
 EXPIRES_SECONDS = 30.0
 """How long a standing pull request waits for work before it is sent again."""
 
+HEARTBEAT_SECONDS = 5.0
+"""How often the server tells a waiting request is alive; three missed ones and it is asked again."""
+
 
 class StreamingPull:
     """One durable pull consumer read through a standing request window of ``batch`` messages."""
@@ -51,13 +60,13 @@ class StreamingPull:
         durable: str,
         batch: int,
         expires: float = EXPIRES_SECONDS,
-        heartbeat: float = 1.0,
+        heartbeat: float = HEARTBEAT_SECONDS,
     ) -> None:
         self._nc = nc
         self._next_subject = f"{JS_API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self.batch = max(1, batch)
         self.expires = expires
-        self.heartbeat = heartbeat
+        self.heartbeat = min(heartbeat, expires / 3)  # the server refuses a heartbeat near the expiry
         self._buffer: deque[Msg] = deque()
         self._arrival = asyncio.Event()
         self._inbox = ""
@@ -65,6 +74,8 @@ class StreamingPull:
         self._outstanding = 0
         """Messages asked for and neither delivered nor reported unfilled."""
         self._last_heard = time.monotonic()
+        self._asked_on = 0
+        """The client's reconnect count when the window was last asked for."""
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
@@ -96,8 +107,8 @@ class StreamingPull:
 
     async def _top_up(self) -> None:
         silent = time.monotonic() - self._last_heard > 3 * self.heartbeat
-        if silent and self._outstanding:
-            self._outstanding = 0  # no heartbeat: the request died with a connection or a leader
+        if self._outstanding and (silent or self._nc.stats["reconnects"] != self._asked_on):
+            self._outstanding = 0  # the request died with its connection, or (no heartbeat) with a leader
         if self._outstanding > self.batch // 2 or not self._nc.is_connected:
             return
         wanted = self.batch - self._outstanding
@@ -108,6 +119,7 @@ class StreamingPull:
         }
         await self._nc.publish(self._next_subject, json.dumps(request).encode(), reply=self._inbox)
         self._outstanding += wanted
+        self._asked_on = self._nc.stats["reconnects"]
         self._last_heard = time.monotonic()
 
     async def next_batch(self, timeout: float) -> list[Msg]:
