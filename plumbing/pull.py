@@ -104,6 +104,7 @@ class StreamingPull:
             # 409 (leadership change, consumer deleted, too many waiting requests) or an unknown status:
             # which request it ended is not known, so start the window over.
             self._outstanding = 0
+        self._arrival.set()  # a request ended: the waiting loop asks again now, not at its next heartbeat
 
     async def _top_up(self) -> None:
         silent = time.monotonic() - self._last_heard > 3 * self.heartbeat

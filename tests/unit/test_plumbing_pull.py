@@ -3,6 +3,7 @@ heartbeats, and otherwise not while half of its window is still outstanding."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -59,3 +60,22 @@ async def test_three_silent_heartbeats_ask_again() -> None:
 def test_the_heartbeat_stays_well_inside_a_short_expiry() -> None:
     assert _pull(FakeClient(), expires=5.0).heartbeat <= 5.0 / 3
     assert _pull(FakeClient()).heartbeat == HEARTBEAT_SECONDS
+
+
+class FakeMsg:
+    def __init__(self, headers: dict[str, str] | None = None, data: bytes = b"") -> None:
+        self.headers = headers
+        self.data = data
+
+
+async def test_a_request_that_ends_is_asked_for_again_at_once_not_at_the_next_heartbeat() -> None:
+    client = FakeClient()
+    pull = _pull(client)
+    waiting = asyncio.create_task(pull.next_batch(timeout=3.0))
+    await asyncio.sleep(0.05)
+    assert len(client.requests) == 1
+    await pull._arrived(FakeMsg({"Status": "408", "Nats-Pending-Messages": "8"}))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert len(client.requests) == 2, "the waiting loop sat out the request's end until its next heartbeat"
+    await pull._arrived(FakeMsg(data=b"work"))  # type: ignore[arg-type]
+    assert [m.data for m in await waiting] == [b"work"]
