@@ -127,7 +127,7 @@ class NewerClaims:
         try:
             await self.epoch.observe(revision=revision, seen=record.source_version)
         except KubeApiError as exc:
-            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            raise errors.from_api(exc) from exc
         return "rewound" if standing(record.cluster, self.epoch.stamp) == "rewound" else ""
 
     async def _corruption(self, message: ApplyMessage, lkey: str, record: AppliedRecord) -> Settled:
@@ -220,4 +220,4 @@ class NewerClaims:
         try:
             return await self.kube.list_revision(resources.TRAINJOB, namespace=namespace)
         except KubeApiError as exc:
-            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            raise errors.from_api(exc) from exc

@@ -9,6 +9,7 @@ applier raises these, and ``applier.service`` finishes each its own way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class TransientError(Exception):
@@ -90,6 +91,20 @@ def classify(status: int, reason: str, message: str, *, retry_after: float | Non
     if status == 422 and any(settling in message for settling in SETTLING_REFUSALS):
         return SettlingRefusal(f"{text} (waiting for the cluster to settle)", permanent=permanent)
     return permanent
+
+
+class ApiAnswer(Protocol):
+    """What ``classify`` reads of an API client's error (``plumbing.kube.KubeApiError``)."""
+
+    status: int
+    reason: str
+    message: str
+    retry_after: float | None
+
+
+def from_api(exc: ApiAnswer) -> Exception:
+    """What a request the API server refused (or never answered) means for the retry tiers (``classify``)."""
+    return classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after)
 
 
 @dataclass(frozen=True)

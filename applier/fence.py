@@ -56,7 +56,7 @@ class Fence:
         try:
             return await self._rounds(message, resource, planned, known_version=known_version)
         except KubeApiError as exc:
-            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            raise errors.from_api(exc) from exc
 
     async def _rounds(
         self, message: ObjectApply, resource: resources.Resource, planned: bytes, *, known_version: str
@@ -262,7 +262,7 @@ class Fence:
                 raise errors.Unauthorized(verdict.why)
             await self.kube.delete(resource, namespace=target.namespace, name=target.name)
         except KubeApiError as exc:
-            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            raise errors.from_api(exc) from exc
         return outcomes.Done(action="deleted", reason=message.reason)
 
 

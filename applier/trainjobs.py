@@ -99,7 +99,7 @@ class TrainJobs:
         try:
             raw = await self._read(key, share=not fresh)
         except KubeApiError as exc:
-            raise errors.classify(exc.status, exc.reason, exc.message, retry_after=exc.retry_after) from exc
+            raise errors.from_api(exc) from exc
         facts = trainjob_facts(raw)
         if facts is not None and authorize_trainjob(message, facts).allowed:
             if len(self._verified) > _CACHE_LIMIT:
