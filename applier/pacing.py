@@ -20,6 +20,10 @@ Five seconds by default: the Kubeflow SDK's progress reports are limited to one 
 and the status server writes them at that pace too, so a reader of the TrainJob sees both kinds of running
 detail move at the same rhythm; the stages of a JobSet's pods often follow each other within that time, so
 most TrainJobs' counts are written once while running and once more with their final condition.
+
+The watcher holds a JobSet change that changes only the counts by the same rule (``watcher.pacing``), so
+most such statuses are never planned; this pacing stands behind it for what one watcher cannot know (a
+watcher just started, which has seen no status write yet, or counts carried by another observation).
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ import time
 from collections.abc import Callable
 
 from contracts.messages import ApplyMessage, ApplyTrainJobStatus, ObjectKey
-
-DEFAULT_INTERVAL_SECONDS = 5.0
 
 
 class StatusPacing:

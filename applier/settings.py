@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from applier.pacing import DEFAULT_INTERVAL_SECONDS
 from plumbing.configuration import (
     AT_LEAST_ONE,
     AT_LEAST_ZERO,
     KubeSettings,
     NamespaceSettings,
     PartitionedSettings,
+    StatusIntervalSettings,
     setting,
 )
 
 
 @dataclass(kw_only=True)
-class ApplierSettings(PartitionedSettings, KubeSettings, NamespaceSettings):
+class ApplierSettings(PartitionedSettings, KubeSettings, NamespaceSettings, StatusIntervalSettings):
     concurrency: int = setting(
         16, flag="--concurrency", env="TJPIPE_APPLY_CONCURRENCY", help="concurrent applies", check=AT_LEAST_ONE
     )
@@ -76,13 +76,4 @@ class ApplierSettings(PartitionedSettings, KubeSettings, NamespaceSettings):
         env="TJPIPE_TRUSTED_PLAN_KEYS",
         deployment="per-service",
         help="the planner's ed25519 public keys: a file, or a directory of *.pub files; required",
-    )
-    status_interval_seconds: float = setting(
-        DEFAULT_INTERVAL_SECONDS,
-        flag="--status-interval",
-        env="TJPIPE_STATUS_INTERVAL_SECONDS",
-        unit="seconds",
-        check=AT_LEAST_ZERO,
-        help="at most one write of a running TrainJob's Jobs' counts per this many seconds; conditions are"
-        " written at once (0: every status at once)",
     )

@@ -299,6 +299,26 @@ class NamespaceSettings:
     """Empty: all."""
 
 
+STATUS_INTERVAL_SECONDS = 5.0
+"""The default of ``--status-interval``: the Kubeflow SDK's own rate of progress reports per process."""
+
+
+@dataclass(kw_only=True)
+class StatusIntervalSettings:
+    """How often a running TrainJob's Jobs' counts are written: the applier holds a status that changes only
+    them (``applier.pacing``), and the watcher a JobSet change that does (``watcher.pacing``)."""
+
+    status_interval_seconds: float = setting(
+        STATUS_INTERVAL_SECONDS,
+        flag="--status-interval",
+        env="TJPIPE_STATUS_INTERVAL_SECONDS",
+        unit="seconds",
+        check=AT_LEAST_ZERO,
+        help="at most one write of a running TrainJob's Jobs' counts per this many seconds; conditions are"
+        " written at once (0: every status at once)",
+    )
+
+
 @dataclass(kw_only=True)
 class SigningSettings:
     """A stage that signs what it publishes (the watcher its events, the planner its apply messages)."""

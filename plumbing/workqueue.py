@@ -21,7 +21,9 @@ The rules:
   key keeps the reasons it was added for, in order and once each.
 * ``done(key, again=True)`` is "not yet": the key goes back into the next window with the reasons it was
   handed out with, ahead of any added since, and the item says since when it has been going round
-  (``requeued_since``), so the consumer can bound how long it holds a key back.
+  (``requeued_since``), so the consumer can bound how long it holds a key back. ``done(key, until=at)``
+  is "not before ``at``": the key waits until then, with its reasons, unless it is added again meanwhile,
+  which brings it to that add's window as any add would.
 * ``schedule(key, reason, at)`` looks at the key again at that instant, replacing the key's earlier
   scheduled look, and does so once per reason: a reason already handed out for the key is not scheduled
   again until the key is ``forget``-ed. (A TrainJob's deadline is reported once; publishing that report
@@ -65,6 +67,8 @@ class _Entry(Generic[R]):
     """Matches the heap record that is current for this entry; older records are skipped."""
     scheduled: bool = False
     requeued_since: float | None = None
+    deferred: bool = False
+    """Handed back with ``until``: an add brings it to the add's window instead."""
 
     def merge(self, reasons: list[R]) -> None:
         self.reasons.extend(reason for reason in reasons if reason not in self.reasons)
@@ -127,6 +131,8 @@ class DelayingQueue(Generic[K, R]):
         entry = self._waiting.get(key)
         if entry is None:
             entry = self._waiting[key] = _Entry(requeued_since=requeued_since)
+        elif entry.deferred:
+            entry.deferred, entry.ready_at, entry.stamp = False, None, next(self._stamps)  # its old due time goes
         entry.merge(reasons)
         if self._processing:
             return  # the consumer is busy: this key's window opens when it is done
@@ -173,11 +179,17 @@ class DelayingQueue(Generic[K, R]):
             taken.append(Item(key=key, reasons=tuple(entry.reasons), requeued_since=entry.requeued_since))
         return taken
 
-    def done(self, key: K, *, now: float, again: bool = False) -> None:
-        """The consumer is through with ``key``; with ``again``, it goes round once more (see the module)."""
+    def done(self, key: K, *, now: float, again: bool = False, until: float | None = None) -> None:
+        """The consumer is through with ``key``; with ``again``, it goes round once more, and with ``until``,
+        once more at that instant unless added again before (see the module)."""
         entry = self._processing.pop(key, None)
         later = self._after_done.pop(key, None)
-        if entry is not None and again:
+        if entry is not None and until is not None and later is None:
+            waiting = self._waiting[key] = _Entry(
+                reasons=list(entry.reasons), requeued_since=entry.requeued_since, deferred=True
+            )
+            self._set_ready(key, waiting, until)
+        elif entry is not None and (again or until is not None):
             since = entry.requeued_since if entry.requeued_since is not None else now
             self._gather(key, entry.reasons + (later.reasons if later else []), now=now, requeued_since=since)
         elif later is not None:
@@ -222,8 +234,9 @@ class AsyncDelayingQueue(Generic[K, R]):
     def forget(self, key: K) -> None:
         self.rules.forget(key)
 
-    def done(self, key: K, *, again: bool = False) -> None:
-        self.rules.done(key, now=self._clock(), again=again)
+    def done(self, key: K, *, again: bool = False, delay: float | None = None) -> None:
+        now = self._clock()
+        self.rules.done(key, now=now, again=again, until=None if delay is None else now + delay)
         self._changed()
 
     async def get(self) -> list[Item[K, R]]:

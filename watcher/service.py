@@ -56,7 +56,7 @@ from plumbing.observability import (
 from plumbing.runner import started
 from plumbing.tasks import cancel_and_wait
 from plumbing.workqueue import AsyncDelayingQueue, Item
-from watcher import core, trim
+from watcher import core, pacing, trim
 from watcher.settings import WatcherSettings
 
 log = logging.getLogger("watcher")
@@ -78,6 +78,7 @@ RUNTIME_HOLD_SECONDS = 5.0
 RuntimeNotFound for the moment in between, where Trainer, whose reconcile fails and is retried, says
 nothing. A runtime that arrives in time publishes the TrainJob itself (``_runtime_changed``)."""
 NEW_TRAINJOB = "TrainJob ADDED"
+JOBSET_MODIFIED = f"{resources.JOBSET.kind} MODIFIED"
 """The cause of a new TrainJob's first observation, which alone is held for its runtime."""
 DEADLINE_GRACE_SECONDS = 0.5
 """How long after a TrainJob's deadline the watcher looks at it again, so the deadline has surely passed."""
@@ -149,6 +150,8 @@ class Watcher:
         self._drift: dict[Key, set[str]] = {}
         """Per TrainJob, the changes to components its events do not carry, until an observation names them
         in its message id (``core.drift_mark``)."""
+        self._counts = pacing.CountsPacing(settings.status_interval_seconds)
+        """A running JobSet's changes of its Jobs' counts alone wait for the status interval (``pacing``)."""
         self._deadlines: AsyncDelayingQueue[Key, float] = AsyncDelayingQueue()
         """When to look at a TrainJob again because its deadline passes; each deadline once."""
 
@@ -226,6 +229,7 @@ class Watcher:
             self._by_runtime.discard(key)
             self._deadlines.forget(key)
             self._echoes.forget(key)
+            self._counts.forget(key)
             self._drift.pop(key, None)
             event = TrainJobDeleted(
                 key=ObjectKey(namespace=key[0], name=key[1]),
@@ -292,6 +296,9 @@ class Watcher:
                     self._gathered.done(item.key)
                 elif self._hold(item, current.obj, now):
                     self._gathered.done(item.key, again=True)  # look again after the next window
+                elif set(item.reasons) == {JOBSET_MODIFIED} and (wait := self._counts_wait(item.key, now)) != 0:
+                    # only the JobSet changed: its counts wait for their turn, or it went out already (< 0)
+                    self._gathered.done(item.key, delay=wait if wait > 0 else None)
                 else:
                     ready.append((item.key, current.obj, " + ".join(item.reasons)))
             try:
@@ -300,6 +307,14 @@ class Watcher:
             finally:
                 for job_key, _, _ in ready:
                     self._gathered.done(job_key)
+
+    def _counts_wait(self, key: Key, now: float) -> float:
+        """For a TrainJob whose JobSet alone changed: seconds its observation waits for the status interval
+        (``pacing``), 0 to go out now, or -1 when the last observation already carried this JobSet."""
+        jobset = self._jobset(key)
+        if self._counts.carried(key, jobset):
+            return -1.0
+        return self._counts.wait(key, jobset, now)
 
     def _hold(self, item: Item[Key, str], job: TrainJob, now: float) -> bool:
         # Presence in the caches is enough for this guess, and costs no decoding (the observation decodes them).
@@ -352,6 +367,7 @@ class Watcher:
             runtime, error = core.runtime_from_snapshot(job, snapshot)
             source = "snapshot" if runtime is not None else "none"
         jobset = self._jobset(key)
+        self._counts.published(key, jobset, echo=echo, now=time.monotonic())
         trace_id = uuid.uuid4().hex
         event = TrainJobObserved(
             trainjob=job,

@@ -15,12 +15,13 @@ from plumbing.configuration import (
     NamespaceSettings,
     ServiceSettings,
     SigningSettings,
+    StatusIntervalSettings,
     setting,
 )
 
 
 @dataclass(kw_only=True)
-class WatcherSettings(ServiceSettings, KubeSettings, NamespaceSettings, SigningSettings):
+class WatcherSettings(ServiceSettings, KubeSettings, NamespaceSettings, SigningSettings, StatusIntervalSettings):
     resync_seconds: float = setting(
         300.0, flag="--resync-seconds", env=None, unit="seconds", check=ABOVE_ZERO, help="relist TrainJobs this often"
     )

@@ -79,6 +79,43 @@ def test_again_puts_a_key_back_with_its_reasons_first_and_says_since_when() -> N
     assert item.requeued_since is None  # a new round starts afresh
 
 
+def test_until_puts_a_key_back_for_an_instant_and_an_add_brings_it_to_its_window() -> None:
+    q: DelayingQueue[str, str] = DelayingQueue(window=WINDOW)
+    q.add("a", "JobSet MODIFIED", now=10.0)
+    q.take(now=10.25)
+    q.done("a", now=10.25, until=15.0)
+    assert q.next_at() == 15.0 and q.take(now=14.75) == []
+    assert q.take(now=15.0) == [Item(key="a", reasons=("JobSet MODIFIED",))]
+    q.done("a", now=15.0, until=20.0)
+    q.add("a", "JobSet MODIFIED", now=16.0)  # a new change: looked at in its window, not at 20
+    assert q.take(now=16.25) == [Item(key="a", reasons=("JobSet MODIFIED",))]
+    q.done("a", now=16.25)
+    assert len(q) == 0 and q.next_at() is None and q.take(now=20.0) == []
+
+
+def test_an_add_to_a_key_put_back_until_later_waits_for_the_busy_consumer_not_for_the_instant() -> None:
+    q: DelayingQueue[str, str] = DelayingQueue(window=WINDOW)
+    q.add("a", "x", now=10.0)
+    q.add("b", "x", now=10.0)
+    q.take(now=10.25)
+    q.done("a", now=10.25, until=30.0)
+    q.add("a", "y", now=11.0)  # b is still out: a waits for the consumer, then for a window
+    assert q.next_at() is None
+    q.done("b", now=12.0)
+    assert q.take(now=12.25) == [Item(key="a", reasons=("x", "y"))]
+    q.done("a", now=12.25)
+    assert q.take(now=30.0) == []
+
+
+def test_until_after_an_add_during_the_work_is_a_new_window() -> None:
+    q: DelayingQueue[str, str] = DelayingQueue(window=WINDOW)
+    q.add("a", "x", now=10.0)
+    q.take(now=10.25)
+    q.add("a", "y", now=10.5)  # a change while it was out: looked at again soon, whatever the consumer said
+    q.done("a", now=10.5, until=30.0)
+    assert q.take(now=10.75) == [Item(key="a", reasons=("x", "y"), requeued_since=10.5)]
+
+
 def test_a_scheduled_key_is_due_at_its_instant_and_a_new_schedule_replaces_it() -> None:
     q: DelayingQueue[str, float] = DelayingQueue()
     assert q.schedule("a", 100.0, at=50.0)
