@@ -78,8 +78,9 @@ RUNTIME_HOLD_SECONDS = 5.0
 RuntimeNotFound for the moment in between, where Trainer, whose reconcile fails and is retried, says
 nothing. A runtime that arrives in time publishes the TrainJob itself (``_runtime_changed``)."""
 NEW_TRAINJOB = "TrainJob ADDED"
-JOBSET_MODIFIED = f"{resources.JOBSET.kind} MODIFIED"
 """The cause of a new TrainJob's first observation, which alone is held for its runtime."""
+JOBSET_MODIFIED = f"{resources.JOBSET.kind} MODIFIED"
+"""The cause of a JobSet change, which alone may wait for the status interval (``pacing``)."""
 DEADLINE_GRACE_SECONDS = 0.5
 """How long after a TrainJob's deadline the watcher looks at it again, so the deadline has surely passed."""
 
