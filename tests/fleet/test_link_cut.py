@@ -136,6 +136,13 @@ async def test_a_cut_longer_than_the_members_retention_is_reported_as_lost(
     admin = await c1.connect("admin")
     try:
         await bus_setup.setup_bus(admin.jetstream(), streams.configured_streams({"TJPIPE_RESULTS_MAX_AGE": "2s"}))
+        # Counted once the hub has copied what the tests before published: their last results may still be
+        # on their way, and counted as this test's they would pass the wait below before its own arrive.
+        reader = await fleet_servers.hub_connect(fleet_nats.HUB_READER)
+        try:
+            await fleet_nats.wait_caught_up(reader.jetstream(), timeout=CATCH_UP_SECONDS)
+        finally:
+            await reader.close()
         held = per_cluster(await hub_records(fleet_servers, results_fleet))
         first = held.get("c1", 0)
         await publish_records(c1, start=10_000, count=10)
