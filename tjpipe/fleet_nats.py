@@ -47,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
@@ -495,15 +496,22 @@ async def source_states(js: JetStreamContext, *, timeout: float = 5.0) -> list[S
 
 
 async def wait_caught_up(js: JetStreamContext, *, timeout: float = 60.0) -> list[SourceState]:
-    """Until every source of every fleet stream is connected with no lag; the states at the end."""
+    """Until every source of every fleet stream is connected with no lag; the states at the end.
+
+    A stream whose info does not answer in time (its leader being elected again, after a hub server went) is
+    not caught up yet: asked again, within the same ``timeout``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        states = await source_states(js)
+        try:
+            states = await source_states(js)
+            seen: object = states
+        except nats.errors.TimeoutError:
+            states, seen = [], "a fleet stream's info did not answer"
         if states and all(s.lag == 0 and s.active_seconds is not None and not s.error for s in states):
             return states
         if loop.time() > deadline:
-            raise TimeoutError(f"the fleet streams did not catch up within {timeout:.0f}s: {states}")
+            raise TimeoutError(f"the fleet streams did not catch up within {timeout:.0f}s: {seen}")
         await asyncio.sleep(0.25)
 
 
