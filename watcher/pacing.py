@@ -2,9 +2,9 @@
 
 While a TrainJob runs, JobSet reports each stage of its pods (Jobs made, pods ready, pods done) as a
 status change, often within seconds of each other. The applier writes a status whose only change is those
-counts at most once per interval (``applier.pacing``); until this module, each such change was still
+counts at most once per interval (``applier.pacing``); left to the applier alone, each such change is still
 observed, published, stored twice, planned, held by the applier, handed back and finally skipped as
-overtaken, which made a third of a torch TrainJob's events and apply messages for nothing.
+overtaken, which makes a third of a torch TrainJob's events and apply messages for nothing.
 
 So the watcher holds them itself, by the applier's rule, where it can tell the applier would hold them: when
 the TrainJob's last observation was the echo of a status write (``watcher.core.EchoGuard``) that carried
@@ -59,7 +59,8 @@ class CountsPacing:
         version = _version(jobset)
         before = self._carried.get(key)
         quiet = echo and before is not None and before[0] == version
-        self._carried[key] = (version, counts_aside(jobset), now if quiet else None)
+        # Only a quiet echo makes later changes wait, so only its JobSet is ever compared: hashed then alone.
+        self._carried[key] = (version, counts_aside(jobset) if quiet else None, now if quiet else None)
 
     def carried(self, key: Key, jobset: JobSet | None) -> bool:
         """Whether the TrainJob's last observation already carried this version of its JobSet."""
