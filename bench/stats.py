@@ -792,7 +792,7 @@ VS_RSS = Target("<=", 2.0, "x")
 """Controller-side RSS (the same processes, summed) over Trainer's controller's, at the same TrainJob count."""
 VS_RSS_FILLED = Target("<=", 1.0, "x")
 """The same at the memory fill (10,000 TrainJobs by default), where the interpreters' fixed cost no longer
-dominates (issue #27; the first pass's target was 2x there too)."""
+dominates (it was 2x there at first)."""
 PIPELINE_SERVICES = ("watcher", "planner", "applier")
 NO_WRITES = Target("<=", 0.0, "writes/TJ")
 PLANNER_TORCH = Target(">=", 20_000.0, "plans/s")
@@ -1248,7 +1248,7 @@ def _render_reference(sc: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]
 
 
 VS_LIFECYCLE = Target("<=", 1.0, "x")
-"""The lifecycle's status writes per TrainJob and its time to all Complete over Trainer's (issue #27)."""
+"""The lifecycle's status writes per TrainJob and its time to all Complete over Trainer's."""
 LIFECYCLE_CPU_ORDER = (
     TRAINER_PROCESS,
     *CONTROLLER_SIDE,

@@ -249,8 +249,9 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
     decision.conditions.append(_RESOURCES_CREATED)
     if event.jobset is not None:
         if event.wire_version == UNVERSIONED and not carries_immutable_spec(event.jobset):
-            # An older watcher's event (issue #23): it does not say which fields JobSet keeps as created, so
-            # the JobSet is left as it is (a running one would be anyway) until an event that says.
+            # An older watcher's event, from before events carried the JobSet's spec as created: it does not
+            # say which fields JobSet keeps as created, so the JobSet is left as it is (a running one would be
+            # anyway) until an event that says.
             decision.components = [c for c in decision.components if not isinstance(c.object, JobSet)]
             decision.warnings.append(_IMMUTABLE_FIELDS_UNKNOWN)
             if not (spec_of(job).suspend is True or _suspended(event.jobset)):
@@ -258,7 +259,7 @@ def _decide(event: TrainJobObserved, framework: Framework) -> _Decision:
         elif spec_of(job).suspend is True or _suspended(event.jobset):
             _keep_immutable_fields(decision, event.jobset)
         else:
-            # Still reported while it runs: the JobSet keeps lacking what JobSet refused (issue #17).
+            # Still reported while it runs: the JobSet keeps lacking what JobSet refused.
             _keep_immutable_fields(decision, event.jobset, report_only=True)
             # Trainer's rule: a running JobSet (and PodGroup) is left as it is. The applier would check the
             # live object and skip; not sending the message at all saves it the read.
@@ -304,7 +305,7 @@ def _keep_immutable_fields(decision: _Decision, live: JobSet, *, report_only: bo
     """Upstream #3008: an existing JobSet only takes the changes JobSet accepts.
 
     ``report_only``: the JobSet is not re-applied (it runs, Trainer's rule), but a condition the TrainJob
-    already has keeps naming what the JobSet lacks instead of turning healthy (issue #17); a TrainJob
+    already has keeps naming what the JobSet lacks instead of turning healthy; a TrainJob
     without the condition gets none, so its status stays Trainer's.
     """
     for index, component in enumerate(decision.components):

@@ -17,7 +17,7 @@ The other spec fields JobSet v0.12.0 never lets change after creation (``IMMUTAB
 from the live object, so what JobSet's mutating webhook added at creation (``retentionPolicy`` inside the
 atomic ``volumeClaimPolicies``, ``network.enableDNSHostnames``/``publishNotReadyAddresses``,
 ``successPolicy``, ``startupPolicy``, failure-policy rule names) is sent back unchanged instead of being
-removed by the apply, which the API server would refuse (issue #17). A field the live object lacks is left
+removed by the apply, which the API server would refuse. A field the live object lacks is left
 out of the apply. Planned values that differ are reported like the rest.
 """
 
@@ -138,7 +138,7 @@ def restrict_to_mutable(desired: JobSet, live: JobSet) -> tuple[JobSet, list[str
                     live_section.pop(key, None)
         if not target["metadata"] and "metadata" not in source:
             # An empty pod-template metadata the plan carries (Trainer's builder always sends one) is sent
-            # back as planned: dropping it would change a JobSet Trainer made (issue #13, takeover).
+            # back as planned: dropping it would change a JobSet Trainer made, when the pipeline takes over from it.
             target.pop("metadata")
         result_jobs.append(merged)
     spec = dict(want.get("spec") or {})

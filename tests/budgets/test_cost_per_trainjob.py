@@ -1,4 +1,4 @@
-"""What one torch TrainJob costs the pipeline, counted by the servers and held to a budget (issue #39, item 5).
+"""What one torch TrainJob costs the pipeline, counted by the servers and held to a budget.
 
 A TrainJob is created on the simulated cluster (``sim_cluster``: JobSet's manager, kube-controller-manager,
 kube-scheduler, kwok pods that run 3 s) under the pipeline's three services, alone on a nats-server of

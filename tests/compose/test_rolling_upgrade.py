@@ -13,7 +13,7 @@ rollback stops the new applier and planner, so the old ones start on the new one
 handled what is read off the history: a message of this release carries ``wire_version``, one of the
 previous release decodes as ``UNVERSIONED``.
 
-At the end, the invariant of issue #23: every TrainJob created is Complete and built exactly as planned
+At the end, the invariant of a rolling upgrade: every TrainJob created is Complete and built exactly as planned
 (its JobSet holds what the last JobSet plan for it said), no target was written by a plan older than one
 already written, the pipeline writes nothing once idle, no message is missing from the history streams
 (each holds every message its work stream was ever given), nothing was dead-lettered, and replaying the

@@ -25,8 +25,8 @@ PREVIOUS_RELEASE = "1ccf0d43c6625a0088038fae7d5a159413d67062"
 Its events and apply messages carry no ``wire_version`` (they decode as ``UNVERSIONED``)."""
 
 WATCHER_WITHOUT_IMMUTABLE_FIELDS = "59fa278e2ab2043d4285a2fa91daca0b31494cc9"  # e7131db's parent
-"""The last commit whose watcher kept none of the JobSet spec fields JobSet keeps as created (issue #23:
-an event of that watcher lacks what a newer planner reads). Too old to run on today's compose stack, so
+"""The last commit whose watcher kept none of the JobSet spec fields JobSet keeps as created (an
+event of that watcher lacks what a newer planner reads). Too old to run on today's compose stack, so
 only its encoder is used (in the unit test). Both are full names: a shallow clone can fetch a commit by its
 full name only (``commit_problem``)."""
 

@@ -576,7 +576,7 @@ def test_render_markdown_puts_each_figure_next_to_its_target() -> None:
     assert "| CPU per TrainJob: trainer-controller | 3.60 ms | — | n/a | — | — |" in text
     assert "| writes per TrainJob on resync | — | 0.00 writes/TJ | n/a | ≤ 0.00 writes/TJ | met |" in text
     assert "| torch N=100 | 200 | 10.0 ms / 40.0 ms | APPLY 2.00, POST 1.00 | 0 |" in text  # the floor
-    # This pass's two bounds of issue #39 sit in the same table, below the long-term ones.
+    # The interim bounds sit in the same table, below the long-term ones.
     assert "| interim | throughput, torch N=1,000 | 2.200x | ≥ 1.500x | met |" in text
     assert "| interim | CPU per TrainJob, controller side | 2.083x | ≤ 2.000x | not met |" in text
     assert "10 of 16 targets met." in text

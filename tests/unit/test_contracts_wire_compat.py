@@ -5,7 +5,7 @@ watcher trim, planner and encoder (its files from ``git archive``, run in a subp
 inputs: so a change to today's types that an older writer's bytes no longer fit fails here, whichever
 field it touches (``contracts.messages``: the wire-compatibility rule). Two older commits: the previous
 release the rolling upgrade starts from (``compose.upgrade.PREVIOUS_RELEASE``) and the last watcher that
-kept none of the JobSet's immutable spec fields (issue #23's "noted, never tested").
+kept none of the JobSet's immutable spec fields.
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ def test_jobset_keeps_what_the_planner_reads_and_drops_the_rest() -> None:
     have, had = msgspec.to_builtins(kept), msgspec.to_builtins(full)
     assert set(have["metadata"]) == {"name", "namespace", "uid", "resourceVersion", "ownerReferences"}
     # The replicated jobs and the fields JobSet never lets change are kept whole: an update carries the live
-    # ones over as they are (issue #17); ttlSecondsAfterFinished, which the planner does not read, goes.
+    # ones over as they are; ttlSecondsAfterFinished, which the planner does not read, goes.
     assert have["spec"] == {
         "replicatedJobs": had["spec"]["replicatedJobs"],
         "suspend": True,

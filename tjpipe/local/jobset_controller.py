@@ -3,7 +3,7 @@
 Why the real thing: what JobSet admits on an update of an existing JobSet depends on what its mutating
 webhook added at creation (a defaulted ``retentionPolicy`` inside the atomic ``volumeClaimPolicies``, the
 ``network`` and ``successPolicy`` it fills in) and on its validating webhook's and CRD's immutability
-rules. A stand-in policy that nothing mutates cannot show that (issue #17), so the tests run JobSet's
+rules. A stand-in policy that nothing mutates cannot show that, so the tests run JobSet's
 manager, built from the pinned module (``toolchain.ensure_jobset_manager``), with both webhooks
 registered exactly as JobSet's own ``config/components/webhook/manifests.yaml`` declares them
 (``failurePolicy: Fail``), only pointed at ``https://127.0.0.1:PORT`` instead of an in-cluster Service.
