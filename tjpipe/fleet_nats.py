@@ -294,8 +294,13 @@ def hub_config(
     cluster_name: str = "fleet-hub",
     domain: str = fleet.HUB_DOMAIN,
     client_tls: HubTls | None = None,
+    max_file_store: str | None = None,
 ) -> str:
     """One hub server's whole nats.conf: JetStream in the hub's domain, routes, the leaf listener over TLS.
+
+    ``max_file_store`` bounds the hub's JetStream on disk (``8GB``). Without it the server takes what the disk
+    has free when it starts, and refuses to place a fleet stream once the streams' byte limits, each member's
+    counted on every replica, add up to more: the same hub would place them on an emptier disk.
 
     ``client_tls`` serves the client port (the fleet's set-up and history reader) over TLS too; they log in
     with their nkeys either way, so it asks them for no certificate.
@@ -317,7 +322,9 @@ def hub_config(
         # becoming leader it does not copy again what the fleet stream already holds (every hub server runs
         # the same 2.15 binary, which the flag requires).
         "feature_flags { js_api_reply_v2: true, js_snapshot_sources: true }\n"
-        f"jetstream {{\n  store_dir: {_q(server.store_dir)}\n  domain: {_q(domain)}\n}}\n"
+        f"jetstream {{\n  store_dir: {_q(server.store_dir)}\n  domain: {_q(domain)}\n"
+        + _store_limits(max_file_store=max_file_store)
+        + "}\n"
         "cluster {\n"
         f"  name: {_q(cluster_name)}\n"
         f"  listen: {_q(server.cluster_listen)}\n"
@@ -346,6 +353,15 @@ def check_store_size(value: str) -> str:
     return value
 
 
+def _store_limits(*, max_memory_store: str | None = None, max_file_store: str | None = None) -> str:
+    """The lines of a ``jetstream`` block that bound its stores, for those given."""
+    return "".join(
+        f"  {key}: {check_store_size(value)}\n"
+        for key, value in (("max_memory_store", max_memory_store), ("max_file_store", max_file_store))
+        if value
+    )
+
+
 def member_config(
     *,
     cluster: str,
@@ -372,11 +388,7 @@ def member_config(
     fleet.check_cluster_name(cluster)
     urls = _list(url if "://" in url else f"nats-leaf://{url}" for url in hub_leaf_urls)
     work = (f"{subjects.EVENTS_PREFIX}.>", f"{subjects.APPLY_PREFIX}.>", "$KV.>", "$JS.API.>")
-    limits = "".join(
-        f"  {key}: {check_store_size(value)}\n"
-        for key, value in (("max_memory_store", max_memory_store), ("max_file_store", max_file_store))
-        if value
-    )
+    limits = _store_limits(max_memory_store=max_memory_store, max_file_store=max_file_store)
     return (
         f"jetstream {{\n  store_dir: {_q(store_dir)}\n  domain: {_q(cluster)}\n{limits}}}\n"
         # Acknowledgement and flow-control subjects that name this member's domain, so that the hub's leaf

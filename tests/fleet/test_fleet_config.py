@@ -105,7 +105,9 @@ def test_the_hub_config_holds_public_keys_only(tmp_path: Path) -> None:
         tls=fleet_nats.HubTls(cert_file="/tls/tls.crt", key_file="/tls/tls.key", ca_file="/tls/ca.crt"),
         authorization=authorization,
         route_password="pw",
+        max_file_store="64GB",
     )
+    assert 'domain: "hub"\n  max_file_store: 64GB\n}' in text
     seeds = [*(creds.hub_seed(i) for i in fleet_nats.HUB_IDENTITIES), *(creds.leaf_seed(c) for c in ("c1", "c2"))]
     assert not [seed for seed in seeds if seed.read_text().strip() in text]
     assert text.count('allowed_connection_types: ["LEAFNODE"]') == 2

@@ -30,6 +30,9 @@ from tjpipe.nats_server import get_json, reload_config
 from tjpipe.private_files import write_private_file
 
 STARTUP_SECONDS = 30.0
+HUB_FILE_STORE = "1TB"
+"""The local hub servers' JetStream disk limit: the server's own ceiling, so that whether the fleet streams are
+placed does not depend on how full this machine's disk is (the streams' byte limits are reserved, not used)."""
 
 
 def _ports(count: int) -> list[int]:
@@ -176,7 +179,11 @@ def start_fleet(root: Path, clusters: Sequence[str]) -> LocalFleet:
         write_private_file(
             config_path,
             fleet_nats.hub_config(
-                server, tls=hub_tls, authorization=authorization, route_password=route_password
+                server,
+                tls=hub_tls,
+                authorization=authorization,
+                route_password=route_password,
+                max_file_store=HUB_FILE_STORE,
             ).encode(),
         )
         members.append(
