@@ -175,8 +175,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
         kubes = {name: pool.submit(kube, name) for name in ("a", "b")}
         running_future = pool.submit(start_fleet, root / "fleet", ("a", "b"))
-        started = {name: f.result() for name, f in kubes.items()}
+    # Every start has ended here; what did start is stopped if another failed, or its servers would outlive
+    # the tests.
+    started = {name: f.result() for name, f in kubes.items() if f.exception() is None}
+    try:
+        for f in kubes.values():
+            f.result()
         running = running_future.result()
+    except BaseException:
+        for kube_ in started.values():
+            kube_.stop()
+        raise
     server: Server | None = None
     clusters: dict[str, Cluster] = {}
     try:
