@@ -22,8 +22,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
 
 def _rows(driver: object) -> list[tuple[str, str]]:
-    rows = driver.find_elements(By.CSS_SELECTOR, "#trainjobs tbody tr")  # type: ignore[attr-defined]
-    return [(r.get_attribute("data-namespace"), r.get_attribute("data-name")) for r in rows]
+    # One script call: the list renders itself again as it refreshes, so rows found first can be gone when read.
+    rows: list[list[str]] = driver.execute_script(  # type: ignore[attr-defined]
+        "return Array.from(document.querySelectorAll('#trainjobs tbody tr'),"
+        " r => [r.getAttribute('data-namespace'), r.getAttribute('data-name')])"
+    )
+    return [(namespace, name) for namespace, name in rows]
 
 
 def test_a_reader_of_a_sees_a_in_the_ui_and_nothing_of_b(world: World, tmp_path: Path) -> None:

@@ -20,8 +20,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
 
 def _rows(driver: object) -> list[str]:
-    rows = driver.find_elements(By.CSS_SELECTOR, "#trainjobs tbody tr")  # type: ignore[attr-defined]
-    return [r.get_attribute("data-name") for r in rows]
+    """The listed TrainJobs' names, read in one script call: the list renders itself again as it refreshes, so
+    rows found first and read one by one after can be gone by then."""
+    names: list[str] = driver.execute_script(  # type: ignore[attr-defined]
+        "return Array.from(document.querySelectorAll('#trainjobs tbody tr'), r => r.getAttribute('data-name'))"
+    )
+    return names
 
 
 def test_a_runner_runs_a_finished_trainjob_again_from_its_page(kept: Kept, tmp_path: Path) -> None:
