@@ -195,6 +195,16 @@ def log_in(driver: Any, url: str, token: str) -> None:
     WebDriverWait(driver, 20).until(ec.visibility_of_element_located((By.ID, "nav")))
 
 
+def listed_trainjobs(driver: Any) -> list[tuple[str, str]]:
+    """The TrainJob list's rows, (namespace, name), read in one script call: the list renders itself again as it
+    refreshes, so rows found first and read one by one after can be gone by then."""
+    rows: list[list[str]] = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#trainjobs tbody tr'),"
+        " r => [r.getAttribute('data-namespace'), r.getAttribute('data-name')])"
+    )
+    return [(namespace, name) for namespace, name in rows]
+
+
 def screenshot(driver: Any, name: str, folder: Path) -> Path:
     """A PNG of the page; also into ``TJPIPE_SCREENSHOTS`` when set (tools/screenshots.sh: the docs' pictures)."""
     import os

@@ -16,18 +16,9 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from .conftest import World
-from .support import browser, log_in, screenshot
+from .support import browser, listed_trainjobs, log_in, screenshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
-
-
-def _rows(driver: object) -> list[tuple[str, str]]:
-    # One script call: the list renders itself again as it refreshes, so rows found first can be gone when read.
-    rows: list[list[str]] = driver.execute_script(  # type: ignore[attr-defined]
-        "return Array.from(document.querySelectorAll('#trainjobs tbody tr'),"
-        " r => [r.getAttribute('data-namespace'), r.getAttribute('data-name')])"
-    )
-    return [(namespace, name) for namespace, name in rows]
 
 
 def test_a_reader_of_a_sees_a_in_the_ui_and_nothing_of_b(world: World, tmp_path: Path) -> None:
@@ -37,7 +28,7 @@ def test_a_reader_of_a_sees_a_in_the_ui_and_nothing_of_b(world: World, tmp_path:
         log_in(driver, world.server.url, world.token("viewer-a"))
         wait = WebDriverWait(driver, 20)
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#trainjobs tbody tr")))
-        assert _rows(driver) == [(a.namespace, "alpha")]
+        assert listed_trainjobs(driver) == [(a.namespace, "alpha")]
         options = [o.get_attribute("value") for o in driver.find_elements(By.CSS_SELECTOR, "#filter-namespace option")]
         assert options == [a.namespace]
         assert b.namespace not in driver.page_source and "beta" not in driver.page_source

@@ -14,18 +14,13 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from .keep_support import SHORT, Kept, publish
-from .support import browser, log_in, run_async, screenshot
+from .support import browser, listed_trainjobs, log_in, run_async, screenshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nats]
 
 
 def _rows(driver: object) -> list[str]:
-    """The listed TrainJobs' names, read in one script call: the list renders itself again as it refreshes, so
-    rows found first and read one by one after can be gone by then."""
-    names: list[str] = driver.execute_script(  # type: ignore[attr-defined]
-        "return Array.from(document.querySelectorAll('#trainjobs tbody tr'), r => r.getAttribute('data-name'))"
-    )
-    return names
+    return [name for _, name in listed_trainjobs(driver)]
 
 
 def test_a_runner_runs_a_finished_trainjob_again_from_its_page(kept: Kept, tmp_path: Path) -> None:
